@@ -1,0 +1,44 @@
+"""User-facing errors and warnings: one line each, naming the file and the place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _where(offset: int | None, line: int | None) -> str:
+    if line is not None:
+        return f"line {line}"
+    if offset is not None:
+        return f"byte {offset}"
+    return ""
+
+
+class TraceError(Exception):
+    """A problem with the user's input or arguments; the CLI prints it as one line and exits non-zero."""
+
+    def __init__(self, path: str | None, message: str, *, offset: int | None = None,
+                 line: int | None = None) -> None:
+        self.path = path
+        self.message = message
+        self.offset = offset
+        self.line = line
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.path, _where(self.offset, self.line)) if p]
+        return ": ".join([*parts, self.message])
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """A warning about an input that was still parsed (damage, unknown content, lost bytes)."""
+
+    path: str
+    message: str
+    offset: int | None = None
+    line: int | None = None
+    level: str = "warning"
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.path, _where(self.offset, self.line)) if p]
+        return ": ".join([*parts, self.message])

@@ -1,0 +1,219 @@
+"""The Arrow data model of tracekit, in one place (DESIGN.md "The data model").
+
+Every parser produces tables with these schemas and every analysis consumes them. All times are int64
+nanoseconds on the rank's own clock (``clock_offset_ns`` in ``ranks`` maps them to the job clock);
+durations are int64 ``*_ns``; ratios are float ``*_share`` / ``*_utilisation``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from tracekit.diagnostics import Diagnostic
+
+DICT_STR = pa.dictionary(pa.int32(), pa.string())
+
+
+def _col(name: str, type_: pa.DataType, doc: str | None = None) -> pa.Field:
+    """A schema field whose documentation travels in its Arrow metadata (and so into Parquet)."""
+    return pa.field(name, type_, metadata={"doc": doc} if doc else None)
+
+
+#: Event kinds (DESIGN.md). ``queue`` is Horovod's QUEUE phase: waiting behind earlier work on the
+#: communication stream, neither transfer nor compute.
+KINDS: tuple[str, ...] = (
+    "compute",
+    "comm",
+    "memory",
+    "cpu_op",
+    "runtime",
+    "annotation",
+    "wait",
+    "queue",
+)
+
+EVENTS = pa.schema(
+    [
+        _col("rank", pa.int32(), doc="global rank (null until the TraceSet assigns one)"),
+        _col("lane", DICT_STR, doc="gpu{device}/stream{stream}, cpu/tid {tid}, or a format's own"),
+        _col("kind", DICT_STR, doc="one of KINDS"),
+        _col("name", DICT_STR),
+        _col("cat", DICT_STR, doc="the source category, verbatim"),
+        _col("start_ns", pa.int64()),
+        _col("dur_ns", pa.int64()),
+        _col("pid", pa.int64()),
+        _col("tid", pa.int64()),
+        _col("device", pa.int32()),
+        _col("stream", pa.int64()),
+        _col("correlation", pa.int64(), doc="CUPTI correlation id (launch <-> device activity)"),
+        _col("external_id", pa.int64()),
+        _col("bytes", pa.int64(), doc="bytes moved by a memcpy/memset or communication event"),
+        _col("iteration", pa.int64(), doc="ProfilerStep number (or other iteration id), null if none"),
+        _col("collective_id", pa.int64(), doc="row of this rank's collectives table, null if none"),
+    ]
+)
+
+COLLECTIVES = pa.schema(
+    [
+        _col("rank", pa.int32()),
+        _col("collective_id", pa.int64(), doc="per-rank id, referenced by events.collective_id"),
+        _col("pg", pa.string(), doc="process group name (Kineto) or NCCL commId"),
+        _col("seq", pa.int64(), doc="sequence number shared by all members, when the source has one"),
+        _col("op", pa.string(), doc="allreduce, allgather, reduce_scatter, broadcast, reduce, ..."),
+        _col("dtype", pa.string()),
+        _col("count", pa.int64(), doc="elements, NCCL meaning (FORMATS.md section 4)"),
+        _col("bytes", pa.int64(), doc="S of the nccl-tests convention (full buffer)"),
+        _col("nranks", pa.int32()),
+        _col("peer", pa.int32(), doc="global peer rank of send/recv, root of rooted ops"),
+        _col("algorithm", pa.string()),
+        _col("protocol", pa.string()),
+        _col("start_ns", pa.int64(), doc="start of the transfer activity (kernel / gloo work)"),
+        _col("end_ns", pa.int64()),
+        _col("lane", pa.string()),
+        _col("source", pa.string(), doc="kineto-kernel, kineto-cpu, gloo, nccl-log, horovod"),
+    ]
+)
+
+RANKS = pa.schema(
+    [
+        _col("rank", pa.int32()),
+        _col("rank_source", pa.string(), doc="distributedInfo, file name, order, nccl-init, ..."),
+        _col("host", pa.string()),
+        _col("pid", pa.int64()),
+        _col("device", pa.int32()),
+        _col("world_size", pa.int32()),
+        _col("backend", pa.string()),
+        _col("source_files", pa.list_(pa.string())),
+        _col("format", pa.string()),
+        _col("format_version", pa.string()),
+        _col("clock_offset_ns", pa.int64(), doc="add to this rank's times to get the job clock"),
+        _col("events", pa.int64()),
+        _col("bytes_lost", pa.int64(), doc="input bytes after the last complete record"),
+        _col("complete", pa.bool_()),
+    ]
+)
+
+ITERATIONS = pa.schema(
+    [
+        _col("rank", pa.int32()),
+        _col("iteration", pa.int64()),
+        _col("start_ns", pa.int64()),
+        _col("end_ns", pa.int64()),
+        _col("method", pa.string(), doc="ProfilerStep, step-marker, horovod-cycle, whole-trace, ..."),
+    ]
+)
+
+TOPOLOGY = pa.schema(
+    [
+        _col("comm_id", pa.string()),
+        _col("rank", pa.int32()),
+        _col("nranks", pa.int32()),
+        _col("channel", pa.int32()),
+        _col("peer", pa.int32()),
+        _col("direction", pa.string(), doc="send, receive or null"),
+        _col("transport", pa.string(), doc="P2P, SHM, NET/IB, NET/Socket, ... (family)"),
+        _col("detail", pa.string(), doc="the full 'via' text, e.g. NET/IB/3/GDRDMA"),
+        _col("host", pa.string()),
+    ]
+)
+
+BREAKDOWN = pa.schema(
+    [
+        _col("rank", pa.int32()),
+        _col("iteration", pa.int64()),
+        _col("start_ns", pa.int64()),
+        _col("end_ns", pa.int64()),
+        _col("wall_ns", pa.int64()),
+        _col("compute_ns", pa.int64()),
+        _col("overlapped_ns", pa.int64()),
+        _col("exposed_comm_ns", pa.int64()),
+        _col("memory_ns", pa.int64()),
+        _col("idle_ns", pa.int64()),
+        _col("wait_ns", pa.int64(), doc="part of exposed_comm spent waiting for other ranks"),
+        _col("transfer_ns", pa.int64(), doc="part of exposed_comm spent moving data"),
+        _col("comm_ns", pa.int64(), doc="union of communication activity (overlapped + exposed)"),
+        _col("comm_bytes", pa.int64(), doc="collective payload bytes (S) in the window"),
+    ]
+)
+
+#: The five attribution classes, in display order; they add up to ``wall_ns``.
+CLASSES: tuple[str, ...] = ("compute", "overlapped", "exposed_comm", "memory", "idle")
+
+
+def empty(schema: pa.Schema) -> pa.Table:
+    """An empty table of ``schema``."""
+    return schema.empty_table()
+
+
+def table(schema: pa.Schema, columns: Mapping[str, Sequence[Any] | pa.Array]) -> pa.Table:
+    """Build a table of ``schema`` from named columns; absent columns are null, types are cast."""
+    n = None
+    for value in columns.values():
+        n = len(value)
+        break
+    n = n or 0
+    arrays = []
+    for f in schema:
+        value = columns.get(f.name)
+        if value is None:
+            arrays.append(pa.nulls(n, f.type))
+            continue
+        arr = value if isinstance(value, pa.Array | pa.ChunkedArray) else pa.array(value)
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        if arr.type != f.type:
+            if pa.types.is_dictionary(f.type) and not pa.types.is_dictionary(arr.type):
+                arr = arr.cast(pa.string()).dictionary_encode()
+                if arr.type != f.type:
+                    arr = arr.cast(f.type)
+            else:
+                arr = arr.cast(f.type)
+        arrays.append(arr)
+    unknown = set(columns) - set(schema.names)
+    if unknown:
+        raise KeyError(f"columns not in schema: {sorted(unknown)}")
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def conform(tbl: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Cast ``tbl`` to ``schema`` (same column order), adding null columns it lacks."""
+    cols = {name: tbl.column(name) for name in tbl.column_names if name in schema.names}
+    n = tbl.num_rows
+    arrays = []
+    for f in schema:
+        col = cols.get(f.name)
+        if col is None:
+            arrays.append(pa.chunked_array([pa.nulls(n, f.type)]) if n else pa.chunked_array([], f.type))
+        elif col.type != f.type:
+            if pa.types.is_dictionary(f.type) and pa.types.is_dictionary(col.type):
+                col = col.cast(pa.string()).cast(f.type)
+            elif pa.types.is_dictionary(f.type):
+                col = pa.chunked_array([c.dictionary_encode() for c in col.cast(pa.string()).chunks],
+                                       type=f.type) if col.num_chunks else pa.chunked_array([], f.type)
+            else:
+                col = col.cast(f.type)
+            arrays.append(col)
+        else:
+            arrays.append(col)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+@dataclass
+class ParsedFile:
+    """Everything one input file contributes: tables of the schemas above plus what the file says about
+    itself. Parsers return it; the TraceSet caches it and assigns ranks."""
+
+    path: str
+    format: str
+    events: pa.Table = field(default_factory=lambda: empty(EVENTS))
+    collectives: pa.Table = field(default_factory=lambda: empty(COLLECTIVES))
+    topology: pa.Table = field(default_factory=lambda: empty(TOPOLOGY))
+    #: rank, world_size, backend, host, pid, device, format_version, pg_config, ... (JSON-serialisable)
+    meta: dict[str, Any] = field(default_factory=dict)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    bytes_lost: int = 0
+    complete: bool = True

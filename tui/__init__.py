@@ -1,0 +1,1 @@
+"""The Textual app of ``tracekit inspect``: it only displays analysis results."""
