@@ -212,6 +212,8 @@ class ParsedFile:
     events: pa.Table = field(default_factory=lambda: empty(EVENTS))
     collectives: pa.Table = field(default_factory=lambda: empty(COLLECTIVES))
     topology: pa.Table = field(default_factory=lambda: empty(TOPOLOGY))
+    #: format-specific extra tables (e.g. Horovod negotiation ticks), cached and exported with the rest
+    tables: dict[str, pa.Table] = field(default_factory=dict)
     #: rank, world_size, backend, host, pid, device, format_version, pg_config, ... (JSON-serialisable)
     meta: dict[str, Any] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
