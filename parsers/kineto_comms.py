@@ -1,0 +1,286 @@
+"""Collective calls of one Kineto trace: one row per communication activity with its metadata.
+
+Communication activity is an NCCL/RCCL kernel (GPU jobs) or ``gloo:*`` work on a gloo worker thread
+(CPU jobs). Its metadata comes, in order of trust, from its own args (kernels since 2023-10), from
+the CPU ops that launched it — found through the launch's correlation id and *containment* on the
+launching thread (``record_param_comms`` ⊃ ``nccl:*`` ⊃ launch; FORMATS.md §1.6) — or from the op
+whose ``External id`` it carries. Sizes follow FORMATS.md §4: ``bytes`` is S of the nccl-tests
+convention (the full buffer), ``count`` the NCCL element count.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from tracekit import schema
+
+#: element size in bytes of c10 ScalarType names (``dtype``), C++ type names (``Input type``) and
+#: common spellings of other writers
+DTYPE_BYTES: dict[str, int] = {
+    name: size
+    for size, names in {
+        1: ("Bool", "Byte", "Char", "Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz", "Float8_e5m2fnuz",
+            "QInt8", "QUInt8", "bool", "unsigned char", "signed char", "char", "c10::Float8_e4m3fn",
+            "c10::Float8_e5m2", "uint8", "int8"),
+        2: ("Short", "Half", "BFloat16", "UInt16", "short", "short int", "unsigned short", "c10::Half",
+            "c10::BFloat16", "int16", "uint16", "float16", "bfloat16"),
+        4: ("Int", "Float", "UInt32", "QInt32", "int", "unsigned int", "float", "int32", "uint32",
+            "float32"),
+        8: ("Long", "Double", "ComplexFloat", "UInt64", "long", "long int", "long long", "long long int",
+            "unsigned long", "double", "c10::complex<float>", "int64", "uint64", "float64"),
+        16: ("ComplexDouble", "c10::complex<double>", "complex128"),
+    }.items()
+    for name in names
+}
+
+_OPS = {
+    "allreduce": "allreduce", "all_reduce": "allreduce",
+    "allgather": "allgather", "all_gather": "allgather", "allgatherv": "allgather",
+    "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+    "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoallv": "all_to_all",
+    "all_to_allv": "all_to_all", "broadcast": "broadcast", "bcast": "broadcast", "reduce": "reduce",
+    "send": "send", "recv": "recv", "sendrecv": "sendrecv", "barrier": "barrier", "gather": "gather",
+    "scatter": "scatter", "generic": "generic",
+}
+_SUFFIXES = re.compile(r"(_base|_coalesced|_into_tensor|_tensor|_single|_)+$")
+_KERNEL_FUNC = re.compile(r"(?:ncclDevKernel|ncclSymkDevKernel|ncclKernel)_([A-Za-z]+)|nccl([A-Z][A-Za-z]+?)"
+                          r"(?:Ring|Tree|CollNet)?(?:LL128|LL)?Kernel_")
+
+
+def normalise_op(name: str | None) -> str | None:
+    """``c10d::_allgather_base_``, ``nccl:all_reduce``, ``AllReduce``, kernel names → tracekit op."""
+    if not name:
+        return None
+    m = _KERNEL_FUNC.search(name)
+    if m:
+        name = m.group(1) or m.group(2)
+    n = name.split("::")[-1].split(":")[-1].strip("_").lower()
+    n = _SUFFIXES.sub("", n).strip("_")
+    return _OPS.get(n, _OPS.get(n.replace("_", ""), n or None))
+
+
+def _elements(dims: Any) -> list[int]:
+    """Element counts of each tensor in an ``Input Dims`` value (nested for TensorLists)."""
+    out: list[int] = []
+    if not isinstance(dims, list):
+        return out
+    if dims and all(isinstance(d, int) for d in dims):
+        out.append(int(np.prod(dims)) if dims else 1)
+        return out
+    for d in dims:
+        if isinstance(d, list):
+            if d and all(isinstance(x, list) for x in d):
+                out.append(sum(_elements(d)))
+            elif d and all(isinstance(x, int) for x in d):
+                out.append(int(np.prod(d)))
+            else:
+                out.append(0)
+        else:
+            out.append(0)
+    return out
+
+
+def _type_size(t: Any) -> int | None:
+    return DTYPE_BYTES.get(t) if isinstance(t, str) else None
+
+
+def _input_bytes(dims: Any, types: Any) -> tuple[int | None, str | None]:
+    """Bytes of the first tensor input (or tensor list) of an op: ``Input Dims`` × ``Input type``."""
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return None, None
+    counts = _elements(dims)
+    for i, c in enumerate(counts):
+        t = types[i] if i < len(types) else None
+        size = _type_size(t)
+        if size and c:
+            return c * size, t
+        if t == "TensorList" and c:
+            return None, None  # a list of tensors: sizes but no type, use the inner op instead
+    return None, None
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        return int(v)
+    return None
+
+
+def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """Normalise one metadata-carrying op/kernel's args into collective fields."""
+    op = normalise_op(row.get("collective"))
+    dtype = row.get("dtype") if isinstance(row.get("dtype"), str) else None
+    size = _type_size(dtype)
+    n_in = _int(row.get("in_nelems"))
+    n_out = _int(row.get("out_nelems"))
+    if n_in is None:
+        n_in = _int(row.get("in_size"))
+    if n_out is None:
+        n_out = _int(row.get("out_size"))
+    nbytes = None
+    if size and (n_in is not None or n_out is not None):
+        nbytes = max(n_in or 0, n_out or 0) * size
+    dims = row.get("input_dims") if row.get("input_dims") is not None else row.get("input_dims_legacy")
+    dims_bytes, dims_type = _input_bytes(dims, row.get("input_type"))
+    pg = row.get("pg_name")
+    if pg is None and row.get("pg_id") is not None:
+        pg = str(row.get("pg_id"))
+    peer = _int(row.get("dst_rank"))
+    if peer is None:
+        peer = _int(row.get("src_rank"))
+    return {
+        "op": op, "dtype": dtype or dims_type, "bytes": nbytes, "dims_bytes": dims_bytes,
+        "elem": size or _type_size(dims_type), "nranks": _int(row.get("group_size")),
+        "pg": None if pg is None else str(pg), "seq": _int(row.get("seq")), "peer": peer,
+    }
+
+
+def _bus_buffer_bytes(op: str | None, input_bytes: int, nranks: int | None) -> int:
+    """S (the full buffer) from the bytes of an op's *input* tensor (FORMATS.md §4)."""
+    if op == "allgather" and nranks:
+        return input_bytes * nranks
+    return input_bytes
+
+
+def _nccl_count(op: str | None, s_bytes: int | None, elem: int | None, nranks: int | None) -> int | None:
+    """NCCL's ``count`` for a collective of S bytes (elements; per-rank for gather/scatter kinds)."""
+    if s_bytes is None or not elem:
+        return None
+    total = s_bytes // elem
+    if op in ("allgather", "reduce_scatter", "all_to_all", "gather", "scatter") and nranks:
+        return total // nranks
+    return total
+
+
+def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[str, Any]],
+                members: dict[str, Any]) -> tuple[pa.Table, pa.Array | None]:
+    """Build the collectives table of one trace and the ``collective_id`` column of its events."""
+    kinds = events.column("kind")
+    is_comm = (kinds.combine_chunks().indices.to_numpy(zero_copy_only=False) ==
+               schema.KINDS.index("comm")) if events.num_rows else np.zeros(0, bool)
+    if not is_comm.any():
+        return schema.empty(schema.COLLECTIVES), None
+    pos_of_index = np.full(int(index_col.max()) + 1, -1, dtype=np.int64)
+    pos_of_index[index_col] = np.arange(len(index_col))
+    ev = pl.from_arrow(events.select(["lane", "kind", "name", "start_ns", "dur_ns", "pid", "tid",
+                                      "correlation", "external_id"]))
+    assert isinstance(ev, pl.DataFrame)
+    ev = ev.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
+                         pl.col("lane").cast(pl.String), pl.col("kind").cast(pl.String),
+                         pl.col("name").cast(pl.String))
+    comm = ev.filter(pl.Series(is_comm)).with_columns(
+        (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
+    # metadata rows (args of ops/kernels that carry collective information)
+    fields = [{**_row_fields(r), "row": int(pos_of_index[r["_index"]])} for r in comm_rows
+              if r["_index"] < len(pos_of_index) and pos_of_index[r["_index"]] >= 0]
+    meta = pl.DataFrame(fields, schema={"op": pl.String, "dtype": pl.String, "bytes": pl.Int64,
+                                        "dims_bytes": pl.Int64, "elem": pl.Int64, "nranks": pl.Int64,
+                                        "pg": pl.String, "seq": pl.Int64, "peer": pl.Int64, "row": pl.Int64})
+    meta = meta.join(ev.select(["row", "name", "start_ns", "dur_ns", "pid", "tid", "external_id", "kind"]),
+                     on="row", how="left")
+    own = meta.join(comm.select("row"), on="row", how="semi")
+    # launches of device comm activity: correlation -> runtime event on a CPU thread
+    launches = (ev.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+                .select(["correlation", pl.col("start_ns").alias("t"), pl.col("pid").alias("lpid"),
+                         pl.col("tid").alias("ltid")]).unique("correlation", keep="first"))
+    comm = comm.join(launches, on="correlation", how="left")
+    # CPU-side anchor: the launch for kernels; the work itself for gloo:* events on CPU threads
+    comm = comm.with_columns(
+        pl.coalesce("t", pl.when(pl.col("lane").str.starts_with("cpu")).then("start_ns")).alias("t"),
+        pl.coalesce("lpid", pl.when(pl.col("lane").str.starts_with("cpu")).then("pid")).alias("lpid"),
+        pl.coalesce("ltid", pl.when(pl.col("lane").str.starts_with("cpu")).then("tid")).alias("ltid"))
+    cpu_meta = meta.filter(pl.col("kind") != "comm").with_columns(
+        (pl.col("start_ns") + pl.col("dur_ns")).alias("m_end"))
+    groups = {
+        "rpc": cpu_meta.filter(pl.col("name") == "record_param_comms"),
+        "ann": cpu_meta.filter(pl.col("name").str.starts_with("nccl:") | pl.col("name").str.starts_with(
+            "ucc:") | pl.col("name").str.starts_with("mpi:")),
+        "c10d": cpu_meta.filter(pl.col("name").str.starts_with("c10d::")),
+    }
+    out = comm.select(["row", "lane", "name", "start_ns", "end_ns", "t", "lpid", "ltid", "external_id"])
+    out = out.join(own.select(["row", "op", "dtype", "bytes", "dims_bytes", "elem", "nranks", "pg", "seq",
+                               "peer"]), on="row", how="left")
+    linked = out.filter(pl.col("t").is_not_null()).sort("t")
+    for tag, g in groups.items():
+        cols = ["op", "dtype", "bytes", "dims_bytes", "elem", "nranks", "pg", "seq", "peer", "name"]
+        right = (g.select([pl.col("pid").alias("lpid"), pl.col("tid").alias("ltid"),
+                           pl.col("start_ns").alias("m_start"), "m_end", *cols])
+                 .rename({c: f"{c}_{tag}" for c in cols}).sort("m_start"))
+        if right.height == 0:
+            for c in cols:
+                out = out.with_columns(pl.lit(None, dtype=right.schema[f"{c}_{tag}"]).alias(f"{c}_{tag}"))
+            continue
+        j = linked.select(["row", "t", "lpid", "ltid"]).join_asof(
+            right, left_on="t", right_on="m_start", by=["lpid", "ltid"], strategy="backward", check_sortedness=False)
+        j = j.filter(pl.col("m_end") >= pl.col("t")).select(["row", *[f"{c}_{tag}" for c in cols]])
+        out = out.join(j, on="row", how="left")
+    # kernels without a launch: their External id names the op that holds the metadata (2024+)
+    by_ext = (cpu_meta.filter(pl.col("external_id").is_not_null() & (pl.col("name") == "record_param_comms"))
+              .select([pl.col("external_id"), *[pl.col(c).alias(f"{c}_ext") for c in
+                                                ("op", "dtype", "bytes", "elem", "nranks", "pg", "seq",
+                                                 "peer")]]).unique("external_id", keep="first"))
+    out = out.join(by_ext, on="external_id", how="left")
+
+    def pick(col: str, order: tuple[str, ...] = ("", "_rpc", "_ext", "_ann", "_c10d")) -> pl.Expr:
+        return pl.coalesce([pl.col(f"{col}{suffix}") for suffix in order if f"{col}{suffix}" in out.columns])
+
+    out = out.with_columns(
+        pick("op", ("", "_rpc", "_ext", "_c10d", "_ann")).alias("op_meta"),
+        pick("dtype").alias("dtype_f"),
+        pick("elem").alias("elem_f"),
+        pick("nranks").alias("nranks_f"),
+        pick("pg").alias("pg_f"),
+        pick("seq").alias("seq_f"),
+        pick("peer").alias("peer_f"),
+        pick("bytes", ("", "_rpc", "_ext")).alias("bytes_f"),
+        pick("dims_bytes", ("", "_ann", "_rpc", "_c10d")).alias("dims_bytes_f"),
+    )
+    pdf = out.sort("start_ns").select(["row", "lane", "name", "name_c10d", "name_ann", "start_ns", "end_ns",
+                                       "op_meta", "dtype_f",
+                                       "elem_f", "nranks_f", "pg_f", "seq_f", "peer_f", "bytes_f",
+                                       "dims_bytes_f"]).to_dict(as_series=False)
+    world = _world_size(members)
+    ops, nbytes, counts, nranks = [], [], [], []
+    for i in range(len(pdf["row"])):
+        # the launching op names the collective better than the kernel (NCCL runs all-to-all,
+        # gathers and p2p as SendRecv kernels)
+        op = (pdf["op_meta"][i] or normalise_op(pdf["name_c10d"][i]) or normalise_op(pdf["name_ann"][i])
+              or normalise_op(pdf["name"][i]))
+        n = pdf["nranks_f"][i] or world
+        b = pdf["bytes_f"][i]
+        if b is None and pdf["dims_bytes_f"][i] is not None:
+            b = _bus_buffer_bytes(op, pdf["dims_bytes_f"][i], n)
+        ops.append(op)
+        nbytes.append(b)
+        nranks.append(n)
+        counts.append(_nccl_count(op, b, pdf["elem_f"][i], n))
+    n_coll = len(pdf["row"])
+    table = schema.table(schema.COLLECTIVES, {
+        "rank": pa.nulls(n_coll, pa.int32()),
+        "collective_id": pa.array(np.arange(n_coll, dtype=np.int64)),
+        "pg": pdf["pg_f"], "seq": pdf["seq_f"], "op": ops, "dtype": pdf["dtype_f"], "count": counts,
+        "bytes": nbytes, "nranks": nranks, "peer": pdf["peer_f"],
+        "start_ns": pdf["start_ns"], "end_ns": pdf["end_ns"], "lane": pdf["lane"],
+        "source": ["gloo" if (nm or "").startswith("gloo:") else "kineto-kernel" for nm in pdf["name"]],
+    })
+    ids = np.full(events.num_rows, -1, dtype=np.int64)
+    ids[np.asarray(pdf["row"], dtype=np.int64)] = np.arange(n_coll)
+    coll_ids = pa.array(ids, mask=ids < 0)
+    return table, coll_ids
+
+
+def _world_size(members: dict[str, Any]) -> int | None:
+    info = members.get("distributedInfo")
+    if isinstance(info, dict):
+        ws = info.get("world_size")
+        if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0:
+            return ws
+    return None

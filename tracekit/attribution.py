@@ -1,0 +1,124 @@
+"""Five-way attribution of every iteration window of every rank (DESIGN.md "Attribution").
+
+Inside a window every instant is exactly one of compute, overlapped (compute and communication at
+once), exposed_comm, memory (only copies/sets) or idle; lanes are unioned, so concurrent kernels
+count once, and the five add up to the window length to the nanosecond. Exposed communication is
+split into waiting for other ranks and transfer when the caller knows, per communication interval,
+when its last member arrived (:mod:`tracekit.collectives`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from tracekit import schema
+from tracekit.intervals import sweep
+
+COMPUTE, TRANSFER, WAIT, MEMORY = 0, 1, 2, 3
+_BIT = {c: 1 << c for c in (COMPUTE, TRANSFER, WAIT, MEMORY)}
+
+
+def activity(events: pa.Table) -> pl.DataFrame:
+    """The intervals attribution looks at: ``rank, start_ns, end_ns, cls, row``.
+
+    Compute is device kernels on ranks that have device activity, and CPU operators on threads that
+    do no communication on CPU-only ranks (gloo jobs). Communication is every ``comm`` event;
+    memory every ``memory`` event. Annotations, runtime calls and Python frames never count.
+    """
+    df = pl.from_arrow(events.select(["rank", "lane", "kind", "start_ns", "dur_ns", "device"]))
+    assert isinstance(df, pl.DataFrame)
+    df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
+                         pl.col("lane").cast(pl.String), pl.col("kind").cast(pl.String))
+    on_device = pl.col("device").is_not_null()
+    gpu_ranks = df.filter(on_device & pl.col("kind").is_in(["compute", "comm", "memory"])) \
+        .get_column("rank").unique().implode()
+    comm_lanes = df.filter(pl.col("kind") == "comm").select(["rank", "lane"]).unique()
+    cpu_compute = (df.filter(~pl.col("rank").is_in(gpu_ranks) & (pl.col("kind") == "cpu_op"))
+                   .join(comm_lanes, on=["rank", "lane"], how="anti"))
+    gpu_compute = df.filter(pl.col("rank").is_in(gpu_ranks) & on_device & (pl.col("kind") == "compute"))
+    parts = [
+        gpu_compute.with_columns(pl.lit(COMPUTE).alias("cls")),
+        cpu_compute.with_columns(pl.lit(COMPUTE).alias("cls")),
+        df.filter(pl.col("kind") == "comm").with_columns(pl.lit(TRANSFER).alias("cls")),
+        df.filter(pl.col("kind") == "memory").with_columns(pl.lit(MEMORY).alias("cls")),
+    ]
+    out = pl.concat([p.select(["rank", "start_ns", (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"),
+                               pl.col("cls").cast(pl.Int64), "row"]) for p in parts])
+    return out
+
+
+def breakdown(events: pa.Table, iterations: pa.Table, collectives: pa.Table | None = None,
+              comm_split: pl.DataFrame | None = None) -> pa.Table:
+    """The ``breakdown`` table: one row per (rank, iteration) window.
+
+    ``comm_split`` (optional) replaces communication intervals by ``rank, start_ns, end_ns, cls`` rows
+    with cls WAIT or TRANSFER; without it ``wait_ns``/``transfer_ns`` are null.
+    """
+    if iterations.num_rows == 0:
+        return schema.empty(schema.BREAKDOWN)
+    act = activity(events)
+    if comm_split is not None:
+        act = pl.concat([act.filter(pl.col("cls") != TRANSFER).drop("row"),
+                         comm_split.select(["rank", "start_ns", "end_ns", pl.col("cls").cast(pl.Int64)])])
+    win = pl.from_arrow(iterations)
+    assert isinstance(win, pl.DataFrame)
+    win = win.sort(["rank", "start_ns"])
+    w_rank = win.get_column("rank").to_numpy().astype(np.int64)
+    w_start = win.get_column("start_ns").to_numpy()
+    w_end = win.get_column("end_ns").to_numpy()
+    s = sweep(act.get_column("rank").to_numpy().astype(np.int64), act.get_column("start_ns").to_numpy(),
+              act.get_column("end_ns").to_numpy(), act.get_column("cls").to_numpy(), 4, w_rank, w_start, w_end)
+    m = len(w_start)
+    c = (s.state & _BIT[COMPUTE]) != 0
+    t = (s.state & _BIT[TRANSFER]) != 0
+    wt = (s.state & _BIT[WAIT]) != 0
+    comm = t | wt
+    mem = (s.state & _BIT[MEMORY]) != 0
+    compute = s.total(m, c & ~comm)
+    overlapped = s.total(m, c & comm)
+    exposed = s.total(m, ~c & comm)
+    memory = s.total(m, ~c & ~comm & mem)
+    wall = w_end - w_start
+    idle = wall - compute - overlapped - exposed - memory
+    if comm_split is not None:
+        transfer = s.total(m, ~c & t)
+        wait = exposed - transfer
+        wait_arr, transfer_arr = pa.array(wait), pa.array(transfer)
+    else:
+        wait_arr = transfer_arr = pa.nulls(m, pa.int64())
+    comm_bytes = _bytes_per_window(collectives, w_rank, w_start, w_end)
+    return schema.table(schema.BREAKDOWN, {
+        "rank": win.get_column("rank").to_arrow(), "iteration": win.get_column("iteration").to_arrow(),
+        "start_ns": w_start, "end_ns": w_end, "wall_ns": wall, "compute_ns": compute,
+        "overlapped_ns": overlapped, "exposed_comm_ns": exposed, "memory_ns": memory, "idle_ns": idle,
+        "wait_ns": wait_arr, "transfer_ns": transfer_arr, "comm_ns": overlapped + exposed,
+        "comm_bytes": comm_bytes,
+    })
+
+
+def _bytes_per_window(collectives: pa.Table | None, w_rank: np.ndarray, w_start: np.ndarray,
+                      w_end: np.ndarray) -> pa.Array:
+    """Payload bytes (S) of the collectives that start inside each window; collectives of unknown size
+    count as 0, and a window whose collectives all have unknown sizes is null."""
+    m = len(w_start)
+    if collectives is None or collectives.num_rows == 0:
+        return pa.array(np.zeros(m, dtype=np.int64))
+    c = pl.from_arrow(collectives.select(["rank", "start_ns", "bytes"]))
+    assert isinstance(c, pl.DataFrame)
+    c = c.filter(pl.col("start_ns").is_not_null())
+    win = pl.DataFrame({"rank": w_rank.astype(np.int32), "w_start": w_start, "w_end": w_end,
+                        "w": np.arange(m)}).sort("w_start")
+    j = (c.with_columns(pl.col("rank").cast(pl.Int32)).sort("start_ns")
+         .join_asof(win, left_on="start_ns", right_on="w_start", by="rank", strategy="backward",
+                    check_sortedness=False)
+         .filter(pl.col("start_ns") < pl.col("w_end")))
+    agg = j.group_by("w").agg(pl.col("bytes").sum().alias("b"), pl.col("bytes").is_not_null().any().alias("known"))
+    out = np.zeros(m, dtype=np.int64)
+    unknown = np.zeros(m, dtype=bool)
+    w = agg.get_column("w").to_numpy()
+    out[w] = agg.get_column("b").to_numpy()
+    unknown[w] = ~agg.get_column("known").to_numpy()
+    # null when the window has collectives but none of known size (old traces without shapes)
+    return pa.array(out, mask=unknown)

@@ -1,0 +1,69 @@
+"""Parquet export of analysis tables, written atomically and never over existing files without force."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracekit.diagnostics import TraceError
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` for a temporary file beside ``path`` and rename it into place.
+
+    A crash or kill mid-write leaves any previous ``path`` intact and no partial file under its name.
+    """
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
+    """Write one table as Parquet (zstd), atomically."""
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+
+
+def export(tables: dict[str, pa.Table], out: str, *, force: bool = False, table: str | None = None
+           ) -> list[str]:
+    """Write ``tables`` to ``out``: one Parquet file (``*.parquet``: the ``table`` chosen, breakdown by
+    default) or a directory with one ``<name>.parquet`` per table. Returns the paths written."""
+    if out.endswith(".parquet"):
+        name = table or "breakdown"
+        if name not in tables:
+            raise TraceError(None, f"no table {name!r} to export (have: {', '.join(sorted(tables))})")
+        parent = Path(out).parent
+        if not parent.is_dir():
+            raise TraceError(out, f"directory {str(parent)!r} does not exist")
+        if os.path.exists(out) and not force:
+            raise TraceError(out, "already exists (use --force to overwrite)")
+        write_parquet(tables[name], out)
+        return [out]
+    selected = {table: tables[table]} if table else tables
+    if table and table not in tables:
+        raise TraceError(None, f"no table {table!r} to export (have: {', '.join(sorted(tables))})")
+    directory = Path(out)
+    if directory.exists() and not directory.is_dir():
+        raise TraceError(out, "exists and is not a directory")
+    targets = {name: directory / f"{name}.parquet" for name in selected}
+    clashes = [str(p) for p in targets.values() if p.exists()]
+    if clashes and not force:
+        raise TraceError(clashes[0], "already exists (use --force to overwrite)")
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, path in targets.items():
+        write_parquet(selected[name], path)
+    return [str(p) for p in targets.values()]
