@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tracekit.diagnostics import TraceError
 from tracekit.schema import ParsedFile
 
-from .source import read_head
+from .source import Blocks
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,20 @@ def formats() -> list[Format]:
     return found
 
 
+def _head(path: str, size: int = 1 << 16) -> tuple[bytes, TraceError | None]:
+    """The first decompressed bytes of ``path`` and the error that stopped reading, if any."""
+    blocks = Blocks(path, block_size=size)
+    head = b""
+    for _, block in blocks:
+        head += block
+        if len(head) >= size:
+            break
+    return head[:size], blocks.error
+
+
 def detect(path: str) -> Format | None:
     """The format of ``path`` from its content (not its name), or None."""
-    head = read_head(path)
+    head, _ = _head(path)
     if not head.strip():
         return None
     for fmt in formats():
@@ -46,10 +57,17 @@ def parse(path: str) -> ParsedFile:
     """Parse one file of any known format, or raise :class:`TraceError` naming it."""
     if not os.path.exists(path):
         raise TraceError(path, "no such file")
+    if os.path.isdir(path):
+        raise TraceError(path, "is a directory")
     if os.path.getsize(path) == 0:
         raise TraceError(path, "empty file")
-    fmt = detect(path)
-    if fmt is None:
-        raise TraceError(path, "not a trace tracekit can read (expected a PyTorch-profiler JSON, "
-                         "an NCCL debug log or a Horovod timeline)", offset=0)
-    return fmt.parse(path)
+    head, error = _head(path)
+    if not head.strip():
+        if error is not None:
+            raise error
+        raise TraceError(path, "empty file (nothing but whitespace)")
+    for fmt in formats():
+        if fmt.sniff(head):
+            return fmt.parse(path)
+    raise TraceError(path, "not a trace tracekit can read (expected a PyTorch-profiler JSON, "
+                     "an NCCL debug log or a Horovod timeline)", offset=0)

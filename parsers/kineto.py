@@ -27,7 +27,7 @@ from tracekit.schema import ParsedFile
 
 from . import kineto_comms
 from .json_stream import Batch, End, Member, stream_array
-from .source import iter_blocks
+from .source import Blocks
 from .timestamps import us_text_to_ns
 
 PARSER_VERSION = "kineto-1"
@@ -98,6 +98,7 @@ class Args(msgspec.Struct, frozen=True, gc=False, rename={
 
 
 NO_ARGS = Args()
+_LEGACY_PID_CATS = {"CPU functions": "cpu_op", "CUDA functions": "kernel"}
 EMPTY_RAW = msgspec.Raw(b"")
 
 
@@ -177,28 +178,26 @@ def _parse(path: str) -> ParsedFile:
     members_after: set[str] = set()
     end: End | None = None
     array_seen = False
-    try:
-        for item in stream_array(iter_blocks(path)):
-            if isinstance(item, Batch):
-                array_seen = True
-                _consume(acc, item)
-            elif isinstance(item, Member):
-                try:
-                    members[item.key] = msgspec.json.decode(item.raw)
-                except msgspec.DecodeError:
-                    acc.bad_records.append((item.offset, f"member {item.key!r} is not valid JSON"))
-                if array_seen:
-                    members_after.add(item.key)
-            else:
-                end = item
-    except TraceError as exc:
+    blocks = Blocks(path)
+    for item in stream_array(blocks):
+        if isinstance(item, Batch):
+            array_seen = True
+            _consume(acc, item)
+        elif isinstance(item, Member):
+            try:
+                members[item.key] = msgspec.json.decode(item.raw)
+            except msgspec.DecodeError:
+                acc.bad_records.append((item.offset, f"member {item.key!r} is not valid JSON"))
+            if array_seen:
+                members_after.add(item.key)
+        else:
+            end = item
+    assert end is not None
+    if blocks.error is not None:
         if acc.n == 0:
-            raise
-        # a corrupt or cut gzip stream after some events: keep them, say where it broke
-        end = End(False, 0, exc.offset, False, True, exc.message)
-    assert end is not None or acc.n
-    if end is None:
-        end = End(False, 0, None, False, True, "stream ended")
+            raise blocks.error
+        end = End(False, end.bytes_lost, end.lost_offset, end.array_closed, True,
+                  f"{blocks.error.message} at compressed byte {blocks.error.offset}")
     if not end.array_found:
         if end.reason == "no JSON value":
             raise TraceError(path, "empty file (no JSON value)")
@@ -355,6 +354,10 @@ def _columns(acc: _Accumulator, xs: list[Event]) -> None:
     device = [a.device for a in args]
     stream = [a.stream for a in args]
     nbytes = [a.bytes for a in args]
+    if None in cat:
+        # legacy autograd-profiler lists (PyTorch <= 1.7) have no categories, only these pids
+        cat = [c if c is not None else _LEGACY_PID_CATS.get(p) if isinstance(p, str) else None
+               for c, p in zip(cat, pid, strict=True)]
     start, ts_ok = us_text_to_ns(ts)
     if not acc.has_fraction:
         acc.has_fraction = any(b"." in bytes(t) for t in ts[:64])
@@ -412,6 +415,8 @@ def _classify(cat: str | None, name: str | None) -> str:
     """Event kind of DESIGN.md from the category and name."""
     name = name or ""
     if cat in KERNEL_CATS:
+        if name.startswith(("Memcpy", "Memset")):  # legacy lists put copies among "CUDA functions"
+            return "memory"
         return "comm" if NCCL_KERNEL.match(name) else "compute"
     if cat in MEMORY_CATS:
         return "memory"
@@ -440,6 +445,13 @@ def _lane_table(device: np.ndarray, stream: np.ndarray, tid: np.ndarray, on_devi
     return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(labels, pa.string()))
 
 
+def _codes(col: pa.DictionaryArray) -> tuple[np.ndarray, list[str]]:
+    """Dictionary indices as int64 with nulls mapped to ``len(values)``, and the values."""
+    values = col.dictionary.to_pylist()
+    idx = pc.fill_null(col.indices, len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+    return idx, values
+
+
 def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str], end: End) -> ParsedFile:
     path = acc.path
     diags: list[Diagnostic] = []
@@ -462,14 +474,8 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
     # kinds, classified once per unique (cat, name)
     cat_col = raw.column("cat").combine_chunks()
     name_col = raw.column("name").combine_chunks()
-    cat_idx = cat_col.indices.to_numpy(zero_copy_only=False) if len(raw) else np.zeros(0, np.int32)
-    name_idx = name_col.indices.to_numpy(zero_copy_only=False) if len(raw) else np.zeros(0, np.int32)
-    cat_vals = cat_col.dictionary.to_pylist() if len(raw) else []
-    name_vals = name_col.dictionary.to_pylist() if len(raw) else []
-    cat_idx = np.where(pc.is_null(cat_col).to_numpy(zero_copy_only=False), len(cat_vals), cat_idx) \
-        if len(raw) else cat_idx
-    name_idx = np.where(pc.is_null(name_col).to_numpy(zero_copy_only=False), len(name_vals), name_idx) \
-        if len(raw) else name_idx
+    cat_idx, cat_vals = _codes(cat_col)
+    name_idx, name_vals = _codes(name_col)
     cat_vals_n = [*cat_vals, None]
     name_vals_n = [*name_vals, None]
     pair = pa.array(cat_idx.astype(np.int64) * (len(name_vals) + 1) + name_idx).dictionary_encode()
@@ -481,18 +487,22 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
     kind = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(kind_dict))
     for c in cat_vals:
         if c not in KNOWN_CATS:
-            acc.unknown_cats[c] = int((cat_col.indices.to_numpy(zero_copy_only=False) ==
-                                       cat_vals.index(c)).sum())
+            acc.unknown_cats[c] = int((cat_idx == cat_vals.index(c)).sum())
     # lanes
     on_device_cat = np.array([c in DEVICE_CATS for c in cat_vals_n], dtype=bool)
-    on_device = on_device_cat[cat_idx] if len(raw) else np.zeros(0, bool)
+    on_device = on_device_cat[cat_idx]
     pid = raw.column("pid")
     tid = raw.column("tid")
     tid_np = pc.fill_null(tid, -1).to_numpy()
     dev = pc.fill_null(pc.coalesce(raw.column("arg_device"), pid), -1).to_numpy()
     stream = pc.fill_null(pc.coalesce(raw.column("arg_stream"), tid), -1).to_numpy()
+    dev = np.where(on_device & (dev < 0), 0, dev)  # legacy lists name no device
     # cuda_sync rows sit at tid = stream + 1e6 in 2026 writers; the stream arg is authoritative
-    lanes = _lane_table(dev, stream, tid_np, on_device, pc.is_valid(pid).to_numpy(zero_copy_only=False))
+    # the profiler's own spans (string pids like "Spans"/"Traces") get a lane of their own
+    span_cat = np.array([c == "Trace" for c in cat_vals_n], dtype=bool)[cat_idx]
+    on_thread = ~span_cat & (pc.is_valid(pid).to_numpy(zero_copy_only=False) |
+                             pc.is_valid(tid).to_numpy(zero_copy_only=False))
+    lanes = _lane_table(dev, stream, tid_np, on_device, on_thread)
     nbytes = raw.column("bytes")
     events = schema.table(schema.EVENTS, {
         "rank": pa.nulls(len(raw), pa.int32()),

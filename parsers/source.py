@@ -98,14 +98,26 @@ def _inflate(path: str, f, block_size: int, bound: int) -> Iterator[tuple[int, b
         raise TraceError(path, "gzip stream is truncated (kept what inflated cleanly)", offset=in_offset)
 
 
-def read_head(path: str, size: int = 1 << 16) -> bytes:
-    """The first ``size`` decompressed bytes of ``path`` (for format sniffing); empty if unreadable."""
-    head = b""
-    try:
-        for _, block in iter_blocks(path, block_size=size):
-            head += block
-            if len(head) >= size:
-                break
-    except TraceError:
-        pass
-    return head[:size]
+class Blocks:
+    """Decompressed blocks of a file that end quietly where the compressed stream breaks.
+
+    Iterating yields what :func:`iter_blocks` yields; a corrupt or truncated gzip stream ends the
+    iteration like end-of-file and leaves the error in :attr:`error`, so a parser can keep every
+    complete record before the break and report the break as damage.
+    """
+
+    def __init__(self, path: str, block_size: int = BLOCK) -> None:
+        self.path = path
+        self.block_size = block_size
+        self.error: TraceError | None = None
+        self.consumed = 0
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        try:
+            for offset, block in iter_blocks(self.path, self.block_size):
+                self.consumed = offset + len(block)
+                yield offset, block
+        except TraceError as exc:
+            if exc.message.startswith("cannot read"):
+                raise
+            self.error = exc

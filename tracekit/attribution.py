@@ -61,7 +61,8 @@ def breakdown(events: pa.Table, iterations: pa.Table, collectives: pa.Table | No
     act = activity(events)
     if comm_split is not None:
         act = pl.concat([act.filter(pl.col("cls") != TRANSFER).drop("row"),
-                         comm_split.select(["rank", "start_ns", "end_ns", pl.col("cls").cast(pl.Int64)])])
+                         comm_split.select(["rank", "start_ns", "end_ns", pl.col("cls").cast(pl.Int64)])],
+                        how="vertical_relaxed")
     win = pl.from_arrow(iterations)
     assert isinstance(win, pl.DataFrame)
     win = win.sort(["rank", "start_ns"])

@@ -89,6 +89,9 @@ def _load(args: argparse.Namespace, console: Console):
     finally:
         if bar is not None:
             bar.stop()
+    if ts.events.num_rows == 0 and ts.collectives.num_rows == 0:
+        damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
+        raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
     return analyse(ts, step_marker=args.step_marker)
 
 
@@ -140,7 +143,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     result = _load(args, err)
     written = export(result.tables(), args.output, force=args.force, table=args.table)
     for path in written:
-        err.print(f"wrote {path}", highlight=False)
+        err.print(f"wrote {path}", highlight=False, soft_wrap=True)
     _warn(result.traces.diagnostics, err, args.quiet)
     return 0
 

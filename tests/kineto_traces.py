@@ -1,0 +1,176 @@
+"""Deterministic Kineto traces for tests: every writer era of FORMATS.md §1, with known truth.
+
+A trace is described by :class:`Ev` records in integer nanoseconds; :func:`write` renders them the way
+a given era's writer would (categories, tid spelling, timestamp form, where ``baseTimeNanoseconds``
+goes), so tests can check that parsing gives back exactly the nanoseconds that went in.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EPOCH_NS = 1_716_423_322_000_000_000  # 2024-05-23, an absolute epoch in ns
+BASE_NS = 1_711_964_646_000_000_000  # a baseTimeNanoseconds value (floored to a quarter)
+
+ERAS = ("legacy-list", "2021", "1.9", "int-us", "fraction", "relative-after", "relative-before")
+
+_LEGACY_CATS = {"cpu_op": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel", "gpu_memcpy": "Memcpy",
+                "gpu_memset": "Memset", "user_annotation": "User"}
+
+
+@dataclass
+class Ev:
+    """One complete event. ``device``/``stream`` make it a device activity; otherwise ``tid`` is the thread."""
+
+    name: str
+    cat: str
+    start: int  # ns
+    dur: int  # ns
+    tid: int = 1
+    pid: int = 4242
+    device: int | None = None
+    stream: int | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def _us(ns: int, era: str) -> Any:
+    """Render ns as the era's µs number (a JSON number, returned as a Python value or raw text)."""
+    if era in ("int-us", "2021", "1.9", "legacy-list"):
+        return RawNumber(str(ns // 1000))
+    whole, frac = divmod(ns, 1000)
+    return RawNumber(f"{whole}.{frac:03d}")
+
+
+class RawNumber(str):
+    """A number written verbatim into the JSON text."""
+
+
+def _encode(obj: Any) -> str:
+    if isinstance(obj, RawNumber):
+        return str(obj)
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_encode(v)}" for k, v in obj.items()) + "}"
+    if isinstance(obj, list):
+        return "[" + ", ".join(_encode(v) for v in obj) + "]"
+    return json.dumps(obj)
+
+
+def render_event(e: Ev, era: str, base_ns: int) -> dict[str, Any]:
+    """The JSON object an era's writer would emit for ``e``."""
+    start = e.start - base_ns if era.startswith("relative") else e.start
+    dur_ns = e.dur if era not in ("int-us", "2021", "1.9", "legacy-list") else e.dur - e.dur % 1000
+    cat = _LEGACY_CATS.get(e.cat, e.cat) if era in ("2021", "1.9") else e.cat
+    on_device = e.device is not None
+    pid: Any = e.device if on_device else e.pid
+    tid: Any = e.stream if on_device else e.tid
+    if era == "2021":
+        tid = f"stream {tid}" if on_device else str(tid)
+    args = dict(e.args)
+    if on_device:
+        args.setdefault("device", e.device)
+        args.setdefault("stream", e.stream)
+    if era in ("2021", "1.9") and "External id" in args:
+        args["external id"] = args.pop("External id")
+    if era == "legacy-list":
+        pid = "CUDA functions" if on_device else "CPU functions"
+    d: dict[str, Any] = {"ph": "X", "cat": cat, "name": e.name, "pid": pid, "tid": tid,
+                         "ts": _us(start, era), "dur": RawNumber(_dur_text(dur_ns, era))}
+    if era == "legacy-list":
+        d.pop("cat")
+    if args:
+        d["args"] = args
+    return d
+
+
+def _dur_text(ns: int, era: str) -> str:
+    if era in ("int-us", "2021", "1.9", "legacy-list"):
+        return str(ns // 1000)
+    whole, frac = divmod(ns, 1000)
+    return f"{whole}.{frac:03d}"
+
+
+def write(path: str | Path, events: list[Ev], *, era: str = "relative-before", rank: int | None = 0,
+          world_size: int = 2, backend: str = "nccl", gz: bool | None = None, extra_events: list[dict] | None
+          = None, finalised: bool = True, pretty: bool = False, base_ns: int = BASE_NS) -> Path:
+    """Write a Kineto trace of ``events`` as ``era`` writes it; returns the path."""
+    path = Path(path)
+    rendered = [render_event(e, era, base_ns) for e in events] + list(extra_events or [])
+    if finalised and era != "legacy-list":
+        end = max((e.start + e.dur for e in events), default=0)
+        rendered.append({"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "",
+                         "ts": _us(end - base_ns if era.startswith("relative") else end, era)})
+    sep = ",\n  " if not pretty else ",\n"
+    body = sep.join(_encode(r) if not pretty else json.dumps(json.loads(_encode(r)), indent=4) for r in rendered)
+    if era == "legacy-list":
+        text = "[" + body + "]"
+    else:
+        head: list[str] = ['"schemaVersion": 1']
+        if rank is not None:
+            info = {"backend": backend, "rank": rank, "world_size": world_size}
+            head.append('"distributedInfo": ' + json.dumps(info))
+        if era == "relative-before":
+            head.append(f'"baseTimeNanoseconds": {base_ns}')
+        tail: list[str] = []
+        if era == "relative-after":
+            tail.append(f'"baseTimeNanoseconds": {base_ns}')
+        if finalised:
+            tail.append('"traceName": "test.json"')
+        text = "{\n  " + ",\n  ".join(head) + ',\n  "traceEvents": [\n  ' + body + "\n  ]" + \
+            "".join(",\n  " + t for t in tail) + "\n}"
+    data = text.encode()
+    if gz or (gz is None and path.name.endswith(".gz")):
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return path
+
+
+def gpu_iteration(step: int, t0: int, *, nccl_name: str = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+                                                           "(ncclDevComm*, unsigned long, ncclWork*)",
+                  nelems: int = 1 << 20, corr0: int = 1000, with_kernel_args: bool = True) -> list[Ev]:
+    """One training iteration of a GPU rank with known attribution (times relative to ``t0``, ns).
+
+    CPU: ProfilerStep [0, 10) ms; launches at 1, 2, 7 ms; record_param_comms ⊃ nccl:all_reduce ⊃ the
+    NCCL launch at 4 ms. GPU stream 7: compute [2, 6) and [8, 9) ms, memcpy [9, 9.5) ms; stream 13: NCCL
+    [5, 8) ms. The window runs from the first device activity (2 ms) to the next iteration's (12 ms):
+    compute 4 ms ([2,5) + [8,9)), overlapped 1 ms ([5,6)), exposed 2 ms ([6,8)), memory 0.5 ms, idle
+    2.5 ms; the last iteration's window ends at 9.5 ms, without the idle tail.
+    """
+    ms = 1_000_000
+    c = corr0
+    kargs = {"Collective name": "allreduce", "In msg nelems": nelems, "Out msg nelems": nelems,
+             "Group size": 2, "dtype": "Float", "Process Group Name": "0"} if with_kernel_args else {}
+    return [
+        Ev(f"ProfilerStep#{step}", "user_annotation", t0, 10 * ms, tid=1),
+        Ev("aten::mm", "cpu_op", t0 + 1 * ms, ms // 2, tid=1, args={"External id": c}),
+        Ev("cudaLaunchKernel", "cuda_runtime", t0 + 1 * ms + 100, 5000, tid=1,
+           args={"correlation": c, "External id": c}),
+        Ev("aten::add", "cpu_op", t0 + 2 * ms, ms // 2, tid=1, args={"External id": c + 1}),
+        Ev("cudaLaunchKernel", "cuda_runtime", t0 + 2 * ms + 100, 5000, tid=1,
+           args={"correlation": c + 1, "External id": c + 1}),
+        Ev("record_param_comms", "cpu_op", t0 + 4 * ms, 300_000, tid=1,
+           args={"External id": c + 2, "Collective name": "allreduce", "In msg nelems": nelems,
+                 "Out msg nelems": nelems, "Group size": 2, "dtype": "Float", "Process Group Name": "0"}),
+        Ev("nccl:all_reduce", "user_annotation", t0 + 4 * ms + 10_000, 200_000, tid=1,
+           args={"Input Dims": [[nelems]], "Input type": ["float"]}),
+        Ev("cudaLaunchKernelExC", "cuda_runtime", t0 + 4 * ms + 50_000, 5000, tid=1,
+           args={"correlation": c + 2, "External id": c + 2}),
+        Ev("cudaMemcpyAsync", "cuda_runtime", t0 + 7 * ms, 5000, tid=1, args={"correlation": c + 3}),
+        Ev("sgemm_kernel", "kernel", t0 + 2 * ms, 4 * ms, device=0, stream=7, args={"correlation": c}),
+        Ev(nccl_name, "kernel", t0 + 5 * ms, 3 * ms, device=0, stream=13,
+           args={"correlation": c + 2, **kargs}),
+        Ev("add_kernel", "kernel", t0 + 8 * ms, 1 * ms, device=0, stream=7, args={"correlation": c + 1}),
+        Ev("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", t0 + 9 * ms, ms // 2, device=0, stream=7,
+           args={"correlation": c + 3, "bytes": 4096}),
+    ]
+
+
+def gpu_job(steps: int = 3, t0: int = EPOCH_NS, **kw: Any) -> list[Ev]:
+    """``steps`` iterations of :func:`gpu_iteration`, 10 ms apart."""
+    out: list[Ev] = []
+    for i in range(steps):
+        out += gpu_iteration(i + 1, t0 + i * 10_000_000, corr0=1000 + 10 * i, **kw)
+    return out

@@ -1,0 +1,116 @@
+"""The command line as a user meets it: output, JSON, export, errors in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from tests import kineto_traces as kt
+from tracekit.cli import main
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Path:
+    d = tmp_path / "job"
+    d.mkdir()
+    kt.write(d / "rank0.pt.trace.json.gz", kt.gpu_job(3), rank=0)
+    kt.write(d / "rank1.pt.trace.json.gz", kt.gpu_job(3, t0=kt.EPOCH_NS + 300_000), rank=1)
+    (d / "notes.txt").write_text("not a trace")
+    return d
+
+
+def test_summary_table(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "2 ranks" in out and "3 iterations" in out
+    assert "worst iteration" in out and "most exposed rank" in out
+    assert "43.6 %" in out  # compute 12 ms of 27.5 ms (windows 10 + 10 + 7.5 ms)
+
+
+def test_summary_json(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(job), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["job"]["ranks"] == 2 and data["job"]["iterations"] == 3
+    assert {r["rank"] for r in data["ranks"]} == {0, 1}
+    row = data["breakdown"][0]
+    assert set(row) >= {"rank", "iteration", "wall_ns", "compute_ns", "overlapped_ns", "exposed_comm_ns",
+                        "memory_ns", "idle_ns"}
+    for r in data["breakdown"]:
+        assert r["compute_ns"] + r["overlapped_ns"] + r["exposed_comm_ns"] + r["memory_ns"] + r["idle_ns"] == \
+            r["wall_ns"]
+
+
+def test_export_directory_readable_by_polars_pyarrow_duckdb(job: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["export", str(job), "-o", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["breakdown.parquet", "collectives.parquet", "events.parquet", "iterations.parquet",
+                     "ranks.parquet"]
+    b = pl.read_parquet(out / "breakdown.parquet")
+    assert b.height == 6
+    assert pq.read_table(out / "events.parquet").num_rows > 0
+    n = duckdb.sql(f"select count(*) from '{out / 'collectives.parquet'}'").fetchall()[0][0]
+    assert n == 6
+    # not overwritten without --force
+    assert main(["export", str(job), "-o", str(out)]) == 1
+    assert main(["export", str(job), "-o", str(out), "--force"]) == 0
+
+
+def test_export_single_file(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "b.parquet"
+    assert main(["export", str(job), "-o", str(out)]) == 0
+    assert pl.read_parquet(out).columns[:3] == ["rank", "iteration", "start_ns"]
+    before = out.read_bytes()
+    assert main(["export", str(job), "-o", str(out)]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert main(["export", str(job), "-o", str(tmp_path / "e.parquet"), "--table", "events"]) == 0
+
+
+def test_inputs_are_never_written_next_to(job: Path, tmp_path: Path) -> None:
+    before = sorted(os.listdir(job))
+    main(["summary", str(job)])
+    main(["export", str(job), "-o", str(tmp_path / "x")])
+    assert sorted(os.listdir(job)) == before
+
+
+@pytest.mark.parametrize("content", [b"", b"{\"traceEvents\": [", b"\x1f\x8b\x08\x00garbage", b"hello"])
+def test_bad_input_is_one_line_without_traceback(tmp_path: Path, content: bytes) -> None:
+    p = tmp_path / "bad.json"
+    p.write_bytes(content)
+    r = subprocess.run([sys.executable, "-m", "tracekit.cli", "summary", str(p)], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(p) in lines[0], r.stderr
+
+
+def test_missing_path_and_bad_regex(tmp_path: Path, job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(tmp_path / "nope")]) == 1
+    assert "no such file" in capsys.readouterr().err
+    assert main(["summary", str(job), "--step-marker", "("]) == 1
+    assert "not a valid regular expression" in capsys.readouterr().err
+
+
+def test_help_everywhere() -> None:
+    for args in (["--help"], ["summary", "--help"], ["export", "--help"]):
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        assert info.value.code == 0
+
+
+def test_truncated_rank_is_warned_but_analysed(job: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    raw = kt.write(tmp_path / "r2.json", kt.gpu_job(3), rank=2).read_bytes()
+    (job / "rank2.json.tmp").write_bytes(raw[: len(raw) * 3 // 4])
+    assert main(["summary", str(job)]) == 0
+    captured = capsys.readouterr()
+    assert "3 ranks" in captured.out
+    assert "truncated" in captured.err and "rank2.json.tmp" in captured.err

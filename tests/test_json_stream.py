@@ -1,0 +1,78 @@
+"""The streaming splitter: same elements as a plain decode, whatever the block size or cut."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tracekit.parsers import json_stream as js
+
+EVENTS = [{"ph": "X", "name": f'a{i} "q" \\ [{{,', "args": {"x": [1, {"y": "]"}]}} for i in range(20)]
+DOC = json.dumps({"schemaVersion": 1, "deviceProperties": [{"id": 0}], "traceEvents": EVENTS,
+                  "baseTimeNanoseconds": 5, "traceName": "x"}, indent=1).encode()
+ARRAY = json.dumps(EVENTS).encode()
+
+
+def run(doc: bytes, block: int = 7, batch: int = 30):
+    blocks = [(i, doc[i : i + block]) for i in range(0, len(doc), block)]
+    out, members, end = [], {}, None
+    for item in js.stream_array(blocks, batch_bytes=batch):
+        if isinstance(item, js.Batch):
+            elements = msgspec.json.decode(item.data)
+            assert len(elements) == len(item)
+            for i in range(len(item)):
+                assert msgspec.json.decode(item.element(i)) == elements[i]
+            out += elements
+        elif isinstance(item, js.Member):
+            members[item.key] = msgspec.json.decode(item.raw)
+        else:
+            end = item
+    return out, members, end
+
+
+def test_object_document_any_block_size() -> None:
+    for block in (1, 3, 64, 100_000):
+        for batch in (1, 50, 1 << 20):
+            out, members, end = run(DOC, block, batch)
+            assert out == EVENTS
+            assert members == {"schemaVersion": 1, "deviceProperties": [{"id": 0}], "baseTimeNanoseconds": 5,
+                               "traceName": "x"}
+            assert end.complete and end.array_closed
+
+
+def test_every_cut_of_an_object_document() -> None:
+    for cut in range(len(DOC)):
+        out, _, end = run(DOC[:cut], 97, 40)
+        assert out == EVENTS[: len(out)]
+        if cut < len(DOC) - 1:
+            assert not end.complete
+
+
+def test_bare_arrays_closed_or_not() -> None:
+    assert run(ARRAY)[0] == EVENTS
+    out, _, end = run(ARRAY[:-1])
+    assert out == EVENTS and not end.array_closed and end.bytes_lost == 0
+    out, _, end = run(ARRAY[:-1] + b",\n")
+    assert out == EVENTS and not end.array_closed and end.bytes_lost == 0
+    for cut in range(len(ARRAY)):
+        out = run(ARRAY[:cut], 61, 20)[0]
+        assert out == EVENTS[: len(out)]
+
+
+def test_not_json() -> None:
+    assert run(b"")[2].reason == "no JSON value"
+    assert not run(b"hello")[2].array_found
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=8),
+                                                                 st.lists(st.integers(), max_size=3)),
+                                max_size=4), max_size=12),
+       st.integers(1, 50), st.integers(1, 200))
+def test_random_documents(elements, block, batch) -> None:
+    doc = json.dumps({"a": 1, "traceEvents": elements, "z": [1, 2]}).encode()
+    out, members, end = run(doc, block, batch)
+    assert out == elements and members == {"a": 1, "z": [1, 2]} and end.complete
