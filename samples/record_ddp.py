@@ -9,9 +9,10 @@ Writes into ``--out``:
   rank{r}.pt.trace.json.gz   Kineto trace of rank r (plain .json with --no-gzip)
   run.json                   parameters, model size, gradient bytes, link, measured per-step wall times
 
-Example::
+The defaults (MLP 8 x 512, batch 512, 1 MB buckets, 1 wait + 1 warmup + 5 profiled steps) are those of the
+bundled sample samples/ddp-gloo, recorded with ``--link-rate 500mbit``. Examples::
 
-    python samples/record_ddp.py --out /tmp/ddp --steps 5
+    python samples/record_ddp.py --out /tmp/ddp
     sudo python samples/record_ddp.py --out /tmp/ddp-200m --link-rate 200mbit --force
 """
 
