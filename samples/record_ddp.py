@@ -367,7 +367,20 @@ def record(cfg: RecordConfig, argv: Sequence[str] | None = None, log: Any = sys.
     clash = existing_outputs(out)
     if clash and not cfg.force:
         raise RecordError(f"{out} already holds {', '.join(p.name for p in clash)}; use --force to overwrite")
+    if cfg.shaped:
+        require_netns()
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _record_into(cfg, out, argv, log)
+    except BaseException:
+        if created:  # leave no empty directory behind for a recording that did not happen
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+
+
+def _record_into(cfg: RecordConfig, out: Path, argv: Sequence[str] | None, log: Any) -> dict[str, Any]:
     stats = model_stats(cfg)
     import torch
 
@@ -601,6 +614,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("record_ddp: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:  # raised by our SIGTERM/SIGHUP handler once everything was cleaned up
+        print(f"record_ddp: stopped by a signal (exit {exc.code}); nothing was written", file=sys.stderr)
+        raise
     for r, info in run["step_times"]["ranks"].items():
         a = info["active"]
         print(

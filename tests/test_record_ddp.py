@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -100,6 +101,16 @@ def test_record_end_to_end(tmp_path: Path) -> None:
     again = _run_cli(["--out", str(out), *TINY])
     assert again.returncode == 1 and "--force" in again.stderr and "Traceback" not in again.stderr
     assert (out / "rank0.pt.trace.json.gz").read_bytes() == before
+
+    # The recording function is importable; --force replaces the old traces (also of the other variant).
+    cfg = record_ddp.RecordConfig(
+        out=str(out), hidden=16, layers=1, batch=4, steps=1, wait=0, warmup=0, gzip=False, force=True
+    )
+    run2 = record_ddp.record(cfg, log=io.StringIO())
+    assert {p.name for p in out.iterdir()} == {"rank0.pt.trace.json", "rank1.pt.trace.json", "run.json"}
+    assert run2["profiler"]["profiled_steps"] == [0]
+    trace = json.loads((out / "rank1.pt.trace.json").read_text())
+    assert trace["distributedInfo"]["rank"] == 1
 
 
 def test_refuses_to_overwrite_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
