@@ -1,0 +1,632 @@
+"""Record a real multi-process PyTorch DDP job (gloo, CPU) under torch.profiler: one Kineto trace per rank.
+
+The job is launched with torchrun (``python -m torch.distributed.run``). Without ``--link-rate`` all ranks
+run on this machine over loopback. With ``--link-rate 200mbit`` (root + iproute2) every rank runs in its
+own network namespace ("host") and the ranks talk over veth links shaped with tc in both directions
+(see ``shaped_link.py``); the link's real TCP goodput is measured first and stored in run.json.
+
+Writes into ``--out``:
+  rank{r}.pt.trace.json.gz   Kineto trace of rank r (plain .json with --no-gzip)
+  run.json                   parameters, model size, gradient bytes, link, measured per-step wall times
+
+The defaults (MLP 8 x 512, batch 512, 1 MB buckets, 1 wait + 1 warmup + 5 profiled steps) are those of the
+bundled sample samples/ddp-gloo, recorded with ``--link-rate 500mbit``. Examples::
+
+    python samples/record_ddp.py --out /tmp/ddp
+    sudo python samples/record_ddp.py --out /tmp/ddp-200m --link-rate 200mbit --force
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gzip
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shaped_link import (
+    LinkError,
+    ShapedNetwork,
+    check_link,
+    parse_delay,
+    parse_rate,
+    require_netns,
+)
+
+SCRIPT = Path(__file__).resolve()
+TRACE_GLOB = "rank*.pt.trace.json*"
+MASTER_PORT = 29500  # inside our own namespaces every port is free
+
+
+class RecordError(RuntimeError):
+    """A recording could not be made; the message is meant for the user (no traceback)."""
+
+
+@dataclass
+class RecordConfig:
+    """Everything that defines a recording. JSON-able; handed to every rank as a file."""
+
+    out: str
+    nproc: int = 2
+    steps: int = 5
+    wait: int = 1
+    warmup: int = 1
+    model: str = "mlp"
+    hidden: int = 512
+    layers: int = 8
+    batch: int = 512
+    image: int = 32
+    bucket_mb: float = 1.0
+    link_rate_bps: int | None = None
+    link_delay_us: int | None = None
+    check_link: bool = True
+    gzip: bool = True
+    seed: int = 0
+    threads: int = 1
+    force: bool = False
+    timeout_s: float = 900.0
+
+    def validate(self) -> None:
+        """Raise ValueError for settings that cannot make a recording."""
+        if self.nproc < 2:
+            raise ValueError("--nproc must be at least 2 (a distributed job)")
+        if self.steps < 1 or self.wait < 0 or self.warmup < 0:
+            raise ValueError("--steps must be >= 1 and --wait/--warmup >= 0")
+        if self.model not in ("mlp", "cnn"):
+            raise ValueError(f"unknown --model {self.model!r} (mlp or cnn)")
+        for name in ("hidden", "layers", "batch", "threads", "image"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1")
+        if self.bucket_mb <= 0:
+            raise ValueError("--bucket-mb must be > 0")
+
+    @property
+    def shaped(self) -> bool:
+        """Whether ranks run in namespaces behind a shaped link."""
+        return self.link_rate_bps is not None or self.link_delay_us is not None
+
+    def trace_name(self, rank: int) -> str:
+        """File name of rank ``rank``'s trace in the output directory."""
+        return f"rank{rank}.pt.trace.json" + (".gz" if self.gzip else "")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The training job (runs in every rank's process)
+# ---------------------------------------------------------------------------------------------------
+
+
+def build_model(cfg: RecordConfig) -> Any:
+    """The model: ``mlp`` = ``layers`` Linear(hidden, hidden)+ReLU and a 10-way head; ``cnn`` = ``layers``
+    3x3 conv blocks of ``hidden`` channels (stride 2 every other block) on ``image``-pixel RGB inputs."""
+    from torch import nn
+
+    if cfg.model == "mlp":
+        mods: list[nn.Module] = []
+        for _ in range(cfg.layers):
+            mods += [nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU()]
+        return nn.Sequential(*mods, nn.Linear(cfg.hidden, 10))
+    mods = []
+    c_in = 3
+    for i in range(cfg.layers):
+        mods += [nn.Conv2d(c_in, cfg.hidden, 3, stride=2 if i % 2 else 1, padding=1), nn.ReLU()]
+        c_in = cfg.hidden
+    return nn.Sequential(*mods, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cfg.hidden, 10))
+
+
+def input_shape(cfg: RecordConfig) -> tuple[int, ...]:
+    """Shape of one input batch."""
+    if cfg.model == "mlp":
+        return (cfg.batch, cfg.hidden)
+    return (cfg.batch, 3, cfg.image, cfg.image)
+
+
+def train_worker(cfg: RecordConfig, workdir: Path) -> None:
+    """One rank of the DDP job. Reads RANK/WORLD_SIZE/MASTER_* from the environment (env:// rendezvous),
+    trains ``wait + warmup + steps`` iterations under torch.profiler and writes, into ``workdir``,
+    ``rank{r}.pt.trace.json`` (uncompressed Kineto export) and ``rank{r}.steps.json`` (wall times)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.set_num_threads(cfg.threads)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP broadcasts them anyway)
+    model = DDP(build_model(cfg), bucket_cap_mb=cfg.bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1)  # each rank its own data shard
+    batches = [
+        (torch.randn(input_shape(cfg), generator=gen), torch.randint(0, 10, (cfg.batch,), generator=gen))
+        for _ in range(2)
+    ]
+
+    trace_tmp = workdir / f"rank{rank}.pt.trace.json"
+    total = cfg.wait + cfg.warmup + cfg.steps
+    phases = ["wait"] * cfg.wait + ["warmup"] * cfg.warmup + ["active"] * cfg.steps
+    steps: list[dict[str, Any]] = []
+    dist.barrier()
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        with_stack=False,
+        schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.steps, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace_tmp)),
+    ) as prof:
+        for i in range(total):
+            x, y = batches[i % len(batches)]
+            start_ns = time.time_ns()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            wall = time.perf_counter() - t0
+            steps.append(
+                {
+                    "step": i,
+                    "phase": phases[i],
+                    "start_unix_ns": start_ns,
+                    "wall_s": wall,
+                    "loss": float(loss),
+                }
+            )
+            prof.step()
+    ddp_info: dict[str, Any] = {}
+    with contextlib.suppress(Exception):  # private, best-effort: bucket layout after the rebuild
+        data = model._get_ddp_logging_data()
+        ddp_info = {
+            k: data[k]
+            for k in (
+                "bucket_sizes",
+                "rebuilt_bucket_sizes",
+                "has_rebuilt_buckets",
+                "bucket_cap_bytes",
+                "comm_hook",
+            )
+            if k in data
+        }
+    dist.barrier()
+    dist.destroy_process_group()
+    if not trace_tmp.exists():
+        raise RuntimeError(f"rank {rank}: the profiler wrote no trace")
+    info = {"rank": rank, "world_size": world, "pid": os.getpid(), "steps": steps, "ddp": ddp_info}
+    (workdir / f"rank{rank}.steps.json").write_text(json.dumps(info))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The launcher
+# ---------------------------------------------------------------------------------------------------
+
+
+def model_stats(cfg: RecordConfig) -> dict[str, Any]:
+    """Number of parameters and gradient bytes of the model (built once here, on the CPU)."""
+    model = build_model(cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return {
+        "parameters": sum(p.numel() for p in params),
+        "gradient_bytes": sum(p.numel() * p.element_size() for p in params),
+        "tensors": len(params),
+        "dtype": str(params[0].dtype).replace("torch.", ""),
+        "input_shape": list(input_shape(cfg)),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun(
+    nnodes: int, node_rank: int, nproc_per_node: int, addr: str, port: int, cfg_path: Path
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--master-addr",
+        addr,
+        "--master-port",
+        str(port),
+        str(SCRIPT),
+        "--worker-config",
+        str(cfg_path),
+    ]
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a launcher and its workers (own process group), then kill after a grace period."""
+    if proc.poll() is not None:
+        return
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace)
+            return
+
+
+def _run_launchers(argvs: list[list[str]], env: dict[str, str], workdir: Path, timeout_s: float) -> None:
+    """Start every launcher, wait for all; on failure or timeout stop the rest and raise with log tails."""
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
+    try:
+        for i, argv in enumerate(argvs):
+            log = open(workdir / f"launcher{i}.log", "wb")  # noqa: SIM115 (closed below)
+            logs.append(log)
+            procs.append(
+                subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+        deadline = time.monotonic() + timeout_s
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+        if failed or any(p.poll() is None for p in procs):
+            why = (
+                f"launcher {failed[0]} exited with {procs[failed[0]].returncode}"
+                if failed
+                else f"timed out after {timeout_s:g}s"
+            )
+            for p in procs:
+                _stop(p)
+            tails = []
+            for i in range(len(procs)):
+                text = (workdir / f"launcher{i}.log").read_text(errors="replace").strip().splitlines()
+                tails.append(f"--- launcher {i} (last lines) ---\n" + "\n".join(text[-25:]))
+            raise RecordError(f"the DDP job failed: {why}\n" + "\n".join(tails))
+    finally:
+        for p in procs:
+            _stop(p)
+        for log in logs:
+            log.close()
+
+
+def _summary(walls: list[float]) -> dict[str, float]:
+    return {
+        "mean_s": statistics.fmean(walls),
+        "median_s": statistics.median(walls),
+        "min_s": min(walls),
+        "max_s": max(walls),
+    }
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def existing_outputs(out: Path) -> list[Path]:
+    """Trace files and run.json already in ``out`` (what a recording would overwrite)."""
+    if not out.is_dir():
+        return []
+    found = sorted(out.glob(TRACE_GLOB))
+    return found + ([out / "run.json"] if (out / "run.json").exists() else [])
+
+
+@contextlib.contextmanager
+def _exit_on_signals() -> Iterator[None]:
+    """Turn SIGTERM/SIGHUP into SystemExit so that every finally (stop workers, remove namespaces) runs."""
+
+    def _raise(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _network(cfg: RecordConfig) -> Iterator[ShapedNetwork | None]:
+    if not cfg.shaped:
+        yield None
+        return
+    require_netns()
+    with ShapedNetwork(cfg.nproc, cfg.link_rate_bps, cfg.link_delay_us) as net:
+        yield net
+
+
+def record(cfg: RecordConfig, argv: Sequence[str] | None = None, log: Any = sys.stderr) -> dict[str, Any]:
+    """Record one job as configured; write the traces and run.json into ``cfg.out``; return run.json's data.
+
+    Refuses (RecordError) to overwrite existing traces or run.json unless ``cfg.force``. Outputs appear only
+    when every rank succeeded: traces are gzipped to temporary names and renamed into place.
+    """
+    cfg.validate()
+    out = Path(cfg.out)
+    clash = existing_outputs(out)
+    if clash and not cfg.force:
+        raise RecordError(f"{out} already holds {', '.join(p.name for p in clash)}; use --force to overwrite")
+    if cfg.shaped:
+        require_netns()
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _record_into(cfg, out, argv, log)
+    except BaseException:
+        if created:  # leave no empty directory behind for a recording that did not happen
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+
+
+def _record_into(cfg: RecordConfig, out: Path, argv: Sequence[str] | None, log: Any) -> dict[str, Any]:
+    stats = model_stats(cfg)
+    import torch
+
+    with _exit_on_signals(), tempfile.TemporaryDirectory(prefix=".record-", dir=out) as tmp:
+        workdir = Path(tmp)
+        os.chmod(workdir, 0o755)
+        cfg_path = workdir / "config.json"
+        cfg_path.write_text(json.dumps(asdict(cfg)))
+        env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads), "PYTHONUNBUFFERED": "1"}
+        link_info: dict[str, Any] = {
+            "rate": None,
+            "rate_bps": None,
+            "delay_us": None,
+            "namespaces": False,
+            "transport": "loopback (127.0.0.1)",
+        }
+        t_start = time.perf_counter()
+        with _network(cfg) as net:
+            if net is None:
+                argvs = [_torchrun(1, 0, cfg.nproc, "127.0.0.1", _free_port(), cfg_path)]
+            else:
+                link_info = {
+                    **net.describe(),
+                    "namespaces": True,
+                    "transport": f"TCP over veth {net.hosts[0].ifname}",
+                }
+                if cfg.check_link:
+                    print(f"measuring the link ({link_info['qdisc']}) ...", file=log)
+                    chk = check_link(net)
+                    link_info["check"] = asdict(chk)
+                    print(f"link: {chk.summary()}", file=log)
+                    if not chk.ok:
+                        print(
+                            f"warning: measured goodput is outside {chk.low:.0%}..{chk.high:.0%}"
+                            " of the set rate",
+                            file=log,
+                        )
+                env["GLOO_SOCKET_IFNAME"] = net.hosts[0].ifname
+                addr = net.hosts[0].address
+                argvs = [
+                    net.exec_argv(i, _torchrun(cfg.nproc, i, 1, addr, MASTER_PORT, cfg_path))
+                    for i in range(cfg.nproc)
+                ]
+            print(
+                f"running {cfg.nproc} ranks: {cfg.wait} wait + {cfg.warmup} warmup"
+                f" + {cfg.steps} active steps",
+                file=log,
+            )
+            _run_launchers(argvs, env, workdir, cfg.timeout_s)
+        job_s = time.perf_counter() - t_start
+
+        ranks = [json.loads((workdir / f"rank{r}.steps.json").read_text()) for r in range(cfg.nproc)]
+        for r in range(cfg.nproc):
+            raw = (workdir / f"rank{r}.pt.trace.json").read_bytes()
+            data = gzip.compress(raw, compresslevel=9, mtime=0) if cfg.gzip else raw
+            _atomic_write(workdir / cfg.trace_name(r), data)
+        if cfg.force:
+            for old in out.glob(TRACE_GLOB):
+                old.unlink()
+        for r in range(cfg.nproc):
+            os.replace(workdir / cfg.trace_name(r), out / cfg.trace_name(r))
+
+    first_active = cfg.wait + cfg.warmup
+    run = {
+        "recorded_by": "samples/record_ddp.py",
+        "command": list(argv) if argv is not None else None,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "launcher": "torchrun (torch.distributed.run), env:// rendezvous",
+        "backend": "gloo",
+        "world_size": cfg.nproc,
+        "threads_per_rank": cfg.threads,
+        "seed": cfg.seed,
+        "model": {
+            "kind": cfg.model,
+            "hidden": cfg.hidden,
+            "layers": cfg.layers,
+            "batch": cfg.batch,
+            **({"image": cfg.image} if cfg.model == "cnn" else {}),
+            **stats,
+        },
+        "ddp": {"bucket_cap_mb": cfg.bucket_mb, **ranks[0].get("ddp", {})},
+        "optimizer": "SGD(lr=0.01, momentum=0.9)",
+        "profiler": {
+            "activities": ["CPU"],
+            "record_shapes": True,
+            "with_stack": False,
+            "schedule": {"wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.steps, "repeat": 1},
+            "profiled_steps": list(range(first_active, first_active + cfg.steps)),
+            "step_annotation": "ProfilerStep#N, N = step index",
+        },
+        "link": link_info,
+        "files": {str(r): cfg.trace_name(r) for r in range(cfg.nproc)},
+        "job_wall_s": job_s,
+        "step_times": {
+            "note": "time.perf_counter around zero_grad + forward + backward (+allreduce) + optimizer step",
+            "ranks": {
+                str(x["rank"]): {
+                    "pid": x["pid"],
+                    "steps": x["steps"],
+                    "active": _summary([s["wall_s"] for s in x["steps"] if s["phase"] == "active"]),
+                }
+                for x in ranks
+            },
+        },
+    }
+    _atomic_write(out / "run.json", (json.dumps(run, indent=1) + "\n").encode())
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------
+
+
+def _rate_arg(text: str) -> int | None:
+    if text.lower() in ("none", "unlimited", "off"):
+        return None
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _delay_arg(text: str) -> int:
+    try:
+        return parse_delay(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    d = RecordConfig(out="")
+    p = argparse.ArgumentParser(
+        prog="record_ddp.py",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    p.add_argument("--force", action="store_true", help="overwrite existing traces / run.json in DIR")
+    p.add_argument("--nproc", type=int, default=d.nproc, help="number of ranks (default %(default)s)")
+    p.add_argument("--steps", type=int, default=d.steps, help="profiled (active) steps (default %(default)s)")
+    p.add_argument("--wait", type=int, default=d.wait, help="unprofiled steps first (default %(default)s)")
+    p.add_argument(
+        "--warmup", type=int, default=d.warmup, help="profiler warm-up steps (default %(default)s)"
+    )
+    p.add_argument(
+        "--model", choices=["mlp", "cnn"], default=d.model, help="model kind (default %(default)s)"
+    )
+    p.add_argument(
+        "--hidden", type=int, default=d.hidden, help="MLP width / CNN channels (default %(default)s)"
+    )
+    p.add_argument(
+        "--layers", type=int, default=d.layers, help="hidden layers / conv blocks (default %(default)s)"
+    )
+    p.add_argument("--batch", type=int, default=d.batch, help="per-rank batch size (default %(default)s)")
+    p.add_argument(
+        "--image", type=int, default=d.image, help="CNN input side in pixels (default %(default)s)"
+    )
+    p.add_argument(
+        "--bucket-mb", type=float, default=d.bucket_mb, help="DDP bucket_cap_mb (default %(default)s)"
+    )
+    p.add_argument(
+        "--link-rate",
+        type=_rate_arg,
+        metavar="RATE",
+        help="shape the link between ranks to RATE (tc syntax: 200mbit, 1gbit); needs root",
+    )
+    p.add_argument(
+        "--link-delay",
+        type=_delay_arg,
+        metavar="DELAY",
+        help="one-way delay per direction (e.g. 2ms) via netem; needs root and sch_netem",
+    )
+    p.add_argument(
+        "--no-check-link",
+        dest="check_link",
+        action="store_false",
+        help="skip measuring the shaped link's TCP goodput before the job",
+    )
+    p.add_argument(
+        "--gzip",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write rank{r}.pt.trace.json.gz (default) or plain .json",
+    )
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of weights and data (default %(default)s)")
+    p.add_argument(
+        "--threads", type=int, default=d.threads, help="torch threads per rank (default %(default)s)"
+    )
+    p.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        type=float,
+        default=d.timeout_s,
+        help="give up on the job after this many seconds (default %(default)s)",
+    )
+    p.add_argument("--worker-config", help=argparse.SUPPRESS)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> RecordConfig:
+    """RecordConfig from parsed arguments."""
+    names = {f.name for f in fields(RecordConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values["link_rate_bps"] = args.link_rate
+    values["link_delay_us"] = args.link_delay
+    return RecordConfig(**values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: record (or, under torchrun, run one rank with --worker-config)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker-config"] and len(argv) == 2:
+        cfg_path = Path(argv[1])
+        train_worker(RecordConfig(**json.loads(cfg_path.read_text())), cfg_path.parent)
+        return 0
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        cfg.validate()
+        run = record(cfg, argv=["samples/record_ddp.py", *argv])
+    except (RecordError, LinkError, ValueError, OSError) as exc:
+        print(f"record_ddp: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("record_ddp: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:  # raised by our SIGTERM/SIGHUP handler once everything was cleaned up
+        print(f"record_ddp: stopped by a signal (exit {exc.code}); nothing was written", file=sys.stderr)
+        raise
+    for r, info in run["step_times"]["ranks"].items():
+        a = info["active"]
+        print(
+            f"rank {r}: active step median {a['median_s'] * 1e3:.1f} ms (min {a['min_s'] * 1e3:.1f}, "
+            f"max {a['max_s'] * 1e3:.1f})",
+            file=sys.stderr,
+        )
+    print(f"wrote {', '.join(run['files'].values())} and run.json to {cfg.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
