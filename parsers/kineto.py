@@ -11,6 +11,7 @@ it and linked to communication activity in :mod:`kineto_comms`.
 from __future__ import annotations
 
 import gc
+import io
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pj
 
 from tracekit import schema
 from tracekit.diagnostics import Diagnostic, TraceError
@@ -273,8 +275,104 @@ def _decode_one(acc: _Accumulator, raw: bytes) -> Event | None:
         return None
 
 
+_ARGS_TYPE = pa.struct([("External id", pa.int64()), ("external id", pa.int64()), ("correlation", pa.int64()),
+                        ("device", pa.int64()), ("stream", pa.int64()), ("bytes", pa.int64()),
+                        ("name", pa.string()), ("labels", pa.string())])
+_ARROW_SCHEMA = pa.schema([("ph", pa.string()), ("cat", pa.string()), ("name", pa.string()), ("pid", pa.int64()),
+                          ("tid", pa.int64()), ("ts", pa.decimal128(24, 3)), ("dur", pa.decimal128(24, 3)),
+                          ("args", _ARGS_TYPE)])
+_ARROW_PARSE = pj.ParseOptions(explicit_schema=_ARROW_SCHEMA, unexpected_field_behavior="ignore")
+_ARROW_READ = pj.ReadOptions(use_threads=False, block_size=16 << 20)
+_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
+
+
+def _decimal_ns(col: pa.Array) -> np.ndarray:
+    """µs as decimal128(·, 3) → int64 ns, exactly: the decimal's storage *is* the value × 1000."""
+    words = np.frombuffer(col.buffers()[1], dtype=np.int64)
+    return words[2 * col.offset : 2 * (col.offset + len(col)) : 2].copy()
+
+
+def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
+    """Fast path: decode a batch with Arrow's C++ JSON reader into typed columns (no Python objects
+    per event). Returns False, having done nothing, for anything unusual (string tids, non-finite
+    numbers, more than ns precision, B/E pairs, damaged records): the msgspec path handles those."""
+    lines = _SEPARATOR.sub(b"}\n{", batch.data[1:-1].replace(b"\n", b" "))
+    try:
+        tbl = pj.read_json(io.BytesIO(lines), read_options=_ARROW_READ, parse_options=_ARROW_PARSE)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    if tbl.num_rows == 0:
+        return True
+    tbl = tbl.combine_chunks()
+    ph = tbl.column("ph").chunk(0)
+    is_x = pc.equal(ph, "X")
+    n_x = pc.sum(is_x).as_py() or 0
+    if n_x != tbl.num_rows:
+        if pc.any(pc.is_in(ph, pa.array(["B", "E"]))).as_py():
+            return False
+        other = tbl.filter(pc.invert(pc.fill_null(is_x, False)))
+        for row in other.select(["ph", "name", "pid", "tid", "args"]).to_pylist():
+            if row["ph"] == "M":
+                a = row["args"] or {}
+                acc.meta_records.append((str(row["name"]), row["pid"], row["tid"],
+                                         a.get("name") if a.get("name") is not None else a.get("labels")))
+            elif row["ph"] == "i" and row["name"] == "Record Window End":
+                acc.window_end = True
+    line_index = np.flatnonzero(pc.fill_null(is_x, False).to_numpy(zero_copy_only=False))
+    x = tbl.take(pa.array(line_index)) if n_x != tbl.num_rows else tbl
+    ts = x.column("ts").chunk(0)
+    ts_ok = pc.is_valid(ts).to_numpy(zero_copy_only=False)
+    start = _decimal_ns(ts)
+    if not acc.has_fraction:
+        acc.has_fraction = bool((start[ts_ok] % 1000 != 0).any())
+    dur = _decimal_ns(pc.fill_null(x.column("dur").chunk(0), pa.scalar(0, pa.decimal128(24, 3))))
+    args = x.column("args").chunk(0)
+    field = {f: pc.struct_field(args, f) for f in ("External id", "external id", "correlation", "device",
+                                                   "stream", "bytes")}
+    n = len(x)
+    rb = pa.record_batch({
+        "cat": x.column("cat").chunk(0).dictionary_encode(),
+        "name": x.column("name").chunk(0).dictionary_encode(),
+        "start_ns": pa.array(start),
+        "dur_ns": pa.array(np.maximum(dur, 0)),
+        "pid": pc.abs(x.column("pid").chunk(0)),
+        "tid": pc.abs(x.column("tid").chunk(0)),
+        "arg_device": field["device"],
+        "arg_stream": field["stream"],
+        "correlation": field["correlation"],
+        "external_id": pc.coalesce(field["External id"], field["external id"]),
+        "bytes": field["bytes"],
+        "_index": pa.array(np.arange(acc.n, acc.n + n, dtype=np.int64)),
+    })
+    if not ts_ok.all():
+        acc.dropped += int((~ts_ok).sum())
+        keep = pa.array(ts_ok)
+        rb = rb.filter(keep)
+        line_index = line_index[ts_ok]
+    # collective metadata: decode only the few records that may carry it, with msgspec
+    names = rb.column("name")
+    hot = [i for i, nm in enumerate(names.dictionary.to_pylist()) if nm and _may_carry_comm(nm)]
+    if hot:
+        sel = np.flatnonzero(np.isin(pc.fill_null(names.indices, -1).to_numpy(zero_copy_only=False), hot))
+        ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == 0x0A)
+        starts = np.concatenate(([0], ends + 1))
+        ends = np.append(ends, len(lines))
+        index = rb.column("_index").to_numpy()
+        for j in sel:
+            k = int(line_index[j])
+            a = _DECODE_ONE.decode(lines[starts[k] : ends[k]]).args
+            row = {f: getattr(a, f) for f in COMM_ARG_FIELDS}
+            row["_index"] = int(index[j])
+            acc.comm_rows.append(row)
+    acc.batches.append(rb)
+    acc.n += n
+    return True
+
+
 def _consume(acc: _Accumulator, batch: Batch) -> None:
     """Turn one batch into Arrow columns (X events) and side records (metadata, markers)."""
+    if _consume_arrow(acc, batch):
+        return
     events = _decode_batch(acc, batch)
     if not events:
         return
@@ -527,12 +625,7 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
     events = events.set_column(events.schema.get_field_index("stream"), schema.EVENTS.field("stream"),
                                pc.if_else(pa.array(on_device), events.column("stream"),
                                           pa.scalar(None, pa.int64())))
-    # order by time (writers emit CPU then GPU activity; some files are unsorted)
-    order = np.argsort(start, kind="stable")
     index_col = raw.column("_index").to_numpy()
-    if len(order) and not np.all(order[:-1] < order[1:]):
-        events = events.take(pa.array(order))
-        index_col = index_col[order]
     collectives, coll_ids = kineto_comms.collectives(events, index_col, acc.comm_rows, members)
     if coll_ids is not None:
         events = events.set_column(events.schema.get_field_index("collective_id"),

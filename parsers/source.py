@@ -12,7 +12,7 @@ from isal import isal_zlib
 from tracekit.diagnostics import TraceError
 
 GZIP_MAGIC = b"\x1f\x8b"
-BLOCK = 16 << 20
+BLOCK = 4 << 20
 #: A compressed input may expand at most this much (a gzip bomb cannot exhaust memory or disk time).
 MAX_RATIO = 200
 #: ... unless it is small: traces of repeated events compress very well.

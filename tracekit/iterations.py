@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracekit import schema
 from tracekit.diagnostics import TraceError
@@ -23,29 +25,52 @@ DEFAULT_STEP = r"ProfilerStep\s*#\s*(\d+)"
 ACTIVITY_KINDS = ("compute", "comm", "memory")
 
 
+def _dict_flags(col: pa.ChunkedArray | pa.Array, predicate) -> np.ndarray:
+    """Evaluate ``predicate`` once per dictionary value and map it to every row (nulls are False)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()
+    flags = np.array([bool(predicate(v)) for v in arr.dictionary.to_pylist()] + [False], dtype=bool)
+    idx = pc.fill_null(arr.indices, len(flags) - 1).to_numpy(zero_copy_only=False)
+    return flags[idx]
+
+
 def _frame(events: pa.Table) -> pl.DataFrame:
-    df = pl.from_arrow(events.select(["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device",
-                                      "correlation", "external_id"]))
+    """The columns iteration finding needs, with string tests done once per dictionary value."""
+    kind = events.column("kind")
+    is_cpu = _dict_flags(events.column("lane"), lambda v: v is not None and v.startswith("cpu"))
+    df = pl.from_arrow(events.select(["rank", "start_ns", "dur_ns", "correlation", "external_id"]))
     assert isinstance(df, pl.DataFrame)
-    return df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
-                           pl.col("lane").cast(pl.String), pl.col("kind").cast(pl.String),
-                           pl.col("name").cast(pl.String))
+    return df.with_columns(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
+        pl.Series("is_cpu", is_cpu),
+        pl.Series("on_device", pc.is_valid(events.column("device")).to_numpy(zero_copy_only=False)),
+        pl.Series("is_runtime", _dict_flags(kind, lambda v: v == "runtime")),
+        pl.Series("is_cpu_op", _dict_flags(kind, lambda v: v == "cpu_op")),
+        pl.Series("is_activity", _dict_flags(kind, lambda v: v in ACTIVITY_KINDS)),
+        pl.Series("is_step_kind", _dict_flags(kind, lambda v: v in ("annotation", "cpu_op")) & is_cpu),
+    )
 
 
-def step_annotations(df: pl.DataFrame, step_marker: str | None) -> pl.DataFrame:
+def step_annotations(events: pa.Table, df: pl.DataFrame, step_marker: str | None) -> pl.DataFrame:
     """Step intervals per rank: ``rank, iteration, s_start, s_end`` from annotations on CPU lanes."""
     pattern = step_marker or DEFAULT_STEP
     try:
-        re.compile(pattern)
+        regex = re.compile(pattern)
     except re.error as exc:
         raise TraceError(None, f"--step-marker {pattern!r} is not a valid regular expression: {exc}") from exc
-    cand = df.filter(pl.col("lane").str.starts_with("cpu") & pl.col("kind").is_in(["annotation", "cpu_op"])
-                     & pl.col("name").str.contains(pattern))
-    if cand.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "iteration": pl.Int64, "s_start": pl.Int64,
-                                    "s_end": pl.Int64})
-    number = cand.get_column("name").str.extract(pattern, 1).cast(pl.Int64, strict=False)
-    cand = cand.with_columns(number.alias("number")).sort(["rank", "start_ns"])
+    matches = _dict_flags(events.column("name"), lambda v: v is not None and regex.search(v) is not None)
+    rows = np.flatnonzero(matches & df.get_column("is_step_kind").to_numpy())
+    empty = pl.DataFrame(schema={"rank": pl.Int32, "iteration": pl.Int64, "s_start": pl.Int64, "s_end": pl.Int64})
+    if rows.size == 0:
+        return empty
+    names = events.column("name").take(pa.array(rows)).cast(pa.string()).to_pylist()
+    numbers = []
+    for nm in names:
+        m = regex.search(nm)
+        g = m.group(1) if m and m.groups() else None
+        numbers.append(int(g) if g is not None and g.isdigit() else None)
+    cand = df[rows].with_columns(pl.Series("number", numbers, dtype=pl.Int64)).sort(["rank", "start_ns"])
     # without a numeric group, number the matches in order per rank
     cand = cand.with_columns(pl.coalesce("number", pl.int_range(pl.len()).over("rank").cast(pl.Int64))
                              .alias("iteration"))
@@ -60,35 +85,27 @@ def assign(events: pa.Table, step_marker: str | None = None) -> tuple[pa.Table, 
     if events.num_rows == 0:
         return events, schema.empty(schema.ITERATIONS)
     df = _frame(events)
-    steps = step_annotations(df, step_marker)
+    steps = step_annotations(events, df, step_marker)
     method = "step-marker" if step_marker else "ProfilerStep"
     if step_marker and steps.height == 0:
         raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
     iteration = _by_time(df, steps)
     if steps.height:
-        # device activity: through the launching CPU call
-        dev = df.filter(pl.col("device").is_not_null() & pl.col("correlation").is_not_null())
-        launch = (df.with_columns(iteration.alias("it"))
-                  .filter(pl.col("lane").str.starts_with("cpu") & pl.col("correlation").is_not_null()
-                          & (pl.col("kind") == "runtime"))
-                  .select(["rank", "correlation", "it"]).unique(["rank", "correlation"], keep="first"))
-        via_corr = dev.select(["row", "rank", "correlation"]).join(launch, on=["rank", "correlation"],
-                                                                     how="inner")
-        ops = (df.with_columns(iteration.alias("it"))
-               .filter(pl.col("lane").str.starts_with("cpu") & pl.col("external_id").is_not_null()
-                       & (pl.col("kind") == "cpu_op"))
-               .select(["rank", "external_id", "it"]).unique(["rank", "external_id"], keep="first"))
-        dev_ext = df.filter(pl.col("device").is_not_null() & pl.col("external_id").is_not_null())
-        via_ext = dev_ext.select(["row", "rank", "external_id"]).join(ops, on=["rank", "external_id"],
-                                                                      how="inner")
-        # correlation (CUPTI, 1:1) first, then External id, then time
-        override = pl.concat([via_corr.select(["row", "it"]), via_ext.select(["row", "it"])]) \
-            .filter(pl.col("it").is_not_null()).unique("row", keep="first", maintain_order=True)
-        iteration = (df.select("row").with_columns(iteration.alias("by_time"))
-                     .join(override, on="row", how="left")
-                     .sort("row")
-                     .select(pl.coalesce("it", "by_time").alias("iteration"))
-                     .get_column("iteration"))
+        # device activity: through the launching CPU call (External id first, then the CUPTI
+        # correlation, which is 1:1 and overrides it); only the few rows involved are touched
+        by_time = df.select(["row", "rank", "correlation", "external_id"]).with_columns(iteration.alias("it"))
+        it = iteration.to_numpy().astype(np.float64)  # NaN = no iteration
+        for key, source, target in (
+            ("external_id", pl.col("is_cpu") & pl.col("is_cpu_op"), pl.col("on_device")),
+            ("correlation", pl.col("is_cpu") & pl.col("is_runtime"), pl.col("on_device")),
+        ):
+            src = (by_time.filter(df.select(source & pl.col(key).is_not_null()).to_series()
+                                  & pl.col("it").is_not_null())
+                   .select(["rank", key, "it"]).unique(["rank", key], keep="first"))
+            dst = by_time.filter(df.select(target & pl.col(key).is_not_null()).to_series()).select(["row", "rank", key])
+            hit = dst.join(src, on=["rank", key], how="inner")
+            it[hit.get_column("row").to_numpy()] = hit.get_column("it").to_numpy()
+        iteration = pl.Series("iteration", it, nan_to_null=True).cast(pl.Int64)
     events = events.set_column(events.schema.get_field_index("iteration"), schema.EVENTS.field("iteration"),
                                iteration.to_arrow().cast(pa.int64()))
     windows = _windows(df.with_columns(iteration.alias("iteration")), steps, method)
@@ -99,23 +116,38 @@ def _by_time(df: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
     """Iteration of each event by time: the step (on its rank) whose interval contains its start."""
     if steps.height == 0:
         return pl.Series("iteration", [None] * df.height, dtype=pl.Int64)
-    j = (df.select(["row", "rank", "start_ns"]).sort("start_ns")
-         .join_asof(steps.sort("s_start"), left_on="start_ns", right_on="s_start", by="rank",
-                    strategy="backward", check_sortedness=False)
-         .with_columns(pl.when(pl.col("start_ns") < pl.col("s_end")).then(pl.col("iteration"))
-                       .alias("iteration"))
-         .sort("row"))
-    return j.get_column("iteration").cast(pl.Int64)
+    rank = df.get_column("rank").to_numpy().astype(np.int64)
+    start = df.get_column("start_ns").to_numpy()
+    s_rank = steps.get_column("rank").to_numpy().astype(np.int64)
+    s_start = steps.get_column("s_start").to_numpy()
+    s_end = steps.get_column("s_end").to_numpy()
+    s_it = steps.get_column("iteration").to_numpy()
+    # one sorted key per (rank, time): steps are searched once for all events, no sort of the events
+    t0 = int(min(start.min(), s_start.min()))
+    span = int(max(start.max(), s_end.max())) - t0
+    bits = max(1, span.bit_length())
+    if bits + int(max(rank.max(), s_rank.max())).bit_length() < 63:
+        key = (rank << bits) | (start - t0)
+        s_key = (s_rank << bits) | (s_start - t0)
+    else:  # astronomically long traces: compare as (rank, time) pairs via float keys per rank
+        order_r = np.unique(np.concatenate([rank, s_rank]), return_inverse=True)[1]
+        key = order_r[: rank.size] * 2.0**62 + (start - t0)
+        s_key = order_r[rank.size :] * 2.0**62 + (s_start - t0)
+    order = np.argsort(s_key, kind="stable")
+    pos = np.searchsorted(s_key[order], key, side="right") - 1
+    j = order[np.maximum(pos, 0)]
+    inside = (pos >= 0) & (s_rank[j] == rank) & (start < s_end[j])
+    values = np.where(inside, s_it[j], 0)
+    return pl.Series("iteration", values, dtype=pl.Int64).scatter(np.flatnonzero(~inside), None)
 
 
 def _windows(df: pl.DataFrame, steps: pl.DataFrame, method: str) -> pa.Table:
     """Iteration windows per rank from the activity that belongs to each iteration."""
-    gpu_ranks = df.filter(pl.col("device").is_not_null() & pl.col("kind").is_in(ACTIVITY_KINDS)) \
-        .get_column("rank").unique()
+    gpu_ranks = df.filter(pl.col("on_device") & pl.col("is_activity")).get_column("rank").unique()
     is_gpu = pl.col("rank").is_in(gpu_ranks.implode())
     activity = df.filter(
-        (is_gpu & pl.col("device").is_not_null() & pl.col("kind").is_in(ACTIVITY_KINDS))
-        | (~is_gpu & pl.col("kind").is_in([*ACTIVITY_KINDS, "cpu_op"])))
+        (is_gpu & pl.col("on_device") & pl.col("is_activity"))
+        | (~is_gpu & (pl.col("is_activity") | pl.col("is_cpu_op"))))
     if steps.height == 0:
         whole = activity.group_by("rank").agg(pl.col("start_ns").min().alias("start_ns"),
                                               (pl.col("start_ns") + pl.col("dur_ns")).max().alias("end_ns"))
