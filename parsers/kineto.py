@@ -32,7 +32,7 @@ from .json_stream import Batch, End, Member, stream_array
 from .source import Blocks
 from .timestamps import us_text_to_ns
 
-PARSER_VERSION = "kineto-1"
+PARSER_VERSION = "kineto-2"
 
 #: categories of activity recorded on a device (classify by category, never by pid: pids collide)
 DEVICE_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset",
@@ -67,6 +67,7 @@ class Args(msgspec.Struct, frozen=True, gc=False, rename={
     "pg_ranks": "Process Group Ranks", "seq": "Seq", "comms_id": "Comms Id", "comm_rank": "Rank",
     "src_rank": "Src Rank", "dst_rank": "Dst Rank", "input_dims": "Input Dims",
     "input_dims_legacy": "Input dims", "input_type": "Input type", "label_name": "name",
+    "wait_stream": "wait_on_stream", "wait_correlation": "wait_on_cuda_event_record_corr_id",
 }):
     """The ``args`` members tracekit uses; unknown members are skipped by the decoder."""
 
@@ -97,6 +98,8 @@ class Args(msgspec.Struct, frozen=True, gc=False, rename={
     input_type: Any = None
     label_name: Any = None
     labels: Any = None
+    wait_stream: Any = None
+    wait_correlation: Any = None
 
 
 NO_ARGS = Args()
@@ -277,7 +280,8 @@ def _decode_one(acc: _Accumulator, raw: bytes) -> Event | None:
 
 _ARGS_TYPE = pa.struct([("External id", pa.int64()), ("external id", pa.int64()), ("correlation", pa.int64()),
                         ("device", pa.int64()), ("stream", pa.int64()), ("bytes", pa.int64()),
-                        ("name", pa.string()), ("labels", pa.string())])
+                        ("name", pa.string()), ("labels", pa.string()), ("wait_on_stream", pa.int64()),
+                        ("wait_on_cuda_event_record_corr_id", pa.int64())])
 _ARROW_SCHEMA = pa.schema([("ph", pa.string()), ("cat", pa.string()), ("name", pa.string()), ("pid", pa.int64()),
                           ("tid", pa.int64()), ("ts", pa.decimal128(24, 3)), ("dur", pa.decimal128(24, 3)),
                           ("args", _ARGS_TYPE)])
@@ -328,7 +332,8 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
     dur = _decimal_ns(pc.fill_null(x.column("dur").chunk(0), pa.scalar(0, pa.decimal128(24, 3))))
     args = x.column("args").chunk(0)
     field = {f: pc.struct_field(args, f) for f in ("External id", "external id", "correlation", "device",
-                                                   "stream", "bytes")}
+                                                   "stream", "bytes", "wait_on_stream",
+                                                   "wait_on_cuda_event_record_corr_id")}
     n = len(x)
     rb = pa.record_batch({
         "cat": x.column("cat").chunk(0).dictionary_encode(),
@@ -342,6 +347,8 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
         "correlation": field["correlation"],
         "external_id": pc.coalesce(field["External id"], field["external id"]),
         "bytes": field["bytes"],
+        "sync_stream": field["wait_on_stream"],
+        "sync_correlation": field["wait_on_cuda_event_record_corr_id"],
         "_index": pa.array(np.arange(acc.n, acc.n + n, dtype=np.int64)),
     })
     if not ts_ok.all():
@@ -452,6 +459,8 @@ def _columns(acc: _Accumulator, xs: list[Event]) -> None:
     device = [a.device for a in args]
     stream = [a.stream for a in args]
     nbytes = [a.bytes for a in args]
+    wait_stream = [a.wait_stream for a in args]
+    wait_corr = [a.wait_correlation for a in args]
     if None in cat:
         # legacy autograd-profiler lists (PyTorch <= 1.7) have no categories, only these pids
         cat = [c if c is not None else _LEGACY_PID_CATS.get(p) if isinstance(p, str) else None
@@ -482,6 +491,8 @@ def _columns(acc: _Accumulator, xs: list[Event]) -> None:
         "correlation": _int_column(corr, "correlation"),
         "external_id": ext_arr,
         "bytes": _int_column(nbytes, "bytes"),
+        "sync_stream": _int_column(wait_stream, "wait_on_stream"),
+        "sync_correlation": _int_column(wait_corr, "wait_on_cuda_event_record_corr_id"),
         "_index": pa.array(np.arange(acc.n, acc.n + len(xs), dtype=np.int64)),
     })
     if dropped:
@@ -539,6 +550,7 @@ def _lane_table(device: np.ndarray, stream: np.ndarray, tid: np.ndarray, on_devi
     labels = []
     for k in encoded.dictionary.to_numpy().tolist():
         c, d, v = k >> 62, (k >> 46) & 0xFFFF, k & ((1 << 46) - 1)
+        v = v - (1 << 46) if v >= 1 << 45 else v  # negative ids (stream -1 of device-wide syncs)
         labels.append(f"gpu{d}/stream{v}" if c == 1 else f"cpu/tid {v}" if c == 0 else "trace")
     return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(labels, pa.string()))
 
@@ -561,7 +573,8 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
                         "pid": pa.array([], pa.int64()), "tid": pa.array([], pa.int64()),
                         "arg_device": pa.array([], pa.int64()), "arg_stream": pa.array([], pa.int64()),
                         "correlation": pa.array([], pa.int64()), "external_id": pa.array([], pa.int64()),
-                        "bytes": pa.array([], pa.int64()), "_index": pa.array([], pa.int64())})
+                        "bytes": pa.array([], pa.int64()), "sync_stream": pa.array([], pa.int64()),
+                        "sync_correlation": pa.array([], pa.int64()), "_index": pa.array([], pa.int64())})
     if acc.be_events:
         raw = _append_begin_end(acc, raw)
     base = members.get("baseTimeNanoseconds")
@@ -617,6 +630,8 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
         "correlation": raw.column("correlation"),
         "external_id": raw.column("external_id"),
         "bytes": nbytes,
+        "sync_stream": raw.column("sync_stream"),
+        "sync_correlation": raw.column("sync_correlation"),
     })
     # device/stream null off the device
     events = events.set_column(events.schema.get_field_index("device"), schema.EVENTS.field("device"),

@@ -52,6 +52,8 @@ EVENTS = pa.schema(
         _col("correlation", pa.int64(), doc="CUPTI correlation id (launch <-> device activity)"),
         _col("external_id", pa.int64()),
         _col("bytes", pa.int64(), doc="bytes moved by a memcpy/memset or communication event"),
+        _col("sync_stream", pa.int64(), doc="synchronisation events: the stream waited on"),
+        _col("sync_correlation", pa.int64(), doc="synchronisation events: correlation of the event record waited on"),
         _col("iteration", pa.int64(), doc="ProfilerStep number (or other iteration id), null if none"),
         _col("collective_id", pa.int64(), doc="row of this rank's collectives table, null if none"),
     ]
