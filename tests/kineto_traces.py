@@ -174,3 +174,39 @@ def gpu_job(steps: int = 3, t0: int = EPOCH_NS, **kw: Any) -> list[Ev]:
     for i in range(steps):
         out += gpu_iteration(i + 1, t0 + i * 10_000_000, corr0=1000 + 10 * i, **kw)
     return out
+
+
+def gloo_job(ranks: int = 4, steps: int = 2, *, loader_ns: dict[int, int] | None = None, compute_ns: int = 10_000_000,
+             transfer_ns: int = 4_000_000, nelems: int = 1_000_000, t0: int = EPOCH_NS) -> dict[int, list[Ev]]:
+    """A CPU-only DDP-style job with one all-reduce per step, whose truth is known by construction.
+
+    Per rank and step: ``ProfilerStep#k``; a data-loader op (``loader_ns[rank]``, default 1 ms); forward
+    and backward ops (``compute_ns`` each); ``c10d::allreduce_`` enqueues the bucket at the end of backward;
+    the ``gloo:all_reduce`` work on thread 2 starts then (the rank's arrival) and ends ``transfer_ns`` after
+    the LAST rank arrived; the optimizer op starts 50 µs after the work ends. Steps start together on
+    all ranks (they all leave the previous all-reduce at the same time).
+    """
+    loader_ns = loader_ns or {}
+    out: dict[int, list[Ev]] = {r: [] for r in range(ranks)}
+    t = t0
+    for step in range(steps):
+        arrive = {r: t + loader_ns.get(r, 1_000_000) + 2 * compute_ns + 100_000 for r in range(ranks)}
+        done = max(arrive.values()) + transfer_ns
+        opt = 2_000_000
+        end = done + 50_000 + opt
+        for r in range(ranks):
+            ld = loader_ns.get(r, 1_000_000)
+            ev = out[r]
+            ev.append(Ev(f"ProfilerStep#{step}", "user_annotation", t, end - t, tid=1, pid=100 + r))
+            ev.append(Ev("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "cpu_op", t, ld, tid=1,
+                         pid=100 + r))
+            ev.append(Ev("aten::linear", "cpu_op", t + ld, compute_ns, tid=1, pid=100 + r))
+            ev.append(Ev("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", t + ld + compute_ns,
+                         compute_ns, tid=1, pid=100 + r))
+            ev.append(Ev("c10d::allreduce_", "cpu_op", t + ld + 2 * compute_ns, 100_000, tid=1, pid=100 + r,
+                         args={"Input Dims": [[[nelems]]], "Input type": ["TensorList"]}))
+            ev.append(Ev("gloo:all_reduce", "user_annotation", arrive[r], done - arrive[r], tid=2, pid=100 + r,
+                         args={"Input Dims": [[nelems]], "Input type": ["float"]}))
+            ev.append(Ev("Optimizer.step#SGD.step", "cpu_op", done + 50_000, opt, tid=1, pid=100 + r))
+        t = end + 10_000
+    return out

@@ -1,0 +1,123 @@
+"""Critical paths on traces whose true critical path is known, and on real traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from tests import kineto_traces as kt
+from tracekit import critical_path, dag, iterations, replay
+from tracekit.traceset import load
+
+MS = 1_000_000
+
+
+def _members(coll) -> pl.DataFrame:
+    """Instances by (op, bytes, ordinal): enough for these constructed traces."""
+    c = pl.from_arrow(coll).sort(["rank", "start_ns"]).with_columns(
+        pl.int_range(pl.len()).over(["rank", "op", "bytes"]).alias("k"))
+    return c.with_columns(pl.struct(["op", "bytes", "k"]).rank("dense").cast(pl.Int64).alias("instance")).select(
+        ["rank", "collective_id", "instance"])
+
+
+def _analyse(tmp_path: Path, per_rank: dict[int, list]) -> tuple:
+    for r, evs in per_rank.items():
+        kt.write(tmp_path / f"rank{r}.json", evs, rank=r, world_size=len(per_rank), backend="gloo")
+    ts = load([str(tmp_path)])
+    ev, it = iterations.assign(ts.events)
+    g = dag.build(ev, ts.ranks, _members(ts.collectives))
+    return ts, ev, it, g
+
+
+def test_slow_data_loader_on_rank_3_makes_everyone_wait_on_rank_3(tmp_path: Path) -> None:
+    ts, _, it, g = _analyse(tmp_path, kt.gloo_job(4, 2, loader_ns={3: 30 * MS}))
+    segs = critical_path.paths(g, it, ts.ranks)
+    summ = critical_path.summary(segs, it, ts.ranks)
+    assert (summ["path_ns"] == summ["iteration_ns"]).all()
+    assert summ["most_waited_on"].to_list() == [3, 3]
+    for i in (0, 1):
+        s = segs.filter(pl.col("iteration") == i)
+        waiting = s.filter(pl.col("label") == "waiting")
+        # rank 3 arrives 29 ms after the others: all of it is on the path as "waiting on rank 3"
+        assert waiting["waiting_on"].unique().to_list() == [3]
+        assert waiting["dur_ns"].sum() == 29 * MS
+        assert set(waiting["rank"].to_list()) == {3}
+        # the loader of rank 3 is on the path
+        assert s.filter((pl.col("rank") == 3) & pl.col("name").str.starts_with("enumerate(DataLoader)")).height
+        assert s.filter(pl.col("label") == "transfer")["dur_ns"].sum() == 4 * MS
+
+
+def test_no_straggler_no_waiting(tmp_path: Path) -> None:
+    ts, _, it, g = _analyse(tmp_path, kt.gloo_job(2, 2))
+    segs = critical_path.paths(g, it, ts.ranks)
+    assert segs.filter(pl.col("label") == "waiting").height == 0
+    summ = critical_path.summary(segs, it, ts.ranks)
+    assert (summ["path_ns"] == summ["iteration_ns"]).all()
+
+
+def test_sync_bound_single_rank(tmp_path: Path) -> None:
+    t0 = kt.EPOCH_NS
+    evs = [
+        kt.Ev("ProfilerStep#1", "user_annotation", t0, 40 * MS),
+        kt.Ev("aten::mm", "cpu_op", t0 + 1 * MS, MS // 10),
+        kt.Ev("cudaLaunchKernel", "cuda_runtime", t0 + 1 * MS + 10_000, 5_000, args={"correlation": 1}),
+        kt.Ev("aten::item", "cpu_op", t0 + 2 * MS, 30 * MS + 100_000),
+        kt.Ev("cudaStreamSynchronize", "cuda_runtime", t0 + 2 * MS + 50_000, 30 * MS, args={"correlation": 2}),
+        kt.Ev("aten::add", "cpu_op", t0 + 33 * MS, MS),
+        kt.Ev("big_gemm", "kernel", t0 + 1 * MS + 20_000, 31 * MS, device=0, stream=7, args={"correlation": 1}),
+    ]
+    kt.write(tmp_path / "rank0.json", evs)
+    ts = load([str(tmp_path)])
+    ev, it = iterations.assign(ts.events)
+    g = dag.build(ev, ts.ranks)
+    segs = critical_path.paths(g, it, ts.ranks)
+    summ = critical_path.summary(segs, it, ts.ranks)
+    assert summ["path_ns"].to_list() == summ["iteration_ns"].to_list()
+    # the kernel the CPU waited for is on the path, not the CPU's waiting
+    assert summ["compute_share"][0] > 0.9
+    assert segs.filter(pl.col("name") == "big_gemm")["dur_ns"].sum() == 31 * MS
+
+
+def test_overlapped_communication_is_not_on_the_path(tmp_path: Path) -> None:
+    t0 = kt.EPOCH_NS
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    evs = [
+        kt.Ev("ProfilerStep#1", "user_annotation", t0, 40 * MS),
+        kt.Ev("cudaLaunchKernel", "cuda_runtime", t0 + 10_000, 5_000, args={"correlation": 1}),
+        kt.Ev("cudaLaunchKernel", "cuda_runtime", t0 + 20_000, 5_000, args={"correlation": 2}),
+        kt.Ev("cudaLaunchKernel", "cuda_runtime", t0 + 30_000, 5_000, args={"correlation": 3}),
+        kt.Ev("gemm", "kernel", t0 + 100_000, 10 * MS, device=0, stream=7, args={"correlation": 1}),
+        kt.Ev(nccl, "kernel", t0 + 10 * MS + 200_000, 5 * MS, device=0, stream=13, args={"correlation": 3}),
+        kt.Ev("gemm2", "kernel", t0 + 10 * MS + 150_000, 20 * MS, device=0, stream=7, args={"correlation": 2}),
+    ]
+    kt.write(tmp_path / "rank0.json", evs)
+    ts = load([str(tmp_path)])
+    ev, it = iterations.assign(ts.events)
+    segs = critical_path.paths(dag.build(ev, ts.ranks), it, ts.ranks)
+    assert segs.filter(pl.col("label") == "transfer").height == 0
+    assert set(segs.filter(pl.col("label") == "compute")["name"].to_list()) == {"gemm", "gemm2"}
+
+
+def test_unchanged_replay_reproduces_the_trace(tmp_path: Path) -> None:
+    *_, g = _analyse(tmp_path, kt.gloo_job(3, 3, loader_ns={1: 7 * MS}))
+    times, _ = replay.replay(g, g.weight())
+    assert np.array_equal(times, g.node_time)
+
+
+@pytest.mark.parametrize("rel", ["kineto-legacy/hta_critical_path__cuda_event_sync.json.gz",
+                                 "hta/nccl_parser_config/nccl_data.json.gz", "hta/trace_filter"])
+def test_real_traces(shared_data: Path, rel: str) -> None:
+    ts = load([str(shared_data / rel)])
+    ev, it = iterations.assign(ts.events)
+    g = dag.build(ev, ts.ranks)
+    times, _ = replay.replay(g, g.weight())
+    assert np.array_equal(times, g.node_time)
+    segs = critical_path.paths(g, it, ts.ranks)
+    summ = critical_path.summary(segs, it, ts.ranks)
+    assert summ.height == len(set(it.column("iteration").to_pylist()))
+    assert (summ["path_ns"] == summ["iteration_ns"]).all()
+    if "cuda_event_sync" in rel:
+        assert int((g.etype == dag.EDGE_TYPES.index("sync")).sum()) == 3
