@@ -155,7 +155,9 @@ def profile(out_dir: str | os.PathLike[str] | None = None, *, wait: int = 1, war
 
     ``wait`` steps are skipped, ``warmup`` steps warm the profiler up, ``active`` steps are recorded, and
     the cycle runs ``repeat`` times (0: until the loop ends). Each finished window becomes one file per
-    rank in ``out_dir`` (default ``$TRACEKIT_RUN_DIR``, else ``./tracekit-traces``). ``with_stack`` adds
+    rank in ``out_dir`` (default ``$TRACEKIT_RUN_DIR``, else ``./tracekit-traces``); with several windows
+    (``rank{r}.w{k}.…``) give tracekit one window at a time (``tracekit summary DIR/rank*.w0.*``), since it
+    takes each file for a rank of its own. ``with_stack`` adds
     Python frames (large files); ``profile_memory`` adds allocator events; ``activities`` overrides
     CPU (+ CUDA when available); ``rank`` overrides the detected rank; ``gzip=False`` writes plain JSON.
     Raises ImportError (with the install command) when torch is missing.
