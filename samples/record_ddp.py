@@ -142,7 +142,9 @@ def train_worker(cfg: RecordConfig, workdir: Path) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler import ProfilerActivity
+
+    import tracekit.torch
 
     torch.set_num_threads(cfg.threads)
     dist.init_process_group("gloo")
@@ -162,12 +164,18 @@ def train_worker(cfg: RecordConfig, workdir: Path) -> None:
     phases = ["wait"] * cfg.wait + ["warmup"] * cfg.warmup + ["active"] * cfg.steps
     steps: list[dict[str, Any]] = []
     dist.barrier()
-    with profile(
-        activities=[ProfilerActivity.CPU],
+    # tracekit's profiler helper writes rank{r}.pt.trace.json (gzip=False: the launcher gzips reproducibly)
+    with tracekit.torch.profile(
+        workdir,
+        wait=cfg.wait,
+        warmup=cfg.warmup,
+        active=cfg.steps,
+        repeat=1,
         record_shapes=True,
         with_stack=False,
-        schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.steps, repeat=1),
-        on_trace_ready=lambda p: p.export_chrome_trace(str(trace_tmp)),
+        activities=[ProfilerActivity.CPU],
+        rank=rank,
+        gzip=False,
     ) as prof:
         for i in range(total):
             x, y = batches[i % len(batches)]

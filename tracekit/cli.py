@@ -1,4 +1,4 @@
-"""The ``tracekit`` command line: ``summary``, ``export`` and friends.
+"""The ``tracekit`` command line: ``summary``, ``export``, ``record`` and friends.
 
 User mistakes and damaged inputs end in one line on stderr and a non-zero exit, never a traceback
 (set ``TRACEKIT_DEBUG=1`` to see one for tracekit's own bugs).
@@ -61,6 +61,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", metavar="NAME", help="export only this table")
     p.add_argument("--force", action="store_true", help="overwrite existing output files")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "record", help="run a training command with profiler, NCCL and Horovod captures on",
+        usage="tracekit record [-h] [--out RUN_DIR] [--force] -- COMMAND [ARG ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run COMMAND (torchrun …, horovodrun …, python train.py) unchanged, with its environment "
+                    "set for a useful capture,\nthen list what it captured and print the tracekit command to "
+                    "run next. The exit code is COMMAND's\n(128+N when signal N ended it).",
+        epilog="""environment given to COMMAND (a variable you set yourself is kept, and reported):
+  NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,COLL,TUNING,NET,GRAPH,ENV   per-collective lines, algorithm/protocol
+  NCCL_DEBUG_FILE=RUN_DIR/nccl.%h.%p.log                               one NCCL log per process
+  NCCL_DEBUG_TIMESTAMP_LEVELS=ALL                                      wall-clock times (NCCL 2.26+)
+  HOROVOD_TIMELINE=RUN_DIR/horovod_timeline.json, HOROVOD_TIMELINE_MARK_CYCLES=1
+  TRACEKIT_RUN_DIR=RUN_DIR       where tracekit.torch.profile() writes one trace per rank
+
+Profiler traces appear only if the script profiles itself: wrap the training loop in
+tracekit.torch.profile() and call .step() once per iteration.
+
+examples:
+  tracekit record -- torchrun --standalone --nproc_per_node 2 train.py
+  tracekit record --out runs/hvd -- horovodrun -np 4 python train.py
+  NCCL_DEBUG=WARN tracekit record -- python train.py      # keep NCCL quiet""")
+    p.add_argument("--out", "-o", metavar="RUN_DIR",
+                   help="run directory (default ./tracekit-runs/<UTC time>); created, must be empty")
+    p.add_argument("--force", action="store_true", help="record into a RUN_DIR that is not empty "
+                   "(files already there are kept)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --")
+    p.set_defaults(func=cmd_record)
     return parser
 
 
@@ -148,14 +176,58 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_record(args: argparse.Namespace) -> int:
+    from tracekit.record import record
+
+    if args.command is None:
+        stray = " ".join(args.stray)
+        raise UsageError(f"record: put the command after --, e.g. tracekit record -- {stray}" if stray else
+                         "record: no command given; usage: tracekit record [--out RUN_DIR] -- COMMAND [ARG ...]")
+    if args.stray:
+        raise UsageError(f"record: unexpected arguments before --: {' '.join(args.stray)}")
+    if not args.command:
+        raise UsageError("record: no command after --; usage: tracekit record [--out RUN_DIR] -- COMMAND [ARG ...]")
+    sys.stderr.flush()
+    later = ["summary"] + (["inspect"] if "inspect" in _commands() else [])
+    return record(args.command, args.out, args.force, next_commands=later)
+
+
+class UsageError(Exception):
+    """A command line tracekit cannot run; printed as one line, exit status 2."""
+
+
+def _commands() -> set[str]:
+    """The subcommands this build of tracekit has."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return set(sub.choices)
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """For ``record``, cut ``argv`` at the first ``--``: tracekit's own arguments, then the command (None when
+    there is no ``--``). Done before argparse so that nothing in the command is read as tracekit's."""
+    first = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if first is None or argv[first] != "record":
+        return argv, None
+    if "--" not in argv[first:]:
+        return argv, None
+    cut = argv.index("--", first)
+    return argv[:cut], argv[cut + 1:]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    head, command = _split_command(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(head)
+    if args.func is cmd_record:
+        args.stray, args.command = args.command, command
     try:
         return int(args.func(args) or 0)
     except TraceError as exc:
         print(f"tracekit: {exc}", file=sys.stderr)
         return EXIT_INPUT
+    except UsageError as exc:
+        print(f"tracekit: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("tracekit: interrupted", file=sys.stderr)
         return 130
