@@ -113,6 +113,9 @@ from .source import iter_blocks
 PARSER_VERSION = "1"
 FORMAT = "nccl-log"
 
+#: Decompressed bytes per block: big enough to amortise the per-block kernels, small enough to keep
+#: the transient memory of a block (its tokens) near 60 MB.
+BLOCK = 4 << 20
 #: Longest line kept whole (NCCL itself cuts at 1 KB; launcher prefixes add a little). Longer runs
 #: without a newline are cut here and counted, so a binary file cannot exhaust memory.
 MAX_LINE = 64 << 10
@@ -255,14 +258,14 @@ class _Damage:
 
 
 def _line_blocks(path: str, damage: _Damage) -> Any:
-    """Yield ``(first_line_number, data)``: the decompressed input as blocks of whole lines, each
-    ending with ``\\n``. A run of more than MAX_LINE bytes without a newline is cut there (the rest of
-    that line is dropped and its number recorded). A corrupt gzip stream ends the input (recorded)."""
+    """Yield ``(data, overlong)``: the decompressed input as blocks of whole lines, each ending with
+    ``\\n``. A run of more than MAX_LINE bytes without a newline is cut there (the rest of that line is
+    dropped) and becomes the last line of its block (``overlong`` true). A corrupt gzip stream ends the
+    input (recorded in ``damage``)."""
     carry = b""
     skipping = False  # inside the dropped tail of an overlong line
-    line_no = 1
     try:
-        for _, block in iter_blocks(path):
+        for _, block in iter_blocks(path, BLOCK):
             if skipping:
                 nl = block.find(b"\n")
                 if nl < 0:
@@ -274,34 +277,26 @@ def _line_blocks(path: str, damage: _Damage) -> Any:
             if cut < 0:
                 carry = data
                 if len(carry) > MAX_LINE:
-                    damage.overlong.append(line_no)
-                    yield line_no, carry[:MAX_LINE] + b"\n"
-                    line_no += 1
+                    yield carry[:MAX_LINE] + b"\n", True
                     carry = b""
                     skipping = True
                 continue
             carry = data[cut + 1:]
             out = data[:cut + 1]
             if len(carry) > MAX_LINE:
-                damage.overlong.append(line_no + out.count(b"\n"))
-                out = out + carry[:MAX_LINE] + b"\n"
+                yield out + carry[:MAX_LINE] + b"\n", True
                 carry = b""
                 skipping = True
-            yield line_no, out
-            line_no += out.count(b"\n")
+                continue
+            yield out, False
     except TraceError as exc:
         damage.read_error = exc
     if carry:
-        yield line_no, carry + b"\n"
+        yield carry + b"\n", False
 
 
 def _split_lines(data: bytes) -> tuple[bytes, np.ndarray, np.ndarray]:
-    """Line boundaries of a block: ``(data, starts, ends)``; ``ends`` excludes ``\\n`` and ``\\r``.
-    Invalid UTF-8 is replaced (U+FFFD) so Arrow string kernels apply; newlines are unaffected."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        data = data.decode("utf-8", "replace").encode("utf-8")
+    """Line boundaries of a block: ``(data, starts, ends)``; ``ends`` excludes ``\\n`` and ``\\r``."""
     buf = np.frombuffer(data, np.uint8)
     nl = np.flatnonzero(buf == 10)
     starts = np.empty(len(nl), np.int64)
@@ -313,6 +308,19 @@ def _split_lines(data: bytes) -> tuple[bytes, np.ndarray, np.ndarray]:
         cr = (buf[np.maximum(nl - 1, 0)] == 13) & (nl > starts)
         ends -= cr
     return data, starts, ends
+
+
+def _utf8_lines(data: bytes) -> tuple[bytes, np.ndarray, np.ndarray, pa.StringArray]:
+    """The lines of a block as an Arrow string array (zero parse). Invalid UTF-8 is replaced
+    (U+FFFD) so Arrow's string kernels apply; newlines are unaffected, so line numbers hold."""
+    data, starts, ends = _split_lines(data)
+    lines = _slices(data, starts, ends)
+    try:
+        lines.validate(full=True)
+    except pa.ArrowInvalid:
+        data, starts, ends = _split_lines(data.decode("utf-8", "replace").encode("utf-8"))
+        lines = _slices(data, starts, ends)
+    return data, starts, ends, lines
 
 
 def _slices(data: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.StringArray:
@@ -336,14 +344,20 @@ def _slices(data: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.StringArray
 _KEYWORDS = ((2, "sendbuff"), (4, "recvbuff"), (6, "count"), (8, "datatype"), (10, "op"), (12, "root"),
              (14, "comm"), (17, "stream"), (-2, "INFO"), (-3, "NCCL"))
 
-#: columns of the raw COLL table (fast and per-line paths alike)
+#: columns of the raw COLL table (fast and per-line paths alike); repetitive strings are dictionaries
+_DICT = pa.dictionary(pa.int32(), pa.string())
 _RAW_COLL = pa.schema([
-    ("line", pa.int64()), ("sub", pa.int32()), ("host", pa.string()), ("pid", pa.int64()),
-    ("tid", pa.int64()), ("device", pa.int32()), ("op_raw", pa.string()), ("opcount", pa.string()),
+    ("line", pa.int64()), ("sub", pa.int32()), ("host", _DICT), ("pid", pa.int64()),
+    ("tid", pa.int64()), ("device", pa.int32()), ("op_raw", _DICT), ("opcount", pa.int64()),
     ("in_place", pa.bool_()), ("count", pa.int64()), ("dtype_id", pa.int32()), ("redop", pa.int32()),
-    ("root", pa.int32()), ("comm", pa.string()), ("nranks", pa.int32()), ("stream", pa.string()),
-    ("prefix", pa.string()), ("rest", pa.string()), ("orphan", pa.bool_()),
+    ("root", pa.int32()), ("comm", _DICT), ("nranks", pa.int32()), ("stream", _DICT),
+    ("prefix", _DICT), ("rest", pa.string()), ("orphan", pa.bool_()),
 ])
+
+
+def _hex(arr: pa.Array) -> pa.Array:
+    """Hex strings (no ``0x``) to int64; null where not hex or too big."""
+    return pl.from_arrow(arr).str.to_integer(base=16, strict=False).cast(pl.Int64).to_arrow()
 
 
 def _np(arr: pa.Array) -> np.ndarray:
@@ -362,49 +376,65 @@ def _digits(arr: pa.Array) -> np.ndarray:
     return _np(pc.and_(pc.utf8_is_digit(arr), pc.less_equal(pc.utf8_length(arr), 18)))
 
 
-def _fast_coll(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.StringArray,
-               cand: np.ndarray, line0: int) -> tuple[pa.Table | None, np.ndarray]:
-    """Parse the candidate lines ``cand`` (indices into ``lines``) that are well-formed COLL lines with
-    exactly one anchor. Returns the raw COLL table and the mask (over ``cand``) of the lines done."""
-    done = np.zeros(len(cand), bool)
-    if len(cand) == 0:
-        return None, done
-    cl = lines if len(cand) == len(lines) else lines.take(pa.array(cand))
-    one_anchor = _np(pc.equal(pc.count_substring(cl, "NCCL "), 1))
+@dataclass
+class _Fast:
+    """What the columnar path made of a block: COLL rows, TUNING rows, and the other single-anchor
+    INFO lines with their anchor already parsed (for the per-line path)."""
+
+    coll: pa.Table | None = None
+    tuning: pa.Table | None = None
+    done: np.ndarray | None = None  # over the block's lines: handled here (fully or anchor-parsed)
+    rest: list[tuple[int, str | None, str, int, int, int | None, str]] = field(default_factory=list)
+
+
+#: TUNING lines in RE2 syntax (Arrow's regex kernels): raw text, normalised in :func:`_tuning_frame`
+TUNING_RE2 = (
+    r"^\s*(?:(?P<op>[A-Za-z]+)(?: \[Symmetric\])?: )?\s*(?P<bytes>\d{1,18}) Bytes -> "
+    r"(?:Algo (?P<algo>\S+) proto (?P<proto>\S+)(?: time (?P<time>\S+))?"
+    r"(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d{1,9})\.\.(?P<hi>\d{1,9})\})?|Kernel (?P<kernel>\S+))(?P<tail>.*)$")
+
+_RAW_TUNING = pa.schema([
+    ("line", pa.int64()), ("host", pa.string()), ("pid", pa.int64()), ("op", pa.string()),
+    ("bytes", pa.string()), ("algo", pa.string()), ("proto", pa.string()), ("time", pa.string()),
+    ("lo", pa.string()), ("hi", pa.string()), ("kernel", pa.string()), ("tail", pa.string()),
+])
+
+
+def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.StringArray,
+                line0: int) -> _Fast:
+    """Columnar parse of the lines with exactly one ``host:pid:tid [dev] NCCL INFO`` anchor: the line
+    is split into space-separated tokens, the anchor found as the tokens before ``NCCL INFO``, and
+    COLL fields taken by position after it, each checked by a vectorised kernel. Lines that fail any
+    check are left for the per-line path (``done`` false)."""
+    n = len(lines)
+    res = _Fast(done=np.zeros(n, bool))
+    if n == 0:
+        return res
+    # every line is tokenised; a second anchor in a line shows as a second "NCCL" token below
+    cand = np.arange(n)
+    cl = lines
     toks = pc.split_pattern(cl, " ")
     loff = _np(toks.offsets).astype(np.int64)
     flat = toks.values
-    p = np.flatnonzero(_np(pc.equal(flat, "opCount")))
-    if len(p) == 0:
-        return None, done
-    row = np.searchsorted(loff, p, side="right") - 1
+    q = np.flatnonzero(_np(pc.equal(flat, "NCCL")))
+    if len(q) == 0:
+        return res
+    row = np.searchsorted(loff, q, side="right") - 1
     per_row = np.bincount(row, minlength=len(cand))
-    ok = (per_row[row] == 1) & one_anchor[row] & (p - 4 >= loff[row]) & (p + 18 < loff[row + 1])
-    p, row = p[ok], row[ok]
+    ok = (per_row[row] == 1) & (q - 1 >= loff[row]) & (q + 1 < loff[row + 1])
+    q, row = q[ok], row[ok]
 
     def tk(idx: np.ndarray) -> pa.Array:
         return flat.take(pa.array(idx))
 
-    ok = np.ones(len(p), bool)
-    for d, kw in _KEYWORDS:
-        ok &= _np(pc.equal(tk(p + d), kw))
-    p, row = p[ok], row[ok]
-    opt = tk(p - 1)
-    nr = tk(p + 16)
-    ok = _np(pc.ends_with(opt, ":")) & _np(pc.starts_with(nr, "[nranks=")) & _np(pc.ends_with(nr, "]"))
-    opname = pc.utf8_slice_codeunits(opt, 0, -1)
-    nrv = pc.utf8_slice_codeunits(nr, 8, -1)
-    ok &= _np(pc.utf8_is_alpha(opname)) & _digits(nrv)
-    for d in (7, 9, 11):
-        ok &= _digits(tk(p + d))
-    ok &= _digits(pc.utf8_ltrim(tk(p + 13), "-"))
-    devt = tk(p - 4)
-    has_dev = _np(pc.starts_with(devt, "[")) & _np(pc.ends_with(devt, "]"))
+    ok = _np(pc.equal(tk(q + 1), "INFO"))
+    devt = tk(q - 1)
     devv = pc.utf8_slice_codeunits(devt, 1, -1)
-    has_dev &= _digits(pc.utf8_ltrim(devv, "-"))
-    aidx = np.where(has_dev, p - 5, p - 4)
+    has_dev = (_np(pc.starts_with(devt, "[")) & _np(pc.ends_with(devt, "]"))
+               & _digits(pc.utf8_ltrim(devv, "-")))
+    aidx = np.where(has_dev, q - 2, q - 1)
     ok &= aidx >= loff[row]
-    aidx = np.where(ok, aidx, p - 4)
+    aidx = np.where(ok, aidx, q - 1)
     parts = pc.split_pattern(tk(aidx), ":", max_splits=3, reverse=True)
     poff = _np(parts.offsets).astype(np.int64)
     plen = poff[1:] - poff[:-1]
@@ -417,68 +447,116 @@ def _fast_coll(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Stri
     ok &= _digits(tid_s) & _digits(pid_s)
     ok &= ~(_np(pc.match_substring(host_s, "[")) | _np(pc.match_substring(host_s, "]")))
     if not ok.any():
-        return None, done
+        return res
     sel = np.flatnonzero(ok)
-    p, row, aidx, has_dev = p[sel], row[sel], aidx[sel], has_dev[sel]
-    plen, poff = plen[sel], poff[:-1][sel]
+    q, row, aidx, has_dev = q[sel], row[sel], aidx[sel], has_dev[sel]
+    plen, pstart = plen[sel], poff[:-1][sel]
     selp = pa.array(sel)
-
-    def field_(arr: pa.Array) -> pa.Array:
-        return arr.take(selp)
-
-    glued_len = np.zeros(len(p), np.int64)
-    gl = plen == 4
-    if gl.any():
-        glued = pv.take(pa.array(poff[gl]))
-        glued_len[gl] = _np(pc.binary_length(glued)) + 1  # + the ':' after it
+    host_s, pid_s, tid_s, devv = host_s.take(selp), pid_s.take(selp), tid_s.take(selp), devv.take(selp)
     fo = _str_offsets(flat)
-    first = loff[row]
+    first, rend = loff[row], loff[row + 1]
 
     def char_pos(j: np.ndarray, first: np.ndarray) -> np.ndarray:
         """Byte position of token ``j`` in its line (tokens are separated by one space)."""
         return fo[j] - fo[first] + (j - first)
 
     line_idx = cand[row]
-    lstart = starts[line_idx]
+    lstart, lend = starts[line_idx], ends[line_idx]
+    glued_len = np.zeros(len(q), np.int64)
+    gl = plen == 4
+    if gl.any():
+        glued_len[gl] = _np(pc.binary_length(pv.take(pa.array(pstart[gl])))) + 1  # + its ':'
     plen_chars = char_pos(aidx, first) + glued_len
-    prefix = pa.nulls(len(p), pa.string())
     has_prefix = plen_chars > 0
+    prefix = pa.nulls(len(q), pa.string())
     if has_prefix.any():
         hp = np.flatnonzero(has_prefix)
-        vals = _slices(data, lstart[hp], lstart[hp] + plen_chars[hp])
-        prefix = pc.replace_with_mask(prefix, pa.array(has_prefix), vals)
-    rest = pa.nulls(len(p), pa.string())
-    has_rest = loff[row + 1] > p + 19
-    if has_rest.any():
-        hr = np.flatnonzero(has_rest)
-        rs = lstart[hr] + char_pos(p[hr] + 18, first[hr]) + _np(pc.binary_length(tk(p[hr] + 18)))
-        vals = _slices(data, rs, ends[line_idx[hr]])
-        rest = pc.replace_with_mask(rest, pa.array(has_rest), vals)
-    dv = _np(pc.cast(pc.if_else(pa.array(has_dev), field_(devv), "0"), pa.int32()))
+        prefix = pc.replace_with_mask(prefix, pa.array(has_prefix),
+                                      _slices(data, lstart[hp], lstart[hp] + plen_chars[hp]))
+    body_start = np.minimum(lstart + char_pos(q + 1, first) + 5, lend)  # after "INFO "
+    dv = _np(pc.cast(pc.if_else(pa.array(has_dev), devv, "0"), pa.int32()))
     dev = pa.array(dv, pa.int32(), mask=~has_dev)
-    tbl = pa.table({
-        "line": pa.array(line0 + line_idx, pa.int64()),
-        "sub": pa.array(np.zeros(len(p), np.int32)),
-        "host": field_(host_s),
-        "pid": pc.cast(field_(pid_s), pa.int64()),
-        "tid": pc.cast(field_(tid_s), pa.int64()),
-        "device": dev,
-        "op_raw": field_(opname),
-        "opcount": tk(p + 1),
-        "in_place": pc.equal(tk(p + 3), tk(p + 5)),
-        "count": pc.cast(tk(p + 7), pa.int64()),
-        "dtype_id": pc.cast(tk(p + 9), pa.int32()),
-        "redop": pc.cast(tk(p + 11), pa.int32()),
-        "root": pc.cast(tk(p + 13), pa.int32()),
-        "comm": tk(p + 15),
-        "nranks": pc.cast(field_(nrv), pa.int32()),
-        "stream": tk(p + 18),
-        "prefix": prefix,
-        "rest": rest,
-        "orphan": pa.array(np.zeros(len(p), bool)),
-    }, schema=_RAW_COLL)
-    done[row] = True
-    return tbl, done
+    pid_a, tid_a = pc.cast(pid_s, pa.int64()), pc.cast(tid_s, pa.int64())
+    handled = np.zeros(len(q), bool)
+
+    # COLL: "NCCL INFO <Op>: opCount ..." -- fields at fixed offsets from the opCount token
+    p = q + 3
+    is_coll = p + 18 < rend
+    is_coll[is_coll] &= _np(pc.equal(tk(p[is_coll]), "opCount"))
+    ci = np.flatnonzero(is_coll)
+    if len(ci):
+        pc_ = p[ci]
+        t = {d: tk(pc_ + d) for d in (-1, *range(1, 19))}
+        cok = np.ones(len(ci), bool)
+        for d, kw in _KEYWORDS:
+            if d > 0:
+                cok &= _np(pc.equal(t[d], kw))
+        opt, nr = t[-1], t[16]
+        cok &= _np(pc.ends_with(opt, ":")) & _np(pc.starts_with(nr, "[nranks=")) & _np(pc.ends_with(nr, "]"))
+        opname = pc.utf8_slice_codeunits(opt, 0, -1)
+        nrv = pc.utf8_slice_codeunits(nr, 8, -1)
+        cok &= _np(pc.utf8_is_alpha(opname)) & _digits(nrv)
+        for d in (7, 9, 11):
+            cok &= _digits(t[d])
+        cok &= _digits(pc.utf8_ltrim(t[13], "-"))
+        if not cok.all():
+            mask = pa.array(cok)
+            ci, pc_ = ci[cok], pc_[cok]
+            t = {d: v.filter(mask) for d, v in t.items()}
+            opname, nrv = opname.filter(mask), nrv.filter(mask)
+        if len(ci):
+            ca = pa.array(ci)
+            rest = pa.nulls(len(ci), pa.string())
+            has_rest = rend[ci] > pc_ + 19
+            if has_rest.any():
+                hr = np.flatnonzero(has_rest)
+                rs = (lstart[ci][hr] + char_pos(pc_[hr] + 18, first[ci][hr])
+                      + _np(pc.binary_length(t[18].take(pa.array(hr)))))
+                rest = pc.replace_with_mask(rest, pa.array(has_rest), _slices(data, rs, lend[ci][hr]))
+            res.coll = pa.table({
+                "line": pa.array(line0 + line_idx[ci], pa.int64()),
+                "sub": pa.array(np.zeros(len(ci), np.int32)),
+                "host": pc.dictionary_encode(host_s.take(ca)), "pid": pid_a.take(ca), "tid": tid_a.take(ca),
+                "device": dev.take(ca), "op_raw": pc.dictionary_encode(opname), "opcount": _hex(t[1]),
+                "in_place": pc.equal(t[3], t[5]),
+                "count": pc.cast(t[7], pa.int64()), "dtype_id": pc.cast(t[9], pa.int32()),
+                "redop": pc.cast(t[11], pa.int32()), "root": pc.cast(t[13], pa.int32()),
+                "comm": pc.dictionary_encode(t[15]), "nranks": pc.cast(nrv, pa.int32()),
+                "stream": pc.dictionary_encode(t[18]), "prefix": pc.dictionary_encode(prefix.take(ca)),
+                "rest": rest, "orphan": pa.array(np.zeros(len(ci), bool)),
+            }, schema=_RAW_COLL)
+            handled[ci] = True
+
+    # everything else: the body after "NCCL INFO "
+    oi = np.flatnonzero(~handled)
+    if len(oi):
+        bodies = _slices(data, body_start[oi], lend[oi])
+        is_tuning = _np(pc.match_substring(bodies, " Bytes -> "))
+        if is_tuning.any():
+            ti = np.flatnonzero(is_tuning)
+            ext = pc.extract_regex(bodies.take(pa.array(ti)), TUNING_RE2)
+            valid = _np(ext.is_valid())
+            if valid.any():
+                tv = ti[valid]
+                good = ext.filter(pa.array(valid))
+                src = pa.array(oi[tv])
+                res.tuning = pa.table({
+                    "line": pa.array(line0 + line_idx[oi[tv]], pa.int64()),
+                    "host": host_s.take(src), "pid": pid_a.take(src),
+                    **{k: good.field(k) for k in ("op", "bytes", "algo", "proto", "time", "lo", "hi",
+                                                   "kernel", "tail")},
+                }, schema=_RAW_TUNING)
+                handled[oi[tv]] = True
+        left = np.flatnonzero(~handled[oi])
+        if len(left):
+            li = oi[left]
+            res.rest = list(zip(
+                (line0 + line_idx[li]).tolist(), prefix.take(pa.array(li)).to_pylist(),
+                host_s.take(pa.array(li)).to_pylist(), pid_a.take(pa.array(li)).to_pylist(),
+                tid_a.take(pa.array(li)).to_pylist(), dev.take(pa.array(li)).to_pylist(),
+                bodies.take(pa.array(left)).to_pylist(), strict=True))
+    res.done[line_idx] = True
+    return res
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -557,7 +635,8 @@ class _Parser:
         self.conns: list[dict[str, Any]] = []
         self.graph: list[dict[str, Any]] = []
         self.pending_ctx: list[tuple[str, int, dict[str, Any]]] = []  # (kind, line, row)
-        self.tuning: list[dict[str, Any]] = []
+        self.tuning_tables: list[pa.Table] = []
+        self.slow_tuning: list[dict[str, Any]] = []
         self.warnings: list[dict[str, Any]] = []
         self.watchdog: list[dict[str, Any]] = []
         self.versions: dict[str, int] = {}
@@ -590,26 +669,36 @@ class _Parser:
             self.unparsed_examples.append(line)
 
     # -- blocks ----------------------------------------------------------------------------------
-    def block(self, line0: int, data: bytes) -> None:
-        data, starts, ends = _split_lines(data)
+    def block(self, line0: int, data: bytes) -> int:
+        """One block of whole lines: the columnar path first, then the per-line path, in line order,
+        for what it left (lines it could not parse, and bodies of other INFO messages)."""
+        data, starts, ends, lines = _utf8_lines(data)
         n = len(starts)
         self.counts["lines"] += n
-        lines = _slices(data, starts, ends)
-        cand_mask = _np(pc.match_substring(lines, " opCount "))
-        cand = np.flatnonzero(cand_mask)
-        tbl, done = _fast_coll(data, starts, ends, lines, cand, line0)
-        if tbl is not None and tbl.num_rows:
-            self.coll_tables.append(tbl)
-            self.counts["nccl_lines"] += tbl.num_rows
-        slow = np.ones(n, bool)
-        slow[cand[done]] = False
-        idx = np.flatnonzero(slow)
-        if len(idx) == 0:
-            return
-        lens = ends[idx] - starts[idx]
-        texts = (lines if len(idx) == n else lines.take(pa.array(idx))).to_pylist()
-        for i, text, ln in zip(idx.tolist(), texts, lens.tolist(), strict=True):
-            self.line(line0 + i, text, ln)
+        fast = _fast_block(data, starts, ends, lines, line0)
+        if fast.coll is not None and fast.coll.num_rows:
+            self.coll_tables.append(fast.coll)
+            self.counts["nccl_lines"] += fast.coll.num_rows
+        if fast.tuning is not None and fast.tuning.num_rows:
+            self.tuning_tables.append(fast.tuning)
+            self.counts["nccl_lines"] += fast.tuning.num_rows
+        assert fast.done is not None
+        idx = np.flatnonzero(~fast.done)
+        texts = (lines if len(idx) == n else lines.take(pa.array(idx))).to_pylist() if len(idx) else []
+        lens = (ends[idx] - starts[idx]).tolist()
+        full = zip((line0 + idx).tolist(), texts, lens, strict=True)
+        known = iter(fast.rest)
+        nxt_full, nxt_known = next(full, None), next(known, None)
+        while nxt_full is not None or nxt_known is not None:
+            if nxt_known is None or (nxt_full is not None and nxt_full[0] < nxt_known[0]):
+                self.line(*nxt_full)
+                nxt_full = next(full, None)
+            else:
+                no, prefix, host, pid, tid, dev, body = nxt_known
+                self.counts["nccl_lines"] += 1
+                self.message(no, 0, prefix or "", "INFO", host, pid, tid, dev, None, None, body.rstrip())
+                nxt_known = next(known, None)
+        return n
 
     # -- one line --------------------------------------------------------------------------------
     def line(self, no: int, text: str, nbytes: int) -> None:
@@ -634,7 +723,8 @@ class _Parser:
                 self.widows.append((no, host, pid))
                 continue
             self.counts["nccl_lines"] += 1
-            self.message(no, k, prefix if k == 0 else "", a, host, pid, body.rstrip())
+            self.message(no, k, prefix if k == 0 else "", a["level"], host, pid, int(a["tid"]),
+                         _i(a["dev"]), a["loc"], a["func"], body.rstrip())
 
     def no_anchor(self, no: int, text: str) -> None:
         """A line without ``host:pid:tid``: version line, continuation, orphan body, PyTorch or
@@ -684,21 +774,20 @@ class _Parser:
             return host, pid
         return None, None
 
-    def message(self, no: int, sub: int, prefix: str, a: re.Match[str], host: str, pid: int,
-                body: str) -> None:
-        level = a["level"]
+    def message(self, no: int, sub: int, prefix: str, level: str, host: str, pid: int, tid: int,
+                dev: int | None, loc: str | None, func: str | None, body: str) -> None:
+        """One NCCL message (the text after ``NCCL LEVEL``) of process (host, pid)."""
         proc = self.proc(host, pid)
-        dev = a["dev"]
         if dev is not None:
-            proc.devices.add(int(dev))
+            proc.devices.add(dev)
         self.last_msg = None
         if level not in ("INFO", "TRACE", "CALL", "VERSION"):
-            self.warn(no, prefix, a, host, pid, body)
+            self.warn(no, prefix, level, host, pid, tid, dev, loc, func, body)
             return
         if " opCount " in body:
             m = COLL.match(body)
             if m:
-                self.coll(no, sub, prefix, m, host, pid, a["tid"], dev, orphan=False)
+                self.coll(no, sub, prefix, m, host, pid, tid, dev, orphan=False)
             else:
                 self.unparsed(no)
             return
@@ -722,7 +811,7 @@ class _Parser:
         if body.startswith(("Channel ", "Ring ")):
             m = RING.match(body)
             if m:
-                self.ring(no, m, host, pid, a.end() - a.start() + len(body))
+                self.ring(no, m, host, pid, len(host) + len(str(pid)) + len(str(tid)) + 16 + len(body))
                 return
         if body.startswith("Trees"):
             self.trees(no, body, host, pid)
@@ -762,23 +851,25 @@ class _Parser:
         if proc is not None:
             proc.version = v
 
-    def warn(self, no: int, prefix: str, a: re.Match[str], host: str, pid: int, body: str) -> None:
+    def warn(self, no: int, prefix: str, level: str, host: str, pid: int, tid: int, dev: int | None,
+             loc: str | None, func: str | None, body: str) -> None:
         self.counts["warn_lines"] += 1
         ts = TIMESTAMP.search(prefix)
         if ts:
             self.era(lo=(2, 26, 0))
-        row = {"line": no, "host": host, "pid": pid, "tid": int(a["tid"]),
-               "device": _i(a["dev"]), "level": a["level"], "loc": a["loc"], "func": a["func"],
+        row = {"line": no, "host": host, "pid": pid, "tid": tid, "device": dev, "level": level,
+               "loc": loc, "func": func,
                "message": body.strip(), "log_time": ts["ts"] if ts else None}
         self.warnings.append(row)
         self.last_msg = row
 
     def coll(self, no: int, sub: int, prefix: str, m: re.Match[str], host: str | None,
-             pid: int | None, tid: str | None, dev: str | None, *, orphan: bool) -> None:
+             pid: int | None, tid: int | None, dev: int | None, *, orphan: bool) -> None:
         count = int(m["count"])
         self.slow_coll.append({
-            "line": no, "sub": sub, "host": host, "pid": pid, "tid": _i(tid), "device": _i(dev),
-            "op_raw": m["op"], "opcount": m["opcount"], "in_place": m["sendbuff"] == m["recvbuff"],
+            "line": no, "sub": sub, "host": host, "pid": pid, "tid": tid, "device": dev,
+            "op_raw": m["op"], "opcount": int(m["opcount"], 16) if len(m["opcount"]) < 16 else None,
+            "in_place": m["sendbuff"] == m["recvbuff"],
             "count": count if count < (1 << 63) else None, "dtype_id": int(m["dtype"]),
             "redop": int(m["redop"]), "root": int(m["root"]), "comm": m["comm"],
             "nranks": int(m["nranks"]), "stream": m["stream"], "prefix": prefix or None,
@@ -885,25 +976,8 @@ class _Parser:
                                "nchannels": None, "value": tree, "cut": len(body) >= NCCL_LINE_LIMIT - 40})
 
     def tuning_line(self, no: int, m: re.Match[str], host: str, pid: int) -> None:
-        algo = m["algo"]
-        if m["kernel"] is not None:
-            self.era(lo=(2, 27, 0))
-        elif algo is not None and algo.isdigit():
-            self.era(lo=(2, 20, 0), hi=(2, 23, 99))
-        else:
-            self.era(lo=(2, 24, 0))
-        cm = COUNTS_COMM.search(m["tail"] or "")
-        t = m["time"]
-        try:
-            time_us = float(t) if t is not None else None
-        except ValueError:
-            time_us = None
-        self.tuning.append({
-            "line": no, "host": host, "pid": pid, "op": _norm_op(m["op"]) if m["op"] else None,
-            "bytes": int(m["bytes"]),
-            "algorithm": "SYMMETRIC" if m["kernel"] is not None else _norm_algo(algo),
-            "protocol": _norm_proto(m["proto"]), "channel_lo": _i(m["lo"]), "channel_hi": _i(m["hi"]),
-            "time_us": time_us, "kernel": m["kernel"], "comm": cm["comm"] if cm else None})
+        self.slow_tuning.append({"line": no, "host": host, "pid": pid, **{
+            k: m[k] for k in ("op", "bytes", "algo", "proto", "time", "lo", "hi", "kernel", "tail")}})
 
     def nnodes(self, no: int, m: re.Match[str], host: str, pid: int) -> None:
         c = self.cur_comm.get((host, pid, m["comm"]))
@@ -987,9 +1061,13 @@ def parse(path: str) -> ParsedFile:
     st = _Parser(path)
     damage = _Damage()
     total = 0
-    for line0, data in _line_blocks(path, damage):
+    line0 = 1
+    for data, overlong in _line_blocks(path, damage):
         total += len(data)
-        st.block(line0, data)
+        n = st.block(line0, data)
+        if overlong:
+            damage.overlong.append(line0 + n - 1)
+        line0 += n
     if damage.read_error is not None and total == 0:
         raise damage.read_error
     if total == 0:
@@ -1002,32 +1080,36 @@ def parse(path: str) -> ParsedFile:
 
 
 def _finish(st: _Parser, damage: _Damage) -> ParsedFile:
+    """Resolve what needs the whole log (communicator ids, ranks, attribution, tuning) into tables."""
     path = st.path
     diags = st.diagnostics
     comms = _resolve_comm_ids(st)
     raw = _prepare_raw(st, comms)
     procs_df, world = _process_ranks(st)
-    coll, calls = _collectives(raw, comms, procs_df, world)
-    topo, conns = _topology(st, comms, coll, procs_df)
-    graph = _graph(st, comms, coll)
+    coll = _collectives(raw, comms, procs_df, world)
+    del raw
+    ctx = _context_index(st, coll)
+    topo, conns = _topology(st, comms, ctx, procs_df)
+    graph = _graph(st, comms, ctx)
     tuning = _attach_tuning(st, coll)
-    coll, calls = _apply_tuning(coll, calls, tuning)
+    coll = _apply_tuning(coll, tuning)
     _check_sizes(st, coll)
     _counts_diagnostics(st, damage, coll)
 
+    n = coll.height
+    lane = pl.concat_str([pl.lit("nccl/stream "), pl.col("stream").cast(pl.String)])
     collectives = table(COLLECTIVES, {
-        "rank": coll["rank"].to_arrow(), "collective_id": coll["collective_id"].to_arrow(),
-        "pg": coll["pg"].to_arrow(), "seq": coll["seq"].to_arrow(), "op": coll["op"].to_arrow(),
-        "dtype": coll["dtype"].to_arrow(), "count": coll["count"].to_arrow(),
-        "bytes": coll["bytes"].to_arrow(), "nranks": coll["nranks"].to_arrow(),
-        "peer": coll["peer"].to_arrow(), "algorithm": coll["algorithm"].to_arrow(),
-        "protocol": coll["protocol"].to_arrow(), "lane": coll["lane"].to_arrow(),
-        "source": pa.array([FORMAT] * coll.height, pa.string()),
+        **{c: coll[c].to_arrow() for c in ("rank", "collective_id", "pg", "seq", "op", "dtype", "count",
+                                            "bytes", "nranks", "peer", "algorithm", "protocol")},
+        "lane": coll.select(lane.alias("lane"))["lane"].to_arrow(),
+        "source": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([FORMAT]))
+        .cast(pa.string()),
     })
+    calls = coll.select(list(_CALLS_SCHEMA)).to_arrow()
     comm_rows = _comms_table(comms, coll)
     meta = _meta(st, comms, procs_df, world)
     tables = {
-        "nccl_calls": calls.to_arrow(),
+        "nccl_calls": calls,
         "nccl_comms": comm_rows,
         "nccl_connections": conns,
         "nccl_graph": graph,
@@ -1045,15 +1127,15 @@ def _finish(st: _Parser, damage: _Damage) -> ParsedFile:
 
 
 def _plain(t: pa.Table) -> pa.Table:
-    """Arrow tables with plain (not large/view/dictionary) string columns, for a stable contract."""
+    """A stable Arrow contract for the extra tables: ``string`` (not large/view) columns, and
+    repetitive strings (hosts, comm pointers, prefixes) as ``dictionary<int32, string>``."""
     cols = []
     for f in t.schema:
         col = t.column(f.name)
-        if pa.types.is_large_string(f.type) or pa.types.is_string_view(f.type) or (
-                pa.types.is_dictionary(f.type)):
+        if pa.types.is_dictionary(f.type):
+            col = col.cast(_DICT)
+        elif pa.types.is_large_string(f.type) or pa.types.is_string_view(f.type):
             col = col.cast(pa.string())
-        elif pa.types.is_large_list(f.type):
-            col = col.cast(pa.list_(pa.string()))
         cols.append(col)
     return pa.Table.from_arrays(cols, names=t.column_names)
 
@@ -1152,24 +1234,27 @@ def _process_ranks(st: _Parser) -> tuple[pl.DataFrame, dict[tuple[str | None, in
     return df, world
 
 
-_COMM_SCHEMA = {"host": pl.String, "pid": pl.Int64, "comm": pl.String, "first_line": pl.Int64,
-                "comm_idx": pl.Int64, "comm_id": pl.String, "comm_rank": pl.Int32}
-
-
 def _comm_frame(comms: list[_Comm]) -> pl.DataFrame:
-    return pl.DataFrame([{"host": c.host, "pid": c.pid, "comm": c.comm, "first_line": c.first_line,
-                          "comm_idx": c.idx, "comm_id": c.comm_id, "comm_rank": c.rank}
-                         for c in comms if c.host is not None], schema=_COMM_SCHEMA)
+    """Communicator instances keyed like the COLL rows (categorical host and pointer)."""
+    df = pl.DataFrame([{"host": c.host, "pid": c.pid, "comm": c.comm, "first_line": c.first_line,
+                        "comm_idx": c.idx} for c in comms if c.host is not None],
+                      schema={"host": pl.String, "pid": pl.Int64, "comm": pl.String, "first_line": pl.Int64,
+                              "comm_idx": pl.Int64})
+    return df.with_columns(pl.col("host").cast(pl.Categorical), pl.col("comm").cast(pl.Categorical))
 
 
 def _raw_coll(st: _Parser) -> pl.DataFrame:
+    """All COLL rows, in line order."""
     parts = [pl.from_arrow(t) for t in st.coll_tables]
+    st.coll_tables = []
     if st.slow_coll:
         parts.append(pl.from_arrow(pa.Table.from_pylist(st.slow_coll, schema=_RAW_COLL)))
     if not parts:
         return pl.from_arrow(_RAW_COLL.empty_table())
     df = pl.concat(parts, how="vertical_relaxed", rechunk=True)
-    return df.sort(["line", "sub"])
+    if st.slow_coll:  # the columnar rows are in line order already
+        df = df.sort(["line", "sub"])
+    return df
 
 
 def _prepare_raw(st: _Parser, comms: list[_Comm]) -> pl.DataFrame:
@@ -1177,18 +1262,17 @@ def _prepare_raw(st: _Parser, comms: list[_Comm]) -> pl.DataFrame:
     every process seen (devices, launcher prefixes, RCCL globalrank) on the parser state."""
     raw = _raw_coll(st)
     if raw.height == 0:
-        return raw
-    # orphans: identify the process by its comm pointer when one process in the file has it
+        return raw.with_columns(pl.lit(None, pl.Int64).alias("task"), pl.lit(None, pl.Int32).alias(
+            "rccl_globalrank"), pl.lit(None, pl.Int64).alias("repeated"), pl.lit(None, pl.String).alias(
+            "log_time"))
     if raw["orphan"].any():
         raw = _resolve_orphans(raw, comms)
     # rest: RCCL task/globalrank, Ray repeats
     if raw["rest"].is_not_null().any():
-        raw = raw.with_columns(pl.col("rest").str.extract_groups(REST.pattern).alias("_rest"))
-        raw = raw.with_columns(
-            pl.col("_rest").struct.field("task").cast(pl.Int64).alias("task"),
-            pl.col("_rest").struct.field("grank").cast(pl.Int32).alias("rccl_globalrank"),
-            pl.col("_rest").struct.field("rep").cast(pl.Int64).alias("repeated"),
-        ).drop("_rest")
+        ext = raw.select(pl.col("rest").str.extract_groups(REST.pattern).alias("r")).unnest("r")
+        raw = raw.with_columns(ext["task"].cast(pl.Int64).alias("task"),
+                               ext["grank"].cast(pl.Int32).alias("rccl_globalrank"),
+                               ext["rep"].cast(pl.Int64).alias("repeated"))
     else:
         raw = raw.with_columns(pl.lit(None, pl.Int64).alias("task"),
                                pl.lit(None, pl.Int32).alias("rccl_globalrank"),
@@ -1197,23 +1281,31 @@ def _prepare_raw(st: _Parser, comms: list[_Comm]) -> pl.DataFrame:
     for host, pid, g in gr.group_by(["host", "pid"]).agg(pl.col("rccl_globalrank").first()).iter_rows():
         st.proc(host, pid).rccl_globalrank = g
     st.counts["ray_repeats"] += int(raw["repeated"].fill_null(0).sum())
-    # prefix: launcher part and 2.26+ timestamp
+    # prefix: launcher part and 2.26+ timestamp, worked out once per distinct prefix
     if raw["prefix"].is_not_null().any():
-        raw = raw.with_columns(
-            pl.col("prefix").str.extract(TIMESTAMP.pattern, 1).alias("log_time"),
-            pl.col("prefix").str.replace(TIMESTAMP.pattern, "").alias("prefix"),
-        ).with_columns(pl.when(pl.col("prefix") == "").then(None).otherwise(pl.col("prefix")).alias("prefix"))
-        if raw["log_time"].is_not_null().any():
+        uniq = raw.select(pl.col("prefix").unique().cast(pl.String))["prefix"].drop_nulls().to_list()
+        launcher, stamp = {}, {}
+        for text in uniq:
+            m = TIMESTAMP.search(text)
+            launcher[text] = (text[:m.start()] if m else text) or None
+            stamp[text] = m["ts"] if m else None
+        pmap = pl.DataFrame({"prefix": uniq, "_l": [launcher[u] for u in uniq],
+                             "_t": [stamp[u] for u in uniq]},
+                            schema={"prefix": pl.String, "_l": pl.String, "_t": pl.String}).with_columns(
+            pl.col("prefix").cast(pl.Categorical), pl.col("_l").cast(pl.Categorical))
+        mapped = raw.select("prefix").join(pmap, on="prefix", how="left", maintain_order="left")
+        raw = raw.with_columns(mapped["_l"].alias("prefix"), mapped["_t"].alias("log_time"))
+        if any(stamp.values()):
             st.era(lo=(2, 26, 0))
     else:
         raw = raw.with_columns(pl.lit(None, pl.String).alias("log_time"))
-    named = raw.filter(pl.col("host").is_not_null())
+    named = raw.select("host", "pid", "prefix", "device").filter(pl.col("host").is_not_null())
     for host, pid in named.select("host", "pid").unique().iter_rows():
         st.proc(host, pid)
-    for host, pid, pre in named.filter(pl.col("prefix").is_not_null()).group_by(["host", "pid"]).agg(
-            pl.col("prefix").unique().sort().head(4)).iter_rows():
+    for host, pid, pres in named.filter(pl.col("prefix").is_not_null()).group_by(["host", "pid"]).agg(
+            pl.col("prefix").unique().head(4)).iter_rows():
         proc = st.proc(host, pid)
-        for x in pre:
+        for x in sorted(pres):
             if x not in proc.prefixes and len(proc.prefixes) < 4:
                 proc.prefixes.append(x)
     for host, pid, devs in named.filter(pl.col("device").is_not_null()).group_by(["host", "pid"]).agg(
@@ -1223,88 +1315,108 @@ def _prepare_raw(st: _Parser, comms: list[_Comm]) -> pl.DataFrame:
 
 
 def _collectives(raw: pl.DataFrame, comms: list[_Comm], procs: pl.DataFrame,
-                 world: dict[tuple[str | None, int | None], _Comm]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The collectives rows (plus join keys) and the aligned ``nccl_calls`` table."""
+                 world: dict[tuple[str | None, int | None], _Comm]) -> pl.DataFrame:
+    """The COLL rows with everything resolved: communicator instance (as of the line: pointers are
+    reused after destroy), pg, seq, global rank, op/dtype names, bytes, peer. Joins run on narrow
+    integer keys and add columns to the wide frame, which is never copied; per-value mappings are
+    computed once per distinct value (ops, datatypes, communicators) in Python."""
     if raw.height == 0:
-        return (pl.DataFrame(schema={**_COLL_SCHEMA, "comm": pl.String, "host": pl.String, "pid": pl.Int64,
-                                     "line": pl.Int64, "comm_idx": pl.Int64, "comm_rank": pl.Int32}),
-                pl.DataFrame(schema=_CALLS_SCHEMA))
-    # join the communicator instance live at the line (pointers are reused after destroy)
-    cf = _comm_frame(comms).sort("first_line")
-    raw = raw.with_row_index("_row")
-    joined = raw.sort("line").join_asof(
-        cf, left_on="line", right_on="first_line", by=["host", "pid", "comm"], strategy="backward",
-        check_sortedness=False).sort("_row")
-    coll = joined.join(procs.select("host", "pid", "global_rank"), on=["host", "pid"], how="left",
-                       maintain_order="left")
-    # calls without a communicator id are sequenced per (process, comm pointer)
-    coll = coll.with_columns(
-        pl.coalesce(pl.col("comm_id"), pl.lit("ptr:") + pl.col("comm")).alias("_seqkey"))
-    coll = coll.with_columns(
-        pl.when(pl.col("host").is_not_null())
-        .then(pl.int_range(pl.len()).over(["host", "pid", "_seqkey"]))
-        .otherwise(None).cast(pl.Int64).alias("seq"))
-    # op, dtype, bytes
-    dt_names = pl.DataFrame({"dtype_id": list(DTYPES), "dtype": [v[0] for v in DTYPES.values()],
-                             "_size": [v[1] for v in DTYPES.values()]},
-                            schema={"dtype_id": pl.Int32, "dtype": pl.String, "_size": pl.Int64})
-    op_map = pl.DataFrame({"op_raw": list(OPS), "op": list(OPS.values())})
-    coll = coll.join(dt_names, on="dtype_id", how="left", maintain_order="left").join(
-        op_map, on="op_raw", how="left", maintain_order="left")
-    coll = coll.with_columns(
-        pl.coalesce(pl.col("op"), pl.col("op_raw").str.to_lowercase()).alias("op"),
-        pl.coalesce(pl.col("dtype"), pl.lit("unknown(") + pl.col("dtype_id").cast(pl.String) + pl.lit(")"))
-        .alias("dtype"),
+        return pl.DataFrame(schema=_COLL_FRAME)
+    by_idx = {c.idx: c for c in comms}
+    keys = raw.select("line", "host", "pid", "comm").with_row_index("_r")
+    idx = keys.join_asof(_comm_frame(comms).sort("first_line"), left_on="line", right_on="first_line",
+                         by=["host", "pid", "comm"], strategy="backward", check_sortedness=False)
+    if not idx["_r"].is_sorted():
+        idx = idx.sort("_r")
+    idx = idx["comm_idx"]
+    pg_ids = sorted({c.comm_id for c in comms if c.comm_id})
+    pgi_of = {cid: i for i, cid in enumerate(pg_ids)}
+    world_idx = {c.idx for c in world.values()}
+    world_ids = {(h, p): c.comm_id for (h, p), c in world.items()}
+    ci = pl.col("comm_idx")
+    pr = procs.with_columns(pl.col("host").cast(pl.Categorical))
+    grank = raw.select("host", "pid").join(pr.select("host", "pid", "global_rank"), on=["host", "pid"],
+                                           how="left", maintain_order="left")["global_rank"]
+    df = raw.with_columns(idx, grank)
+    ops = {o: _norm_op(o) for o in df.select(pl.col("op_raw").unique().cast(pl.String))["op_raw"]
+           .to_list() if o is not None}
+    dts = df["dtype_id"].unique().drop_nulls().to_list()
+    dt_name = {d: DTYPES[d][0] if d in DTYPES else f"unknown({d})" for d in dts}
+    dt_size = {d: DTYPES[d][1] for d in dts if d in DTYPES}
+    # is the call on its process's world comm (the one its global rank comes from)?
+    in_world = {c.idx: c.idx in world_idx or (c.comm_id is not None and world_ids.get((c.host, c.pid))
+                                                == c.comm_id) for c in comms}
+    df = df.with_columns(
+        ci.replace_strict({i: c.comm_id for i, c in by_idx.items()}, default=None, return_dtype=pl.String)
+        .alias("pg"),
+        ci.replace_strict({i: pgi_of.get(c.comm_id) for i, c in by_idx.items()}, default=None,
+                          return_dtype=pl.Int32).alias("pgi"),
+        ci.replace_strict({i: c.rank for i, c in by_idx.items()}, default=None, return_dtype=pl.Int32)
+        .alias("comm_rank"),
+        ci.replace_strict(in_world, default=False, return_dtype=pl.Boolean).alias("_world"),
+        pl.col("op_raw").cast(pl.String).replace_strict(ops, default=None, return_dtype=pl.String)
+        .alias("op"),
+        pl.col("dtype_id").replace_strict(dt_name, default=None, return_dtype=pl.String).alias("dtype"),
+        pl.col("dtype_id").replace_strict(dt_size, default=None, return_dtype=pl.Int64).alias("_size"),
     )
-    coll = coll.with_columns(
+    df = df.with_columns(
+        # per (process, communicator instance); calls whose comm never had an Init line: per pointer
+        pl.when(pl.col("host").is_not_null()).then(
+            pl.int_range(pl.len(), dtype=pl.Int64).over(
+                ["host", "pid", "comm", pl.col("pgi").fill_null(-1)])).alias("seq"),
         (pl.col("count") * pl.col("_size") * pl.when(pl.col("op").is_in(FULL_BUFFER_OPS))
          .then(pl.col("nranks").cast(pl.Int64)).otherwise(1)).alias("bytes"),
         pl.when(pl.col("op").is_in(ROOTED_OPS)).then(pl.col("root")).otherwise(None).alias("peer_comm_rank"),
-    )
-    # peer -> global rank: identity in the process's world comm, else the member's Init line
-    world_ids = pl.DataFrame(
-        [{"host": h, "pid": p, "_world_id": c.comm_id} for (h, p), c in world.items()],
-        schema={"host": pl.String, "pid": pl.Int64, "_world_id": pl.String})
+    ).drop("_size")
+    # peer -> global rank: identity in the process's world comm, else the member's Init line in this file
     members = _members(comms, procs)
-    coll = coll.join(world_ids, on=["host", "pid"], how="left", maintain_order="left").join(
-        members, left_on=["comm_id", "peer_comm_rank"], right_on=["comm_id", "comm_rank"], how="left",
-        maintain_order="left")
-    in_world = (pl.col("comm_id") == pl.col("_world_id")) & pl.col("comm_id").is_not_null()
-    coll = coll.with_columns(
-        pl.when(in_world).then(pl.col("peer_comm_rank")).otherwise(pl.col("_member_grank")).alias("_pg"))
-    coll = coll.with_columns(
-        pl.col("_pg").is_not_null().alias("peer_is_global"),
-        pl.coalesce(pl.col("_pg"), pl.col("peer_comm_rank")).cast(pl.Int32).alias("peer"),
-        pl.coalesce(pl.col("rccl_globalrank"), pl.col("global_rank")).alias("global_rank"),
+    if members.height:
+        mem = members.with_columns(
+            pl.col("comm_id").replace_strict(pgi_of, default=None, return_dtype=pl.Int32).alias("pgi"),
+        ).select("pgi", "comm_rank", "_member_grank")
+        mg = df.select("pgi", "peer_comm_rank").join(mem, left_on=["pgi", "peer_comm_rank"],
+                                                     right_on=["pgi", "comm_rank"], how="left",
+                                                     maintain_order="left")["_member_grank"]
+    else:
+        mg = pl.Series("_member_grank", [None] * df.height, pl.Int32)
+    df = df.with_columns(mg.alias("_mg")).with_columns(
+        pl.when(pl.col("_world")).then(pl.col("peer_comm_rank")).otherwise(pl.col("_mg")).cast(pl.Int32)
+        .alias("_pglob"))
+    df = df.with_columns(
+        pl.col("_pglob").is_not_null().alias("peer_is_global"),
+        pl.coalesce("_pglob", "peer_comm_rank").cast(pl.Int32).alias("peer"),
+        pl.coalesce(pl.col("rccl_globalrank"), pl.col("global_rank")).cast(pl.Int32).alias("global_rank"),
     )
-    coll = coll.with_columns(
+    df = df.with_columns(
         pl.col("global_rank").is_not_null().alias("rank_is_global"),
         pl.coalesce(pl.col("global_rank"), pl.col("comm_rank")).cast(pl.Int32).alias("rank"),
         pl.int_range(pl.len(), dtype=pl.Int64).alias("collective_id"),
-        pl.col("comm_id").alias("pg"),
-        (pl.lit("nccl/stream ") + pl.col("stream")).alias("lane"),
-        pl.col("opcount").str.to_integer(base=16, strict=False).alias("opcount"),
         pl.lit(None, pl.String).alias("algorithm"), pl.lit(None, pl.String).alias("protocol"),
     )
-    calls = coll.select(list(_CALLS_SCHEMA))
-    out = coll.select([*_COLL_SCHEMA, "comm", "host", "pid", "line", "comm_idx", "comm_rank"])
-    return out, calls
+    return df.select(list(_COLL_FRAME))
 
 
-_COLL_SCHEMA = {"rank": pl.Int32, "collective_id": pl.Int64, "pg": pl.String, "seq": pl.Int64,
-                "op": pl.String, "dtype": pl.String, "count": pl.Int64, "bytes": pl.Int64,
-                "nranks": pl.Int32, "peer": pl.Int32, "algorithm": pl.String, "protocol": pl.String,
-                "lane": pl.String}
-_CALLS_SCHEMA = {"collective_id": pl.Int64, "line": pl.Int64, "host": pl.String, "pid": pl.Int64,
-                 "tid": pl.Int64, "device": pl.Int32, "comm": pl.String, "comm_rank": pl.Int32,
-                 "global_rank": pl.Int32, "rank_is_global": pl.Boolean, "peer_comm_rank": pl.Int32,
-                 "peer_is_global": pl.Boolean, "opcount": pl.Int64, "redop": pl.Int32,
-                 "in_place": pl.Boolean, "prefix": pl.String, "log_time": pl.String, "orphan": pl.Boolean,
-                 "task": pl.Int64, "repeated": pl.Int64}
+#: the resolved COLL frame (the ``collectives`` columns, the ``nccl_calls`` columns and join keys)
+_COLL_FRAME = {
+    "rank": pl.Int32, "collective_id": pl.Int64, "pg": pl.String, "seq": pl.Int64, "op": pl.String,
+    "dtype": pl.String, "count": pl.Int64, "bytes": pl.Int64, "nranks": pl.Int32, "peer": pl.Int32,
+    "algorithm": pl.String, "protocol": pl.String, "stream": pl.Categorical, "line": pl.Int64,
+    "pgi": pl.Int32, "dtype_id": pl.Int32,
+    "host": pl.Categorical, "pid": pl.Int64, "tid": pl.Int64, "device": pl.Int32, "comm": pl.Categorical,
+    "comm_idx": pl.Int64, "comm_rank": pl.Int32, "global_rank": pl.Int32, "rank_is_global": pl.Boolean,
+    "peer_comm_rank": pl.Int32, "peer_is_global": pl.Boolean, "opcount": pl.Int64, "redop": pl.Int32,
+    "in_place": pl.Boolean, "prefix": pl.Categorical, "log_time": pl.String, "orphan": pl.Boolean,
+    "task": pl.Int64, "repeated": pl.Int64,
+}
+#: columns of ``nccl_calls`` (aligned with ``collectives``)
+_CALLS_SCHEMA = ("collective_id", "line", "host", "pid", "tid", "device", "comm", "comm_rank",
+                 "global_rank", "rank_is_global", "peer_comm_rank", "peer_is_global", "opcount", "redop",
+                 "in_place", "prefix", "log_time", "orphan", "task", "repeated")
 
 
 def _members(comms: list[_Comm], procs: pl.DataFrame) -> pl.DataFrame:
-    """(comm_id, rank in comm) -> global rank of the member process, from the Init lines in the file."""
+    """(comm_id, rank in comm) -> global rank of the member process, from the Init lines in the file
+    (dropped when two processes claim the same slot: colliding synthetic ids)."""
     rows = [{"comm_id": c.comm_id, "comm_rank": c.rank, "host": c.host, "pid": c.pid}
             for c in comms if c.comm_id and c.rank is not None and c.host is not None]
     df = pl.DataFrame(rows, schema={"comm_id": pl.String, "comm_rank": pl.Int32, "host": pl.String,
@@ -1317,14 +1429,14 @@ def _members(comms: list[_Comm], procs: pl.DataFrame) -> pl.DataFrame:
 
 def _resolve_orphans(raw: pl.DataFrame, comms: list[_Comm]) -> pl.DataFrame:
     """An orphan COLL body names its comm pointer: when exactly one process in the file has a
-    communicator at that pointer, the line is that process's. Otherwise a widowed prefix paired
-    with it (kept in host/pid) is accepted only if that process has the pointer."""
+    communicator at that pointer, the line is that process's. A widowed prefix paired with it (kept in
+    host/pid) is accepted only if that process has the pointer."""
     owners: dict[str, set[tuple[str | None, int | None]]] = defaultdict(set)
     for c in comms:
         if c.host is not None:
             owners[c.comm].add((c.host, c.pid))
-    hosts, pids = raw["host"].to_list(), raw["pid"].to_list()
-    orphan, comm = raw["orphan"].to_list(), raw["comm"].to_list()
+    hosts, pids = raw["host"].cast(pl.String).to_list(), raw["pid"].to_list()
+    orphan, comm = raw["orphan"].to_list(), raw["comm"].cast(pl.String).to_list()
     for i in np.flatnonzero(np.asarray(orphan, bool)).tolist():
         cands = owners.get(comm[i], set())
         if (hosts[i], pids[i]) in cands:
@@ -1333,7 +1445,8 @@ def _resolve_orphans(raw: pl.DataFrame, comms: list[_Comm]) -> pl.DataFrame:
             hosts[i], pids[i] = next(iter(cands))
         else:
             hosts[i], pids[i] = None, None
-    return raw.with_columns(pl.Series("host", hosts, pl.String), pl.Series("pid", pids, pl.Int64))
+    return raw.with_columns(pl.Series("host", hosts, pl.String).cast(pl.Categorical),
+                            pl.Series("pid", pids, pl.Int64))
 
 
 def _context_index(st: _Parser, coll: pl.DataFrame) -> dict[tuple[str, int], Any]:
@@ -1344,9 +1457,14 @@ def _context_index(st: _Parser, coll: pl.DataFrame) -> dict[tuple[str, int], Any
     for c in st.comms:
         by_proc[(c.host, c.pid)].append(c)
     lines_of: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
-    if coll.height:
-        sub = coll.filter(pl.col("host").is_not_null()).select("host", "pid", "line", "comm_idx")
-        for (host, pid), g in sub.group_by(["host", "pid"]):
+    wanted = {(r["host"], r["pid"]) for r in st.conns} | {(r["host"], r["pid"]) for r in st.graph} | {
+        (r["host"], r["pid"]) for _, _, r in st.pending_ctx}
+    wanted.discard((None, None))
+    if coll.height and wanted:
+        want = pl.DataFrame(list(wanted), schema={"host": pl.String, "pid": pl.Int64}, orient="row")
+        sub = coll.select("host", "pid", "line", "comm_idx").join(
+            want.with_columns(pl.col("host").cast(pl.Categorical)), on=["host", "pid"], how="semi")
+        for (host, pid), g in sub.group_by(["host", "pid"], maintain_order=True):
             lines_of[(host, pid)] = (g["line"].to_numpy(), g["comm_idx"].fill_null(-1).to_numpy())
     for key in set(by_proc) | set(lines_of):
         idx[key] = (by_proc.get(key, []), lines_of.get(key))
@@ -1410,9 +1528,9 @@ def _family(via: str) -> str:
     return head
 
 
-def _topology(st: _Parser, comms: list[_Comm], coll: pl.DataFrame,
+def _topology(st: _Parser, comms: list[_Comm], ctx: dict[tuple[str, int], Any],
               procs: pl.DataFrame) -> tuple[pa.Table, pa.Table]:
-    ctx = _context_index(st, coll)
+    """TOPOLOGY rows and the aligned ``nccl_connections`` rows, one per transport line."""
     granks = {(h, p): g for h, p, g in procs.select("host", "pid", "global_rank").iter_rows()}
     dev_kind = _dev_kind(st)
     rows, extra = [], []
@@ -1449,9 +1567,8 @@ def _topology(st: _Parser, comms: list[_Comm], coll: pl.DataFrame,
     return topo, _rows_table(extra, schema)
 
 
-def _graph(st: _Parser, comms: list[_Comm], coll: pl.DataFrame) -> pa.Table:
+def _graph(st: _Parser, comms: list[_Comm], ctx: dict[tuple[str, int], Any]) -> pa.Table:
     """Ring orders and trees per channel, plus channel counts folded into the communicators."""
-    ctx = _context_index(st, coll)
     rows = []
     for r in st.graph:
         cands = _candidates(ctx.get((r["host"], r["pid"])), r["line"])
@@ -1491,69 +1608,123 @@ def _graph(st: _Parser, comms: list[_Comm], coll: pl.DataFrame) -> pa.Table:
 
 _TUNING_SCHEMA = {"line": pl.Int64, "host": pl.String, "pid": pl.Int64, "op": pl.String, "bytes": pl.Int64,
                   "algorithm": pl.String, "protocol": pl.String, "channel_lo": pl.Int32,
-                  "channel_hi": pl.Int32, "time_us": pl.Float64, "kernel": pl.String, "comm_id": pl.String,
-                  "seq": pl.Int64, "collective_id": pl.Int64, "matched_by": pl.String}
+                  "channel_hi": pl.Int32, "time_us": pl.Float64, "kernel": pl.String, "size_kind": pl.String,
+                  "comm_id": pl.String, "seq": pl.Int64, "collective_id": pl.Int64, "matched_by": pl.String}
 
 
-def _tuning_sizes(c: dict[str, Any]) -> tuple[int | None, int | None]:
-    """The sizes a TUNING line may print for call ``c``: S (2.20-2.23 print the full buffer) and
-    count * element size (2.24+)."""
-    size = DTYPE_SIZES.get(c["dtype"])
-    return c["bytes"], (c["count"] * size if size is not None and c["count"] is not None else None)
+def _tuning_frame(st: _Parser) -> pl.DataFrame:
+    """All TUNING lines, normalised: op (tracekit name or null before 2.23), bytes, algorithm,
+    protocol (NCCL names, ids mapped), channel range, predicted time (2.20-2.23), symmetric kernel
+    (2.27+), and ``size_kind``: ``S`` when the line prints the full buffer (2.20-2.23, numeric ids),
+    ``cs`` when it prints count * element size (2.24+)."""
+    parts = [pl.from_arrow(t) for t in st.tuning_tables]
+    if st.slow_tuning:
+        parts.append(pl.from_arrow(pa.Table.from_pylist(st.slow_tuning, schema=_RAW_TUNING)))
+    if not parts:
+        return pl.DataFrame(schema=_RAW_TUNING_PL)
+    raw = pl.concat(parts, how="vertical_relaxed").sort("line")
+    # Arrow's extract_regex gives "" for groups that did not take part in the match
+    texts = ["op", "bytes", "algo", "proto", "time", "lo", "hi", "kernel", "tail"]
+    raw = raw.with_columns(pl.when(pl.col(c) == "").then(None).otherwise(pl.col(c)).alias(c) for c in texts)
+    algo_map = {**{str(i): a for i, a in enumerate(ALGOS)}, **_ALGO_NAMES}
+    proto_map = {**{str(i): p for i, p in enumerate(PROTOS)}, **_PROTO_NAMES}
+    op_map = pl.DataFrame({"op": list(OPS), "_op": list(OPS.values())})
+    df = raw.join(op_map, on="op", how="left", maintain_order="left").with_columns(
+        pl.coalesce("_op", pl.col("op").str.to_lowercase()).alias("op"),
+        pl.col("bytes").cast(pl.Int64, strict=False),
+        pl.when(pl.col("kernel").is_not_null()).then(pl.lit("SYMMETRIC")).otherwise(
+            pl.col("algo").str.to_lowercase().str.replace_all("_", "").replace_strict(
+                algo_map, default=pl.col("algo").str.to_uppercase())).alias("algorithm"),
+        pl.col("proto").str.to_lowercase().replace_strict(
+            proto_map, default=pl.col("proto").str.to_uppercase()).alias("protocol"),
+        pl.col("lo").cast(pl.Int32, strict=False).alias("channel_lo"),
+        pl.col("hi").cast(pl.Int32, strict=False).alias("channel_hi"),
+        pl.col("time").cast(pl.Float64, strict=False).alias("time_us"),
+        pl.when(pl.col("algo").str.contains(r"^\d+$")).then(pl.lit("S")).otherwise(pl.lit("cs"))
+        .alias("size_kind"),
+    ).drop("_op")
+    if df["kernel"].is_not_null().any():
+        st.era(lo=(2, 27, 0))
+    if (df["size_kind"] == "S").any():
+        st.era(lo=(2, 20, 0), hi=(2, 23, 99))
+        if df.filter(pl.col("size_kind") == "S")["op"].is_not_null().any():
+            st.era(lo=(2, 23, 0))
+    elif df["algo"].is_not_null().any():
+        st.era(lo=(2, 24, 0))
+    return df.select(list(_RAW_TUNING_PL))
 
 
-def _match_tuning(t: dict[str, Any],
-                  pending: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
-    """The pending call a TUNING line describes: same op (when the line names it, 2.23+) and size,
-    else the first of the same op; same size only for 2.20-2.22 lines without an op name."""
-    cands = [c for c in pending if t["comm"] is None or c["comm"] == t["comm"]]
-    if t["op"] is not None:
-        cands = [c for c in cands if c["op"] == t["op"]]
-    for kind in (0, 1):
-        for c in cands:
-            if _tuning_sizes(c)[kind] == t["bytes"]:
-                return c, ("op+bytes" if t["op"] is not None else "bytes")
-    if t["op"] is not None and cands:
-        return cands[0], "op"
-    return None, None
+_RAW_TUNING_PL = {"line": pl.Int64, "host": pl.String, "pid": pl.Int64, "op": pl.String, "bytes": pl.Int64,
+                  "algorithm": pl.String, "protocol": pl.String, "channel_lo": pl.Int32,
+                  "channel_hi": pl.Int32, "time_us": pl.Float64, "kernel": pl.String, "size_kind": pl.String}
 
 
 def _attach_tuning(st: _Parser, coll: pl.DataFrame) -> pl.DataFrame:
-    """Match each TUNING line to the call it describes. Rank 0 of a communicator prints them after the
-    COLL lines of the group, so per process: its COLL lines on comms where it is rank 0 since the
-    previous TUNING run form the pending group; see :func:`_match_tuning`."""
-    if not st.tuning:
+    """Match each TUNING line to the call it describes, columnar.
+
+    Rank 0 of a communicator prints TUNING lines after the COLL lines of the group (one
+    ncclGroupEnd), in the group's order. So, per process, its COLL lines on comms where it is rank 0
+    (send/recv excluded) and its TUNING lines are cut into groups (a COLL line after a TUNING line
+    starts a new group), and inside a group the k-th TUNING line of an (op, size) is the k-th call of
+    that (op, size). Passes, each on what is still unmatched: op + the size the era prints (S up to
+    2.23, count*size from 2.24), op + the other size, size only (2.20-2.22 lines name no op), op only.
+    ``matched_by`` records the pass."""
+    tun = _tuning_frame(st)
+    if tun.height == 0:
         return pl.DataFrame(schema=_TUNING_SCHEMA)
-    out = []
-    by_proc: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for t in st.tuning:
-        by_proc[(t["host"], t["pid"])].append(t)
-    for (host, pid), tl in by_proc.items():
-        crow = coll.filter((pl.col("host") == host) & (pl.col("pid") == pid)
-                           & ~pl.col("op").is_in(["send", "recv"])
-                           & (pl.col("comm_rank").is_null() | (pl.col("comm_rank") == 0))).select(
-            "line", "op", "bytes", "count", "dtype", "pg", "seq", "collective_id", "comm").to_dicts()
-        i = 0
-        pending: list[dict[str, Any]] = []
-        after_tuning = False
-        for t in tl:
-            while i < len(crow) and crow[i]["line"] < t["line"]:
-                if after_tuning:
-                    pending, after_tuning = [], False
-                pending.append(crow[i])
-                i += 1
-            after_tuning = True
-            match, how = _match_tuning(t, pending)
-            row = dict(t)
-            row.pop("comm", None)
-            if match is not None:
-                pending.remove(match)
-                row.update(comm_id=match["pg"], seq=match["seq"], collective_id=match["collective_id"],
-                           matched_by=how)
-            else:
-                row.update(comm_id=None, seq=None, collective_id=None, matched_by=None)
-            out.append(row)
-    df = pl.DataFrame(out, schema=_TUNING_SCHEMA).sort("line")
+    tun = tun.with_columns(pl.col("host").cast(pl.Categorical))
+    sizes = pl.DataFrame({"dtype": list(DTYPE_SIZES), "_s": list(DTYPE_SIZES.values())},
+                         schema={"dtype": pl.String, "_s": pl.Int64})
+    calls = (coll.join(tun.select("host", "pid").unique(), on=["host", "pid"], how="semi")
+             .filter(~pl.col("op").is_in(["send", "recv"])
+                     & (pl.col("comm_rank").is_null() | (pl.col("comm_rank") == 0)))
+             .join(sizes, on="dtype", how="left")
+             .select("host", "pid", "line", "op", pl.col("bytes").alias("S"),
+                     (pl.col("count") * pl.col("_s")).alias("cs"), "pg", "seq", "collective_id"))
+    key = ["host", "pid"]
+    ev = pl.concat([
+        calls.select(*key, "line", pl.lit(False).alias("_t")),
+        tun.select(*key, "line", pl.lit(True).alias("_t")),
+    ]).sort([*key, "line"])
+    ev = ev.with_columns(
+        ((~pl.col("_t")) & pl.col("_t").shift(1).over(key).fill_null(False)).cast(pl.Int64)
+        .cum_sum().over(key).alias("_g"))
+    calls = calls.join(ev.filter(~pl.col("_t")).select(*key, "line", "_g"), on=[*key, "line"], how="left")
+    tun = tun.with_row_index("_tid").join(ev.filter(pl.col("_t")).select(*key, "line", "_g"),
+                                          on=[*key, "line"], how="left")
+    matched: list[pl.DataFrame] = []
+    taken_t: set[int] = set()
+    taken_c: set[int] = set()
+
+    def run(tsub: pl.DataFrame, csub: pl.DataFrame, tkeys: list[str], ckeys: list[str], how: str) -> None:
+        tsub = tsub.filter(~pl.col("_tid").is_in(list(taken_t)))
+        csub = csub.filter(~pl.col("collective_id").is_in(list(taken_c)))
+        if tsub.height == 0 or csub.height == 0:
+            return
+        tsub = tsub.with_columns(pl.int_range(pl.len()).over(tkeys).alias("_k"))
+        csub = csub.with_columns(pl.int_range(pl.len()).over(ckeys).alias("_k"))
+        m = tsub.join(csub.select(*ckeys, "_k", "pg", "seq", "collective_id"),
+                      left_on=[*tkeys, "_k"], right_on=[*ckeys, "_k"], how="inner")
+        if m.height:
+            matched.append(m.select("_tid", pl.col("pg").alias("comm_id"), "seq", "collective_id",
+                                    pl.lit(how).alias("matched_by")))
+            taken_t.update(m["_tid"].to_list())
+            taken_c.update(m["collective_id"].to_list())
+
+    named = tun.filter(pl.col("op").is_not_null())
+    anon = tun.filter(pl.col("op").is_null())
+    for kind, other in (("S", "cs"), ("cs", "S")):
+        for size in (kind, other):
+            run(named.filter(pl.col("size_kind") == kind), calls, [*key, "_g", "op", "bytes"],
+                [*key, "_g", "op", size], "op+bytes")
+            run(anon.filter(pl.col("size_kind") == kind), calls, [*key, "_g", "bytes"], [*key, "_g", size],
+                "bytes")
+    run(named, calls, [*key, "_g", "op"], [*key, "_g", "op"], "op")
+    links = pl.concat(matched) if matched else pl.DataFrame(
+        schema={"_tid": pl.UInt32, "comm_id": pl.String, "seq": pl.Int64, "collective_id": pl.Int64,
+                "matched_by": pl.String})
+    df = tun.join(links, on="_tid", how="left").sort("line").with_columns(
+        pl.col("host").cast(pl.String)).select(list(_TUNING_SCHEMA))
     unmatched = df.filter(pl.col("collective_id").is_null()).height
     if unmatched:
         st.diagnostics.append(Diagnostic(st.path, f"{unmatched} of {df.height} TUNING lines match no "
@@ -1562,21 +1733,21 @@ def _attach_tuning(st: _Parser, coll: pl.DataFrame) -> pl.DataFrame:
     return df
 
 
-def _apply_tuning(coll: pl.DataFrame, calls: pl.DataFrame,
-                  tuning: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _apply_tuning(coll: pl.DataFrame, tuning: pl.DataFrame) -> pl.DataFrame:
     """Copy algorithm/protocol to every member's row of the same (pg, seq) (and to the matched row)."""
     m = tuning.filter(pl.col("collective_id").is_not_null())
     if m.height == 0:
-        return coll, calls
-    by_id = m.select("collective_id", pl.col("algorithm").alias("_a1"), pl.col("protocol").alias("_p1"))
-    by_seq = m.filter(pl.col("comm_id").is_not_null()).group_by(["comm_id", "seq"]).agg(
-        pl.col("algorithm").first().alias("_a2"), pl.col("protocol").first().alias("_p2")).rename(
-        {"comm_id": "pg"})
-    coll = coll.join(by_id, on="collective_id", how="left", maintain_order="left").join(
-        by_seq, on=["pg", "seq"], how="left", maintain_order="left")
-    coll = coll.with_columns(pl.coalesce("_a1", "_a2").alias("algorithm"),
-                             pl.coalesce("_p1", "_p2").alias("protocol")).drop("_a1", "_a2", "_p1", "_p2")
-    return coll, calls
+        return coll
+    hit = coll.select("collective_id", "pgi", "seq").join(
+        m.select("collective_id", "algorithm", "protocol"), on="collective_id", how="inner")
+    by_id = hit.select("collective_id", pl.col("algorithm").alias("_a1"), pl.col("protocol").alias("_p1"))
+    by_seq = hit.filter(pl.col("pgi").is_not_null()).group_by(["pgi", "seq"]).agg(
+        pl.col("algorithm").first().alias("_a2"), pl.col("protocol").first().alias("_p2"))
+    k = coll.select("collective_id", "pgi", "seq").join(by_id, on="collective_id", how="left",
+                                                        maintain_order="left").join(
+        by_seq, on=["pgi", "seq"], how="left", maintain_order="left")
+    return coll.with_columns(k.select(pl.coalesce("_a1", "_a2").alias("algorithm"),
+                                      pl.coalesce("_p1", "_p2").alias("protocol")))
 
 
 def _check_sizes(st: _Parser, coll: pl.DataFrame) -> None:
@@ -1584,15 +1755,17 @@ def _check_sizes(st: _Parser, coll: pl.DataFrame) -> None:
     legitimately differ and are not checked)."""
     if coll.height == 0:
         return
-    g = coll.filter(pl.col("pg").is_not_null() & ~pl.col("op").is_in(["send", "recv"])).group_by(
-        ["pg", "seq"]).agg(pl.struct("op", "count", "dtype", "nranks").n_unique().alias("_n"),
-                           pl.len().alias("_members"), pl.col("line").min().alias("_line"))
-    bad = g.filter(pl.col("_n") > 1).sort("_line")
+    sig = pl.struct(pl.col("op"), pl.col("count"), pl.col("dtype_id"), pl.col("nranks")).hash()
+    g = coll.filter(pl.col("pgi").is_not_null() & ~pl.col("op").is_in(["send", "recv"])).select(
+        "pgi", "seq", "line", sig.alias("_h")).group_by(["pgi", "seq"]).agg(
+        (pl.col("_h").min() != pl.col("_h").max()).alias("_bad"), pl.col("line").min().alias("_line"))
+    bad = g.filter(pl.col("_bad")).sort("_line")
     if bad.height:
         first = bad.row(0, named=True)
+        pg = coll.filter(pl.col("pgi") == first["pgi"])["pg"][0]
         st.diagnostics.append(Diagnostic(
             st.path, f"{bad.height} calls disagree between ranks on op/count/datatype/nranks for the "
-            f"same (commId, seq) -- first: pg {first['pg']} seq {first['seq']}; the log is missing or "
+            f"same (commId, seq) -- first: pg {pg} seq {first['seq']}; the log is missing or "
             "reordering COLL lines (or ids collide), so cross-rank matching of these calls is unreliable",
             line=first["_line"]))
 
