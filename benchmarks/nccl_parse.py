@@ -29,7 +29,8 @@ import time
 
 BASELINE_RE = re.compile(
     r".*?(?P<host>[^\s:\[\]]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO "
-    r"(?P<op>[A-Za-z]+): opCount (?P<opcount>[0-9a-fA-F]+) sendbuff (?P<sendbuff>\S+) recvbuff (?P<recvbuff>\S+) "
+    r"(?P<op>[A-Za-z]+): opCount (?P<opcount>[0-9a-fA-F]+) sendbuff (?P<sendbuff>\S+) "
+    r"recvbuff (?P<recvbuff>\S+) "
     r"count (?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>\S+) "
     r"\[nranks=(?P<nranks>\d+)\] stream (?P<stream>\S+)(?P<rest>.*)$")
 
@@ -72,10 +73,11 @@ def generate(path: str, size_mb: float, ranks: int = 16, gpus_per_node: int = 8,
                     lines.append(pre + f"Channel {ch:02d}/0 : {r}[{p['dev']}] -> {nxt['g']}[{nxt['dev']}] "
                                  "via P2P/CUMEM/read")
                 else:
-                    lines.append(pre + f"Channel {ch:02d}/0 : {r}[{p['dev']}] -> {nxt['g']}[{nxt['dev']}] [send] "
-                                 f"via NET/IB/{ch % 2}/GDRDMA")
-            lines.append(pre + (f"ncclCommInitRank comm {p['comm']} rank {r} nranks {ranks} cudaDev {p['dev']} "
-                                f"nvmlDev {p['dev']} busId {p['bus']} commId {comm_id} - Init COMPLETE"))
+                    lines.append(pre + f"Channel {ch:02d}/0 : {r}[{p['dev']}] -> {nxt['g']}[{nxt['dev']}] "
+                                 f"[send] via NET/IB/{ch % 2}/GDRDMA")
+            lines.append(pre + (f"ncclCommInitRank comm {p['comm']} rank {r} nranks {ranks} "
+                                f"cudaDev {p['dev']} nvmlDev {p['dev']} busId {p['bus']} commId {comm_id} "
+                                "- Init COMPLETE"))
             put(lines)
         # training: per step 24 gradient buckets (allreduce, grouped by 2), an allgather and a broadcast
         buckets = [rng.choice((6553600, 26214400, 1048576, 65536)) for _ in range(24)]
@@ -181,7 +183,8 @@ def main() -> None:
         path = os.path.join(d, "nccl_16ranks.log")
         t0 = time.perf_counter()
         size = generate(path, args.size_mb, args.ranks)
-        print(f"generated {size / 1e6:.0f} MB ({args.ranks} ranks) in {time.perf_counter() - t0:.1f} s: {path}")
+        took = time.perf_counter() - t0
+        print(f"generated {size / 1e6:.0f} MB ({args.ranks} ranks) in {took:.1f} s: {path}")
         mb = size / 1e6
         print("one core each (pinned, POLARS_MAX_THREADS=1); CPU = user+sys of the child, robust to a busy "
               "machine")
@@ -199,8 +202,8 @@ def main() -> None:
         if not args.no_baseline:
             base = run_child("baseline", path)
             report("baseline", mb, base, f"| {base['rows']} COLL lines")
-            print(f"speed-up  : {base['seconds'] / res['seconds']:.1f}x wall, {base['cpu'] / res['cpu']:.1f}x CPU "
-                  "over line-by-line re.match")
+            print(f"speed-up  : {base['seconds'] / res['seconds']:.1f}x wall, "
+                  f"{base['cpu'] / res['cpu']:.1f}x CPU over line-by-line re.match")
             if base["rows"] != res["rows"]:
                 print(f"note: row counts differ ({res['rows']} vs {base['rows']})")
     finally:

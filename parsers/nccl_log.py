@@ -221,7 +221,8 @@ REST = re.compile(
 NETWORK = re.compile(r"^(?:Using network (?P<net>\S+)|NET/(?P<net2>[^\s:]+) ?: Using)")
 UNWIND = re.compile(r"^\S+\.(?:cc|cu|h|c|cpp):\d+ -> \d+")
 WATCHDOG = re.compile(
-    r"ProcessGroupNCCL\.cpp:\d+\]\s*\[Rank (?P<rank>\d+)\]\s*(?P<what>.*?WorkNCCL\((?P<args>[^)]*)\).*)$")
+    r"ProcessGroupNCCL\.cpp:\d+\]\s*\[Rank (?P<rank>\d+)\]\s*"
+    r"(?P<what>.*?WorkNCCL\((?P<args>(?:[^()]|\([^()]*\))*)\).*)$")
 NCCL_TESTS = re.compile(r"^#\s+Rank\s+(?P<rank>\d+)\s+Group\s+\d+\s+Pid\s+(?P<pid>\d+)\s+on\s+(?P<host>\S+)"
                         r"\s+device\s+(?P<dev>\d+)")
 RAY_REPEAT = re.compile(r"\[repeated (?P<n>\d+)x across cluster\]")
@@ -384,7 +385,7 @@ class _Fast:
     coll: pa.Table | None = None
     tuning: pa.Table | None = None
     done: np.ndarray | None = None  # over the block's lines: handled here (fully or anchor-parsed)
-    rest: list[tuple[int, str | None, str, int, int, int | None, str]] = field(default_factory=list)
+    rest: list[tuple[int, str | None, str, int, int, int | None, str, int]] = field(default_factory=list)
 
 
 #: TUNING lines in RE2 syntax (Arrow's regex kernels): raw text, normalised in :func:`_tuning_frame`
@@ -554,7 +555,8 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
                 (line0 + line_idx[li]).tolist(), prefix.take(pa.array(li)).to_pylist(),
                 host_s.take(pa.array(li)).to_pylist(), pid_a.take(pa.array(li)).to_pylist(),
                 tid_a.take(pa.array(li)).to_pylist(), dev.take(pa.array(li)).to_pylist(),
-                bodies.take(pa.array(left)).to_pylist(), strict=True))
+                bodies.take(pa.array(left)).to_pylist(), (lend[li] - lstart[li] - plen_chars[li]).tolist(),
+                strict=True))
     res.done[line_idx] = True
     return res
 
@@ -598,6 +600,7 @@ class _Comm:
     p2p_channels: int | None = None
     p2p_channels_per_peer: int | None = None
     parent_comm_id: str | None = None
+    end_comm_id: str | None = None  # commId printed on the Destroy/Abort line
 
 
 @dataclass
@@ -694,25 +697,28 @@ class _Parser:
                 self.line(*nxt_full)
                 nxt_full = next(full, None)
             else:
-                no, prefix, host, pid, tid, dev, body = nxt_known
+                no, prefix, host, pid, tid, dev, body, nbytes = nxt_known
                 self.counts["nccl_lines"] += 1
-                self.message(no, 0, prefix or "", "INFO", host, pid, tid, dev, None, None, body.rstrip())
+                self.message(no, 0, prefix or "", "INFO", host, pid, tid, dev, None, None, body.rstrip(),
+                             nbytes)
                 nxt_known = next(known, None)
         return n
 
     # -- one line --------------------------------------------------------------------------------
     def line(self, no: int, text: str, nbytes: int) -> None:
+        """A line the columnar path did not take: find its anchors (several when processes
+        interleaved), widowed prefixes, or treat it as a line without anchor."""
         if not text or text.isspace():
             self.counts["blank_lines"] += 1
+            return
+        if nbytes > MAX_LINE:  # no NCCL line is this long: do not run regexes over megabytes
+            self.counts["overlong_lines"] += 1
+            self.unparsed(no)
             return
         anchors = list(ANCHOR.finditer(text)) if "NCCL" in text else []
         if not anchors:
             self.no_anchor(no, text)
             return
-        if nbytes - anchors[0].start() >= NCCL_LINE_LIMIT:
-            self.counts["cut_lines"] += 1
-            if len(self.cut_examples) < MAX_EXAMPLES:
-                self.cut_examples.append(no)
         prefix = text[:anchors[0].start()]
         for k, a in enumerate(anchors):
             end = anchors[k + 1].start() if k + 1 < len(anchors) else len(text)
@@ -724,7 +730,7 @@ class _Parser:
                 continue
             self.counts["nccl_lines"] += 1
             self.message(no, k, prefix if k == 0 else "", a["level"], host, pid, int(a["tid"]),
-                         _i(a["dev"]), a["loc"], a["func"], body.rstrip())
+                         _i(a["dev"]), a["loc"], a["func"], body.rstrip(), end - a.start())
 
     def no_anchor(self, no: int, text: str) -> None:
         """A line without ``host:pid:tid``: version line, continuation, orphan body, PyTorch or
@@ -775,8 +781,14 @@ class _Parser:
         return None, None
 
     def message(self, no: int, sub: int, prefix: str, level: str, host: str, pid: int, tid: int,
-                dev: int | None, loc: str | None, func: str | None, body: str) -> None:
-        """One NCCL message (the text after ``NCCL LEVEL``) of process (host, pid)."""
+                dev: int | None, loc: str | None, func: str | None, body: str, nbytes: int) -> None:
+        """One NCCL message (the text after ``NCCL LEVEL``) of process (host, pid); ``nbytes`` is
+        the length of NCCL's own text (anchor + body), to spot lines cut by NCCL's 1 KB buffer."""
+        cut = nbytes >= NCCL_LINE_LIMIT
+        if cut:
+            self.counts["cut_lines"] += 1
+            if len(self.cut_examples) < MAX_EXAMPLES:
+                self.cut_examples.append(no)
         proc = self.proc(host, pid)
         if dev is not None:
             proc.devices.add(dev)
@@ -811,10 +823,10 @@ class _Parser:
         if body.startswith(("Channel ", "Ring ")):
             m = RING.match(body)
             if m:
-                self.ring(no, m, host, pid, len(host) + len(str(pid)) + len(str(tid)) + 16 + len(body))
+                self.ring(no, m, host, pid, cut)
                 return
         if body.startswith("Trees"):
-            self.trees(no, body, host, pid)
+            self.trees(no, body, host, pid, cut)
             return
         if " Bytes -> " in body:
             m = TUNING.match(body)
@@ -902,10 +914,8 @@ class _Parser:
                 self.fill(cur, m, rank, nranks)
             cur.end_line = no
             cur.end = "destroy" if what.startswith("Destroy") else "abort"
-            if commid and cur.comm_id != commid:
-                if cur.comm_id_source == "derived":
-                    self.counts["derived_mismatch"] += 1
-                cur.comm_id, cur.comm_id_source = commid, "log"
+            if commid and cur.comm_id is None:
+                cur.end_comm_id = commid  # 2.27+ prints it here even for splits; checked when resolving
             return
         new = (cur is None or cur.end_line is not None
                or (what == "Init START" and (cur.start_line is not None or cur.init_line is not None))
@@ -959,12 +969,11 @@ class _Parser:
                "direction": m["dir"], "detail": m["via"].strip(), "orphan": orphan}
         self.conns.append(row)
 
-    def ring(self, no: int, m: re.Match[str], host: str, pid: int, nbytes: int) -> None:
+    def ring(self, no: int, m: re.Match[str], host: str, pid: int, cut: bool) -> None:
         self.graph.append({"line": no, "host": host, "pid": pid, "kind": "ring", "channel": int(m["ch"]),
-                           "nchannels": _i(m["n"]), "value": " ".join(m["ranks"].split()),
-                           "cut": nbytes >= NCCL_LINE_LIMIT})
+                           "nchannels": _i(m["n"]), "value": " ".join(m["ranks"].split()), "cut": cut})
 
-    def trees(self, no: int, body: str, host: str, pid: int) -> None:
+    def trees(self, no: int, body: str, host: str, pid: int, cut: bool) -> None:
         items = TREE_ITEM.findall(body)
         if not items:
             self.unparsed(no)
@@ -973,7 +982,7 @@ class _Parser:
             self.era(hi=(2, 6, 99))
         for ch, tree in items:
             self.graph.append({"line": no, "host": host, "pid": pid, "kind": "tree", "channel": int(ch),
-                               "nchannels": None, "value": tree, "cut": len(body) >= NCCL_LINE_LIMIT - 40})
+                               "nchannels": None, "value": tree, "cut": cut})
 
     def tuning_line(self, no: int, m: re.Match[str], host: str, pid: int) -> None:
         self.slow_tuning.append({"line": no, "host": host, "pid": pid, **{
@@ -1180,6 +1189,12 @@ def _resolve_comm_ids(st: _Parser) -> list[_Comm]:
             continue
         if par is not None and par.comm_id and c.split_count is not None and c.color is not None:
             c.comm_id, c.comm_id_source = split_comm_id(par.comm_id, c.split_count, c.color), "derived"
+        if c.end_comm_id is not None:
+            if c.comm_id is not None and c.comm_id != c.end_comm_id:
+                st.counts["derived_mismatch"] += 1
+            c.comm_id, c.comm_id_source = c.end_comm_id, "log"
+        elif c.comm_id is not None:
+            pass
         elif c.init_line is not None or c.start_line is not None:
             k = synth_k[(c.host, c.pid, c.nranks)]
             synth_k[(c.host, c.pid, c.nranks)] += 1
@@ -1682,16 +1697,17 @@ def _attach_tuning(st: _Parser, coll: pl.DataFrame) -> pl.DataFrame:
              .select("host", "pid", "line", "op", pl.col("bytes").alias("S"),
                      (pl.col("count") * pl.col("_s")).alias("cs"), "pg", "seq", "collective_id"))
     key = ["host", "pid"]
+    tun = tun.with_row_index("_tid").with_columns(pl.col("_tid").cast(pl.Int64))
     ev = pl.concat([
-        calls.select(*key, "line", pl.lit(False).alias("_t")),
-        tun.select(*key, "line", pl.lit(True).alias("_t")),
-    ]).sort([*key, "line"])
+        calls.select(*key, "line", pl.col("collective_id").alias("_id"), pl.lit(False).alias("_t")),
+        tun.select(*key, "line", pl.col("_tid").alias("_id"), pl.lit(True).alias("_t")),
+    ]).sort([*key, "line", "_t"], maintain_order=True)
     ev = ev.with_columns(
         ((~pl.col("_t")) & pl.col("_t").shift(1).over(key).fill_null(False)).cast(pl.Int64)
         .cum_sum().over(key).alias("_g"))
-    calls = calls.join(ev.filter(~pl.col("_t")).select(*key, "line", "_g"), on=[*key, "line"], how="left")
-    tun = tun.with_row_index("_tid").join(ev.filter(pl.col("_t")).select(*key, "line", "_g"),
-                                          on=[*key, "line"], how="left")
+    calls = calls.join(ev.filter(~pl.col("_t")).select(pl.col("_id").alias("collective_id"), "_g"),
+                       on="collective_id", how="left")
+    tun = tun.join(ev.filter(pl.col("_t")).select(pl.col("_id").alias("_tid"), "_g"), on="_tid", how="left")
     matched: list[pl.DataFrame] = []
     taken_t: set[int] = set()
     taken_c: set[int] = set()
@@ -1721,7 +1737,7 @@ def _attach_tuning(st: _Parser, coll: pl.DataFrame) -> pl.DataFrame:
                 "bytes")
     run(named, calls, [*key, "_g", "op"], [*key, "_g", "op"], "op")
     links = pl.concat(matched) if matched else pl.DataFrame(
-        schema={"_tid": pl.UInt32, "comm_id": pl.String, "seq": pl.Int64, "collective_id": pl.Int64,
+        schema={"_tid": pl.Int64, "comm_id": pl.String, "seq": pl.Int64, "collective_id": pl.Int64,
                 "matched_by": pl.String})
     df = tun.join(links, on="_tid", how="left").sort("line").with_columns(
         pl.col("host").cast(pl.String)).select(list(_TUNING_SCHEMA))
@@ -1777,9 +1793,10 @@ def _counts_diagnostics(st: _Parser, damage: _Damage, coll: pl.DataFrame) -> Non
         st.diagnostics.append(Diagnostic(
             path, f"{c['unparsed_lines']} of {c['lines']} lines are not NCCL log lines or are damaged "
             f"(skipped; first at lines {ex})", line=st.unparsed_examples[0]))
-    if damage.overlong:
-        st.diagnostics.append(Diagnostic(path, f"{len(damage.overlong)} lines longer than {MAX_LINE} bytes "
-                                         "were cut", line=damage.overlong[0]))
+    if damage.overlong or c["overlong_lines"]:
+        st.diagnostics.append(Diagnostic(
+            path, f"{len(damage.overlong) + c['overlong_lines']} lines longer than {MAX_LINE} bytes were cut "
+            "or skipped (binary data?)", line=damage.overlong[0] if damage.overlong else None))
     if c["cut_lines"]:
         st.diagnostics.append(Diagnostic(path, f"{c['cut_lines']} lines reach NCCL's 1 KB line limit and "
                                          "are probably cut (rings/trees may be incomplete)",

@@ -601,8 +601,10 @@ def expected_collectives(job: Job, procs: list[int] | None = None, *,
                 nbytes = S(e.op, e.count, e.dtype, n)
                 peer = None
                 if e.op in ("Broadcast", "Reduce", "Send", "Recv", "Gather", "Scatter"):
-                    # before 2.16 the two sub comms share a synthetic id: their members are ambiguous
-                    known = c.name == "world" or (peers_global and v >= (2, 16, 0))
+                    # before 2.16 the two sub comms share a synthetic id: their members are ambiguous;
+                    # otherwise the peer's global rank is known when its Init line is in the log
+                    known = c.name == "world" or (
+                        v >= (2, 16, 0) and (peers_global or c.members[e.root] in procs))
                     peer = c.members[e.root] if known else e.root
                 algo = proto = None
                 if st.tuned and v >= (2, 20, 0) and c.members[0] in procs:
