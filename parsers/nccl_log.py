@@ -11,8 +11,10 @@ stdout with launcher prefixes and interleaving). This parser turns it into:
   communicator of the call, otherwise null. ``tables["nccl_calls"].rank_is_global`` says which.
 * ``collective_id`` -- row number in this file (0-based, line order).
 * ``pg`` -- the NCCL ``commId`` as printed (``0x`` + lower-case hex), equal on every member. NCCL 2.27+
-  split communicators print no commId: it is *derived* exactly as NCCL computes it, from the parent's
-  commId, ``splitCount`` and ``color``. Before NCCL 2.16 no commId exists at all: ``pg`` is then the
+  split communicators print no commId on their Init lines: it is *derived* with NCCL's own hash of the
+  parent's commId, ``splitCount`` and ``color`` (src/init.cc), and replaced by the commId of the
+  Destroy line when the log has one (a mismatch is reported). Before NCCL 2.16 no commId exists at
+  all: ``pg`` is then the
   synthetic ``synthetic-n{nranks}-{k}`` = the k-th communicator of that size created by the process
   (ranks create communicators in the same order, so it matches across ranks; two *disjoint* groups of
   equal size collide -- flagged by a diagnostic when both are in one file).
@@ -21,6 +23,9 @@ stdout with launcher prefixes and interleaving). This parser turns it into:
 * ``seq`` -- 0-based index of the call among the calls of the same process on the same communicator
   (``pg``), in line order: the k-th call of a comm is the same collective on every member (FORMATS 2.4).
   NCCL's ``opCount`` is *not* a call id (stuck at 0 or shared by a group); it is in ``nccl_calls``.
+  Calls on a comm without Init line are counted per comm pointer; null for an orphan body whose
+  process could not be recovered. A lost or cut COLL line shifts the seq of that process's later calls
+  on that comm: members then disagree on (pg, seq), which is reported as a diagnostic.
 * ``op`` -- ``allreduce allgather reduce_scatter broadcast reduce send recv all_to_all gather scatter``,
   other NCCL names lower-cased (``PutSignal`` -> ``putsignal``).
 * ``dtype`` -- ``int8 uint8 int32 uint32 int64 uint64 float16 float32 float64 bfloat16 float8e4m3
@@ -48,41 +53,54 @@ initialised by that process (between Init START and COMPLETE, or before a COMPLE
 START), or -- for lazily connected channels -- to the comm of the process's last COLL line, checked
 against the process's rank in it; null ``comm_id`` when that is ambiguous.
 
-Extra tables (``ParsedFile.tables``), all with a ``line`` column (1-based line of the log):
+Extra tables (``ParsedFile.tables``), all with a ``line`` column (1-based line of the log); hosts,
+comm pointers and launcher prefixes are ``dictionary<int32, string>``:
 
-* ``nccl_calls`` -- aligned row by row with ``collectives``: ``host pid tid device comm`` (host
-  pointer) ``comm_rank global_rank rank_is_global peer_comm_rank peer_is_global opcount`` (int, from hex)
-  ``redop in_place`` (sendbuff == recvbuff) ``prefix`` (launcher prefix before the NCCL text)
-  ``log_time`` (the 2.26+ ``[%F %T]`` text when present) ``orphan`` (body found without its
-  ``host:pid:tid`` prefix, FORMATS 2.6) ``task`` (RCCL) ``repeated`` (Ray ``[repeated Nx ...]``: lines
-  Ray dropped).
+* ``nccl_calls`` -- aligned row by row with ``collectives`` (same ``collective_id``): ``line host pid
+  tid device`` (the ``[dev]`` of the line: the CUDA ordinal, not a rank) ``comm`` (host pointer)
+  ``comm_rank`` (rank in the comm) ``global_rank`` ``rank_is_global`` (``collectives.rank`` is global)
+  ``peer_comm_rank`` (root/peer in the comm) ``peer_is_global`` (``collectives.peer`` is global)
+  ``opcount`` (NCCL's opCount, int from hex; not a call id) ``redop`` (0 sum, 1 prod, 2 max, 3 min,
+  4 avg, >= 5 user) ``in_place`` (sendbuff == recvbuff) ``prefix`` (launcher prefix before the NCCL
+  text, e.g. ``[default5]:``) ``log_time`` (the 2.26+ ``[%F %T]`` text, local wall time, when present)
+  ``orphan`` (body found without its ``host:pid:tid`` prefix, FORMATS 2.6, process recovered from its
+  comm pointer) ``task`` (RCCL) ``repeated`` (Ray ``[repeated Nx across cluster]``: lines Ray dropped).
 * ``nccl_comms`` -- one row per communicator instance per process (a ``comm`` pointer reused after
-  Destroy is a new instance): ``host pid comm comm_id comm_id_source rank nranks cuda_dev nvml_dev
-  bus_id api parent parent_comm_id split_count color key start_line init_line end_line end`` (destroy /
-  abort) ``nnodes local_ranks local_rank coll_channels collnet_channels nvls_channels p2p_channels
-  p2p_channels_per_peer calls``.
-* ``nccl_connections`` -- aligned row by row with ``topology``: ``host pid comm channel conn src dst
-  src_dev dst_dev`` (the brackets, opaque strings) ``dev_kind`` (``cudaDev`` <= 2.4, ``busId``
-  2.5-2.18.1, ``nvmlDev`` >= 2.18.3, null if the era is unknown) ``global_rank`` (of the logger)
-  ``orphan``.
-* ``nccl_graph`` -- ring orders (``kind=ring``: ``value`` = the space-separated in-comm ranks) and trees
-  (``kind=tree``: ``value`` = ``children->rank->parent``) per channel, with ``nchannels`` and ``cut``
-  (line hit NCCL's 1 KB limit).
-* ``nccl_tuning`` -- every TUNING line: ``host pid op bytes algorithm protocol channel_lo channel_hi
-  time_us kernel comm_id seq collective_id matched_by`` (how it was matched to its call).
-* ``nccl_warnings`` -- WARN (and other non-INFO/TRACE levels) lines: ``host pid tid device level loc
-  func message log_time``; indented continuation lines are appended to the message.
+  Destroy is a new instance): ``host pid comm comm_id comm_id_source`` (``log`` printed on an Init or
+  Destroy line, ``derived`` 2.27+ split hash, ``synthetic`` before 2.16) ``rank nranks cuda_dev nvml_dev
+  bus_id api`` (``ncclCommInitRank``, ``ncclCommSplit``, ... 2.21+) ``parent parent_comm_id split_count
+  color key start_line init_line`` (Init START / COMPLETE) ``end_line end`` (``destroy`` / ``abort``)
+  ``nnodes local_ranks local_rank coll_channels collnet_channels nvls_channels p2p_channels
+  p2p_channels_per_peer calls`` (COLL lines on it).
+* ``nccl_connections`` -- aligned row by row with ``topology``: ``line host pid comm channel conn``
+  (the ``/c`` connection index, 2.14+) ``src dst`` (in-comm ranks as printed) ``src_dev dst_dev`` (the
+  brackets, opaque strings) ``dev_kind`` (what the brackets are: ``cudaDev`` <= 2.4, ``busId``
+  2.5-2.18.1, ``nvmlDev`` >= 2.18.3, null if the era is unknown) ``global_rank`` (of the process that
+  logged it) ``orphan``.
+* ``nccl_graph`` -- ring orders (``kind=ring``, rank 0 of the comm prints them: ``value`` = the
+  space-separated in-comm ranks) and trees (``kind=tree``: ``value`` = ``children->rank->parent``, or
+  the joined up|down trees of 2.4-2.6) per channel: ``comm comm_id rank channel nchannels cut`` (the
+  line hit NCCL's 1 KB limit, so the ring may be incomplete).
+* ``nccl_tuning`` -- every TUNING line: ``host pid op`` (null before 2.23) ``bytes algorithm protocol
+  channel_lo channel_hi time_us`` (predicted, 2.20-2.23) ``kernel`` (2.27+ symmetric kernels, then
+  ``algorithm`` = ``SYMMETRIC``) ``size_kind`` (``S``: the line prints the full buffer, 2.20-2.23;
+  ``cs``: count * element size, 2.24+) and the call it was matched to: ``comm_id seq collective_id
+  matched_by`` (``op+bytes``, ``bytes``, ``op``; null when unmatched).
+* ``nccl_warnings`` -- WARN (and other non-INFO/TRACE levels) lines: ``host pid tid device level loc``
+  (``file.cc:line``) ``func`` (2.30.7+) ``message log_time``; indented continuation lines are appended
+  to the message.
 * ``pytorch_watchdog`` -- ProcessGroupNCCL watchdog lines: ``rank seq_num op_type numel_in numel_out
   timeout_ms text``.
 
-``meta``: ``format_version`` / ``nccl_version`` (version line, else ``None``), ``era`` (inferred
-version range), ``backend`` (``nccl``), ``world_size`` (largest comm), ``network`` (``IB``,
-``Socket``, ...), ``processes`` (list of ``{host, pid, rank, rank_source, nranks, devices, comms,
-version, network, prefixes}``, ``comms`` being ``[{comm, comm_id, rank, nranks, cuda_dev, bus_id, parent,
-color, key}]``), and when the file holds exactly one process also ``rank host pid device``. Counters:
-``lines``, ``blank_lines``, ``nccl_lines``, ``ignored_lines`` (NCCL lines of no interest),
-``unparsed_lines``, ``warn_lines``, ``cut_lines``, ``orphan_lines``, ``widowed_prefixes``,
-``ray_repeats``, ``continuation_lines``.
+``meta``: ``format_version`` / ``nccl_version`` (from the version line; ``None`` without one),
+``era`` (version range inferred from the formats seen, e.g. ``2.21.0-2.23.x``), ``backend``
+(``nccl``), ``world_size`` (largest comm), ``network`` (``IB``, ``Socket``, ...), ``processes`` (list
+of ``{host, pid, rank, rank_source, nranks, devices, comms, version, network, prefixes}``, ``comms``
+being ``[{comm, comm_id, rank, nranks, cuda_dev, bus_id, parent, color, key}]``; ``rank_source`` is
+``rccl-globalrank``, ``nccl-init`` or ``nccl-tests``), and when the file holds exactly one process
+also ``rank host pid device``. Counters: ``lines blank_lines nccl_lines ignored_lines`` (NCCL lines
+of no interest) ``unparsed_lines warn_lines cut_lines orphan_lines widowed_prefixes ray_repeats
+continuation_lines unwind_lines`` (``file.cc:123 -> 6`` error-return lines).
 
 How: the input streams through :func:`parsers.source.iter_blocks` (gzip too) in blocks of whole lines.
 COLL lines -- the bulk of a big log -- never reach Python one by one: each block is cut into lines by
@@ -342,8 +360,9 @@ def _slices(data: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.StringArray
 # ---------------------------------------------------------------------------------------------------
 # fast path: COLL lines, columnar
 
+#: COLL keywords at their offsets from the ``opCount`` token
 _KEYWORDS = ((2, "sendbuff"), (4, "recvbuff"), (6, "count"), (8, "datatype"), (10, "op"), (12, "root"),
-             (14, "comm"), (17, "stream"), (-2, "INFO"), (-3, "NCCL"))
+             (14, "comm"), (17, "stream"))
 
 #: columns of the raw COLL table (fast and per-line paths alike); repetitive strings are dictionaries
 _DICT = pa.dictionary(pa.int32(), pa.string())
@@ -375,6 +394,17 @@ def _str_offsets(arr: pa.Array) -> np.ndarray:
 def _digits(arr: pa.Array) -> np.ndarray:
     """Mask of tokens that are 1..18 ASCII digits (castable to int64 without overflow)."""
     return _np(pc.and_(pc.utf8_is_digit(arr), pc.less_equal(pc.utf8_length(arr), 18)))
+
+
+def _ints(arr: pa.Array, typ: pa.DataType, signed: bool = False) -> tuple[pa.Array, np.ndarray]:
+    """Cast decimal tokens to ``typ`` and the mask of valid ones. The whole array is cast at once (the
+    usual case: all valid); only when that fails are the bad tokens found and masked."""
+    try:
+        return pc.cast(arr, typ), np.ones(len(arr), bool)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        ok = _digits(pc.utf8_ltrim(arr, "-") if signed else arr)
+        fixed = pc.cast(pc.if_else(pa.array(ok), arr, "0"), typ)
+        return fixed, ok
 
 
 @dataclass
@@ -495,16 +525,19 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
         opt, nr = t[-1], t[16]
         cok &= _np(pc.ends_with(opt, ":")) & _np(pc.starts_with(nr, "[nranks=")) & _np(pc.ends_with(nr, "]"))
         opname = pc.utf8_slice_codeunits(opt, 0, -1)
-        nrv = pc.utf8_slice_codeunits(nr, 8, -1)
-        cok &= _np(pc.utf8_is_alpha(opname)) & _digits(nrv)
-        for d in (7, 9, 11):
-            cok &= _digits(t[d])
-        cok &= _digits(pc.utf8_ltrim(t[13], "-"))
+        cok &= _np(pc.utf8_is_alpha(opname))
+        nums = {}
+        for d, typ, signed in ((7, pa.int64(), False), (9, pa.int32(), False), (11, pa.int32(), False),
+                               (13, pa.int32(), True), (16, pa.int32(), False)):
+            v, good = _ints(pc.utf8_slice_codeunits(nr, 8, -1) if d == 16 else t[d], typ, signed)
+            nums[d] = v
+            cok &= good
         if not cok.all():
             mask = pa.array(cok)
             ci, pc_ = ci[cok], pc_[cok]
             t = {d: v.filter(mask) for d, v in t.items()}
-            opname, nrv = opname.filter(mask), nrv.filter(mask)
+            nums = {d: v.filter(mask) for d, v in nums.items()}
+            opname = opname.filter(mask)
         if len(ci):
             ca = pa.array(ci)
             rest = pa.nulls(len(ci), pa.string())
@@ -520,9 +553,8 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
                 "host": pc.dictionary_encode(host_s.take(ca)), "pid": pid_a.take(ca), "tid": tid_a.take(ca),
                 "device": dev.take(ca), "op_raw": pc.dictionary_encode(opname), "opcount": _hex(t[1]),
                 "in_place": pc.equal(t[3], t[5]),
-                "count": pc.cast(t[7], pa.int64()), "dtype_id": pc.cast(t[9], pa.int32()),
-                "redop": pc.cast(t[11], pa.int32()), "root": pc.cast(t[13], pa.int32()),
-                "comm": pc.dictionary_encode(t[15]), "nranks": pc.cast(nrv, pa.int32()),
+                "count": nums[7], "dtype_id": nums[9], "redop": nums[11], "root": nums[13],
+                "comm": pc.dictionary_encode(t[15]), "nranks": nums[16],
                 "stream": pc.dictionary_encode(t[18]), "prefix": pc.dictionary_encode(prefix.take(ca)),
                 "rest": rest, "orphan": pa.array(np.zeros(len(ci), bool)),
             }, schema=_RAW_COLL)
@@ -1674,6 +1706,15 @@ _RAW_TUNING_PL = {"line": pl.Int64, "host": pl.String, "pid": pl.Int64, "op": pl
                   "channel_hi": pl.Int32, "time_us": pl.Float64, "kernel": pl.String, "size_kind": pl.String}
 
 
+def _ordinal(df: pl.DataFrame, order: str) -> pl.DataFrame:
+    """Add ``_k``: the 0-based rank of each row among the rows with the same ``_h``, by ``order``.
+    A sort and a running index, not a window: windows over very many tiny groups are slow."""
+    df = df.sort(["_h", order])
+    i = pl.int_range(pl.len(), dtype=pl.Int64)
+    start = pl.when(pl.col("_h") != pl.col("_h").shift(1)).then(i).otherwise(None).fill_null(0)
+    return df.with_columns((i - pl.when(i == 0).then(0).otherwise(start).cum_max()).alias("_k"))
+
+
 def _attach_tuning(st: _Parser, coll: pl.DataFrame) -> pl.DataFrame:
     """Match each TUNING line to the call it describes, columnar.
 
@@ -1709,33 +1750,32 @@ def _attach_tuning(st: _Parser, coll: pl.DataFrame) -> pl.DataFrame:
                        on="collective_id", how="left")
     tun = tun.join(ev.filter(pl.col("_t")).select(pl.col("_id").alias("_tid"), "_g"), on="_tid", how="left")
     matched: list[pl.DataFrame] = []
-    taken_t: set[int] = set()
-    taken_c: set[int] = set()
+    left_t, left_c = tun, calls  # what is still unmatched
 
-    def run(tsub: pl.DataFrame, csub: pl.DataFrame, tkeys: list[str], ckeys: list[str], how: str) -> None:
-        tsub = tsub.filter(~pl.col("_tid").is_in(list(taken_t)))
-        csub = csub.filter(~pl.col("collective_id").is_in(list(taken_c)))
-        if tsub.height == 0 or csub.height == 0:
+    def run(which: pl.Expr, tkeys: list[str], ckeys: list[str], how: str) -> None:
+        nonlocal left_t, left_c
+        tsub = left_t.filter(which)
+        if tsub.height == 0 or left_c.height == 0:
             return
-        tsub = tsub.with_columns(pl.int_range(pl.len()).over(tkeys).alias("_k"))
-        csub = csub.with_columns(pl.int_range(pl.len()).over(ckeys).alias("_k"))
-        m = tsub.join(csub.select(*ckeys, "_k", "pg", "seq", "collective_id"),
-                      left_on=[*tkeys, "_k"], right_on=[*ckeys, "_k"], how="inner")
+        # the k-th line of a key meets the k-th call of the same key; one hashed key column keeps the
+        # windows cheap (groups are tiny: a few calls per ncclGroup)
+        th = pl.struct([pl.col(c).cast(pl.String) if c == "host" else pl.col(c) for c in tkeys]).hash()
+        ch = pl.struct([pl.col(c).cast(pl.String) if c == "host" else pl.col(c) for c in ckeys]).hash()
+        tsub = _ordinal(tsub.with_columns(th.alias("_h")), "_tid")
+        csub = _ordinal(left_c.with_columns(ch.alias("_h")), "collective_id")
+        m = tsub.join(csub.select("_h", "_k", "pg", "seq", "collective_id"), on=["_h", "_k"], how="inner")
         if m.height:
             matched.append(m.select("_tid", pl.col("pg").alias("comm_id"), "seq", "collective_id",
                                     pl.lit(how).alias("matched_by")))
-            taken_t.update(m["_tid"].to_list())
-            taken_c.update(m["collective_id"].to_list())
+            left_t = left_t.join(m.select("_tid"), on="_tid", how="anti")
+            left_c = left_c.join(m.select("collective_id"), on="collective_id", how="anti")
 
-    named = tun.filter(pl.col("op").is_not_null())
-    anon = tun.filter(pl.col("op").is_null())
+    named, kind_is = pl.col("op").is_not_null(), pl.col("size_kind")
     for kind, other in (("S", "cs"), ("cs", "S")):
         for size in (kind, other):
-            run(named.filter(pl.col("size_kind") == kind), calls, [*key, "_g", "op", "bytes"],
-                [*key, "_g", "op", size], "op+bytes")
-            run(anon.filter(pl.col("size_kind") == kind), calls, [*key, "_g", "bytes"], [*key, "_g", size],
-                "bytes")
-    run(named, calls, [*key, "_g", "op"], [*key, "_g", "op"], "op")
+            run(named & (kind_is == kind), [*key, "_g", "op", "bytes"], [*key, "_g", "op", size], "op+bytes")
+            run(~named & (kind_is == kind), [*key, "_g", "bytes"], [*key, "_g", size], "bytes")
+    run(named, [*key, "_g", "op"], [*key, "_g", "op"], "op")
     links = pl.concat(matched) if matched else pl.DataFrame(
         schema={"_tid": pl.Int64, "comm_id": pl.String, "seq": pl.Int64, "collective_id": pl.Int64,
                 "matched_by": pl.String})

@@ -102,7 +102,7 @@ def test_recovers_truth(tmp_path, era, launcher):
     """Every call of every rank (pg, seq, op, dtype, count, bytes, nranks, peer, algorithm, protocol),
     every transport row, for each grammar era and launcher prefix; processes interleaved in one file."""
     job = NL.make_job(era)
-    pf = parse_text(tmp_path, NL.render(job, launcher=launcher, seed=hash(launcher) % 97))
+    pf = parse_text(tmp_path, NL.render(job, launcher=launcher, seed=NL.LAUNCHERS.index(launcher)))
     assert got_collectives(pf) == NL.expected_collectives(job)
     assert got_topology(pf) == NL.expected_topology(job)
     assert pf.collectives.schema == COLLECTIVES
@@ -496,13 +496,15 @@ def _check_no_invention(tmp_path: Path, text: str) -> None:
     assert pf.collectives.num_rows <= text.count(" opCount ")
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.integers(min_value=0, max_value=len(_TEXT)), start=st.integers(min_value=0, max_value=400))
 def test_truncation_never_raises_nor_invents(tmp_path, cut, start):
     _check_no_invention(tmp_path, _TEXT[start:cut])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(min_value=0, max_value=10**6), frac=st.floats(min_value=0.0, max_value=1.0))
 def test_shuffled_lines_never_raise_nor_invent(tmp_path, seed, frac):
     rng = random.Random(seed)
