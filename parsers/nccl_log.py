@@ -840,7 +840,7 @@ class _Parser:
             if m:
                 self.version(m, proc)
                 return
-        if " - Init " in body or " - Destroy " in body or " - Abort " in body:
+        if "- Init " in body or "- Destroy " in body or "- Abort " in body:  # 2.27+ START: "key 0- Init"
             m = INIT.search(body)
             if m:
                 self.init(no, m, host, pid)
@@ -929,6 +929,9 @@ class _Parser:
         # era evidence
         if what == "Init START":
             self.era(lo=(2, 18, 3))
+            self.counts["init_start_lines"] += 1
+        elif what == "Init COMPLETE" and commid is not None:
+            self.counts["init_complete_with_id"] += 1
         if m["api"]:
             self.era(lo=(2, 21, 0))
         if m["countkind"]:
@@ -1124,6 +1127,8 @@ def _finish(st: _Parser, damage: _Damage) -> ParsedFile:
     """Resolve what needs the whole log (communicator ids, ranks, attribution, tuning) into tables."""
     path = st.path
     diags = st.diagnostics
+    if st.counts["init_complete_with_id"] and not st.counts["init_start_lines"]:
+        st.era(hi=(2, 18, 2))  # commIds but no Init START lines: 2.16-2.18.1
     comms = _resolve_comm_ids(st)
     raw = _prepare_raw(st, comms)
     procs_df, world = _process_ranks(st)

@@ -117,6 +117,22 @@ def test_recovers_truth(tmp_path, era, launcher):
     assert calls["rank_is_global"].all()
     if launcher is not None:
         assert calls["prefix"].null_count() == 0
+    comms = pl.from_arrow(pf.tables["nccl_comms"])
+    has_start = NL.V(era) >= (2, 18, 3)
+    assert comms["start_line"].null_count() == (0 if has_start else comms.height)
+    assert _in_era(NL.V(era), pf.meta["era"])
+
+
+def _in_era(v: tuple[int, int, int], text: str) -> bool:
+    """Is version v inside an inferred range like '2.21.0-2.23.x', '>=2.27.0', '<=2.4.x'?"""
+    def parse(t: str, hi: bool) -> tuple[int, ...]:
+        return tuple(99 if x == "x" else int(x) for x in t.split("."))
+    if text.startswith(">="):
+        return v >= parse(text[2:], False)
+    if text.startswith("<="):
+        return v <= parse(text[2:], True)
+    lo, hi = text.split("-")
+    return parse(lo, False) <= v <= parse(hi, True)
 
 
 @pytest.mark.parametrize("era", NL.ERAS)
@@ -247,6 +263,7 @@ def test_split_without_comm_id_is_derived(tmp_path):
     comms = pl.from_arrow(pf.tables["nccl_comms"])
     derived = comms.filter(pl.col("comm_id_source") == "derived")
     assert derived.height == 4  # the split comms destroyed later took the Destroy line's id ("log")
+    assert comms["start_line"].null_count() == 0  # "... key 0- Init START" (no space) is an Init line
     sub = comms.filter(pl.col("color").is_not_null())
     for color in (0, 1):
         for count in (1, 2):
