@@ -53,8 +53,10 @@ initialised by that process (between Init START and COMPLETE, or before a COMPLE
 START), or -- for lazily connected channels -- to the comm of the process's last COLL line, checked
 against the process's rank in it; null ``comm_id`` when that is ambiguous.
 
-Extra tables (``ParsedFile.tables``), all with a ``line`` column (1-based line of the log); hosts,
-comm pointers and launcher prefixes are ``dictionary<int32, string>``:
+Extra tables (``ParsedFile.tables``), all with a ``line`` column (1-based line of the log; a
+``(pid, line)`` pair identifies a row's source). Column types are fixed (``string``, ``int32/64``,
+``bool``, ``double``); in ``nccl_calls`` the repetitive ``host``, ``comm`` and ``prefix`` are
+``dictionary<int32, string>``:
 
 * ``nccl_calls`` -- aligned row by row with ``collectives`` (same ``collective_id``): ``line host pid
   tid device`` (the ``[dev]`` of the line: the CUDA ordinal, not a rank) ``comm`` (host pointer)
