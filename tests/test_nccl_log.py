@@ -548,3 +548,15 @@ def test_empty_tables_have_their_schemas(tmp_path):
     for name, t in pf.tables.items():
         assert isinstance(t, pa.Table), name
     assert pf.meta["ignored_lines"] == 1
+
+
+def test_empty_and_long_hostnames(tmp_path):
+    """HOST may be empty (``:7311:7311 [0] NCCL INFO``) or a 60-character pod name."""
+    job = NL.make_job("2.21.5")
+    pod = "trainer-" + "x" * 44 + "-worker-0"
+    text = NL.render(job, launcher="torchrun").replace("gpu-node-01:", ":").replace("gpu-node-02:", pod + ":")
+    pf = parse_text(tmp_path, text)
+    assert got_collectives(pf) == NL.expected_collectives(job)
+    hosts = {p["host"] for p in pf.meta["processes"]}
+    assert hosts == {"", pod}
+    assert set(pf.topology.column("host").to_pylist()) == {"", pod}
