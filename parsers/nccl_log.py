@@ -773,6 +773,7 @@ class _Parser:
             self.counts["continuation_lines"] += 1
             self.last_msg["message"] = self.last_msg["message"] + "\n" + text.strip()
             return
+        self.last_msg = None
         m = VERSION.search(text)
         if m:
             self.version(m, None)
