@@ -9,7 +9,9 @@ separate child processes (so each peak RSS is its own):
 * ``baseline``: the obvious parser -- ``for line in open(...)`` and ``re.match`` of the anchor + the
   COLL regex of FORMATS.md 2.4, appending each match's fields to a list.
 
-Prints MB/s and peak RSS of both, and the speed ratio. Usage::
+Prints MB/s (wall and CPU time, each child pinned to one core) and peak RSS of both, and the speed
+ratio. ``--ranks 1`` gives the log of rank 0 alone (``NCCL_DEBUG_FILE`` per process), where every COLL
+line is followed by its TUNING line. Usage::
 
     python benchmarks/nccl_parse.py [--size-mb 300] [--ranks 16] [--gzip] [--keep DIR]
 """

@@ -433,59 +433,85 @@ _RAW_TUNING = pa.schema([
 ])
 
 
+#: one token ``[launcher]:host:pid:tid``: the host starts after the last ``:``, ``[`` or ``]`` before it
+#: (as in ANCHOR)
+_ANCHOR_TOKEN = re.compile(
+    r"^(?P<glued>.*[:\[\]])?(?P<host>[^\s:\[\]]*):(?P<pid>\d{1,18}):(?P<tid>\d{1,18})$")
+
+
+def _parse_anchor_token(tok: str) -> tuple[str, int, int, int] | None:
+    """``[default5]:host:pid:tid`` -> (host, pid, tid, length of the glued launcher prefix)."""
+    m = _ANCHOR_TOKEN.match(tok)
+    if m is None:
+        return None
+    return m["host"], int(m["pid"]), int(m["tid"]), m.end("glued") if m["glued"] else 0
+
+
+def _int_or_none(tok: str, lo: int = 0) -> int | None:
+    t = tok[1:] if tok[:1] == "-" else tok
+    if not (t.isascii() and t.isdigit()) or len(t) > 18:
+        return None
+    v = int(tok)
+    return v if v >= lo else None
+
+
+def _by_value(arr: pa.Array, fn: Any, types: tuple[pa.DataType, ...]) -> tuple[list[pa.Array], np.ndarray]:
+    """Map a column of repetitive tokens through ``fn`` once per distinct value (a dictionary encode
+    and a Python call per distinct token instead of string kernels over every row). ``fn`` returns a
+    tuple of len(types) or None; returns the mapped columns and the mask of rows that mapped."""
+    enc = pc.dictionary_encode(arr)
+    mapped = [fn(u) for u in enc.dictionary.to_pylist()]
+    ok_u = np.array([m is not None for m in mapped], bool)
+    cols = []
+    for i, typ in enumerate(types):
+        vals = pa.array([m[i] if m is not None else None for m in mapped], typ)
+        cols.append(vals.take(enc.indices))
+    idx = _np(enc.indices)
+    return cols, ok_u[idx] if len(idx) else np.zeros(0, bool)
+
+
 def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.StringArray,
                 line0: int) -> _Fast:
     """Columnar parse of the lines with exactly one ``host:pid:tid [dev] NCCL INFO`` anchor: the line
     is split into space-separated tokens, the anchor found as the tokens before ``NCCL INFO``, and
-    COLL fields taken by position after it, each checked by a vectorised kernel. Lines that fail any
-    check are left for the per-line path (``done`` false)."""
+    COLL fields taken by position after it. Repetitive tokens (anchors, ``[dev]``, op names, datatypes,
+    ``[nranks=N]``) are parsed once per distinct value; the rest by vectorised kernels. Lines that fail
+    any check are left for the per-line path (``done`` false)."""
     n = len(lines)
     res = _Fast(done=np.zeros(n, bool))
     if n == 0:
         return res
     # every line is tokenised; a second anchor in a line shows as a second "NCCL" token below
-    cand = np.arange(n)
-    cl = lines
-    toks = pc.split_pattern(cl, " ")
+    toks = pc.split_pattern(lines, " ")
     loff = _np(toks.offsets).astype(np.int64)
     flat = toks.values
     q = np.flatnonzero(_np(pc.equal(flat, "NCCL")))
     if len(q) == 0:
         return res
     row = np.searchsorted(loff, q, side="right") - 1
-    per_row = np.bincount(row, minlength=len(cand))
-    ok = (per_row[row] == 1) & (q - 1 >= loff[row]) & (q + 1 < loff[row + 1])
+    per_row = np.bincount(row, minlength=n)
+    ok = (per_row[row] == 1) & (q - 2 >= loff[row]) & (q + 1 < loff[row + 1])
     q, row = q[ok], row[ok]
 
     def tk(idx: np.ndarray) -> pa.Array:
         return flat.take(pa.array(idx))
 
     ok = _np(pc.equal(tk(q + 1), "INFO"))
-    devt = tk(q - 1)
-    devv = pc.utf8_slice_codeunits(devt, 1, -1)
-    has_dev = (_np(pc.starts_with(devt, "[")) & _np(pc.ends_with(devt, "]"))
-               & _digits(pc.utf8_ltrim(devv, "-")))
-    aidx = np.where(has_dev, q - 2, q - 1)
-    ok &= aidx >= loff[row]
-    aidx = np.where(ok, aidx, q - 1)
-    parts = pc.split_pattern(tk(aidx), ":", max_splits=3, reverse=True)
-    poff = _np(parts.offsets).astype(np.int64)
-    plen = poff[1:] - poff[:-1]
-    pv = parts.values
-    ok &= plen >= 3
-    last = np.where(plen >= 3, poff[1:] - 1, poff[:-1])
-    tid_s = pv.take(pa.array(last))
-    pid_s = pv.take(pa.array(np.maximum(last - 1, 0)))
-    host_s = pv.take(pa.array(np.maximum(last - 2, 0)))
-    ok &= _digits(tid_s) & _digits(pid_s)
-    ok &= ~(_np(pc.match_substring(host_s, "[")) | _np(pc.match_substring(host_s, "]")))
+    # "[dev]" before NCCL (INFO lines always have it), then the host:pid:tid token
+    (dev,), has_dev = _by_value(tk(q - 1), lambda t: (_int_or_none(t[1:-1], -1),)
+                                if t[:1] == "[" and t[-1:] == "]" and _int_or_none(t[1:-1], -1) is not None
+                                else None, (pa.int32(),))
+    ok &= has_dev
+    (host_s, pid_a, tid_a, glued), good = _by_value(tk(q - 2), _parse_anchor_token,
+                                                      (pa.string(), pa.int64(), pa.int64(), pa.int64()))
+    ok &= good
     if not ok.any():
         return res
     sel = np.flatnonzero(ok)
-    q, row, aidx, has_dev = q[sel], row[sel], aidx[sel], has_dev[sel]
-    plen, pstart = plen[sel], poff[:-1][sel]
-    selp = pa.array(sel)
-    host_s, pid_s, tid_s, devv = host_s.take(selp), pid_s.take(selp), tid_s.take(selp), devv.take(selp)
+    if len(sel) < len(q):
+        selp = pa.array(sel)
+        q, row = q[sel], row[sel]
+        dev, host_s, pid_a, tid_a, glued = (a.take(selp) for a in (dev, host_s, pid_a, tid_a, glued))
     fo = _str_offsets(flat)
     first, rend = loff[row], loff[row + 1]
 
@@ -493,13 +519,9 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
         """Byte position of token ``j`` in its line (tokens are separated by one space)."""
         return fo[j] - fo[first] + (j - first)
 
-    line_idx = cand[row]
+    line_idx = row
     lstart, lend = starts[line_idx], ends[line_idx]
-    glued_len = np.zeros(len(q), np.int64)
-    gl = plen == 4
-    if gl.any():
-        glued_len[gl] = _np(pc.binary_length(pv.take(pa.array(pstart[gl])))) + 1  # + its ':'
-    plen_chars = char_pos(aidx, first) + glued_len
+    plen_chars = char_pos(q - 2, first) + _np(glued)
     has_prefix = plen_chars > 0
     prefix = pa.nulls(len(q), pa.string())
     if has_prefix.any():
@@ -507,9 +529,6 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
         prefix = pc.replace_with_mask(prefix, pa.array(has_prefix),
                                       _slices(data, lstart[hp], lstart[hp] + plen_chars[hp]))
     body_start = np.minimum(lstart + char_pos(q + 1, first) + 5, lend)  # after "INFO "
-    dv = _np(pc.cast(pc.if_else(pa.array(has_dev), devv, "0"), pa.int32()))
-    dev = pa.array(dv, pa.int32(), mask=~has_dev)
-    pid_a, tid_a = pc.cast(pid_s, pa.int64()), pc.cast(tid_s, pa.int64())
     handled = np.zeros(len(q), bool)
 
     # COLL: "NCCL INFO <Op>: opCount ..." -- fields at fixed offsets from the opCount token
@@ -519,45 +538,54 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
     ci = np.flatnonzero(is_coll)
     if len(ci):
         pc_ = p[ci]
-        t = {d: tk(pc_ + d) for d in (-1, *range(1, 19))}
+        t = {d: tk(pc_ + d) for d in (-1, 1, 2, 4, 6, 8, 10, 12, 14, 17)}
         cok = np.ones(len(ci), bool)
         for d, kw in _KEYWORDS:
-            if d > 0:
-                cok &= _np(pc.equal(t[d], kw))
-        opt, nr = t[-1], t[16]
-        cok &= _np(pc.ends_with(opt, ":")) & _np(pc.starts_with(nr, "[nranks=")) & _np(pc.ends_with(nr, "]"))
-        opname = pc.utf8_slice_codeunits(opt, 0, -1)
-        cok &= _np(pc.utf8_is_alpha(opname))
-        nums = {}
-        for d, typ, signed in ((7, pa.int64(), False), (9, pa.int32(), False), (11, pa.int32(), False),
-                               (13, pa.int32(), True), (16, pa.int32(), False)):
-            v, good = _ints(pc.utf8_slice_codeunits(nr, 8, -1) if d == 16 else t[d], typ, signed)
-            nums[d] = v
+            cok &= _np(pc.equal(t[d], kw))
+        (opname,), good = _by_value(t[-1], lambda x: (x[:-1],) if x[-1:] == ":" and x[:-1].isalpha() and
+                                    x[:-1].isascii() else None, (pa.string(),))
+        cok &= good
+        small = {}
+        for d, lo in ((9, 0), (11, 0), (13, -(1 << 31)), (16, 0)):
+            tok = tk(pc_ + d)
+            if d == 16:
+                (v,), good = _by_value(tok, lambda x: (_int_or_none(x[8:-1]),) if x.startswith("[nranks=") and
+                                       x[-1:] == "]" and _int_or_none(x[8:-1]) is not None else None,
+                                       (pa.int32(),))
+            else:
+                (v,), good = _by_value(tok, lambda x, lo=lo: None if _int_or_none(x, lo) is None or
+                                       abs(_int_or_none(x, lo) or 0) >= 1 << 31 else (_int_or_none(x, lo),),
+                                       (pa.int32(),))
+            small[d] = v
             cok &= good
+        count, good = _ints(tk(pc_ + 7), pa.int64())
+        cok &= good
+        sendb, recvb = tk(pc_ + 3), tk(pc_ + 5)
         if not cok.all():
             mask = pa.array(cok)
             ci, pc_ = ci[cok], pc_[cok]
             t = {d: v.filter(mask) for d, v in t.items()}
-            nums = {d: v.filter(mask) for d, v in nums.items()}
-            opname = opname.filter(mask)
+            small = {d: v.filter(mask) for d, v in small.items()}
+            opname, count, sendb, recvb = (a.filter(mask) for a in (opname, count, sendb, recvb))
         if len(ci):
             ca = pa.array(ci)
+            stream = tk(pc_ + 18)
             rest = pa.nulls(len(ci), pa.string())
             has_rest = rend[ci] > pc_ + 19
             if has_rest.any():
                 hr = np.flatnonzero(has_rest)
                 rs = (lstart[ci][hr] + char_pos(pc_[hr] + 18, first[ci][hr])
-                      + _np(pc.binary_length(t[18].take(pa.array(hr)))))
+                      + _np(pc.binary_length(stream.take(pa.array(hr)))))
                 rest = pc.replace_with_mask(rest, pa.array(has_rest), _slices(data, rs, lend[ci][hr]))
             res.coll = pa.table({
                 "line": pa.array(line0 + line_idx[ci], pa.int64()),
                 "sub": pa.array(np.zeros(len(ci), np.int32)),
                 "host": pc.dictionary_encode(host_s.take(ca)), "pid": pid_a.take(ca), "tid": tid_a.take(ca),
                 "device": dev.take(ca), "op_raw": pc.dictionary_encode(opname), "opcount": _hex(t[1]),
-                "in_place": pc.equal(t[3], t[5]),
-                "count": nums[7], "dtype_id": nums[9], "redop": nums[11], "root": nums[13],
-                "comm": pc.dictionary_encode(t[15]), "nranks": nums[16],
-                "stream": pc.dictionary_encode(t[18]), "prefix": pc.dictionary_encode(prefix.take(ca)),
+                "in_place": pc.equal(sendb, recvb), "count": count, "dtype_id": small[9],
+                "redop": small[11], "root": small[13], "comm": pc.dictionary_encode(tk(pc_ + 15)),
+                "nranks": small[16], "stream": pc.dictionary_encode(stream),
+                "prefix": pc.dictionary_encode(prefix.take(ca)),
                 "rest": rest, "orphan": pa.array(np.zeros(len(ci), bool)),
             }, schema=_RAW_COLL)
             handled[ci] = True
@@ -585,10 +613,10 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
         left = np.flatnonzero(~handled[oi])
         if len(left):
             li = oi[left]
+            la = pa.array(li)
             res.rest = list(zip(
-                (line0 + line_idx[li]).tolist(), prefix.take(pa.array(li)).to_pylist(),
-                host_s.take(pa.array(li)).to_pylist(), pid_a.take(pa.array(li)).to_pylist(),
-                tid_a.take(pa.array(li)).to_pylist(), dev.take(pa.array(li)).to_pylist(),
+                (line0 + line_idx[li]).tolist(), prefix.take(la).to_pylist(), host_s.take(la).to_pylist(),
+                pid_a.take(la).to_pylist(), tid_a.take(la).to_pylist(), dev.take(la).to_pylist(),
                 bodies.take(pa.array(left)).to_pylist(), (lend[li] - lstart[li] - plen_chars[li]).tolist(),
                 strict=True))
     res.done[line_idx] = True
