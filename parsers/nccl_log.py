@@ -426,11 +426,39 @@ TUNING_RE2 = (
     r"(?:Algo (?P<algo>\S+) proto (?P<proto>\S+)(?: time (?P<time>\S+))?"
     r"(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d{1,9})\.\.(?P<hi>\d{1,9})\})?|Kernel (?P<kernel>\S+))(?P<tail>.*)$")
 
-_RAW_TUNING = pa.schema([
+#: TUNING fields as text (the RE2 and per-line paths) ...
+_TEXT_TUNING = pa.schema([
     ("line", pa.int64()), ("host", pa.string()), ("pid", pa.int64()), ("op", pa.string()),
     ("bytes", pa.string()), ("algo", pa.string()), ("proto", pa.string()), ("time", pa.string()),
     ("lo", pa.string()), ("hi", pa.string()), ("kernel", pa.string()), ("tail", pa.string()),
 ])
+#: ... and typed, as kept per block (raw NCCL names; normalised in :func:`_tuning_frame`)
+_RAW_TUNING = pa.schema([
+    ("line", pa.int64()), ("host", _DICT), ("pid", pa.int64()), ("op", _DICT), ("bytes", pa.int64()),
+    ("algo", _DICT), ("proto", _DICT), ("time", pa.float64()), ("lo", pa.int32()), ("hi", pa.int32()),
+    ("kernel", _DICT), ("tail", pa.string()),
+])
+
+
+def _typed_tuning(t: pa.Table) -> pa.Table:
+    """A ``_TEXT_TUNING`` table as ``_RAW_TUNING`` ("" from RE2's non-participating groups -> null)."""
+    cols = {}
+    for f in _RAW_TUNING:
+        c = t.column(f.name)
+        if pa.types.is_string(c.type):
+            if f.name != "host":  # an empty host is a host
+                c = pc.if_else(pc.equal(c, ""), pa.scalar(None, pa.string()), c)
+            if f.type == _DICT:
+                c = pc.dictionary_encode(c)
+            elif f.type != pa.string():
+                c = pc.cast(c, f.type, safe=False) if f.name != "time" else _floats(c)
+        cols[f.name] = c
+    return pa.table(cols, schema=_RAW_TUNING)
+
+
+def _floats(arr: pa.ChunkedArray) -> pa.Array:
+    """Text to float64, null where it is not a number."""
+    return pl.from_arrow(arr).cast(pl.Float64, strict=False).to_arrow()
 
 
 #: one token ``[launcher]:host:pid:tid``: the host starts after the last ``:``, ``[`` or ``]`` before it
@@ -453,6 +481,14 @@ def _int_or_none(tok: str, lo: int = 0) -> int | None:
         return None
     v = int(tok)
     return v if v >= lo else None
+
+
+_CHANNELS = re.compile(r"^channel\{Lo\.\.Hi\}=\{(\d{1,9})\.\.(\d{1,9})\}$")
+
+
+def _channel_range(tok: str) -> tuple[int, int] | None:
+    m = _CHANNELS.match(tok)
+    return (int(m[1]), int(m[2])) if m else None
 
 
 def _by_value(arr: pa.Array, fn: Any, types: tuple[pa.DataType, ...]) -> tuple[list[pa.Array], np.ndarray]:
@@ -590,7 +626,41 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
             }, schema=_RAW_COLL)
             handled[ci] = True
 
-    # everything else: the body after "NCCL INFO "
+    # TUNING, 2.24+: "<Op>: <bytes> Bytes -> Algo <algo> proto <proto> [channel{Lo..Hi}={lo..hi}]"
+    tuning: list[pa.Table] = []
+    oi = np.flatnonzero(~handled)
+    ti = oi[(rend[oi] == q[oi] + 10) | (rend[oi] == q[oi] + 11)]
+    if len(ti):
+        qt = q[ti]
+        tok = {d: tk(qt + d) for d in (2, 3, 4, 5, 6, 7, 8, 9)}
+        tm = (_np(pc.equal(tok[4], "Bytes")) & _np(pc.equal(tok[5], "->")) & _np(pc.equal(tok[6], "Algo"))
+              & _np(pc.equal(tok[8], "proto")))
+        (top,), good = _by_value(tok[2], lambda x: (x[:-1],) if x[-1:] == ":" and x[:-1].isascii()
+                                 and x[:-1].isalpha() else None, (pa.string(),))
+        tm &= good
+        nbytes, good = _ints(tok[3], pa.int64())
+        tm &= good
+        has_ch = rend[ti] == qt + 11
+        lo = hi = pa.nulls(len(ti), pa.int32())
+        if has_ch.any():
+            (lo, hi), good = _by_value(tk(np.where(has_ch, qt + 10, qt + 9)), _channel_range,
+                                       (pa.int32(), pa.int32()))
+            tm &= good | ~has_ch
+        if tm.any():
+            mk = pa.array(tm)
+            src = pa.array(ti[tm])
+            tuning.append(pa.table({
+                "line": pa.array(line0 + line_idx[ti[tm]], pa.int64()),
+                "host": pc.dictionary_encode(host_s.take(src)), "pid": pid_a.take(src),
+                "op": pc.dictionary_encode(top.filter(mk)), "bytes": nbytes.filter(mk),
+                "algo": pc.dictionary_encode(tok[7].filter(mk)),
+                "proto": pc.dictionary_encode(tok[9].filter(mk)),
+                "time": pa.nulls(int(tm.sum()), pa.float64()), "lo": lo.filter(mk), "hi": hi.filter(mk),
+                "kernel": pa.nulls(int(tm.sum()), _DICT), "tail": pa.nulls(int(tm.sum()), pa.string()),
+            }, schema=_RAW_TUNING))
+            handled[ti[tm]] = True
+
+    # everything else: the body after "NCCL INFO " (other TUNING shapes through RE2)
     oi = np.flatnonzero(~handled)
     if len(oi):
         bodies = _slices(data, body_start[oi], lend[oi])
@@ -603,12 +673,12 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
                 tv = ti[valid]
                 good = ext.filter(pa.array(valid))
                 src = pa.array(oi[tv])
-                res.tuning = pa.table({
+                tuning.append(_typed_tuning(pa.table({
                     "line": pa.array(line0 + line_idx[oi[tv]], pa.int64()),
                     "host": host_s.take(src), "pid": pid_a.take(src),
                     **{k: good.field(k) for k in ("op", "bytes", "algo", "proto", "time", "lo", "hi",
                                                    "kernel", "tail")},
-                }, schema=_RAW_TUNING)
+                }, schema=_TEXT_TUNING)))
                 handled[oi[tv]] = True
         left = np.flatnonzero(~handled[oi])
         if len(left):
@@ -619,6 +689,8 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
                 pid_a.take(la).to_pylist(), tid_a.take(la).to_pylist(), dev.take(la).to_pylist(),
                 bodies.take(pa.array(left)).to_pylist(), (lend[li] - lstart[li] - plen_chars[li]).tolist(),
                 strict=True))
+    if tuning:
+        res.tuning = pa.concat_tables(tuning).unify_dictionaries().combine_chunks()
     res.done[line_idx] = True
     return res
 
@@ -1702,27 +1774,23 @@ def _tuning_frame(st: _Parser) -> pl.DataFrame:
     ``cs`` when it prints count * element size (2.24+)."""
     parts = [pl.from_arrow(t) for t in st.tuning_tables]
     if st.slow_tuning:
-        parts.append(pl.from_arrow(pa.Table.from_pylist(st.slow_tuning, schema=_RAW_TUNING)))
+        parts.append(pl.from_arrow(_typed_tuning(pa.Table.from_pylist(st.slow_tuning, schema=_TEXT_TUNING))))
     if not parts:
         return pl.DataFrame(schema=_RAW_TUNING_PL)
-    raw = pl.concat(parts, how="vertical_relaxed").sort("line")
-    # Arrow's extract_regex gives "" for groups that did not take part in the match
-    texts = ["op", "bytes", "algo", "proto", "time", "lo", "hi", "kernel", "tail"]
-    raw = raw.with_columns(pl.when(pl.col(c) == "").then(None).otherwise(pl.col(c)).alias(c) for c in texts)
+    raw = pl.concat(parts, how="vertical_relaxed").sort("line").with_columns(
+        pl.col(c).cast(pl.String) for c in ("host", "op", "algo", "proto", "kernel"))
     algo_map = {**{str(i): a for i, a in enumerate(ALGOS)}, **_ALGO_NAMES}
     proto_map = {**{str(i): p for i, p in enumerate(PROTOS)}, **_PROTO_NAMES}
     op_map = pl.DataFrame({"op": list(OPS), "_op": list(OPS.values())})
     df = raw.join(op_map, on="op", how="left", maintain_order="left").with_columns(
         pl.coalesce("_op", pl.col("op").str.to_lowercase()).alias("op"),
-        pl.col("bytes").cast(pl.Int64, strict=False),
+        pl.col("bytes").cast(pl.Int64),
         pl.when(pl.col("kernel").is_not_null()).then(pl.lit("SYMMETRIC")).otherwise(
             pl.col("algo").str.to_lowercase().str.replace_all("_", "").replace_strict(
                 algo_map, default=pl.col("algo").str.to_uppercase())).alias("algorithm"),
         pl.col("proto").str.to_lowercase().replace_strict(
             proto_map, default=pl.col("proto").str.to_uppercase()).alias("protocol"),
-        pl.col("lo").cast(pl.Int32, strict=False).alias("channel_lo"),
-        pl.col("hi").cast(pl.Int32, strict=False).alias("channel_hi"),
-        pl.col("time").cast(pl.Float64, strict=False).alias("time_us"),
+        pl.col("lo").alias("channel_lo"), pl.col("hi").alias("channel_hi"), pl.col("time").alias("time_us"),
         pl.when(pl.col("algo").str.contains(r"^\d+$")).then(pl.lit("S")).otherwise(pl.lit("cs"))
         .alias("size_kind"),
     ).drop("_op")
