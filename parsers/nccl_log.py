@@ -104,12 +104,16 @@ also ``rank host pid device``. Counters: ``lines blank_lines nccl_lines ignored_
 of no interest) ``unparsed_lines warn_lines cut_lines orphan_lines widowed_prefixes ray_repeats
 continuation_lines unwind_lines`` (``file.cc:123 -> 6`` error-return lines).
 
-How: the input streams through :func:`parsers.source.iter_blocks` (gzip too) in blocks of whole lines.
-COLL lines -- the bulk of a big log -- never reach Python one by one: each block is cut into lines by
-numpy, the candidates are split into space-separated tokens by Arrow, and every field is taken by
-position relative to the ``opCount`` token and validated by vectorised kernels. Only lines that fail
-that check (other messages, interleaved or damaged lines) go through the per-line Python path with the
-FORMATS.md regexes. Nothing raises on bad lines: they are counted and summarised in one diagnostic.
+How: the input streams through :func:`parsers.source.iter_blocks` (gzip too) in 4 MiB blocks of whole
+lines; memory holds one block's work plus the output rows. COLL and (2.24+) TUNING lines -- the bulk
+of a big log -- never reach Python one by one: numpy cuts the block into lines, Arrow splits them into
+space-separated tokens, the anchor is the tokens before ``NCCL INFO``, every field is taken by its
+position after it and checked by vectorised kernels, and repetitive tokens (anchors, ``[dev]``, op
+names, datatypes, ``[nranks=N]``) are parsed once per distinct value. Other TUNING shapes go through
+one RE2 call per block. Only the rest (Init, transport and other messages, interleaved or damaged
+lines) goes through the per-line Python path with the FORMATS.md regexes. Cross-line resolution
+(communicator instances, ranks, seq, tuning, peers) runs once at the end on integer keys in polars.
+Nothing raises on bad lines: they are counted and summarised in one diagnostic.
 """
 
 from __future__ import annotations
