@@ -25,9 +25,12 @@ class Format:
 
 def formats() -> list[Format]:
     """The registered formats, most specific sniffer first."""
-    from . import kineto
+    from . import kineto, nccl_log
 
-    found = [Format("kineto", kineto.sniff, kineto.parse, kineto.PARSER_VERSION)]
+    found = [
+        Format("kineto", kineto.sniff, kineto.parse, kineto.PARSER_VERSION),
+        Format("nccl-log", nccl_log.sniff, nccl_log.parse, nccl_log.PARSER_VERSION),
+    ]
     return found
 
 
