@@ -9,15 +9,15 @@ import random
 from collections import Counter
 from pathlib import Path
 
-import nccl_logs as NL
 import polars as pl
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tracekit.parsers import nccl_log
 
+from tests import nccl_logs as NL
 from tracekit.diagnostics import TraceError
+from tracekit.parsers import nccl_log
 from tracekit.schema import COLLECTIVES, TOPOLOGY
 
 COLS = ("rank", "pg", "seq", "op", "dtype", "count", "bytes", "nranks", "peer", "algorithm", "protocol")
