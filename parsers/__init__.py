@@ -25,9 +25,12 @@ class Format:
 
 def formats() -> list[Format]:
     """The registered formats, most specific sniffer first."""
-    from . import kineto
+    from . import horovod, kineto
 
-    found = [Format("kineto", kineto.sniff, kineto.parse, kineto.PARSER_VERSION)]
+    found = [
+        Format("horovod", horovod.sniff, horovod.parse, horovod.PARSER_VERSION),
+        Format("kineto", kineto.sniff, kineto.parse, kineto.PARSER_VERSION),
+    ]
     return found
 
 

@@ -1,0 +1,1328 @@
+"""Horovod timeline parser (FORMATS.md section 3, damage in 5.3).
+
+A Horovod timeline is one JSON array written by the coordinator (rank 0) only. Its "processes" are
+*tensors*: ``pid`` N is the N-th tensor name seen, named by a ``process_name`` metadata record. Per
+tensor the writer emits ``B NEGOTIATE_<OP>`` -> rank ticks (``X`` named by the rank) -> ``E`` ->
+``B <OP>`` -> (``B`` activity -> ``E``)* -> ``E`` carrying ``dtype``/``shape``. ``E`` records have no
+name; records are not in time order across tensors. Both writer eras are read:
+
+* Horovod <= 0.20.0: ``[`` then one record per line ending ``},``, never closed; ``ts`` is relative to
+  an unknown origin (timeline init or boot)  ->  ``meta["clock"] = "relative_unknown"``.
+* Horovod >= 0.20.1: a header record ``{"name": "process_name", "ph": "M", "pid": 0, "args":
+  {"start_time_since_epoch_in_micros": T0}}``; events concatenated on one line; valid JSON after every
+  record  ->  absolute time = T0 + ``ts``, ``meta["clock"] = "epoch"``.
+
+How it works, and why (a timeline can be several GB):
+
+1. Bytes come from :func:`parsers.source.iter_blocks` (gzip sniffed by magic). A block filter repairs
+   tensor names that Horovod wrote without JSON escaping (a ``"`` or ``\\`` in a user-given name would
+   otherwise derail every later record): the name is the text between ``"args": {"name": "`` and the
+   next ``"}}`` (FORMATS.md 5.3), re-escaped only when it is not already valid JSON string content.
+2. :func:`parsers.json_stream.stream_array` splits the array into ~8 MB batches of complete records
+   (tolerating a missing ``]``, a trailing ``,`` and a record cut anywhere).
+3. Each batch is decoded by a typed msgspec decoder into structs and turned into numpy columns
+   (phase code, name code, ``ts`` in ns, pid, file order). A batch that does not fit the fast types
+   (float ``ts``, string pid, ``null`` name: third-party rewrites) goes through a lenient decoder; an
+   element that is not JSON at all is skipped and reported with its byte offset.
+4. B/E pairing is vectorised per batch: records (plus the still-open ``B`` s carried from earlier
+   batches) are stably sorted by pid, keeping file order; the stack depth is a per-pid cumulative sum
+   of +1 (B) / -1 (E) reflected at 0 (an ``E`` at depth 0 has no ``B``: counted, dropped); a matched
+   ``E`` pairs with the previous ``B`` at the same (pid, depth). ``B`` s left open are the only state
+   carried to the next batch (per pid, a stack of at most a few records), so memory is bounded by the
+   output, not the input. ``B`` s still open at the end are closed at the last event ``ts`` of the
+   file and flagged ``truncated``.
+5. Op instances: a level-0 ``NEGOTIATE_*`` starts a new instance of its tensor; the top-level op that
+   follows it joins that instance; a top-level op not preceded by a negotiation (a rewrite that lost
+   it) starts its own. Ticks belong to the instance whose ``NEGOTIATE_*`` encloses them.
+6. Everything else (bytes, collectives, negotiation summary, fusion groups, iterations) is vectorised
+   over the paired events at the end.
+
+Output (``ParsedFile``, format ``"horovod"``)
+---------------------------------------------
+
+Times are int64 ns: ``(T0 + ts) * 1000`` with the >= 0.20.1 header, else ``ts * 1000`` on an unknown
+origin (``meta["clock"]``). Ranks: only rank 0 writes, so every row has ``rank`` 0, and rows are
+(job, tensor) rather than (rank, stream).
+
+``events`` (tracekit.schema.EVENTS), one row per B/E pair, sorted by ``start_ns``:
+
+* ``rank`` 0; ``lane`` ``horovod/<tensor name>`` (``horovod/pid <N>`` when the name record is
+  missing); ``name`` the phase name verbatim; ``cat`` ``horovod``; ``pid`` Horovod's pid (= tensor
+  index, restarting at 1 in each file); ``start_ns``/``dur_ns`` from the B and E ``ts``.
+* ``kind``: ``comm`` for transfer phases ``NCCL_*``, ``MPI_*``, ``GLOO_*``, ``CCL_*``; ``wait`` for
+  ``NEGOTIATE_*`` (rank 0 waiting for *other ranks* to submit the tensor: straggler skew, not network
+  time) **and** for ``WAIT_FOR_DATA``/``WAIT_FOR_OTHER_TENSOR_DATA`` (waiting for the *framework's
+  producer* on this rank, i.e. unfinished compute; tell them apart by ``name``); ``queue`` for
+  ``QUEUE`` (behind earlier work on the communication stream); ``memory`` for ``MEMCPY_*`` and
+  ``COPY_ALLGATHER_OUTPUT``; ``annotation`` for the top-level op (``ALLREDUCE`` ...), ``INIT_*``,
+  ``ALLOCATE_*`` and any phase this parser does not know.
+* ``bytes`` on the top-level op and on ``comm`` rows: product(shape) x size(dtype) from the top-level
+  ``E`` args of that instance (the tensor Horovod logs is the op's *output*: for allgather the gathered
+  result, for reduce-scatter this rank's shard). Null when dtype is ``<unknown>`` (e.g. bfloat16),
+  missing (the op failed) or the instance never ended.
+* ``iteration`` from ``horovod_iterations`` (null before the first iteration); ``collective_id`` the
+  ``collectives`` row of the event's op instance (null for a negotiation that never got an op, and for
+  ``ERROR`` responses). ``tid``, ``device``, ``stream``, ``correlation``, ``external_id``: null.
+
+**Fused tensors:** every tensor of a fused response repeats the same activities, a few µs apart. Their
+intervals describe *one* transfer: downstream must **union** them (e.g. per ``fusion_group``), never sum.
+
+``collectives`` (tracekit.schema.COLLECTIVES), one row per tensor per top-level op instance (not for
+``ERROR`` responses): ``rank`` 0; ``pg`` ``horovod``; ``seq`` the tensor's repetition index (0, 1, ...;
+so the key is (``lane``, ``seq``), not ``seq`` alone); ``op`` one of allreduce, allgather, broadcast,
+reduce_scatter, all_to_all, adasum, join, barrier; ``dtype`` Horovod's name; ``count`` product(shape)
+of the logged output; ``bytes`` S of the nccl-tests convention: the output bytes, except reduce_scatter
+= ``nranks`` x output bytes (approximate when the split is uneven; null without ``nranks``);
+``nranks`` the world size seen in negotiation ticks (``meta["world_size"]``, null without ticks);
+``start_ns``/``end_ns`` the union extent of the instance's transfer (``comm``) phases, null when it has
+none (join, barrier, a cut file); ``lane``; ``source`` ``horovod``.
+
+``tables["horovod_ticks"]``, one row per rank tick: ``instance`` (row of ``horovod_instances``, null
+for a tick outside any ``NEGOTIATE_*``, e.g. its ``B`` was cut away), ``tensor``, ``pid``, ``seq``,
+``rank``, ``ts_ns``, ``dur_ignored`` (the record carried a non-zero ``dur``; Horovod writes 0, some
+rewrites put bogus values there; it is never used).
+
+``tables["horovod_instances"]``, one row per op instance of a tensor (the per-instance negotiation
+summary): ``instance``, ``pid``, ``tensor``, ``lane``, ``seq``, ``phase`` (raw top-level name) and ``op``
+(normalised; null if the instance never got past negotiation), ``collective_id``,
+``negotiate_start_ns``/``negotiate_end_ns``, ``ticks``, ``first_tick_ns``/``last_tick_ns``,
+``straggler_rank`` (the rank that ticked last = the rank everybody waited for on this tensor; null with
+fewer than two ticks), ``negotiation_wait_ns`` = last tick - first tick (how long the earliest rank
+waited for the straggler, as rank 0 saw it), ``op_start_ns``/``op_end_ns``,
+``transfer_start_ns``/``transfer_end_ns`` (extent of the comm phases), ``transfer_ns`` (their union),
+``dtype``, ``shape``, ``count``, ``bytes`` (output bytes), ``fusion_group``/``fusion_size`` (see
+below), ``iteration``, ``truncated`` (an event of the instance was closed by the parser).
+
+``fusion_group``: instances whose transfer intervals overlap or lie within ``FUSION_TOL_NS`` (2 µs) of
+each other are grouped (connected components in time order). Normally that is exactly one fused
+response; back-to-back responses may chain into one group, which is harmless for a union.
+
+``tables["horovod_iterations"]`` (tracekit.schema.ITERATIONS): iterations from **tensor repetition**:
+the tensors seen most often (N instances) are the every-iteration gradients; iteration k starts at the
+earliest start of their k-th instance and ends where k+1 starts (the last one at the last event end).
+With no repeated tensor the whole trace is one iteration (``method`` ``whole-trace``).
+``CYCLE_START`` markers are *not* used for iterations: they mark Horovod's background-loop cycles
+(every ``HOROVOD_CYCLE_TIME`` ms, many per training step); they are kept in
+``tables["horovod_cycles"]`` (``cycle``, ``start_ns``, ``end_ns`` = next cycle or the last event).
+``meta["iteration_method"]`` says which method made the table; ``meta["cycles"]`` counts the markers.
+
+``tables["horovod_flags"]``: ``row`` (row of ``events``) and ``flag``; ``truncated`` = a ``B`` never
+closed, ended by the parser at the last event ``ts`` of the file.
+
+Damage: a cut file keeps every complete record and reports the bytes lost (``bytes_lost`` and a
+Diagnostic with the offset); ``E``/``X`` without ``B``, unknown phases, bogus tick durations, unparsable
+records and repaired names are counted in ``meta`` and reported as Diagnostics. An empty file, a file
+holding only ``[`` (a <= 0.20.0 timeline that never got a record) and input that is not a JSON array
+raise :class:`TraceError` naming the file: there is nothing to analyse, and silence would hide it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from tracekit.diagnostics import Diagnostic, TraceError
+from tracekit.schema import COLLECTIVES, DICT_STR, EVENTS, ITERATIONS, ParsedFile
+
+from .json_stream import Batch, End, Member, stream_array
+from .source import iter_blocks
+
+PARSER_VERSION = "1"
+FORMAT = "horovod"
+#: transfer intervals closer than this belong to one fusion group
+FUSION_TOL_NS = 2_000
+#: input block and record batch sizes (module attributes so tests can make them tiny)
+_BLOCK_BYTES = 16 << 20
+_BATCH_BYTES = 8 << 20
+
+# ---------------------------------------------------------------------------------------------------
+# Phase vocabulary
+
+_OPS = {
+    "ALLREDUCE": "allreduce",
+    "ALLGATHER": "allgather",
+    "BROADCAST": "broadcast",
+    "REDUCESCATTER": "reduce_scatter",
+    "ALLTOALL": "all_to_all",
+    "ADASUM": "adasum",
+    "JOIN": "join",
+    "BARRIER": "barrier",
+}
+_TRANSFER_PREFIXES = ("NCCL_", "MPI_", "GLOO_", "CCL_")
+_DTYPE_SIZE = {
+    "uint8": 1, "int8": 1, "bool": 1, "uint16": 2, "int16": 2, "float16": 2, "bfloat16": 2,
+    "int32": 4, "float32": 4, "int64": 8, "float64": 8,
+}
+
+
+def phase_kind(name: str) -> str:
+    """The event kind (tracekit.schema.KINDS) of a Horovod phase name."""
+    if name.startswith(_TRANSFER_PREFIXES):
+        return "comm"
+    if name.startswith("NEGOTIATE_") or name.startswith("WAIT_FOR_"):
+        return "wait"
+    if name == "QUEUE":
+        return "queue"
+    if name.startswith("MEMCPY_") or name == "COPY_ALLGATHER_OUTPUT":
+        return "memory"
+    return "annotation"
+
+
+def _shape_count(shape: str | None) -> int | None:
+    """Elements of a Horovod ``TensorShape::DebugString`` (``"[1024, 4096]"``; ``"[]"`` is a scalar)."""
+    if shape is None:
+        return None
+    s = shape.strip()
+    if not (s.startswith("[") and s.endswith("]")):
+        return None
+    body = s[1:-1].strip()
+    n = 1
+    if not body:
+        return n
+    for part in body.split(","):
+        part = part.strip()
+        if not part.lstrip("-").isdigit():
+            return None
+        n *= int(part)
+    return n if n >= 0 else None
+
+
+def sniff(head: bytes) -> bool:
+    """True when ``head`` (the first 64 KiB, decompressed) looks like a Horovod timeline.
+
+    A JSON array without Kineto's markers (``traceEvents``, ``"cat"``, ``"tid"``: Horovod writes
+    neither) holding Horovod records: ``NEGOTIATE_*`` phases, ``CYCLE_START``, the >= 0.20.1 epoch
+    header, or tensor ``process_name`` rows. A head that is only ``[`` is claimed as well: that is
+    what Horovod <= 0.20.0 leaves when no record was written, and :func:`parse` then says so.
+    """
+    s = head.lstrip()
+    if not s.startswith(b"["):
+        return False
+    if not s[1:].strip():
+        return True
+    if b'"traceEvents"' in head or b'"cat"' in head or b'"tid"' in head:
+        return False
+    if b'"ph"' not in head:
+        return False
+    if b'"NEGOTIATE_' in head or b'"CYCLE_START"' in head or b'"start_time_since_epoch_in_micros"' in head:
+        return True
+    return b'"process_name"' in head and b'"process_sort_index"' in head
+
+
+# ---------------------------------------------------------------------------------------------------
+# Name repair (unescaped tensor names)
+
+_NAME_OPEN = re.compile(rb'"args"\s*:\s*\{\s*"name"\s*:\s*"')
+_NAME_CLOSE = re.compile(rb'"\s*\}\s*\}')
+#: a name without anything to escape, closed by '"}}' as Horovod closes it
+_CLEAN_NAME = re.compile(rb'[^"\\\x00-\x1f]*"\s*\}\s*\}')
+#: a properly escaped JSON string body, closed by '"' + '}'
+_JSON_NAME = re.compile(rb'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"\s*\}')
+#: the phase of an event record (B/E/X/i): Horovod's writer puts it first, right after the "{"
+_EVENT_PH = re.compile(rb'"ph"\s*:\s*"[BEXi]"')
+_HOLD = 256  # bytes held back at a block end (an opener may straddle blocks)
+_MAX_NAME = 1 << 20
+
+
+def _escape_raw(name: bytes) -> bytes:
+    """JSON-escape raw name bytes (quotes, backslashes, control bytes); UTF-8 passes through."""
+    out = name.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+    return re.sub(rb"[\x00-\x1f]", lambda m: b"\\u%04x" % m.group()[0], out)
+
+
+class _NameRepair:
+    """A block filter re-escaping tensor names Horovod wrote raw, with an offset map back to the input.
+
+    Horovod writes ``"args": {"name": "<tensor>"}}`` without escaping. The name runs to the next
+    ``"}}``. Whether names are raw is decided once, from the first event record: Horovod's writer puts
+    ``"ph"`` first (``{"ph": "B", ...``), so then every name is taken verbatim and a quote, backslash or
+    control byte in it is escaped (``a\\b`` stays two characters, not a backspace). Third-party
+    rewrites (keys reordered by a JSON library) escape properly, so there a name is only repaired when
+    it is not valid JSON string content. Only ``process_name`` records match the opener, so the cost is
+    one regex scan per block plus one check per tensor.
+    """
+
+    def __init__(self, blocks: Iterable[tuple[int, bytes]]) -> None:
+        self._blocks = blocks
+        self.repaired = 0
+        self.raw_names: bool | None = None  # None until the first event record is seen
+        self.total_in = 0  # input bytes consumed so far
+        self.stream_error: TraceError | None = None
+        self._shift_at: list[int] = []  # output offsets where a repair ended
+        self._shift: list[int] = []  # cumulative bytes added up to there
+
+    def to_input(self, out_offset: int) -> int:
+        """Map an offset in the repaired stream back to the input stream."""
+        if not self._shift_at:
+            return out_offset
+        i = int(np.searchsorted(np.asarray(self._shift_at), out_offset, side="right")) - 1
+        return out_offset - (self._shift[i] if i >= 0 else 0)
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        carry = b""
+        out_off = 0
+        added = 0
+        try:
+            for _, block in self._blocks:
+                self.total_in += len(block)
+                buf = carry + block if carry else block
+                done, carry, added = self._fix(buf, False, out_off, added)
+                if done:
+                    yield out_off, done
+                    out_off += len(done)
+        except TraceError as exc:  # corrupt/truncated gzip: keep what inflated
+            self.stream_error = exc
+        if carry:
+            done, _, added = self._fix(carry, True, out_off, added)
+            if done:
+                yield out_off, done
+
+    def _fix(self, buf: bytes, final: bool, out_off: int, added: int) -> tuple[bytes, bytes, int]:
+        """Repair names in ``buf``; return (bytes to emit, bytes to hold back, added so far)."""
+        if self.raw_names is None:
+            m = _EVENT_PH.search(buf)
+            if m is not None:
+                self.raw_names = not buf[buf.rfind(b"{", 0, m.start()) + 1 : m.start()].strip()
+            elif final or len(buf) > _MAX_NAME:
+                self.raw_names = True
+        limit = len(buf) if final else max(0, len(buf) - _HOLD)
+        parts: list[bytes] = []
+        pos = 0
+        raw = self.raw_names if self.raw_names is not None else True
+        for m in _NAME_OPEN.finditer(buf):
+            start = m.end()
+            if start > limit and not final:
+                break
+            clean = _CLEAN_NAME.match(buf, start)
+            if clean is not None:
+                continue  # the usual case: no quote, backslash or control byte before '"}}'
+            if not raw:
+                esc = _JSON_NAME.match(buf, start)
+                if esc is not None:
+                    continue  # properly escaped by a rewriter
+            # Horovod's M records end their line: the name runs to the last '"}}' before the newline
+            eol = buf.find(b"\n", start, start + _MAX_NAME)
+            if eol < 0:
+                if not final and len(buf) - start < _MAX_NAME:
+                    limit = min(limit, m.start())  # wait for the rest of this line
+                    break
+                eol = min(len(buf), start + _MAX_NAME)
+            closes = list(_NAME_CLOSE.finditer(buf, start, eol))
+            close = closes[-1] if closes else None
+            if close is None:
+                continue  # a cut record or no terminator: left to the JSON splitter
+            body = buf[start : close.start()]
+            fixed = _escape_raw(body)
+            parts.append(buf[pos:start])
+            parts.append(fixed)
+            pos = close.start()
+            added += len(fixed) - len(body)
+            self.repaired += 1
+            emitted = sum(len(p) for p in parts)
+            self._shift_at.append(out_off + emitted)
+            self._shift.append(added)
+        limit = max(limit, pos)
+        parts.append(buf[pos:limit])
+        return b"".join(parts), buf[limit:], added
+
+
+# ---------------------------------------------------------------------------------------------------
+# Record decoding
+
+_NO_TS = -(1 << 63)
+_NO_PID = -(1 << 63)
+_MAX_TS_US = (1 << 63) // 1000 - 1
+
+PH_B, PH_E, PH_X, PH_I, PH_M, PH_OTHER = 0, 1, 2, 3, 4, 5
+_PH_CODES = {"B": PH_B, "E": PH_E, "X": PH_X, "i": PH_I, "I": PH_I, "M": PH_M}
+
+
+class _Args(msgspec.Struct, gc=False):
+    name: str | None = None
+    dtype: str | None = None
+    shape: str | None = None
+    start_time_since_epoch_in_micros: int | None = None
+
+
+class _Rec(msgspec.Struct, gc=False):
+    """The fields of a Horovod record this parser uses (unknown keys are ignored)."""
+
+    ph: str = ""
+    name: str = ""
+    ts: int = _NO_TS
+    pid: int = _NO_PID
+    dur: int = 0
+    args: _Args | None = None
+
+
+class _LooseRec(msgspec.Struct, gc=False):
+    ph: Any = None
+    name: Any = None
+    ts: Any = None
+    pid: Any = None
+    dur: Any = None
+    args: Any = None
+
+
+_FAST = msgspec.json.Decoder(list[_Rec])
+_LOOSE = msgspec.json.Decoder(list[_LooseRec])
+_LOOSE_ONE = msgspec.json.Decoder(_LooseRec)
+
+
+def _loose_int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and np.isfinite(v):
+        return round(v)
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            try:
+                f = float(v)
+            except ValueError:
+                return None
+            return round(f) if np.isfinite(f) else None
+    return None
+
+
+def _loose_ts_ns(v: Any) -> int:
+    """``ts`` in µs (int, float or numeric string) to ns; ``_NO_TS`` when unusable."""
+    if isinstance(v, bool) or v is None:
+        return _NO_TS
+    if isinstance(v, int):
+        return v * 1000 if abs(v) <= _MAX_TS_US else _NO_TS
+    if isinstance(v, str):
+        try:
+            v = float(v) if any(c in v for c in ".eE") else int(v)
+        except ValueError:
+            return _NO_TS
+        return _loose_ts_ns(v)
+    if isinstance(v, float) and np.isfinite(v) and abs(v) <= _MAX_TS_US:
+        return round(v * 1000)
+    return _NO_TS
+
+
+def _loose_args(v: Any) -> _Args | None:
+    if not isinstance(v, dict):
+        return None
+
+    def s(key: str) -> str | None:
+        x = v.get(key)
+        return None if x is None else str(x)
+
+    start = _loose_int(v.get("start_time_since_epoch_in_micros"))
+    return _Args(name=s("name"), dtype=s("dtype"), shape=s("shape"), start_time_since_epoch_in_micros=start)
+
+
+@dataclass
+class _Columns:
+    """One batch of records as columns (``ts`` already in ns; ``_NO_TS``/``_NO_PID`` when absent)."""
+
+    ph: np.ndarray
+    name: np.ndarray
+    ts: np.ndarray
+    pid: np.ndarray
+    dur_nonzero: np.ndarray
+    args: dict[int, _Args]  # position -> args, for the few records that have them
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parser state
+
+
+@dataclass
+class _Events:
+    """Paired events accumulated over batches (column lists, concatenated at the end)."""
+
+    pid: list[np.ndarray] = field(default_factory=list)
+    name: list[np.ndarray] = field(default_factory=list)
+    level: list[np.ndarray] = field(default_factory=list)
+    start: list[np.ndarray] = field(default_factory=list)
+    end: list[np.ndarray] = field(default_factory=list)
+    inst: list[np.ndarray] = field(default_factory=list)
+    argref: list[np.ndarray] = field(default_factory=list)
+    truncated: list[np.ndarray] = field(default_factory=list)
+
+
+@dataclass
+class _Ticks:
+    pid: list[np.ndarray] = field(default_factory=list)
+    inst: list[np.ndarray] = field(default_factory=list)
+    name: list[np.ndarray] = field(default_factory=list)
+    ts: list[np.ndarray] = field(default_factory=list)
+    order: list[np.ndarray] = field(default_factory=list)
+    dur: list[np.ndarray] = field(default_factory=list)
+
+
+def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+
+
+def _grow(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
+    if a.size >= n:
+        return a
+    out = np.full(max(n, 2 * a.size), fill, dtype=a.dtype)
+    out[: a.size] = a
+    return out
+
+
+def _group_starts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For sorted ``keys``: the index of each row's group start, and the starts themselves."""
+    n = keys.size
+    is_start = np.ones(n, dtype=bool)
+    if n:
+        is_start[1:] = keys[1:] != keys[:-1]
+    starts = np.flatnonzero(is_start)
+    gidx = np.cumsum(is_start) - 1
+    return starts[gidx] if n else np.empty(0, np.int64), starts
+
+
+def _ffill_index(valid: np.ndarray, group_start: np.ndarray) -> np.ndarray:
+    """Index of the last ``valid`` row at or before each row within its group, or -1."""
+    idx = np.where(valid, np.arange(valid.size), -1)
+    idx = np.maximum.accumulate(idx) if idx.size else idx
+    return np.where(idx >= group_start, idx, -1)
+
+
+class _Parser:
+    """Streaming state: dictionaries, per-pid state, open ``B`` stacks and the accumulated output."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.names: dict[str, int] = {}
+        self.pids: dict[int, int] = {}  # Horovod pid -> dense code
+        self.tensor: dict[int, str] = {}  # Horovod pid -> tensor name
+        self.dtypes: dict[str | None, int] = {}
+        self.shapes: dict[str | None, int] = {}
+        self.arg_dtype: list[int] = []
+        self.arg_shape: list[int] = []
+        self.epoch_us: int | None = None
+        self.order_base = 0
+        self.records = 0
+        self.cycles: list[np.ndarray] = []
+        self.max_ts = _NO_TS
+        self.diagnostics: list[Diagnostic] = []
+        self.counts: dict[str, int] = {
+            "e_without_b": 0, "x_without_b": 0, "no_pid": 0, "no_ts": 0, "unknown_ph": 0,
+            "unknown_instants": 0, "skipped_records": 0, "bogus_dur": 0, "pair_anomalies": 0,
+            "name_conflicts": 0, "header_conflicts": 0,
+        }
+        # per-pid state (indexed by pid code)
+        self.last0_neg = np.zeros(16, dtype=bool)
+        self.cur_inst = np.full(16, -1, dtype=np.int64)
+        self.seq_next = np.zeros(16, dtype=np.int64)
+        # instances
+        self.inst_pid: list[np.ndarray] = []
+        self.inst_seq: list[np.ndarray] = []
+        self.n_inst = 0
+        # open B records carried between batches, in (pid, file order) order
+        self.carry = {
+            "pid": np.empty(0, np.int64), "order": np.empty(0, np.int64), "ts": np.empty(0, np.int64),
+            "name": np.empty(0, np.int32), "inst": np.empty(0, np.int64),
+        }
+        self.ev = _Events()
+        self.ticks = _Ticks()
+
+    # -- names ----------------------------------------------------------------------------------------
+
+    def name_code(self, s: str) -> int:
+        return self.names.setdefault(s, len(self.names))
+
+    def _name_table(self) -> list[str]:
+        out = [""] * len(self.names)
+        for k, v in self.names.items():
+            out[v] = k
+        return out
+
+    def _name_masks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per name code: is a NEGOTIATE_* phase; is a level-0 op (top-level) name."""
+        table = self._name_table()
+        neg = np.fromiter((t.startswith("NEGOTIATE_") for t in table), dtype=bool, count=len(table))
+        return neg, ~neg
+
+    # -- decoding -------------------------------------------------------------------------------------
+
+    def decode(self, batch: Batch, to_input: Any) -> _Columns | None:
+        try:
+            recs = _FAST.decode(batch.data)
+        except msgspec.ValidationError:
+            recs = None
+        except msgspec.DecodeError:
+            recs = None
+        if recs is not None:
+            return self._columns_fast(recs)
+        try:
+            loose = _LOOSE.decode(batch.data)
+        except msgspec.DecodeError:
+            loose = []
+            for i in range(len(batch)):
+                try:
+                    loose.append(_LOOSE_ONE.decode(batch.element(i)))
+                except msgspec.DecodeError:
+                    raw = batch.element(i).strip()
+                    if not raw:
+                        continue
+                    self.counts["skipped_records"] += 1
+                    if self.counts["skipped_records"] <= 5:
+                        self.diagnostics.append(Diagnostic(
+                            self.path, f"skipped a record that is not valid JSON: {raw[:80]!r}",
+                            offset=to_input(batch.element_offset(i) + 1)))
+        except msgspec.ValidationError:  # a non-object element: decode one by one
+            loose = []
+            for i in range(len(batch)):
+                try:
+                    loose.append(_LOOSE_ONE.decode(batch.element(i)))
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    self.counts["skipped_records"] += 1
+        return self._columns_loose(loose)
+
+    def _columns_fast(self, recs: list[_Rec]) -> _Columns:
+        n = len(recs)
+        phc = _PH_CODES
+        names = self.names
+        ph = np.fromiter((phc.get(r.ph, PH_OTHER) for r in recs), dtype=np.int8, count=n)
+        name = np.fromiter((names.setdefault(r.name, len(names)) for r in recs), dtype=np.int32, count=n)
+        ts = np.fromiter((r.ts for r in recs), dtype=np.int64, count=n)
+        pid = np.fromiter((r.pid for r in recs), dtype=np.int64, count=n)
+        dur = np.fromiter((r.dur != 0 for r in recs), dtype=bool, count=n)
+        has_args = np.fromiter((r.args is not None for r in recs), dtype=bool, count=n)
+        args = {int(i): recs[i].args for i in np.flatnonzero(has_args)}
+        ok = ts != _NO_TS
+        big = ok & (np.abs(np.where(ok, ts, 0)) > _MAX_TS_US)
+        ts = np.where(ok & ~big, ts * 1000, _NO_TS)
+        return _Columns(ph, name, ts, pid, dur, args)  # type: ignore[arg-type]
+
+    def _columns_loose(self, recs: list[_LooseRec]) -> _Columns:
+        n = len(recs)
+        ph = np.empty(n, np.int8)
+        name = np.empty(n, np.int32)
+        ts = np.empty(n, np.int64)
+        pid = np.empty(n, np.int64)
+        dur = np.zeros(n, bool)
+        args: dict[int, _Args] = {}
+        for i, r in enumerate(recs):
+            ph[i] = _PH_CODES.get(r.ph, PH_OTHER) if isinstance(r.ph, str) else PH_OTHER
+            name[i] = self.name_code("" if r.name is None else str(r.name))
+            ts[i] = _loose_ts_ns(r.ts)
+            p = _loose_int(r.pid)
+            pid[i] = _NO_PID if p is None or not -(1 << 62) < p < (1 << 62) else p
+            d = r.dur
+            dur[i] = d is not None and d != 0 and d != 0.0
+            a = _loose_args(r.args)
+            if a is not None:
+                args[i] = a
+        return _Columns(ph, name, ts, pid, dur, args)
+
+    # -- one batch ------------------------------------------------------------------------------------
+
+    def feed(self, c: _Columns) -> None:
+        n = c.ph.size
+        order = self.order_base + np.arange(n, dtype=np.int64)
+        self.order_base += n
+        self.records += n
+        self._metadata(c)
+        argref = self._end_args(c)
+
+        ph = c.ph
+        cyc_code = self.names.get("CYCLE_START")
+        inst_mask = ph == PH_I
+        if inst_mask.any():
+            is_cycle = inst_mask & (c.name == cyc_code) & (c.ts != _NO_TS)
+            self.cycles.append(c.ts[is_cycle])
+            self.counts["unknown_instants"] += int((inst_mask & ~is_cycle).sum())
+        self.counts["unknown_ph"] += int((ph == PH_OTHER).sum())
+
+        bex = ph <= PH_X
+        no_ts = bex & (c.ts == _NO_TS)
+        no_pid = bex & ~no_ts & (c.pid == _NO_PID)
+        self.counts["no_ts"] += int(no_ts.sum())
+        self.counts["no_pid"] += int(no_pid.sum())
+        keep = np.flatnonzero(bex & ~no_ts & ~no_pid)
+        if keep.size:
+            ts = c.ts[keep]
+            self.max_ts = max(self.max_ts, int(ts.max()))
+            self._pair(self._pid_codes(c.pid[keep]), order[keep], ts, ph[keep], c.name[keep],
+                       argref[keep], c.dur_nonzero[keep])
+
+    def _metadata(self, c: _Columns) -> None:
+        """Tensor names and the epoch header from ``M`` records (one per tensor: a Python loop is fine)."""
+        for i, a in c.args.items():
+            if c.ph[i] != PH_M:
+                continue
+            if a.start_time_since_epoch_in_micros is not None:
+                if self.epoch_us is None:
+                    self.epoch_us = a.start_time_since_epoch_in_micros
+                elif self.epoch_us != a.start_time_since_epoch_in_micros:
+                    self.counts["header_conflicts"] += 1
+                continue
+            pid = int(c.pid[i])
+            if a.name is None or pid == _NO_PID:
+                continue
+            old = self.tensor.get(pid)
+            if old is None:
+                self.tensor[pid] = a.name
+            elif old != a.name:
+                self.counts["name_conflicts"] += 1
+
+    def _end_args(self, c: _Columns) -> np.ndarray:
+        """Per record: index into (arg_dtype, arg_shape) for an ``E`` carrying dtype/shape, else -1."""
+        ref = np.full(c.ph.size, -1, dtype=np.int64)
+        for i, a in c.args.items():
+            if c.ph[i] != PH_E or (a.dtype is None and a.shape is None):
+                continue
+            ref[i] = len(self.arg_dtype)
+            self.arg_dtype.append(self.dtypes.setdefault(a.dtype, len(self.dtypes)))
+            self.arg_shape.append(self.shapes.setdefault(a.shape, len(self.shapes)))
+        return ref
+
+    def _pid_codes(self, pids: np.ndarray) -> np.ndarray:
+        uniq, inv = np.unique(pids, return_inverse=True)
+        codes = np.fromiter((self.pids.setdefault(int(p), len(self.pids)) for p in uniq), dtype=np.int64,
+                            count=uniq.size)
+        p = len(self.pids)
+        self.last0_neg = _grow(self.last0_neg, p, False)
+        self.cur_inst = _grow(self.cur_inst, p, -1)
+        self.seq_next = _grow(self.seq_next, p, 0)
+        return codes[inv]
+
+    def _pair(self, pidc: np.ndarray, order: np.ndarray, ts: np.ndarray, ph: np.ndarray, name: np.ndarray,
+              argref: np.ndarray, dur: np.ndarray) -> None:
+        """Pair B/E per pid (vectorised), assign op instances, collect ticks; carry open Bs."""
+        cr = self.carry
+        k = cr["pid"].size
+        pidc = np.concatenate([cr["pid"], pidc])
+        order = np.concatenate([cr["order"], order])
+        ts = np.concatenate([cr["ts"], ts])
+        ph = np.concatenate([np.full(k, PH_B, np.int8), ph])
+        name = np.concatenate([cr["name"], name])
+        argref = np.concatenate([np.full(k, -1, np.int64), argref])
+        dur = np.concatenate([np.zeros(k, bool), dur])
+        carried_inst = np.concatenate([cr["inst"], np.full(pidc.size - k, -1, np.int64)])
+
+        # group by pid, keeping file order (carried Bs come first in each pid: they are older)
+        perm = np.argsort(pidc, kind="stable")
+        pidc, order, ts, ph, name = pidc[perm], order[perm], ts[perm], ph[perm], name[perm]
+        argref, dur, carried_inst = argref[perm], dur[perm], carried_inst[perm]
+        carried = carried_inst >= 0
+        n = pidc.size
+        gstart, starts = _group_starts(pidc)
+        gidx = np.cumsum(np.r_[True, pidc[1:] != pidc[:-1]]) - 1 if n else np.empty(0, np.int64)
+
+        is_b, is_e, is_x = ph == PH_B, ph == PH_E, ph == PH_X
+        step = is_b.astype(np.int64) - is_e.astype(np.int64)
+        s = np.cumsum(step)
+        s_g = s - (s[gstart] - step[gstart])  # depth walk per pid, from 0
+        big = 2 * n + 2
+        runmin = np.minimum.accumulate(s_g - gidx * big) + gidx * big
+        depth = s_g - np.minimum(runmin, 0)  # reflected at 0: E without B leaves depth at 0
+        before = np.empty(n, np.int64)
+        if n:
+            before[1:] = depth[:-1]
+            before[starts] = 0
+        e_ok = is_e & (before > 0)
+        self.counts["e_without_b"] += int((is_e & ~e_ok).sum())
+        level = np.where(is_e, before - 1, before)
+
+        # match each E with the previous B at the same (pid, level)
+        cand = np.flatnonzero(is_b | e_ok)
+        lev = level[cand]
+        k2 = gidx[cand] * (int(lev.max()) + 1 if lev.size else 1) + lev
+        cperm = cand[np.argsort(k2, kind="stable")]
+        k2s = np.sort(k2, kind="stable")
+        pos_e = np.flatnonzero(e_ok[cperm])
+        good = pos_e > 0
+        good[good] = (k2s[pos_e[good] - 1] == k2s[pos_e[good]]) & is_b[cperm[pos_e[good] - 1]]
+        self.counts["pair_anomalies"] += int((~good).sum())
+        e_rows = cperm[pos_e[good]]
+        b_rows = cperm[pos_e[good] - 1]
+        closed = np.zeros(n, bool)
+        closed[b_rows] = True
+        open_b = is_b & ~closed
+
+        # op instances: walk the level-0 Bs of each pid (new ones only; state covers carried ones)
+        neg_mask, _ = self._name_masks()
+        l0_all = is_b & (level == 0)
+        l0 = np.flatnonzero(l0_all & ~carried)
+        inst = carried_inst.copy()
+        if l0.size:
+            p0 = pidc[l0]
+            first = np.r_[True, p0[1:] != p0[:-1]]
+            is_neg = neg_mask[name[l0]]
+            prev_neg = np.empty(l0.size, bool)
+            prev_neg[1:] = is_neg[:-1]
+            prev_neg[first] = self.last0_neg[p0[first]]
+            new = is_neg | ~prev_neg
+            # instance ids in file order of their first record
+            new_rows = l0[new]
+            ranks = np.empty(new_rows.size, np.int64)
+            ranks[np.argsort(order[new_rows], kind="stable")] = np.arange(new_rows.size)
+            vals = np.full(l0.size, -1, np.int64)
+            vals[new] = self.n_inst + ranks
+            seed = first & ~new
+            vals[seed] = self.cur_inst[p0[seed]]
+            fi = np.maximum.accumulate(np.where(vals >= 0, np.arange(l0.size), 0))
+            inst[l0] = vals[fi]
+            # per-pid repetition index of each new instance
+            cnew = np.cumsum(new)
+            gfirst = np.flatnonzero(first)
+            before_group = np.repeat(cnew[gfirst] - new[gfirst], np.diff(np.r_[gfirst, l0.size]))
+            seq = self.seq_next[p0] + (cnew - before_group) - 1
+            order_new = np.argsort(ranks, kind="stable")
+            self.inst_pid.append(p0[new][order_new])
+            self.inst_seq.append(seq[new][order_new])
+            self.n_inst += new_rows.size
+            last = np.r_[gfirst[1:] - 1, l0.size - 1]
+            lp = p0[last]
+            self.last0_neg[lp] = is_neg[last]
+            self.cur_inst[lp] = inst[l0[last]]
+            self.seq_next[lp] += cnew[last] - before_group[last]
+        # every other row takes the instance of its enclosing level-0 B
+        enc = _ffill_index(l0_all, gstart)
+        enc_inst = np.where(enc >= 0, inst[np.maximum(enc, 0)], -1)
+        enc_neg = np.where(enc >= 0, neg_mask[name[np.maximum(enc, 0)]], False)
+        b_inst = np.where(l0_all, inst, enc_inst)
+
+        ev = self.ev
+        ev.pid.append(pidc[b_rows])
+        ev.name.append(name[b_rows])
+        ev.level.append(level[b_rows])
+        ev.start.append(ts[b_rows])
+        ev.end.append(ts[e_rows])
+        ev.inst.append(b_inst[b_rows])
+        ev.argref.append(argref[e_rows])
+        ev.truncated.append(np.zeros(b_rows.size, bool))
+
+        x = np.flatnonzero(is_x)
+        if x.size:
+            inside = (before[x] >= 1) & enc_neg[x]
+            self.counts["x_without_b"] += int((~inside).sum())
+            self.counts["bogus_dur"] += int(dur[x].sum())
+            tk = self.ticks
+            tk.pid.append(pidc[x])
+            tk.inst.append(np.where(inside, enc_inst[x], -1))
+            tk.name.append(name[x])
+            tk.ts.append(ts[x])
+            tk.order.append(order[x])
+            tk.dur.append(dur[x])
+
+        ob = np.flatnonzero(open_b)
+        self.carry = {"pid": pidc[ob], "order": order[ob], "ts": ts[ob], "name": name[ob],
+                      "inst": b_inst[ob]}
+
+    def close_dangling(self) -> int:
+        """Close the Bs still open at the end at the last event ts, flagged truncated."""
+        cr = self.carry
+        n = cr["pid"].size
+        if not n:
+            return 0
+        _, starts = _group_starts(cr["pid"])
+        level = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+        ev = self.ev
+        ev.pid.append(cr["pid"])
+        ev.name.append(cr["name"])
+        ev.level.append(level)
+        ev.start.append(cr["ts"])
+        ev.end.append(np.full(n, self.max_ts, np.int64))
+        ev.inst.append(cr["inst"])
+        ev.argref.append(np.full(n, -1, np.int64))
+        ev.truncated.append(np.ones(n, bool))
+        return n
+
+
+# ---------------------------------------------------------------------------------------------------
+# Arrow helpers
+
+
+def _null_array(type_: pa.DataType, n: int) -> pa.Array:
+    """An all-null array backed by lazily-zeroed memory (no resident pages until read)."""
+    width = max(1, type_.bit_width // 8)
+    validity = pa.py_buffer(np.zeros((n + 7) // 8, np.uint8))
+    data = pa.py_buffer(np.zeros(n * width, np.uint8))
+    return pa.Array.from_buffers(type_, n, [validity, data], null_count=n)
+
+
+def _masked(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.Array:
+    return pa.array(values, type=type_, mask=~valid)
+
+
+def _dict_array(indices: np.ndarray, dictionary: list[str | None] | list[str]) -> pa.Array:
+    """A dictionary<int32, string> array; indices pointing at a None entry become nulls."""
+    idx = indices.astype(np.int32, copy=False)
+    missing = [i for i, d in enumerate(dictionary) if d is None]
+    mask = np.isin(idx, missing) if missing else None
+    values = pa.array([d if d is not None else "" for d in dictionary], type=pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(idx, mask=mask), values)
+
+
+_I64 = pa.int64()
+
+
+def _per_inst(n_inst: int, inst: np.ndarray, mask: np.ndarray, values: np.ndarray, fill: int) -> np.ndarray:
+    """Scatter ``values`` of the events selected by ``mask`` to their instance (one per instance;
+    on damage the last one wins)."""
+    out = np.full(n_inst, fill, dtype=values.dtype)
+    sel = mask & (inst >= 0)
+    out[inst[sel]] = values[sel]
+    return out
+
+
+def _lookup(table: list[Any], codes: np.ndarray) -> list[Any]:
+    return [table[c] if c >= 0 else None for c in codes.tolist()]
+
+
+def _group_cummax(gi: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Running maximum of ``values`` restarting at each group of the sorted group index ``gi``.
+
+    Values are replaced by their rank, so ``gi * m + rank`` cannot overflow whatever the timestamps.
+    """
+    u = np.unique(values)
+    m = np.int64(u.size)
+    key = gi.astype(np.int64) * m + np.searchsorted(u, values)
+    return u[np.maximum.accumulate(key) - gi.astype(np.int64) * m]
+
+
+def _union_len(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per group: the length of the union of its [start, end] intervals (vectorised)."""
+    out = np.zeros(n_groups, np.int64)
+    if not group.size:
+        return out
+    o = np.lexsort((start, group))
+    g, s, e = group[o], start[o], end[o]
+    _, starts = _group_starts(g)
+    gi = np.cumsum(np.r_[True, g[1:] != g[:-1]]) - 1
+    run = _group_cummax(gi, e)
+    prev_end = np.empty(g.size, np.int64)
+    prev_end[1:] = run[:-1]
+    prev_end[starts] = np.iinfo(np.int64).min
+    contrib = np.clip(e - np.maximum(s, prev_end), 0, None)
+    np.add.at(out, g, contrib)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def parse(path: str) -> ParsedFile:
+    """Parse one Horovod timeline into a :class:`ParsedFile` (see the module docstring for the tables).
+
+    Raises :class:`TraceError` when the file cannot be read, is empty, is not a JSON array or holds
+    no Horovod record; damage that still parses becomes ``diagnostics``.
+    """
+    p = _Parser(path)
+    repair = _NameRepair(iter_blocks(path, block_size=_BLOCK_BYTES))
+    end: End | None = None
+    batches = 0
+    for item in stream_array(repair, array_key="", batch_bytes=_BATCH_BYTES):
+        if isinstance(item, Batch):
+            batches += 1
+            cols = p.decode(item, repair.to_input)
+            if cols is not None and cols.ph.size:
+                p.feed(cols)
+        elif isinstance(item, End):
+            end = item
+        elif isinstance(item, Member):  # an object, not an array: not a Horovod timeline
+            pass
+    assert end is not None
+    if not end.array_found:
+        if repair.total_in == 0 or end.reason == "no JSON value":
+            if repair.stream_error is not None:
+                raise repair.stream_error
+            raise TraceError(path, "empty file: no Horovod timeline records")
+        raise TraceError(path, "not a Horovod timeline (expected a JSON array of trace records)",
+                         offset=repair.to_input(end.lost_offset or 0))
+    if p.records == 0:
+        if end.bytes_lost:
+            raise TraceError(path, f"no complete Horovod record (the first record is cut after "
+                             f"{end.bytes_lost} bytes)", offset=repair.to_input(end.lost_offset or 0))
+        raise TraceError(path, "Horovod timeline holds no records (only '['): the job wrote none")
+    return _finish(p, repair, end)
+
+
+def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
+    path = p.path
+    dangling = p.close_dangling()
+    diags = p.diagnostics
+    names = p._name_table()
+    neg_mask, _ = p._name_masks()
+    epoch_ns = (p.epoch_us or 0) * 1000
+
+    # ---- events (raw, in emission order) ----
+    ev = p.ev
+    e_pid = _cat(ev.pid, np.int64)
+    e_name = _cat(ev.name, np.int32)
+    e_level = _cat(ev.level, np.int64)
+    e_start = _cat(ev.start, np.int64) + epoch_ns
+    e_end = _cat(ev.end, np.int64) + epoch_ns
+    e_inst = _cat(ev.inst, np.int64)
+    e_argref = _cat(ev.argref, np.int64)
+    e_trunc = _cat(ev.truncated, bool)
+    del p.ev
+    n_ev = e_pid.size
+
+    kinds = ["compute", "comm", "memory", "cpu_op", "runtime", "annotation", "wait", "queue"]
+    kind_of_name = np.array([kinds.index(phase_kind(s)) for s in names] or [0], dtype=np.int32)
+    e_kind = kind_of_name[e_name] if n_ev else np.empty(0, np.int32)
+    comm_k = kinds.index("comm")
+    e_neg = neg_mask[e_name] if n_ev else np.empty(0, bool)
+    e_top = (e_level == 0) & ~e_neg  # the top-level op of an instance
+    e_neg0 = (e_level == 0) & e_neg
+
+    # ---- instances ----
+    n_inst = p.n_inst
+    i_pid = _cat(p.inst_pid, np.int64)
+    i_seq = _cat(p.inst_seq, np.int64)
+    has_inst = e_inst >= 0
+
+    neg_start = _per_inst(n_inst, e_inst, e_neg0, e_start, _NO_TS)
+    neg_end = _per_inst(n_inst, e_inst, e_neg0, e_end, _NO_TS)
+    op_name = _per_inst(n_inst, e_inst, e_top, e_name, -1)
+    op_start = _per_inst(n_inst, e_inst, e_top, e_start, _NO_TS)
+    op_end = _per_inst(n_inst, e_inst, e_top, e_end, _NO_TS)
+    op_argref = _per_inst(n_inst, e_inst, e_top, e_argref, -1)
+    i_trunc = np.zeros(n_inst, bool)
+    np.logical_or.at(i_trunc, e_inst[has_inst], e_trunc[has_inst])
+
+    comm = (e_kind == comm_k) & has_inst
+    big = np.iinfo(np.int64).max
+    tr_start = np.full(n_inst, big, np.int64)
+    tr_end = np.full(n_inst, _NO_TS, np.int64)
+    np.minimum.at(tr_start, e_inst[comm], e_start[comm])
+    np.maximum.at(tr_end, e_inst[comm], e_end[comm])
+    has_tr = tr_end != _NO_TS
+    tr_union = _union_len(e_inst[comm], e_start[comm], e_end[comm], n_inst)
+
+    # dtype / shape / bytes (parsed once per distinct string)
+    dtype_tab = [None] * len(p.dtypes)
+    for k, v in p.dtypes.items():
+        dtype_tab[v] = k
+    shape_tab = [None] * len(p.shapes)
+    for k, v in p.shapes.items():
+        shape_tab[v] = k
+    size_tab = np.array([_DTYPE_SIZE.get(d or "", -1) for d in dtype_tab] or [-1], np.int64)
+    count_tab = np.array([(c if (c := _shape_count(s)) is not None else -1) for s in shape_tab] or [-1],
+                         np.int64)
+    arg_dtype = np.asarray(p.arg_dtype, np.int64)
+    arg_shape = np.asarray(p.arg_shape, np.int64)
+    has_args = op_argref >= 0
+    i_dtype = np.where(has_args, arg_dtype[np.maximum(op_argref, 0)] if arg_dtype.size else -1, -1)
+    i_shape = np.where(has_args, arg_shape[np.maximum(op_argref, 0)] if arg_shape.size else -1, -1)
+    i_count = np.where(i_shape >= 0, count_tab[np.maximum(i_shape, 0)], -1)
+    i_size = np.where(i_dtype >= 0, size_tab[np.maximum(i_dtype, 0)], -1)
+    i_bytes = np.where((i_count >= 0) & (i_size > 0), i_count * np.maximum(i_size, 0), -1)
+
+    # ---- ticks ----
+    tk = p.ticks
+    t_pid = _cat(tk.pid, np.int64)
+    t_inst = _cat(tk.inst, np.int64)
+    t_name = _cat(tk.name, np.int32)
+    t_ts = _cat(tk.ts, np.int64) + epoch_ns
+    t_order = _cat(tk.order, np.int64)
+    t_dur = _cat(tk.dur, bool)
+    rank_tab = np.array([int(s) if s.strip().isdigit() else -1 for s in names] or [-1], np.int64)
+    t_rank = rank_tab[t_name] if t_name.size else np.empty(0, np.int64)
+    bad_rank = t_rank < 0
+    n_ticks = np.zeros(n_inst, np.int64)
+    first_tick = np.full(n_inst, _NO_TS, np.int64)
+    last_tick = np.full(n_inst, _NO_TS, np.int64)
+    straggler = np.full(n_inst, -1, np.int64)
+    world = None
+    tin = np.flatnonzero((t_inst >= 0) & ~bad_rank)
+    if tin.size:
+        o = np.lexsort((t_order[tin], t_ts[tin], t_inst[tin]))
+        ti = tin[o]
+        g = t_inst[ti]
+        _, gst = _group_starts(g)
+        glast = np.r_[gst[1:] - 1, g.size - 1]
+        gi = g[gst]
+        n_ticks[gi] = np.diff(np.r_[gst, g.size])
+        first_tick[gi] = t_ts[ti[gst]]
+        last_tick[gi] = t_ts[ti[glast]]
+        straggler[gi] = np.where(n_ticks[gi] >= 2, t_rank[ti[glast]], -1)
+        # distinct ranks per instance: the world size is the largest full negotiation
+        ur = np.unique(np.stack([t_inst[tin], t_rank[tin]]), axis=1)
+        per = np.bincount(ur[0], minlength=n_inst)
+        world = int(max(per.max(), t_rank[tin].max() + 1))
+    elif t_rank.size and (t_rank >= 0).any():
+        world = int(t_rank[t_rank >= 0].max() + 1)
+
+    # ---- collectives ----
+    op_names = [names[c] if c >= 0 else None for c in op_name.tolist()]
+    is_coll = np.array([n is not None and n in _OPS for n in op_names], dtype=bool) if n_inst else \
+        np.empty(0, bool)
+    coll_id = np.full(n_inst, -1, np.int64)
+    coll_id[is_coll] = np.arange(int(is_coll.sum()))
+    n_errors = sum(1 for n in op_names if n == "ERROR")
+
+    # ---- fusion groups ----
+    fusion = np.full(n_inst, -1, np.int64)
+    fusion_size = np.zeros(n_inst, np.int64)
+    tr_idx = np.flatnonzero(has_tr)
+    if tr_idx.size:
+        o = tr_idx[np.lexsort((tr_end[tr_idx], tr_start[tr_idx]))]
+        runmax = np.maximum.accumulate(tr_end[o])
+        newg = np.r_[True, tr_start[o][1:] > runmax[:-1] + FUSION_TOL_NS]
+        gid = np.cumsum(newg) - 1
+        fusion[o] = gid
+        fusion_size[o] = np.bincount(gid)[gid]
+
+    # ---- iterations (tensor repetition) ----
+    inst_start = np.where(neg_start != _NO_TS, neg_start, op_start)
+    counts = np.bincount(i_pid, minlength=len(p.pids)) if n_inst else np.zeros(0, np.int64)
+    n_max = int(counts.max()) if counts.size else 0
+    iter_starts = np.empty(0, np.int64)
+    last_end = int(e_end.max()) if n_ev else None
+    if n_max >= 2:
+        anchor = counts[i_pid] == n_max
+        a = np.flatnonzero(anchor & (inst_start != _NO_TS))
+        iter_starts = np.full(n_max, big, np.int64)
+        np.minimum.at(iter_starts, i_seq[a], inst_start[a])
+        iter_starts = np.sort(iter_starts[iter_starts != big])
+        method = "tensor-repetition"
+    elif n_ev:
+        iter_starts = np.array([int(e_start.min())], np.int64)
+        method = "whole-trace"
+    else:
+        method = "none"
+    i_iter = np.full(n_inst, -1, np.int64)
+    if iter_starts.size:
+        ok = inst_start != _NO_TS
+        i_iter[ok] = np.searchsorted(iter_starts, inst_start[ok], side="right") - 1
+    iter_end = np.r_[iter_starts[1:], [max(last_end or 0, int(iter_starts[-1]))]] if iter_starts.size \
+        else np.empty(0, np.int64)
+
+    # ---- pid dictionaries ----
+    pid_of_code = np.empty(len(p.pids), np.int64)
+    for pid, code in p.pids.items():
+        pid_of_code[code] = pid
+    tensor_of_code: list[str | None] = [p.tensor.get(int(pid)) for pid in pid_of_code.tolist()]
+    lane_of_code = [f"horovod/{t}" if t is not None else f"horovod/pid {pid}"
+                    for t, pid in zip(tensor_of_code, pid_of_code.tolist(), strict=True)]
+
+    # ---- events table (sorted by start) ----
+    srt = np.lexsort((e_pid, e_start))
+    e_pid, e_name, e_start, e_end, e_inst = e_pid[srt], e_name[srt], e_start[srt], e_end[srt], e_inst[srt]
+    e_kind, e_top, e_trunc = e_kind[srt], e_top[srt], e_trunc[srt]
+    del e_level, e_argref, e_neg, e_neg0, srt
+    safe = np.maximum(e_inst, 0)
+    inst_ok = e_inst >= 0
+    ev_bytes = np.where(inst_ok & (e_top | (e_kind == comm_k)), i_bytes[safe] if n_inst else -1, -1)
+    ev_iter = np.where(inst_ok, i_iter[safe] if n_inst else -1, -1)
+    ev_coll = np.where(inst_ok, coll_id[safe] if n_inst else -1, -1)
+    events = pa.Table.from_arrays([
+        pa.array(np.zeros(n_ev, np.int32)),
+        _dict_array(e_pid, lane_of_code),
+        _dict_array(e_kind, kinds),
+        _dict_array(e_name, names),
+        _dict_array(np.zeros(n_ev, np.int32), [FORMAT]),
+        pa.array(e_start),
+        pa.array(e_end - e_start),
+        pa.array(pid_of_code[e_pid] if n_ev else np.empty(0, np.int64)),
+        _null_array(pa.int64(), n_ev),
+        _null_array(pa.int32(), n_ev),
+        _null_array(pa.int64(), n_ev),
+        _null_array(pa.int64(), n_ev),
+        _null_array(pa.int64(), n_ev),
+        _masked(ev_bytes, ev_bytes >= 0, pa.int64()),
+        _masked(ev_iter, ev_iter >= 0, pa.int64()),
+        _masked(ev_coll, ev_coll >= 0, pa.int64()),
+    ], schema=EVENTS)
+    flags = pa.table({
+        "row": pa.array(np.flatnonzero(e_trunc).astype(np.int64)),
+        "flag": _dict_array(np.zeros(int(e_trunc.sum()), np.int32), ["truncated"]),
+    })
+    del e_pid, e_name, e_start, e_end, e_inst, e_kind, e_top, e_trunc, ev_bytes, ev_iter, ev_coll, safe
+
+    # ---- instance-level tables ----
+    def ns(a: np.ndarray) -> pa.Array:
+        return _masked(a, a != _NO_TS, pa.int64())
+
+    def opt(a: np.ndarray, type_: pa.DataType = _I64) -> pa.Array:
+        return _masked(a, a >= 0, type_)
+
+    i_tensor = [tensor_of_code[c] for c in i_pid.tolist()]
+    i_lane = [lane_of_code[c] for c in i_pid.tolist()]
+    i_op = [_OPS.get(n) if n is not None else None for n in op_names]
+    i_dtype_s = _lookup(dtype_tab, i_dtype)
+    i_shape_s = _lookup(shape_tab, i_shape)
+    i_pid_raw = pid_of_code[i_pid] if n_inst else np.empty(0, np.int64)
+    neg_wait = np.where((first_tick != _NO_TS), last_tick - first_tick, _NO_TS)
+    neg_dur = np.where((neg_start != _NO_TS) & (neg_end != _NO_TS), neg_end - neg_start, _NO_TS)
+    instances = pa.table({
+        "instance": pa.array(np.arange(n_inst, dtype=np.int64)),
+        "pid": pa.array(i_pid_raw),
+        "tensor": pa.array(i_tensor, type=pa.string()).dictionary_encode(),
+        "lane": pa.array(i_lane, type=pa.string()).dictionary_encode(),
+        "seq": pa.array(i_seq),
+        "phase": pa.array(op_names, type=pa.string()),
+        "op": pa.array(i_op, type=pa.string()),
+        "collective_id": opt(coll_id),
+        "negotiate_start_ns": ns(neg_start),
+        "negotiate_end_ns": ns(neg_end),
+        "negotiate_ns": ns(neg_dur),
+        "ticks": pa.array(n_ticks),
+        "first_tick_ns": ns(first_tick),
+        "last_tick_ns": ns(last_tick),
+        "straggler_rank": opt(straggler, pa.int32()),
+        "negotiation_wait_ns": ns(neg_wait),
+        "op_start_ns": ns(op_start),
+        "op_end_ns": ns(op_end),
+        "transfer_start_ns": _masked(tr_start, has_tr, pa.int64()),
+        "transfer_end_ns": _masked(tr_end, has_tr, pa.int64()),
+        "transfer_ns": _masked(tr_union, has_tr, pa.int64()),
+        "dtype": pa.array(i_dtype_s, type=pa.string()),
+        "shape": pa.array(i_shape_s, type=pa.string()),
+        "count": opt(i_count),
+        "bytes": opt(i_bytes),
+        "fusion_group": opt(fusion),
+        "fusion_size": _masked(fusion_size, fusion >= 0, pa.int64()),
+        "iteration": opt(i_iter),
+        "truncated": pa.array(i_trunc),
+    })
+
+    ci = np.flatnonzero(is_coll)
+    c_op = [i_op[i] for i in ci.tolist()]
+    c_bytes = i_bytes[ci].copy() if ci.size else np.empty(0, np.int64)
+    rs = np.array([o == "reduce_scatter" for o in c_op], dtype=bool) if ci.size else np.empty(0, bool)
+    if rs.any():
+        c_bytes[rs] = np.where(c_bytes[rs] >= 0, c_bytes[rs] * world, -1) if world else -1
+    collectives = pa.Table.from_arrays([
+        pa.array(np.zeros(ci.size, np.int32)),
+        pa.array(np.arange(ci.size, dtype=np.int64)),
+        pa.array([FORMAT] * ci.size, type=pa.string()),
+        pa.array(i_seq[ci]),
+        pa.array(c_op, type=pa.string()),
+        pa.array([i_dtype_s[i] for i in ci.tolist()], type=pa.string()),
+        opt(i_count[ci]),
+        opt(c_bytes),
+        pa.array([world] * ci.size, type=pa.int32()),
+        _null_array(pa.int32(), ci.size),
+        pa.array([None] * ci.size, type=pa.string()),
+        pa.array([None] * ci.size, type=pa.string()),
+        _masked(tr_start[ci], has_tr[ci], pa.int64()),
+        _masked(tr_end[ci], has_tr[ci], pa.int64()),
+        pa.array([i_lane[i] for i in ci.tolist()], type=pa.string()),
+        pa.array([FORMAT] * ci.size, type=pa.string()),
+    ], schema=COLLECTIVES)
+
+    t_valid = ~bad_rank
+    ticks = pa.table({
+        "instance": opt(t_inst[t_valid]),
+        "tensor": _dict_array(t_pid[t_valid], tensor_of_code),  # type: ignore[arg-type]
+        "pid": pa.array(pid_of_code[t_pid[t_valid]] if t_pid.size else np.empty(0, np.int64)),
+        "seq": _masked(i_seq[np.maximum(t_inst[t_valid], 0)] if n_inst else np.zeros(int(t_valid.sum()),
+                       np.int64), t_inst[t_valid] >= 0, pa.int64()),
+        "rank": pa.array(t_rank[t_valid].astype(np.int32)),
+        "ts_ns": pa.array(t_ts[t_valid]),
+        "dur_ignored": pa.array(t_dur[t_valid]),
+    })
+    n_bad_rank = int(bad_rank.sum())
+
+    iterations = pa.Table.from_arrays([
+        pa.array(np.zeros(iter_starts.size, np.int32)),
+        pa.array(np.arange(iter_starts.size, dtype=np.int64)),
+        pa.array(iter_starts),
+        pa.array(iter_end.astype(np.int64)),
+        pa.array([method] * iter_starts.size, type=pa.string()),
+    ], schema=ITERATIONS)
+
+    cyc = np.sort(_cat(p.cycles, np.int64)) + epoch_ns
+    cyc_end = np.r_[cyc[1:], [max(last_end or 0, int(cyc[-1]))]] if cyc.size else np.empty(0, np.int64)
+    cycles = pa.table({
+        "cycle": pa.array(np.arange(cyc.size, dtype=np.int64)),
+        "start_ns": pa.array(cyc),
+        "end_ns": pa.array(cyc_end.astype(np.int64)),
+    })
+
+    # ---- diagnostics ----
+    c = p.counts
+    lost = end.bytes_lost
+    lost_at = repair.to_input(end.lost_offset) if end.lost_offset is not None else None
+    if repair.stream_error is not None:
+        diags.append(Diagnostic(path, f"{repair.stream_error.message}; parsed what inflated",
+                                offset=repair.stream_error.offset))
+    if lost:
+        diags.append(Diagnostic(path, f"timeline cut mid-record: {lost} bytes after the last complete "
+                                "record were dropped", offset=lost_at))
+    msgs = [
+        ("e_without_b", "E record(s) without a matching B (dropped)"),
+        ("x_without_b", "rank tick(s) outside a NEGOTIATE phase (kept, without instance)"),
+        ("bogus_dur", "rank tick(s) with a non-zero dur (Horovod writes 0; ignored)"),
+        ("no_pid", "B/E/X record(s) without a pid (dropped)"),
+        ("no_ts", "B/E/X record(s) without a usable ts (dropped)"),
+        ("unknown_ph", "record(s) with an unknown ph (ignored)"),
+        ("unknown_instants", "instant record(s) other than CYCLE_START (ignored)"),
+        ("pair_anomalies", "E record(s) that could not be paired (dropped)"),
+        ("name_conflicts", "pid(s) named twice with different tensor names (first kept)"),
+        ("header_conflicts", "extra epoch header(s) with another start time (first kept)"),
+    ]
+    for key, text in msgs:
+        if c[key]:
+            diags.append(Diagnostic(path, f"{c[key]} {text}"))
+    if c["skipped_records"] > 5:
+        diags.append(Diagnostic(path, f"{c['skipped_records']} records were not valid JSON (skipped)"))
+    if dangling:
+        diags.append(Diagnostic(path, f"{dangling} phase(s) never ended; closed at the last event "
+                                "timestamp and flagged truncated"))
+    if n_bad_rank:
+        diags.append(Diagnostic(path, f"{n_bad_rank} X record(s) not named by a rank (ignored)"))
+    if repair.repaired:
+        diags.append(Diagnostic(path, f"{repair.repaired} tensor name(s) written without JSON escaping "
+                                "(read up to the closing '\"}}')", level="info"))
+    if n_errors:
+        diags.append(Diagnostic(path, f"{n_errors} ERROR response(s) (no collective row)"))
+
+    era = ">=0.20.1" if p.epoch_us is not None else "<=0.20.0"
+    complete = lost == 0 and repair.stream_error is None and (end.array_closed or era == "<=0.20.0")
+    if not end.array_closed and era == ">=0.20.1" and not lost:
+        diags.append(Diagnostic(path, "the array is not closed (the writer stopped before its ']')"))
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": era,
+        "parser_version": PARSER_VERSION,
+        "rank": 0,
+        "clock": "epoch" if p.epoch_us is not None else "relative_unknown",
+        "start_time_since_epoch_us": p.epoch_us,
+        "array_closed": end.array_closed,
+        "records": p.records,
+        "tensors": len(p.pids),
+        "instances": n_inst,
+        "world_size": world,
+        "iteration_method": method,
+        "cycles": int(cyc.size),
+        "dangling": dangling,
+        "repaired_names": repair.repaired,
+        "errors": n_errors,
+        **{k: v for k, v in c.items()},
+    }
+    return ParsedFile(
+        path=path,
+        format=FORMAT,
+        events=events,
+        collectives=collectives,
+        tables={
+            "horovod_ticks": ticks,
+            "horovod_instances": instances,
+            "horovod_iterations": iterations,
+            "horovod_cycles": cycles,
+            "horovod_flags": flags,
+        },
+        meta=meta,
+        diagnostics=diags,
+        bytes_lost=lost,
+        complete=complete,
+    )
+
+
+__all__ = ["FORMAT", "FUSION_TOL_NS", "PARSER_VERSION", "parse", "phase_kind", "sniff"]
+
+_ = DICT_STR  # the events' dictionary columns use this type
