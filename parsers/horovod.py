@@ -432,7 +432,10 @@ class _Columns:
     ts: np.ndarray
     pid: np.ndarray
     dur_nonzero: np.ndarray
-    args: dict[int, _Args]  # position -> args, for the few records that have them
+    meta: dict[int, _Args]  # position -> args of the M records (one or two per tensor)
+    end_idx: np.ndarray  # positions of the E records carrying args (the top-level ends) ...
+    end_dtype: np.ndarray  # ... their dtype and shape as codes of _Parser.dtypes / .shapes
+    end_shape: np.ndarray
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -503,8 +506,9 @@ class _Parser:
         self.tensor: dict[int, str] = {}  # Horovod pid -> tensor name
         self.dtypes: dict[str | None, int] = {}
         self.shapes: dict[str | None, int] = {}
-        self.arg_dtype: list[int] = []
-        self.arg_shape: list[int] = []
+        self.arg_dtype: list[np.ndarray] = []
+        self.arg_shape: list[np.ndarray] = []
+        self.n_args = 0
         self.epoch_us: int | None = None
         self.order_base = 0
         self.records = 0
@@ -595,11 +599,17 @@ class _Parser:
         pid = np.fromiter((r.pid for r in recs), dtype=np.int64, count=n)
         dur = np.fromiter((r.dur != 0 for r in recs), dtype=bool, count=n)
         has_args = np.fromiter((r.args is not None for r in recs), dtype=bool, count=n)
-        args = {int(i): recs[i].args for i in np.flatnonzero(has_args)}
+        ai = np.flatnonzero(has_args)
+        meta = {i: recs[i].args for i in ai[ph[ai] == PH_M].tolist()}
+        end_idx = ai[ph[ai] == PH_E]
+        ends = [recs[i].args for i in end_idx.tolist()]
+        dts, shs = self.dtypes, self.shapes
+        end_dtype = np.fromiter((dts.setdefault(a.dtype, len(dts)) for a in ends), np.int64, len(ends))
+        end_shape = np.fromiter((shs.setdefault(a.shape, len(shs)) for a in ends), np.int64, len(ends))
         ok = ts != _NO_TS
         big = ok & (np.abs(np.where(ok, ts, 0)) > _MAX_TS_US)
         ts = np.where(ok & ~big, ts * 1000, _NO_TS)
-        return _Columns(ph, name, ts, pid, dur, args)  # type: ignore[arg-type]
+        return _Columns(ph, name, ts, pid, dur, meta, end_idx, end_dtype, end_shape)  # type: ignore[arg-type]
 
     def _columns_loose(self, recs: list[_LooseRec]) -> _Columns:
         n = len(recs)
@@ -608,7 +618,10 @@ class _Parser:
         ts = np.empty(n, np.int64)
         pid = np.empty(n, np.int64)
         dur = np.zeros(n, bool)
-        args: dict[int, _Args] = {}
+        meta: dict[int, _Args] = {}
+        end_idx: list[int] = []
+        end_dtype: list[int] = []
+        end_shape: list[int] = []
         for i, r in enumerate(recs):
             ph[i] = _PH_CODES.get(r.ph, PH_OTHER) if isinstance(r.ph, str) else PH_OTHER
             name[i] = self.name_code("" if r.name is None else str(r.name))
@@ -618,9 +631,16 @@ class _Parser:
             d = r.dur
             dur[i] = d is not None and d != 0 and d != 0.0
             a = _loose_args(r.args)
-            if a is not None:
-                args[i] = a
-        return _Columns(ph, name, ts, pid, dur, args)
+            if a is None:
+                continue
+            if ph[i] == PH_M:
+                meta[i] = a
+            elif ph[i] == PH_E:
+                end_idx.append(i)
+                end_dtype.append(self.dtypes.setdefault(a.dtype, len(self.dtypes)))
+                end_shape.append(self.shapes.setdefault(a.shape, len(self.shapes)))
+        return _Columns(ph, name, ts, pid, dur, meta, np.asarray(end_idx, np.int64),
+                        np.asarray(end_dtype, np.int64), np.asarray(end_shape, np.int64))
 
     # -- one batch ------------------------------------------------------------------------------------
 
@@ -655,9 +675,7 @@ class _Parser:
 
     def _metadata(self, c: _Columns) -> None:
         """Tensor names and the epoch header from ``M`` records (one per tensor: a Python loop is fine)."""
-        for i, a in c.args.items():
-            if c.ph[i] != PH_M:
-                continue
+        for i, a in c.meta.items():
             if a.start_time_since_epoch_in_micros is not None:
                 if self.epoch_us is None:
                     self.epoch_us = a.start_time_since_epoch_in_micros
@@ -676,12 +694,10 @@ class _Parser:
     def _end_args(self, c: _Columns) -> np.ndarray:
         """Per record: index into (arg_dtype, arg_shape) for an ``E`` carrying dtype/shape, else -1."""
         ref = np.full(c.ph.size, -1, dtype=np.int64)
-        for i, a in c.args.items():
-            if c.ph[i] != PH_E or (a.dtype is None and a.shape is None):
-                continue
-            ref[i] = len(self.arg_dtype)
-            self.arg_dtype.append(self.dtypes.setdefault(a.dtype, len(self.dtypes)))
-            self.arg_shape.append(self.shapes.setdefault(a.shape, len(self.shapes)))
+        ref[c.end_idx] = self.n_args + np.arange(c.end_idx.size)
+        self.n_args += c.end_idx.size
+        self.arg_dtype.append(c.end_dtype)
+        self.arg_shape.append(c.end_shape)
         return ref
 
     def _pid_codes(self, pids: np.ndarray) -> np.ndarray:
@@ -855,10 +871,15 @@ def _masked(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.Arr
 
 
 def _dict_array(indices: np.ndarray, dictionary: list[str | None] | list[str]) -> pa.Array:
-    """A dictionary<int32, string> array; indices pointing at a None entry become nulls."""
+    """A dictionary<int32, string> array; negative indices and indices of a None entry become nulls."""
     idx = indices.astype(np.int32, copy=False)
     missing = [i for i, d in enumerate(dictionary) if d is None]
-    mask = np.isin(idx, missing) if missing else None
+    mask = idx < 0
+    if missing:
+        mask |= np.isin(idx, missing)
+    idx = np.where(mask, 0, idx) if mask.any() else idx
+    if not dictionary:
+        dictionary = [""]
     values = pa.array([d if d is not None else "" for d in dictionary], type=pa.string())
     return pa.DictionaryArray.from_arrays(pa.array(idx, mask=mask), values)
 
@@ -875,10 +896,6 @@ def _per_inst(n_inst: int, inst: np.ndarray, mask: np.ndarray, values: np.ndarra
     return out
 
 
-def _lookup(table: list[Any], codes: np.ndarray) -> list[Any]:
-    return [table[c] if c >= 0 else None for c in codes.tolist()]
-
-
 def _group_cummax(gi: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Running maximum of ``values`` restarting at each group of the sorted group index ``gi``.
 
@@ -891,18 +908,30 @@ def _group_cummax(gi: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def _union_len(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int) -> np.ndarray:
-    """Per group: the length of the union of its [start, end] intervals (vectorised)."""
+    """Per group: the length of the union of its [start, end] intervals (vectorised).
+
+    Intervals sorted by (group, start); each contributes what lies beyond the furthest end seen so far
+    in its group. That running maximum is only needed where an interval overlaps its predecessor
+    (rare: an instance's transfer phases are sequential), so it is computed for those groups only.
+    """
     out = np.zeros(n_groups, np.int64)
     if not group.size:
         return out
     o = np.lexsort((start, group))
     g, s, e = group[o], start[o], end[o]
-    _, starts = _group_starts(g)
-    gi = np.cumsum(np.r_[True, g[1:] != g[:-1]]) - 1
-    run = _group_cummax(gi, e)
+    first = np.r_[True, g[1:] != g[:-1]]
     prev_end = np.empty(g.size, np.int64)
-    prev_end[1:] = run[:-1]
-    prev_end[starts] = np.iinfo(np.int64).min
+    prev_end[1:] = e[:-1]
+    prev_end[first] = np.iinfo(np.int64).min
+    messy_groups = np.unique(g[(s < prev_end) & ~first])
+    if messy_groups.size:
+        sel = np.isin(g, messy_groups)
+        gi = np.cumsum(first[sel]) - 1
+        run = _group_cummax(gi, e[sel])
+        pe = np.empty(run.size, np.int64)
+        pe[1:] = run[:-1]
+        pe[first[sel]] = np.iinfo(np.int64).min
+        prev_end[sel] = pe
     contrib = np.clip(e - np.maximum(s, prev_end), 0, None)
     np.add.at(out, g, contrib)
     return out
@@ -1011,8 +1040,8 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     size_tab = np.array([_DTYPE_SIZE.get(d or "", -1) for d in dtype_tab] or [-1], np.int64)
     count_tab = np.array([(c if (c := _shape_count(s)) is not None else -1) for s in shape_tab] or [-1],
                          np.int64)
-    arg_dtype = np.asarray(p.arg_dtype, np.int64)
-    arg_shape = np.asarray(p.arg_shape, np.int64)
+    arg_dtype = _cat(p.arg_dtype, np.int64)
+    arg_shape = _cat(p.arg_shape, np.int64)
     has_args = op_argref >= 0
     i_dtype = np.where(has_args, arg_dtype[np.maximum(op_argref, 0)] if arg_dtype.size else -1, -1)
     i_shape = np.where(has_args, arg_shape[np.maximum(op_argref, 0)] if arg_shape.size else -1, -1)
@@ -1035,33 +1064,35 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     first_tick = np.full(n_inst, _NO_TS, np.int64)
     last_tick = np.full(n_inst, _NO_TS, np.int64)
     straggler = np.full(n_inst, -1, np.int64)
-    world = None
     tin = np.flatnonzero((t_inst >= 0) & ~bad_rank)
     if tin.size:
-        o = np.lexsort((t_order[tin], t_ts[tin], t_inst[tin]))
-        ti = tin[o]
-        g = t_inst[ti]
-        _, gst = _group_starts(g)
-        glast = np.r_[gst[1:] - 1, g.size - 1]
-        gi = g[gst]
-        n_ticks[gi] = np.diff(np.r_[gst, g.size])
-        first_tick[gi] = t_ts[ti[gst]]
-        last_tick[gi] = t_ts[ti[glast]]
-        straggler[gi] = np.where(n_ticks[gi] >= 2, t_rank[ti[glast]], -1)
-        # distinct ranks per instance: the world size is the largest full negotiation
-        ur = np.unique(np.stack([t_inst[tin], t_rank[tin]]), axis=1)
-        per = np.bincount(ur[0], minlength=n_inst)
-        world = int(max(per.max(), t_rank[tin].max() + 1))
-    elif t_rank.size and (t_rank >= 0).any():
-        world = int(t_rank[t_rank >= 0].max() + 1)
+        gi, ts_i, order_i = t_inst[tin], t_ts[tin], t_order[tin]
+        n_ticks = np.bincount(gi, minlength=n_inst).astype(np.int64)
+        first_tick = np.full(n_inst, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first_tick, gi, ts_i)
+        first_tick[n_ticks == 0] = _NO_TS
+        np.maximum.at(last_tick, gi, ts_i)
+        # the straggler ticked last; on equal ts the later record wins
+        cand = ts_i == last_tick[gi]
+        best = np.full(n_inst, -1, np.int64)
+        np.maximum.at(best, gi[cand], order_i[cand])
+        win = cand & (order_i == best[gi])
+        straggler[gi[win]] = t_rank[tin][win]
+        straggler[n_ticks < 2] = -1
+    # every rank ticks in the first (uncached) negotiation of a tensor: ranks are 0 .. world-1
+    world = int(t_rank[~bad_rank].max() + 1) if (~bad_rank).any() else None
 
     # ---- collectives ----
-    op_names = [names[c] if c >= 0 else None for c in op_name.tolist()]
-    is_coll = np.array([n is not None and n in _OPS for n in op_names], dtype=bool) if n_inst else \
-        np.empty(0, bool)
+    # normalised op per name code (-1: not a collective op, e.g. ERROR or an unknown top level)
+    op_tab = list(dict.fromkeys(_OPS.values()))
+    op_of_name = np.array([op_tab.index(_OPS[n]) if n in _OPS else -1 for n in names] or [-1], np.int64)
+    i_op = np.where(op_name >= 0, op_of_name[np.maximum(op_name, 0)], -1) if n_inst else \
+        np.empty(0, np.int64)
+    is_coll = i_op >= 0
     coll_id = np.full(n_inst, -1, np.int64)
     coll_id[is_coll] = np.arange(int(is_coll.sum()))
-    n_errors = sum(1 for n in op_names if n == "ERROR")
+    err = names.index("ERROR") if "ERROR" in p.names else -2
+    n_errors = int((op_name == err).sum())
 
     # ---- fusion groups ----
     fusion = np.full(n_inst, -1, np.int64)
@@ -1109,7 +1140,7 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
                     for t, pid in zip(tensor_of_code, pid_of_code.tolist(), strict=True)]
 
     # ---- events table (sorted by start) ----
-    srt = np.lexsort((e_pid, e_start))
+    srt = np.argsort(e_start, kind="stable")  # emission order is nearly time order: timsort is fast
     e_pid, e_name, e_start, e_end, e_inst = e_pid[srt], e_name[srt], e_start[srt], e_end[srt], e_inst[srt]
     e_kind, e_top, e_trunc = e_kind[srt], e_top[srt], e_trunc[srt]
     del e_level, e_argref, e_neg, e_neg0, srt
@@ -1149,22 +1180,17 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     def opt(a: np.ndarray, type_: pa.DataType = _I64) -> pa.Array:
         return _masked(a, a >= 0, type_)
 
-    i_tensor = [tensor_of_code[c] for c in i_pid.tolist()]
-    i_lane = [lane_of_code[c] for c in i_pid.tolist()]
-    i_op = [_OPS.get(n) if n is not None else None for n in op_names]
-    i_dtype_s = _lookup(dtype_tab, i_dtype)
-    i_shape_s = _lookup(shape_tab, i_shape)
     i_pid_raw = pid_of_code[i_pid] if n_inst else np.empty(0, np.int64)
     neg_wait = np.where((first_tick != _NO_TS), last_tick - first_tick, _NO_TS)
     neg_dur = np.where((neg_start != _NO_TS) & (neg_end != _NO_TS), neg_end - neg_start, _NO_TS)
     instances = pa.table({
         "instance": pa.array(np.arange(n_inst, dtype=np.int64)),
         "pid": pa.array(i_pid_raw),
-        "tensor": pa.array(i_tensor, type=pa.string()).dictionary_encode(),
-        "lane": pa.array(i_lane, type=pa.string()).dictionary_encode(),
+        "tensor": _dict_array(i_pid, tensor_of_code),
+        "lane": _dict_array(i_pid, lane_of_code),
         "seq": pa.array(i_seq),
-        "phase": pa.array(op_names, type=pa.string()),
-        "op": pa.array(i_op, type=pa.string()),
+        "phase": _dict_array(op_name, names),
+        "op": _dict_array(i_op, op_tab),
         "collective_id": opt(coll_id),
         "negotiate_start_ns": ns(neg_start),
         "negotiate_end_ns": ns(neg_end),
@@ -1179,8 +1205,8 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
         "transfer_start_ns": _masked(tr_start, has_tr, pa.int64()),
         "transfer_end_ns": _masked(tr_end, has_tr, pa.int64()),
         "transfer_ns": _masked(tr_union, has_tr, pa.int64()),
-        "dtype": pa.array(i_dtype_s, type=pa.string()),
-        "shape": pa.array(i_shape_s, type=pa.string()),
+        "dtype": _dict_array(i_dtype, dtype_tab),
+        "shape": _dict_array(i_shape, shape_tab),
         "count": opt(i_count),
         "bytes": opt(i_bytes),
         "fusion_group": opt(fusion),
@@ -1190,28 +1216,28 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     })
 
     ci = np.flatnonzero(is_coll)
-    c_op = [i_op[i] for i in ci.tolist()]
-    c_bytes = i_bytes[ci].copy() if ci.size else np.empty(0, np.int64)
-    rs = np.array([o == "reduce_scatter" for o in c_op], dtype=bool) if ci.size else np.empty(0, bool)
+    c_bytes = i_bytes[ci].copy()
+    rs = i_op[ci] == op_tab.index("reduce_scatter")
     if rs.any():
         c_bytes[rs] = np.where(c_bytes[rs] >= 0, c_bytes[rs] * world, -1) if world else -1
     collectives = pa.Table.from_arrays([
         pa.array(np.zeros(ci.size, np.int32)),
         pa.array(np.arange(ci.size, dtype=np.int64)),
-        pa.array([FORMAT] * ci.size, type=pa.string()),
+        _dict_array(np.zeros(ci.size, np.int32), [FORMAT]).cast(pa.string()),
         pa.array(i_seq[ci]),
-        pa.array(c_op, type=pa.string()),
-        pa.array([i_dtype_s[i] for i in ci.tolist()], type=pa.string()),
+        _dict_array(i_op[ci], op_tab).cast(pa.string()),
+        _dict_array(i_dtype[ci], dtype_tab).cast(pa.string()),
         opt(i_count[ci]),
         opt(c_bytes),
-        pa.array([world] * ci.size, type=pa.int32()),
+        pa.array(np.full(ci.size, world if world is not None else 0, np.int32),
+                 mask=np.full(ci.size, world is None)),
         _null_array(pa.int32(), ci.size),
-        pa.array([None] * ci.size, type=pa.string()),
-        pa.array([None] * ci.size, type=pa.string()),
+        pa.nulls(ci.size, pa.string()),
+        pa.nulls(ci.size, pa.string()),
         _masked(tr_start[ci], has_tr[ci], pa.int64()),
         _masked(tr_end[ci], has_tr[ci], pa.int64()),
-        pa.array([i_lane[i] for i in ci.tolist()], type=pa.string()),
-        pa.array([FORMAT] * ci.size, type=pa.string()),
+        _dict_array(i_pid[ci], lane_of_code).cast(pa.string()),
+        _dict_array(np.zeros(ci.size, np.int32), [FORMAT]).cast(pa.string()),
     ], schema=COLLECTIVES)
 
     t_valid = ~bad_rank
