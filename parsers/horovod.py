@@ -78,8 +78,8 @@ of the logged output; ``bytes`` S of the nccl-tests convention: the output bytes
 none (join, barrier, a cut file); ``lane``; ``source`` ``horovod``.
 
 ``tables["horovod_ticks"]``, one row per rank tick: ``instance`` (row of ``horovod_instances``, null
-for a tick outside any ``NEGOTIATE_*``, e.g. its ``B`` was cut away), ``tensor``, ``pid``, ``seq``,
-``rank``, ``ts_ns``, ``dur_ignored`` (the record carried a non-zero ``dur``; Horovod writes 0, some
+for a tick outside any ``NEGOTIATE_*``, e.g. its ``B`` was cut away), ``tensor``, ``seq``, ``rank``,
+``ts_ns``, ``dur_ignored`` (the record carried a non-zero ``dur``; Horovod writes 0, some
 rewrites put bogus values there; it is never used).
 
 ``tables["horovod_instances"]``, one row per op instance of a tensor (the per-instance negotiation
@@ -121,6 +121,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -371,6 +372,24 @@ class _LooseRec(msgspec.Struct, gc=False):
 
 
 _FAST = msgspec.json.Decoder(list[_Rec])
+_GET_PH, _GET_NAME, _GET_TS, _GET_PID, _GET_DUR, _GET_ARGS = (
+    attrgetter(f) for f in ("ph", "name", "ts", "pid", "dur", "args"))
+
+
+class _Codes(dict):
+    """str -> dense int code; a missing key gets the next code (so lookups can run in ``map``)."""
+
+    def __missing__(self, key: str) -> int:
+        code = self[key] = len(self)
+        return code
+
+
+class _PhCodes(dict):
+    def __missing__(self, key: str) -> int:
+        return PH_OTHER
+
+
+_PH_LOOKUP = _PhCodes(_PH_CODES)
 _LOOSE = msgspec.json.Decoder(list[_LooseRec])
 _LOOSE_ONE = msgspec.json.Decoder(_LooseRec)
 
@@ -501,7 +520,7 @@ class _Parser:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.names: dict[str, int] = {}
+        self.names: dict[str, int] = _Codes()
         self.pids: dict[int, int] = {}  # Horovod pid -> dense code
         self.tensor: dict[int, str] = {}  # Horovod pid -> tensor name
         self.dtypes: dict[str | None, int] = {}
@@ -591,14 +610,13 @@ class _Parser:
 
     def _columns_fast(self, recs: list[_Rec]) -> _Columns:
         n = len(recs)
-        phc = _PH_CODES
-        names = self.names
-        ph = np.fromiter((phc.get(r.ph, PH_OTHER) for r in recs), dtype=np.int8, count=n)
-        name = np.fromiter((names.setdefault(r.name, len(names)) for r in recs), dtype=np.int32, count=n)
-        ts = np.fromiter((r.ts for r in recs), dtype=np.int64, count=n)
-        pid = np.fromiter((r.pid for r in recs), dtype=np.int64, count=n)
-        dur = np.fromiter((r.dur != 0 for r in recs), dtype=bool, count=n)
-        has_args = np.fromiter((r.args is not None for r in recs), dtype=bool, count=n)
+        # C-level iteration (map, attrgetter, dict lookups that rarely miss): no Python frame per record
+        ph = np.fromiter(map(_PH_LOOKUP.__getitem__, map(_GET_PH, recs)), dtype=np.int8, count=n)
+        name = np.fromiter(map(self.names.__getitem__, map(_GET_NAME, recs)), dtype=np.int32, count=n)
+        ts = np.fromiter(map(_GET_TS, recs), dtype=np.int64, count=n)
+        pid = np.fromiter(map(_GET_PID, recs), dtype=np.int64, count=n)
+        dur = np.fromiter(map(bool, map(_GET_DUR, recs)), dtype=bool, count=n)
+        has_args = np.fromiter(map(bool, map(_GET_ARGS, recs)), dtype=bool, count=n)
         ai = np.flatnonzero(has_args)
         meta = {i: recs[i].args for i in ai[ph[ai] == PH_M].tolist()}
         end_idx = ai[ph[ai] == PH_E]
@@ -1139,39 +1157,56 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     lane_of_code = [f"horovod/{t}" if t is not None else f"horovod/pid {pid}"
                     for t, pid in zip(tensor_of_code, pid_of_code.tolist(), strict=True)]
 
-    # ---- events table (sorted by start) ----
+    # ---- events table (sorted by start; one column at a time to keep the peak low) ----
     srt = np.argsort(e_start, kind="stable")  # emission order is nearly time order: timsort is fast
-    e_pid, e_name, e_start, e_end, e_inst = e_pid[srt], e_name[srt], e_start[srt], e_end[srt], e_inst[srt]
-    e_kind, e_top, e_trunc = e_kind[srt], e_top[srt], e_trunc[srt]
-    del e_level, e_argref, e_neg, e_neg0, srt
-    safe = np.maximum(e_inst, 0)
-    inst_ok = e_inst >= 0
-    ev_bytes = np.where(inst_ok & (e_top | (e_kind == comm_k)), i_bytes[safe] if n_inst else -1, -1)
+    del e_level, e_argref, e_neg, e_neg0
+    inst_s = e_inst[srt]
+    del e_inst
+    safe = np.maximum(inst_s, 0)
+    inst_ok = inst_s >= 0
+    del inst_s
+    kind_s = e_kind[srt]
+    ev_bytes = np.where(inst_ok & (e_top[srt] | (kind_s == comm_k)), i_bytes[safe] if n_inst else -1, -1)
+    del e_top, e_kind
+    col_bytes = _masked(ev_bytes, ev_bytes >= 0, pa.int64())
+    del ev_bytes
     ev_iter = np.where(inst_ok, i_iter[safe] if n_inst else -1, -1)
+    col_iter = _masked(ev_iter, ev_iter >= 0, pa.int64())
+    del ev_iter
     ev_coll = np.where(inst_ok, coll_id[safe] if n_inst else -1, -1)
+    col_coll = _masked(ev_coll, ev_coll >= 0, pa.int64())
+    del ev_coll, safe, inst_ok
+    start_s = e_start[srt]
+    del e_start
+    dur_s = e_end[srt] - start_s
+    del e_end
+    pid_s = e_pid[srt]
+    del e_pid
+    trunc_rows = np.flatnonzero(e_trunc[srt]).astype(np.int64)
+    del e_trunc
     events = pa.Table.from_arrays([
         pa.array(np.zeros(n_ev, np.int32)),
-        _dict_array(e_pid, lane_of_code),
-        _dict_array(e_kind, kinds),
-        _dict_array(e_name, names),
+        _dict_array(pid_s, lane_of_code),
+        _dict_array(kind_s, kinds),
+        _dict_array(e_name[srt], names),
         _dict_array(np.zeros(n_ev, np.int32), [FORMAT]),
-        pa.array(e_start),
-        pa.array(e_end - e_start),
-        pa.array(pid_of_code[e_pid] if n_ev else np.empty(0, np.int64)),
+        pa.array(start_s),
+        pa.array(dur_s),
+        pa.array(pid_of_code[pid_s] if n_ev else np.empty(0, np.int64)),
         _null_array(pa.int64(), n_ev),
         _null_array(pa.int32(), n_ev),
         _null_array(pa.int64(), n_ev),
         _null_array(pa.int64(), n_ev),
         _null_array(pa.int64(), n_ev),
-        _masked(ev_bytes, ev_bytes >= 0, pa.int64()),
-        _masked(ev_iter, ev_iter >= 0, pa.int64()),
-        _masked(ev_coll, ev_coll >= 0, pa.int64()),
+        col_bytes,
+        col_iter,
+        col_coll,
     ], schema=EVENTS)
+    del e_name, srt, pid_s, kind_s, start_s, dur_s, col_bytes, col_iter, col_coll
     flags = pa.table({
-        "row": pa.array(np.flatnonzero(e_trunc).astype(np.int64)),
-        "flag": _dict_array(np.zeros(int(e_trunc.sum()), np.int32), ["truncated"]),
+        "row": pa.array(trunc_rows),
+        "flag": _dict_array(np.zeros(trunc_rows.size, np.int32), ["truncated"]),
     })
-    del e_pid, e_name, e_start, e_end, e_inst, e_kind, e_top, e_trunc, ev_bytes, ev_iter, ev_coll, safe
 
     # ---- instance-level tables ----
     def ns(a: np.ndarray) -> pa.Array:
@@ -1244,7 +1279,6 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     ticks = pa.table({
         "instance": opt(t_inst[t_valid]),
         "tensor": _dict_array(t_pid[t_valid], tensor_of_code),  # type: ignore[arg-type]
-        "pid": pa.array(pid_of_code[t_pid[t_valid]] if t_pid.size else np.empty(0, np.int64)),
         "seq": _masked(i_seq[np.maximum(t_inst[t_valid], 0)] if n_inst else np.zeros(int(t_valid.sum()),
                        np.int64), t_inst[t_valid] >= 0, pa.int64()),
         "rank": pa.array(t_rank[t_valid].astype(np.int32)),

@@ -53,7 +53,7 @@ def observed(pf: ParsedFile) -> dict[str, Any]:
                            ev["start_ns"][i] + ev["dur_ns"][i], i in flags, ev["collective_id"][i])
                           for i in range(len(ev["pid"]))),
         "instances": list(zip(inst["pid"], inst["seq"], inst["phase"], strict=True)),
-        "ticks": Counter(zip(tk["pid"], tk["instance"], tk["rank"], tk["ts_ns"], strict=True)),
+        "ticks": Counter(zip(tk["tensor"], tk["instance"], tk["rank"], tk["ts_ns"], strict=True)),
         "collective_of": inst["collective_id"],
     }
 
@@ -65,7 +65,7 @@ def expected(records: list[dict[str, Any]], collective_of: list[int | None]) -> 
     return {
         "events": Counter((p, n, s, e, t, coll[i]) for p, n, s, e, t, i in ref.events),
         "instances": ref.instances,
-        "ticks": Counter(ref.ticks),
+        "ticks": Counter((ref.tensors.get(p), i, r, ts) for p, i, r, ts in ref.ticks),
     }
 
 
@@ -151,8 +151,10 @@ def check_truth(pf: ParsedFile, tl: Timeline) -> None:
     cycles = pf.tables["horovod_cycles"].column("start_ns").to_pylist()
     assert cycles == sorted(ns + c * 1000 for c in tl.cycles)
     # ticks
-    tk = Counter((r["pid"], r["seq"], r["rank"], r["ts_ns"]) for r in pf.tables["horovod_ticks"].to_pylist())
-    assert tk == Counter((t.pid, t.seq, rank, ns + ts * 1000) for t in tl.instances for rank, ts in t.ticks)
+    tk = Counter((r["tensor"], r["seq"], r["rank"], r["ts_ns"])
+                 for r in pf.tables["horovod_ticks"].to_pylist())
+    assert tk == Counter((t.tensor, t.seq, rank, ns + ts * 1000)
+                         for t in tl.instances for rank, ts in t.ticks)
     # events: every phase once, kinds and bytes
     ev = pf.events.to_pylist()
     assert len(ev) == sum(2 + len(t.phases) for t in tl.instances)
