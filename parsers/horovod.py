@@ -78,8 +78,8 @@ of the logged output; ``bytes`` S of the nccl-tests convention: the output bytes
 none (join, barrier, a cut file); ``lane``; ``source`` ``horovod``.
 
 ``tables["horovod_ticks"]``, one row per rank tick: ``instance`` (row of ``horovod_instances``, null
-for a tick outside any ``NEGOTIATE_*``, e.g. its ``B`` was cut away), ``tensor``, ``seq``, ``rank``,
-``ts_ns``, ``dur_ignored`` (the record carried a non-zero ``dur``; Horovod writes 0, some
+for a tick outside any ``NEGOTIATE_*``, e.g. its ``B`` was cut away; join it for ``seq``), ``tensor``,
+``rank``, ``ts_ns``, ``dur_ignored`` (the record carried a non-zero ``dur``; Horovod writes 0, some
 rewrites put bogus values there; it is never used).
 
 ``tables["horovod_instances"]``, one row per op instance of a tensor (the per-instance negotiation
@@ -139,8 +139,8 @@ FORMAT = "horovod"
 #: transfer intervals closer than this belong to one fusion group
 FUSION_TOL_NS = 2_000
 #: input block and record batch sizes (module attributes so tests can make them tiny)
-_BLOCK_BYTES = 16 << 20
-_BATCH_BYTES = 8 << 20
+_BLOCK_BYTES = 4 << 20
+_BATCH_BYTES = 4 << 20
 
 # ---------------------------------------------------------------------------------------------------
 # Phase vocabulary
@@ -467,7 +467,7 @@ class _Events:
 
     pid: list[np.ndarray] = field(default_factory=list)
     name: list[np.ndarray] = field(default_factory=list)
-    level: list[np.ndarray] = field(default_factory=list)
+    top: list[np.ndarray] = field(default_factory=list)  # level 0 (negotiation or top-level op)
     start: list[np.ndarray] = field(default_factory=list)
     end: list[np.ndarray] = field(default_factory=list)
     inst: list[np.ndarray] = field(default_factory=list)
@@ -481,12 +481,18 @@ class _Ticks:
     inst: list[np.ndarray] = field(default_factory=list)
     name: list[np.ndarray] = field(default_factory=list)
     ts: list[np.ndarray] = field(default_factory=list)
-    order: list[np.ndarray] = field(default_factory=list)
     dur: list[np.ndarray] = field(default_factory=list)
 
 
 def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+
+
+def _pop(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """Concatenate ``parts`` and empty the list (the pieces are freed before the next column)."""
+    out = _cat(parts, dtype)
+    parts.clear()
+    return out
 
 
 def _grow(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
@@ -825,14 +831,14 @@ class _Parser:
         enc_neg = np.where(enc >= 0, neg_mask[name[np.maximum(enc, 0)]], False)
         b_inst = np.where(l0_all, inst, enc_inst)
 
-        ev = self.ev
-        ev.pid.append(pidc[b_rows])
+        ev = self.ev  # compact types: these lists hold every event until the end
+        ev.pid.append(pidc[b_rows].astype(np.int32))
         ev.name.append(name[b_rows])
-        ev.level.append(level[b_rows])
+        ev.top.append(level[b_rows] == 0)
         ev.start.append(ts[b_rows])
         ev.end.append(ts[e_rows])
-        ev.inst.append(b_inst[b_rows])
-        ev.argref.append(argref[e_rows])
+        ev.inst.append(b_inst[b_rows].astype(np.int32))
+        ev.argref.append(argref[e_rows].astype(np.int32))
         ev.truncated.append(np.zeros(b_rows.size, bool))
 
         x = np.flatnonzero(is_x)
@@ -841,11 +847,10 @@ class _Parser:
             self.counts["x_without_b"] += int((~inside).sum())
             self.counts["bogus_dur"] += int(dur[x].sum())
             tk = self.ticks
-            tk.pid.append(pidc[x])
-            tk.inst.append(np.where(inside, enc_inst[x], -1))
+            tk.pid.append(pidc[x].astype(np.int32))  # per pid in file order, so per instance too
+            tk.inst.append(np.where(inside, enc_inst[x], -1).astype(np.int32))
             tk.name.append(name[x])
             tk.ts.append(ts[x])
-            tk.order.append(order[x])
             tk.dur.append(dur[x])
 
         ob = np.flatnonzero(open_b)
@@ -861,13 +866,13 @@ class _Parser:
         _, starts = _group_starts(cr["pid"])
         level = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
         ev = self.ev
-        ev.pid.append(cr["pid"])
+        ev.pid.append(cr["pid"].astype(np.int32))
         ev.name.append(cr["name"])
-        ev.level.append(level)
+        ev.top.append(level == 0)
         ev.start.append(cr["ts"])
         ev.end.append(np.full(n, self.max_ts, np.int64))
-        ev.inst.append(cr["inst"])
-        ev.argref.append(np.full(n, -1, np.int64))
+        ev.inst.append(cr["inst"].astype(np.int32))
+        ev.argref.append(np.full(n, -1, np.int32))
         ev.truncated.append(np.ones(n, bool))
         return n
 
@@ -885,7 +890,14 @@ def _null_array(type_: pa.DataType, n: int) -> pa.Array:
 
 
 def _masked(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.Array:
-    return pa.array(values, type=type_, mask=~valid)
+    """``values`` as an Arrow array with nulls where not ``valid``, sharing the numpy buffer (no copy)
+    when the dtypes agree: the result tables are most of the memory a big timeline needs."""
+    if values.dtype != type_.to_pandas_dtype() or values.dtype == np.bool_:
+        return pa.array(values, type=type_, mask=~valid)
+    values = np.ascontiguousarray(values)
+    n_null = int(values.size - np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if n_null else None
+    return pa.Array.from_buffers(type_, values.size, [bitmap, pa.py_buffer(values)], null_count=n_null)
 
 
 def _dict_array(indices: np.ndarray, dictionary: list[str | None] | list[str]) -> pa.Array:
@@ -1003,26 +1015,27 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     neg_mask, _ = p._name_masks()
     epoch_ns = (p.epoch_us or 0) * 1000
 
-    # ---- events (raw, in emission order) ----
+    # ---- events (raw, in emission order; each list is freed as soon as it is concatenated) ----
     ev = p.ev
-    e_pid = _cat(ev.pid, np.int64)
-    e_name = _cat(ev.name, np.int32)
-    e_level = _cat(ev.level, np.int64)
-    e_start = _cat(ev.start, np.int64) + epoch_ns
-    e_end = _cat(ev.end, np.int64) + epoch_ns
-    e_inst = _cat(ev.inst, np.int64)
-    e_argref = _cat(ev.argref, np.int64)
-    e_trunc = _cat(ev.truncated, bool)
-    del p.ev
-    n_ev = e_pid.size
+    e_inst = _pop(ev.inst, np.int32)
+    e_name = _pop(ev.name, np.int32)
+    e_level0 = _pop(ev.top, bool)
+    e_argref = _pop(ev.argref, np.int32)
+    e_trunc = _pop(ev.truncated, bool)
+    e_start = _pop(ev.start, np.int64)
+    e_start += epoch_ns
+    e_end = _pop(ev.end, np.int64)
+    e_end += epoch_ns
+    n_ev = e_inst.size
 
     kinds = ["compute", "comm", "memory", "cpu_op", "runtime", "annotation", "wait", "queue"]
-    kind_of_name = np.array([kinds.index(phase_kind(s)) for s in names] or [0], dtype=np.int32)
-    e_kind = kind_of_name[e_name] if n_ev else np.empty(0, np.int32)
+    kind_of_name = np.array([kinds.index(phase_kind(s)) for s in names] or [0], dtype=np.int8)
     comm_k = kinds.index("comm")
+    is_comm_name = kind_of_name == comm_k
     e_neg = neg_mask[e_name] if n_ev else np.empty(0, bool)
-    e_top = (e_level == 0) & ~e_neg  # the top-level op of an instance
-    e_neg0 = (e_level == 0) & e_neg
+    e_top = e_level0 & ~e_neg  # the top-level op of an instance
+    e_neg0 = e_level0 & e_neg
+    del e_level0, e_neg
 
     # ---- instances ----
     n_inst = p.n_inst
@@ -1039,14 +1052,15 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     i_trunc = np.zeros(n_inst, bool)
     np.logical_or.at(i_trunc, e_inst[has_inst], e_trunc[has_inst])
 
-    comm = (e_kind == comm_k) & has_inst
+    comm = is_comm_name[e_name] & has_inst if n_ev else np.empty(0, bool)
     big = np.iinfo(np.int64).max
     tr_start = np.full(n_inst, big, np.int64)
     tr_end = np.full(n_inst, _NO_TS, np.int64)
     np.minimum.at(tr_start, e_inst[comm], e_start[comm])
     np.maximum.at(tr_end, e_inst[comm], e_end[comm])
     has_tr = tr_end != _NO_TS
-    tr_union = _union_len(e_inst[comm], e_start[comm], e_end[comm], n_inst)
+    tr_union = _union_len(e_inst[comm].astype(np.int64), e_start[comm], e_end[comm], n_inst)
+    del comm, has_inst, e_neg0
 
     # dtype / shape / bytes (parsed once per distinct string)
     dtype_tab = [None] * len(p.dtypes)
@@ -1067,16 +1081,25 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     i_size = np.where(i_dtype >= 0, size_tab[np.maximum(i_dtype, 0)], -1)
     i_bytes = np.where((i_count >= 0) & (i_size > 0), i_count * np.maximum(i_size, 0), -1)
 
+    # ---- pid dictionaries ----
+    pid_of_code = np.empty(len(p.pids), np.int64)
+    for pid, code in p.pids.items():
+        pid_of_code[code] = pid
+    tensor_of_code: list[str | None] = [p.tensor.get(int(pid)) for pid in pid_of_code.tolist()]
+    lane_of_code = [f"horovod/{t}" if t is not None else f"horovod/pid {pid}"
+                    for t, pid in zip(tensor_of_code, pid_of_code.tolist(), strict=True)]
+
     # ---- ticks ----
     tk = p.ticks
-    t_pid = _cat(tk.pid, np.int64)
-    t_inst = _cat(tk.inst, np.int64)
-    t_name = _cat(tk.name, np.int32)
-    t_ts = _cat(tk.ts, np.int64) + epoch_ns
-    t_order = _cat(tk.order, np.int64)
-    t_dur = _cat(tk.dur, bool)
-    rank_tab = np.array([int(s) if s.strip().isdigit() else -1 for s in names] or [-1], np.int64)
-    t_rank = rank_tab[t_name] if t_name.size else np.empty(0, np.int64)
+    t_pid = _pop(tk.pid, np.int32)
+    t_inst = _pop(tk.inst, np.int32)
+    t_name = _pop(tk.name, np.int32)
+    t_ts = _pop(tk.ts, np.int64)
+    t_ts += epoch_ns
+    t_dur = _pop(tk.dur, bool)
+    rank_tab = np.array([int(s) if s.strip().isdigit() else -1 for s in names] or [-1], np.int32)
+    t_rank = rank_tab[t_name] if t_name.size else np.empty(0, np.int32)
+    del t_name
     bad_rank = t_rank < 0
     n_ticks = np.zeros(n_inst, np.int64)
     first_tick = np.full(n_inst, _NO_TS, np.int64)
@@ -1084,7 +1107,8 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     straggler = np.full(n_inst, -1, np.int64)
     tin = np.flatnonzero((t_inst >= 0) & ~bad_rank)
     if tin.size:
-        gi, ts_i, order_i = t_inst[tin], t_ts[tin], t_order[tin]
+        # ticks of one instance are stored in file order, so the index orders them like the file
+        gi, ts_i, order_i = t_inst[tin], t_ts[tin], tin
         n_ticks = np.bincount(gi, minlength=n_inst).astype(np.int64)
         first_tick = np.full(n_inst, np.iinfo(np.int64).max, np.int64)
         np.minimum.at(first_tick, gi, ts_i)
@@ -1097,8 +1121,20 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
         win = cand & (order_i == best[gi])
         straggler[gi[win]] = t_rank[tin][win]
         straggler[n_ticks < 2] = -1
+        del gi, ts_i, order_i, cand, best, win
     # every rank ticks in the first (uncached) negotiation of a tensor: ranks are 0 .. world-1
     world = int(t_rank[~bad_rank].max() + 1) if (~bad_rank).any() else None
+    n_bad_rank = int(bad_rank.sum())
+    keep = slice(None) if not n_bad_rank else ~bad_rank
+    t_inst64 = t_inst[keep].astype(np.int64)
+    ticks = pa.table({
+        "instance": _masked(t_inst64, t_inst64 >= 0, pa.int64()),
+        "tensor": _dict_array(t_pid[keep], tensor_of_code),  # type: ignore[arg-type]
+        "rank": _masked(t_rank[keep], np.ones(t_rank[keep].size, bool), pa.int32()),
+        "ts_ns": _masked(t_ts[keep], np.ones(t_ts[keep].size, bool), pa.int64()),
+        "dur_ignored": pa.array(t_dur[keep]),
+    })
+    del t_pid, t_inst, t_inst64, t_ts, t_dur, t_rank, tin, keep
 
     # ---- collectives ----
     # normalised op per name code (-1: not a collective op, e.g. ERROR or an unknown top level)
@@ -1149,25 +1185,19 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     iter_end = np.r_[iter_starts[1:], [max(last_end or 0, int(iter_starts[-1]))]] if iter_starts.size \
         else np.empty(0, np.int64)
 
-    # ---- pid dictionaries ----
-    pid_of_code = np.empty(len(p.pids), np.int64)
-    for pid, code in p.pids.items():
-        pid_of_code[code] = pid
-    tensor_of_code: list[str | None] = [p.tensor.get(int(pid)) for pid in pid_of_code.tolist()]
-    lane_of_code = [f"horovod/{t}" if t is not None else f"horovod/pid {pid}"
-                    for t, pid in zip(tensor_of_code, pid_of_code.tolist(), strict=True)]
-
     # ---- events table (sorted by start; one column at a time to keep the peak low) ----
     srt = np.argsort(e_start, kind="stable")  # emission order is nearly time order: timsort is fast
-    del e_level, e_argref, e_neg, e_neg0
+    del e_argref
     inst_s = e_inst[srt]
     del e_inst
     safe = np.maximum(inst_s, 0)
     inst_ok = inst_s >= 0
     del inst_s
-    kind_s = e_kind[srt]
+    name_s = e_name[srt]
+    del e_name
+    kind_s = kind_of_name[name_s] if n_ev else np.empty(0, np.int8)
     ev_bytes = np.where(inst_ok & (e_top[srt] | (kind_s == comm_k)), i_bytes[safe] if n_inst else -1, -1)
-    del e_top, e_kind
+    del e_top
     col_bytes = _masked(ev_bytes, ev_bytes >= 0, pa.int64())
     del ev_bytes
     ev_iter = np.where(inst_ok, i_iter[safe] if n_inst else -1, -1)
@@ -1180,15 +1210,14 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     del e_start
     dur_s = e_end[srt] - start_s
     del e_end
-    pid_s = e_pid[srt]
-    del e_pid
+    pid_s = _pop(ev.pid, np.int32)[srt]
     trunc_rows = np.flatnonzero(e_trunc[srt]).astype(np.int64)
     del e_trunc
     events = pa.Table.from_arrays([
         pa.array(np.zeros(n_ev, np.int32)),
         _dict_array(pid_s, lane_of_code),
         _dict_array(kind_s, kinds),
-        _dict_array(e_name[srt], names),
+        _dict_array(name_s, names),
         _dict_array(np.zeros(n_ev, np.int32), [FORMAT]),
         pa.array(start_s),
         pa.array(dur_s),
@@ -1202,7 +1231,7 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
         col_iter,
         col_coll,
     ], schema=EVENTS)
-    del e_name, srt, pid_s, kind_s, start_s, dur_s, col_bytes, col_iter, col_coll
+    del name_s, srt, pid_s, kind_s, start_s, dur_s, col_bytes, col_iter, col_coll
     flags = pa.table({
         "row": pa.array(trunc_rows),
         "flag": _dict_array(np.zeros(trunc_rows.size, np.int32), ["truncated"]),
@@ -1275,17 +1304,6 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
         _dict_array(np.zeros(ci.size, np.int32), [FORMAT]).cast(pa.string()),
     ], schema=COLLECTIVES)
 
-    t_valid = ~bad_rank
-    ticks = pa.table({
-        "instance": opt(t_inst[t_valid]),
-        "tensor": _dict_array(t_pid[t_valid], tensor_of_code),  # type: ignore[arg-type]
-        "seq": _masked(i_seq[np.maximum(t_inst[t_valid], 0)] if n_inst else np.zeros(int(t_valid.sum()),
-                       np.int64), t_inst[t_valid] >= 0, pa.int64()),
-        "rank": pa.array(t_rank[t_valid].astype(np.int32)),
-        "ts_ns": pa.array(t_ts[t_valid]),
-        "dur_ignored": pa.array(t_dur[t_valid]),
-    })
-    n_bad_rank = int(bad_rank.sum())
 
     iterations = pa.Table.from_arrays([
         pa.array(np.zeros(iter_starts.size, np.int32)),

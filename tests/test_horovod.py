@@ -151,7 +151,8 @@ def check_truth(pf: ParsedFile, tl: Timeline) -> None:
     cycles = pf.tables["horovod_cycles"].column("start_ns").to_pylist()
     assert cycles == sorted(ns + c * 1000 for c in tl.cycles)
     # ticks
-    tk = Counter((r["tensor"], r["seq"], r["rank"], r["ts_ns"])
+    seq_of = {r["instance"]: r["seq"] for r in inst}
+    tk = Counter((r["tensor"], seq_of[r["instance"]], r["rank"], r["ts_ns"])
                  for r in pf.tables["horovod_ticks"].to_pylist())
     assert tk == Counter((t.tensor, t.seq, rank, ns + ts * 1000)
                          for t in tl.instances for rank, ts in t.ticks)
@@ -485,7 +486,7 @@ def test_lenient_records(tmp_path: Path) -> None:
     assert ev["GLOO_ALLREDUCE"]["dur_ns"] == 6_250
     assert ev["GLOO_ALLREDUCE"]["bytes"] == 12 and ev["GLOO_ALLREDUCE"]["kind"] == "comm"
     tk = pf.tables["horovod_ticks"].to_pylist()
-    assert [(t["rank"], t["ts_ns"], t["dur_ignored"], t["seq"]) for t in tk] == [(0, 101_000, True, 0)]
+    assert [(t["rank"], t["ts_ns"], t["dur_ignored"], t["instance"]) for t in tk] == [(0, 101_000, True, 0)]
     m = pf.meta
     assert (m["no_ts"], m["no_pid"], m["unknown_ph"], m["unknown_instants"], m["cycles"]) == (1, 1, 1, 1, 1)
     assert m["skipped_records"] == 1
