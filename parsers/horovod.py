@@ -44,7 +44,9 @@ Times are int64 ns: ``(T0 + ts) * 1000`` with the >= 0.20.1 header, else ``ts * 
 origin (``meta["clock"]``). Ranks: only rank 0 writes, so every row has ``rank`` 0, and rows are
 (job, tensor) rather than (rank, stream).
 
-``events`` (tracekit.schema.EVENTS), one row per B/E pair, sorted by ``start_ns``:
+``events`` (tracekit.schema.EVENTS), one row per B/E pair. Rows come in chunks, one per input batch,
+each sorted by ``start_ns`` (the table as a whole is not: sort it when you need global time order; it is
+nearly sorted, so that is cheap). Phases still open at the end are the last chunk. Columns:
 
 * ``rank`` 0; ``lane`` ``horovod/<tensor name>`` (``horovod/pid <N>`` when the name record is
   missing); ``name`` the phase name verbatim; ``cat`` ``horovod``; ``pid`` Horovod's pid (= tensor
@@ -120,9 +122,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -461,27 +463,50 @@ class _Columns:
 # Parser state
 
 
-@dataclass
-class _Events:
-    """Paired events accumulated over batches (column lists, concatenated at the end)."""
-
-    pid: list[np.ndarray] = field(default_factory=list)
-    name: list[np.ndarray] = field(default_factory=list)
-    top: list[np.ndarray] = field(default_factory=list)  # level 0 (negotiation or top-level op)
-    start: list[np.ndarray] = field(default_factory=list)
-    end: list[np.ndarray] = field(default_factory=list)
-    inst: list[np.ndarray] = field(default_factory=list)
-    argref: list[np.ndarray] = field(default_factory=list)
-    truncated: list[np.ndarray] = field(default_factory=list)
+_MAX_I64 = np.iinfo(np.int64).max
 
 
-@dataclass
-class _Ticks:
-    pid: list[np.ndarray] = field(default_factory=list)
-    inst: list[np.ndarray] = field(default_factory=list)
-    name: list[np.ndarray] = field(default_factory=list)
-    ts: list[np.ndarray] = field(default_factory=list)
-    dur: list[np.ndarray] = field(default_factory=list)
+class _Instances:
+    """Per op instance, filled while streaming by vectorised scatters (grown by doubling)."""
+
+    FIELDS: ClassVar[dict[str, tuple[Any, Any]]] = {
+        "pid": (np.int32, -1),  # pid code
+        "seq": (np.int64, -1),
+        "neg_start": (np.int64, _NO_TS),
+        "neg_end": (np.int64, _NO_TS),
+        "op_name": (np.int32, -1),
+        "op_start": (np.int64, _NO_TS),
+        "op_end": (np.int64, _NO_TS),
+        "op_argref": (np.int64, -1),
+        "trunc": (np.bool_, False),
+        "tr_start": (np.int64, _MAX_I64),
+        "tr_end": (np.int64, _NO_TS),
+        "n_ticks": (np.int64, 0),
+        "first_tick": (np.int64, _MAX_I64),
+        "last_tick": (np.int64, _NO_TS),
+        "straggler": (np.int32, -1),
+    }
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.a: dict[str, np.ndarray] = {k: np.full(1024, fill, dt) for k, (dt, fill) in self.FIELDS.items()}
+
+    def grow(self, n: int) -> None:
+        self.n = n
+        cap = next(iter(self.a.values())).size
+        if n <= cap:
+            return
+        cap = max(n, 2 * cap)
+        for k, (dt, fill) in self.FIELDS.items():
+            new = np.full(cap, fill, dt)
+            new[: self.a[k].size] = self.a[k]
+            self.a[k] = new
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.a[key]
+
+    def final(self, key: str) -> np.ndarray:
+        return self.a[key][: self.n]
 
 
 def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -543,23 +568,27 @@ class _Parser:
         self.counts: dict[str, int] = {
             "e_without_b": 0, "x_without_b": 0, "no_pid": 0, "no_ts": 0, "unknown_ph": 0,
             "unknown_instants": 0, "skipped_records": 0, "bogus_dur": 0, "pair_anomalies": 0,
-            "name_conflicts": 0, "header_conflicts": 0,
+            "name_conflicts": 0, "header_conflicts": 0, "bad_rank": 0,
         }
         # per-pid state (indexed by pid code)
         self.last0_neg = np.zeros(16, dtype=bool)
         self.cur_inst = np.full(16, -1, dtype=np.int64)
         self.seq_next = np.zeros(16, dtype=np.int64)
-        # instances
-        self.inst_pid: list[np.ndarray] = []
-        self.inst_seq: list[np.ndarray] = []
+        # instances, and the output as chunks (one per batch) of nearly final columns
+        self.inst = _Instances()
         self.n_inst = 0
+        self.chunks: list[dict[str, Any]] = []
+        self.tick_chunks: list[dict[str, np.ndarray]] = []
+        self.comm_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.first_start = _MAX_I64
+        self.last_end = _NO_TS
+        self.max_rank = -1
+        self._lookups: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         # open B records carried between batches, in (pid, file order) order
         self.carry = {
             "pid": np.empty(0, np.int64), "order": np.empty(0, np.int64), "ts": np.empty(0, np.int64),
             "name": np.empty(0, np.int32), "inst": np.empty(0, np.int64),
         }
-        self.ev = _Events()
-        self.ticks = _Ticks()
 
     # -- names ----------------------------------------------------------------------------------------
 
@@ -578,6 +607,17 @@ class _Parser:
         neg = np.fromiter((t.startswith("NEGOTIATE_") for t in table), dtype=bool, count=len(table))
         return neg, ~neg
 
+    def lookups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per name code: is NEGOTIATE_*, is a transfer (comm) phase, the rank of a tick (-1: none)."""
+        if self._lookups is None or self._lookups[0] != len(self.names):
+            table = self._name_table()
+            neg = np.fromiter((t.startswith("NEGOTIATE_") for t in table), bool, len(table))
+            comm = np.fromiter((t.startswith(_TRANSFER_PREFIXES) for t in table), bool, len(table))
+            rank = np.fromiter((int(t) if t.strip().isdigit() and len(t) < 10 else -1 for t in table),
+                               np.int32, len(table))
+            self._lookups = (len(table), neg, comm, rank)
+        return self._lookups[1], self._lookups[2], self._lookups[3]
+
     # -- decoding -------------------------------------------------------------------------------------
 
     def decode(self, batch: Batch, to_input: Any) -> _Columns | None:
@@ -588,7 +628,7 @@ class _Parser:
         except msgspec.DecodeError:
             recs = None
         if recs is not None:
-            return self._columns_fast(recs)
+            return self._columns_fast(recs, batch.data)
         try:
             loose = _LOOSE.decode(batch.data)
         except msgspec.DecodeError:
@@ -614,14 +654,17 @@ class _Parser:
                     self.counts["skipped_records"] += 1
         return self._columns_loose(loose)
 
-    def _columns_fast(self, recs: list[_Rec]) -> _Columns:
+    def _columns_fast(self, recs: list[_Rec], data: bytes = b"") -> _Columns:
         n = len(recs)
         # C-level iteration (map, attrgetter, dict lookups that rarely miss): no Python frame per record
         ph = np.fromiter(map(_PH_LOOKUP.__getitem__, map(_GET_PH, recs)), dtype=np.int8, count=n)
         name = np.fromiter(map(self.names.__getitem__, map(_GET_NAME, recs)), dtype=np.int32, count=n)
         ts = np.fromiter(map(_GET_TS, recs), dtype=np.int64, count=n)
         pid = np.fromiter(map(_GET_PID, recs), dtype=np.int64, count=n)
-        dur = np.fromiter(map(bool, map(_GET_DUR, recs)), dtype=bool, count=n)
+        if data and data.count(b'"dur"') == data.count(b'"dur": 0}'):
+            dur = np.zeros(n, bool)  # Horovod's own ticks: every dur is 0 (a bytes scan, no per-record pass)
+        else:
+            dur = np.fromiter(map(bool, map(_GET_DUR, recs)), dtype=bool, count=n)
         has_args = np.fromiter(map(bool, map(_GET_ARGS, recs)), dtype=bool, count=n)
         ai = np.flatnonzero(has_args)
         meta = {i: recs[i].args for i in ai[ph[ai] == PH_M].tolist()}
@@ -816,10 +859,11 @@ class _Parser:
             gfirst = np.flatnonzero(first)
             before_group = np.repeat(cnew[gfirst] - new[gfirst], np.diff(np.r_[gfirst, l0.size]))
             seq = self.seq_next[p0] + (cnew - before_group) - 1
-            order_new = np.argsort(ranks, kind="stable")
-            self.inst_pid.append(p0[new][order_new])
-            self.inst_seq.append(seq[new][order_new])
+            gids = self.n_inst + ranks
             self.n_inst += new_rows.size
+            self.inst.grow(self.n_inst)
+            self.inst["pid"][gids] = p0[new]
+            self.inst["seq"][gids] = seq[new]
             last = np.r_[gfirst[1:] - 1, l0.size - 1]
             lp = p0[last]
             self.last0_neg[lp] = is_neg[last]
@@ -831,27 +875,14 @@ class _Parser:
         enc_neg = np.where(enc >= 0, neg_mask[name[np.maximum(enc, 0)]], False)
         b_inst = np.where(l0_all, inst, enc_inst)
 
-        ev = self.ev  # compact types: these lists hold every event until the end
-        ev.pid.append(pidc[b_rows].astype(np.int32))
-        ev.name.append(name[b_rows])
-        ev.top.append(level[b_rows] == 0)
-        ev.start.append(ts[b_rows])
-        ev.end.append(ts[e_rows])
-        ev.inst.append(b_inst[b_rows].astype(np.int32))
-        ev.argref.append(argref[e_rows].astype(np.int32))
-        ev.truncated.append(np.zeros(b_rows.size, bool))
-
+        self._emit(pidc[b_rows], name[b_rows], level[b_rows] == 0, ts[b_rows], ts[e_rows], b_inst[b_rows],
+                   argref[e_rows], truncated=False)
         x = np.flatnonzero(is_x)
         if x.size:
             inside = (before[x] >= 1) & enc_neg[x]
             self.counts["x_without_b"] += int((~inside).sum())
             self.counts["bogus_dur"] += int(dur[x].sum())
-            tk = self.ticks
-            tk.pid.append(pidc[x].astype(np.int32))  # per pid in file order, so per instance too
-            tk.inst.append(np.where(inside, enc_inst[x], -1).astype(np.int32))
-            tk.name.append(name[x])
-            tk.ts.append(ts[x])
-            tk.dur.append(dur[x])
+            self._emit_ticks(pidc[x], np.where(inside, enc_inst[x], -1), name[x], ts[x], dur[x])
 
         ob = np.flatnonzero(open_b)
         self.carry = {"pid": pidc[ob], "order": order[ob], "ts": ts[ob], "name": name[ob],
@@ -865,16 +896,74 @@ class _Parser:
             return 0
         _, starts = _group_starts(cr["pid"])
         level = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
-        ev = self.ev
-        ev.pid.append(cr["pid"].astype(np.int32))
-        ev.name.append(cr["name"])
-        ev.top.append(level == 0)
-        ev.start.append(cr["ts"])
-        ev.end.append(np.full(n, self.max_ts, np.int64))
-        ev.inst.append(cr["inst"].astype(np.int32))
-        ev.argref.append(np.full(n, -1, np.int32))
-        ev.truncated.append(np.ones(n, bool))
+        self._emit(cr["pid"], cr["name"], level == 0, cr["ts"], np.full(n, self.max_ts, np.int64),
+                   cr["inst"], np.full(n, -1, np.int64), truncated=True)
         return n
+
+    def _emit(self, pidc: np.ndarray, name: np.ndarray, level0: np.ndarray, start: np.ndarray,
+              end: np.ndarray, inst: np.ndarray, argref: np.ndarray, *, truncated: bool) -> None:
+        """Keep a batch of paired events as an output chunk and fold them into their instances."""
+        if not pidc.size:
+            return
+        neg_mask, comm_mask, _ = self.lookups()
+        st = self.inst
+        ok = inst >= 0
+        is_neg = neg_mask[name]
+        neg0 = level0 & is_neg & ok
+        top = level0 & ~is_neg
+        topi = top & ok
+        st["neg_start"][inst[neg0]] = start[neg0]
+        st["neg_end"][inst[neg0]] = end[neg0]
+        st["op_name"][inst[topi]] = name[topi]
+        st["op_start"][inst[topi]] = start[topi]
+        st["op_end"][inst[topi]] = end[topi]
+        st["op_argref"][inst[topi]] = argref[topi]
+        comm = comm_mask[name] & ok
+        if comm.any():
+            np.minimum.at(st["tr_start"], inst[comm], start[comm])
+            np.maximum.at(st["tr_end"], inst[comm], end[comm])
+            self.comm_parts.append((inst[comm].astype(np.int64), start[comm], end[comm]))
+        if truncated:
+            st["trunc"][inst[ok]] = True
+        self.first_start = min(self.first_start, int(start.min()))
+        self.last_end = max(self.last_end, int(end.max()))
+        o = np.argsort(start, kind="stable")  # each chunk in time order
+        self.chunks.append({"pid": pidc[o].astype(np.int32), "name": name[o], "start": start[o],
+                            "dur": (end - start)[o], "inst": inst[o].astype(np.int32), "top": top[o],
+                            "truncated": truncated})
+
+    def _emit_ticks(self, pidc: np.ndarray, inst: np.ndarray, name: np.ndarray, ts: np.ndarray,
+                    dur: np.ndarray) -> None:
+        """Keep a batch of rank ticks (those named by a rank) and fold them into their instances."""
+        _, _, rank_tab = self.lookups()
+        rank = rank_tab[name]
+        valid = rank >= 0
+        self.counts["bad_rank"] += int(valid.size - np.count_nonzero(valid))
+        if not valid.all():
+            pidc, inst, rank, ts, dur = pidc[valid], inst[valid], rank[valid], ts[valid], dur[valid]
+        if not rank.size:
+            return
+        self.max_rank = max(self.max_rank, int(rank.max()))
+        self.tick_chunks.append({"pid": pidc.astype(np.int32), "inst": inst.astype(np.int64), "rank": rank,
+                                 "ts": ts, "dur": dur})
+        inside = inst >= 0
+        if not inside.any():
+            return
+        st = self.inst
+        uq, loc = np.unique(inst[inside], return_inverse=True)
+        t, r = ts[inside], rank[inside]
+        np.add.at(st["n_ticks"], uq, np.bincount(loc, minlength=uq.size))
+        np.minimum.at(st["first_tick"], uq[loc], t)
+        # the last tick of each instance in this batch (ticks of one pid are in file order here, so on
+        # equal ts the later index is the later record); it beats the earlier batches' on ties
+        last = np.full(uq.size, _NO_TS, np.int64)
+        np.maximum.at(last, loc, t)
+        cand = np.flatnonzero(t == last[loc])
+        best = np.full(uq.size, -1, np.int64)
+        np.maximum.at(best, loc[cand], cand)
+        upd = last >= st["last_tick"][uq]
+        st["last_tick"][uq[upd]] = last[upd]
+        st["straggler"][uq[upd]] = r[best[upd]]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -900,18 +989,28 @@ def _masked(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.Arr
     return pa.Array.from_buffers(type_, values.size, [bitmap, pa.py_buffer(values)], null_count=n_null)
 
 
+def _dictionary(values: list[str | None] | list[str]) -> tuple[pa.Array, np.ndarray]:
+    """A dictionary for :func:`_dict_indices`: the strings, and which entries stand for null."""
+    none = np.array([v is None for v in values] or [False], bool)
+    return pa.array([v if v is not None else "" for v in values] or [""], type=pa.string()), none
+
+
+def _dict_indices(indices: np.ndarray, dictionary: tuple[pa.Array, np.ndarray]) -> pa.Array:
+    """A dictionary<int32, string> array over ``dictionary``; negative indices and indices of a None
+    entry become nulls. int32 indices without nulls are shared with numpy, not copied."""
+    values, none = dictionary
+    idx = indices.astype(np.int32, copy=False)
+    mask = idx < 0
+    if none.any() and idx.size:
+        mask |= none[np.maximum(idx, 0)]
+    if mask.any():
+        return pa.DictionaryArray.from_arrays(pa.array(np.where(mask, 0, idx), mask=mask), values)
+    return pa.DictionaryArray.from_arrays(pa.array(idx), values)
+
+
 def _dict_array(indices: np.ndarray, dictionary: list[str | None] | list[str]) -> pa.Array:
     """A dictionary<int32, string> array; negative indices and indices of a None entry become nulls."""
-    idx = indices.astype(np.int32, copy=False)
-    missing = [i for i, d in enumerate(dictionary) if d is None]
-    mask = idx < 0
-    if missing:
-        mask |= np.isin(idx, missing)
-    idx = np.where(mask, 0, idx) if mask.any() else idx
-    if not dictionary:
-        dictionary = [""]
-    values = pa.array([d if d is not None else "" for d in dictionary], type=pa.string())
-    return pa.DictionaryArray.from_arrays(pa.array(idx, mask=mask), values)
+    return _dict_indices(indices, _dictionary(dictionary))
 
 
 _I64 = pa.int64()
@@ -1012,61 +1111,56 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     dangling = p.close_dangling()
     diags = p.diagnostics
     names = p._name_table()
-    neg_mask, _ = p._name_masks()
     epoch_ns = (p.epoch_us or 0) * 1000
+    n_ev = sum(c["start"].size for c in p.chunks)
 
-    # ---- events (raw, in emission order; each list is freed as soon as it is concatenated) ----
-    ev = p.ev
-    e_inst = _pop(ev.inst, np.int32)
-    e_name = _pop(ev.name, np.int32)
-    e_level0 = _pop(ev.top, bool)
-    e_argref = _pop(ev.argref, np.int32)
-    e_trunc = _pop(ev.truncated, bool)
-    e_start = _pop(ev.start, np.int64)
-    e_start += epoch_ns
-    e_end = _pop(ev.end, np.int64)
-    e_end += epoch_ns
-    n_ev = e_inst.size
+    def shift(a: np.ndarray, sentinel: int = _NO_TS) -> np.ndarray:
+        """Add the epoch to the times that are set (in place)."""
+        if epoch_ns:
+            a[a != sentinel] += epoch_ns
+        return a
 
     kinds = ["compute", "comm", "memory", "cpu_op", "runtime", "annotation", "wait", "queue"]
-    kind_of_name = np.array([kinds.index(phase_kind(s)) for s in names] or [0], dtype=np.int8)
+    kind_of_name = np.array([kinds.index(phase_kind(s)) for s in names] or [0], dtype=np.int32)
     comm_k = kinds.index("comm")
-    is_comm_name = kind_of_name == comm_k
-    e_neg = neg_mask[e_name] if n_ev else np.empty(0, bool)
-    e_top = e_level0 & ~e_neg  # the top-level op of an instance
-    e_neg0 = e_level0 & e_neg
-    del e_level0, e_neg
 
     # ---- instances ----
+    st = p.inst
     n_inst = p.n_inst
-    i_pid = _cat(p.inst_pid, np.int64)
-    i_seq = _cat(p.inst_seq, np.int64)
-    has_inst = e_inst >= 0
-
-    neg_start = _per_inst(n_inst, e_inst, e_neg0, e_start, _NO_TS)
-    neg_end = _per_inst(n_inst, e_inst, e_neg0, e_end, _NO_TS)
-    op_name = _per_inst(n_inst, e_inst, e_top, e_name, -1)
-    op_start = _per_inst(n_inst, e_inst, e_top, e_start, _NO_TS)
-    op_end = _per_inst(n_inst, e_inst, e_top, e_end, _NO_TS)
-    op_argref = _per_inst(n_inst, e_inst, e_top, e_argref, -1)
-    i_trunc = np.zeros(n_inst, bool)
-    np.logical_or.at(i_trunc, e_inst[has_inst], e_trunc[has_inst])
-
-    comm = is_comm_name[e_name] & has_inst if n_ev else np.empty(0, bool)
-    big = np.iinfo(np.int64).max
-    tr_start = np.full(n_inst, big, np.int64)
-    tr_end = np.full(n_inst, _NO_TS, np.int64)
-    np.minimum.at(tr_start, e_inst[comm], e_start[comm])
-    np.maximum.at(tr_end, e_inst[comm], e_end[comm])
+    i_pid = st.final("pid").astype(np.int64)
+    i_seq = st.final("seq")
+    neg_start = shift(st.final("neg_start"))
+    neg_end = shift(st.final("neg_end"))
+    op_name = st.final("op_name").astype(np.int64)
+    op_start = shift(st.final("op_start"))
+    op_end = shift(st.final("op_end"))
+    op_argref = st.final("op_argref")
+    i_trunc = st.final("trunc")
+    tr_end = shift(st.final("tr_end"))
     has_tr = tr_end != _NO_TS
-    tr_union = _union_len(e_inst[comm].astype(np.int64), e_start[comm], e_end[comm], n_inst)
-    del comm, has_inst, e_neg0
+    tr_start = shift(st.final("tr_start"), _MAX_I64)
+    tr_start[~has_tr] = _NO_TS
+    if p.comm_parts:
+        cg = np.concatenate([c[0] for c in p.comm_parts])
+        tr_union = _union_len(cg, np.concatenate([c[1] for c in p.comm_parts]),
+                              np.concatenate([c[2] for c in p.comm_parts]), n_inst)
+        del cg
+    else:
+        tr_union = np.zeros(n_inst, np.int64)
+    p.comm_parts = []
+    n_ticks = st.final("n_ticks")
+    first_tick = shift(st.final("first_tick"), _MAX_I64)
+    first_tick[n_ticks == 0] = _NO_TS
+    last_tick = shift(st.final("last_tick"))
+    straggler = st.final("straggler").astype(np.int64)
+    straggler[n_ticks < 2] = -1
+    big = _MAX_I64
 
     # dtype / shape / bytes (parsed once per distinct string)
-    dtype_tab = [None] * len(p.dtypes)
+    dtype_tab: list[str | None] = [None] * len(p.dtypes)
     for k, v in p.dtypes.items():
         dtype_tab[v] = k
-    shape_tab = [None] * len(p.shapes)
+    shape_tab: list[str | None] = [None] * len(p.shapes)
     for k, v in p.shapes.items():
         shape_tab[v] = k
     size_tab = np.array([_DTYPE_SIZE.get(d or "", -1) for d in dtype_tab] or [-1], np.int64)
@@ -1088,53 +1182,25 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     tensor_of_code: list[str | None] = [p.tensor.get(int(pid)) for pid in pid_of_code.tolist()]
     lane_of_code = [f"horovod/{t}" if t is not None else f"horovod/pid {pid}"
                     for t, pid in zip(tensor_of_code, pid_of_code.tolist(), strict=True)]
+    tensor_dict = _dictionary(tensor_of_code)
+    lane_dict = _dictionary(lane_of_code)
 
-    # ---- ticks ----
-    tk = p.ticks
-    t_pid = _pop(tk.pid, np.int32)
-    t_inst = _pop(tk.inst, np.int32)
-    t_name = _pop(tk.name, np.int32)
-    t_ts = _pop(tk.ts, np.int64)
-    t_ts += epoch_ns
-    t_dur = _pop(tk.dur, bool)
-    rank_tab = np.array([int(s) if s.strip().isdigit() else -1 for s in names] or [-1], np.int32)
-    t_rank = rank_tab[t_name] if t_name.size else np.empty(0, np.int32)
-    del t_name
-    bad_rank = t_rank < 0
-    n_ticks = np.zeros(n_inst, np.int64)
-    first_tick = np.full(n_inst, _NO_TS, np.int64)
-    last_tick = np.full(n_inst, _NO_TS, np.int64)
-    straggler = np.full(n_inst, -1, np.int64)
-    tin = np.flatnonzero((t_inst >= 0) & ~bad_rank)
-    if tin.size:
-        # ticks of one instance are stored in file order, so the index orders them like the file
-        gi, ts_i, order_i = t_inst[tin], t_ts[tin], tin
-        n_ticks = np.bincount(gi, minlength=n_inst).astype(np.int64)
-        first_tick = np.full(n_inst, np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(first_tick, gi, ts_i)
-        first_tick[n_ticks == 0] = _NO_TS
-        np.maximum.at(last_tick, gi, ts_i)
-        # the straggler ticked last; on equal ts the later record wins
-        cand = ts_i == last_tick[gi]
-        best = np.full(n_inst, -1, np.int64)
-        np.maximum.at(best, gi[cand], order_i[cand])
-        win = cand & (order_i == best[gi])
-        straggler[gi[win]] = t_rank[tin][win]
-        straggler[n_ticks < 2] = -1
-        del gi, ts_i, order_i, cand, best, win
-    # every rank ticks in the first (uncached) negotiation of a tensor: ranks are 0 .. world-1
-    world = int(t_rank[~bad_rank].max() + 1) if (~bad_rank).any() else None
-    n_bad_rank = int(bad_rank.sum())
-    keep = slice(None) if not n_bad_rank else ~bad_rank
-    t_inst64 = t_inst[keep].astype(np.int64)
-    ticks = pa.table({
-        "instance": _masked(t_inst64, t_inst64 >= 0, pa.int64()),
-        "tensor": _dict_array(t_pid[keep], tensor_of_code),  # type: ignore[arg-type]
-        "rank": _masked(t_rank[keep], np.ones(t_rank[keep].size, bool), pa.int32()),
-        "ts_ns": _masked(t_ts[keep], np.ones(t_ts[keep].size, bool), pa.int64()),
-        "dur_ignored": pa.array(t_dur[keep]),
-    })
-    del t_pid, t_inst, t_inst64, t_ts, t_dur, t_rank, tin, keep
+    # ---- ticks (chunks to Arrow, freed as they go) ----
+    world = p.max_rank + 1 if p.max_rank >= 0 else None
+    n_bad_rank = p.counts.pop("bad_rank")
+    tick_cols: dict[str, list[pa.Array]] = {
+        k: [] for k in ("instance", "tensor", "rank", "ts_ns", "dur_ignored")}
+    while p.tick_chunks:
+        t = p.tick_chunks.pop(0)
+        tick_cols["instance"].append(_masked(t["inst"], t["inst"] >= 0, pa.int64()))
+        tick_cols["tensor"].append(_dict_indices(t["pid"], tensor_dict))
+        tick_cols["rank"].append(pa.array(t["rank"]))
+        tick_cols["ts_ns"].append(pa.array(shift(t["ts"])))
+        tick_cols["dur_ignored"].append(pa.array(t["dur"]))
+    tick_types = {"instance": pa.int64(), "tensor": DICT_STR, "rank": pa.int32(), "ts_ns": pa.int64(),
+                  "dur_ignored": pa.bool_()}
+    ticks = pa.table({k: pa.chunked_array(v, type=tick_types[k]) for k, v in tick_cols.items()})
+    del tick_cols
 
     # ---- collectives ----
     # normalised op per name code (-1: not a collective op, e.g. ERROR or an unknown top level)
@@ -1165,7 +1231,7 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     counts = np.bincount(i_pid, minlength=len(p.pids)) if n_inst else np.zeros(0, np.int64)
     n_max = int(counts.max()) if counts.size else 0
     iter_starts = np.empty(0, np.int64)
-    last_end = int(e_end.max()) if n_ev else None
+    last_end = p.last_end + epoch_ns if n_ev else None
     if n_max >= 2:
         anchor = counts[i_pid] == n_max
         a = np.flatnonzero(anchor & (inst_start != _NO_TS))
@@ -1174,7 +1240,7 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
         iter_starts = np.sort(iter_starts[iter_starts != big])
         method = "tensor-repetition"
     elif n_ev:
-        iter_starts = np.array([int(e_start.min())], np.int64)
+        iter_starts = np.array([p.first_start + epoch_ns], np.int64)
         method = "whole-trace"
     else:
         method = "none"
@@ -1185,56 +1251,54 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     iter_end = np.r_[iter_starts[1:], [max(last_end or 0, int(iter_starts[-1]))]] if iter_starts.size \
         else np.empty(0, np.int64)
 
-    # ---- events table (sorted by start; one column at a time to keep the peak low) ----
-    srt = np.argsort(e_start, kind="stable")  # emission order is nearly time order: timsort is fast
-    del e_argref
-    inst_s = e_inst[srt]
-    del e_inst
-    safe = np.maximum(inst_s, 0)
-    inst_ok = inst_s >= 0
-    del inst_s
-    name_s = e_name[srt]
-    del e_name
-    kind_s = kind_of_name[name_s] if n_ev else np.empty(0, np.int8)
-    ev_bytes = np.where(inst_ok & (e_top[srt] | (kind_s == comm_k)), i_bytes[safe] if n_inst else -1, -1)
-    del e_top
-    col_bytes = _masked(ev_bytes, ev_bytes >= 0, pa.int64())
-    del ev_bytes
-    ev_iter = np.where(inst_ok, i_iter[safe] if n_inst else -1, -1)
-    col_iter = _masked(ev_iter, ev_iter >= 0, pa.int64())
-    del ev_iter
-    ev_coll = np.where(inst_ok, coll_id[safe] if n_inst else -1, -1)
-    col_coll = _masked(ev_coll, ev_coll >= 0, pa.int64())
-    del ev_coll, safe, inst_ok
-    start_s = e_start[srt]
-    del e_start
-    dur_s = e_end[srt] - start_s
-    del e_end
-    pid_s = _pop(ev.pid, np.int32)[srt]
-    trunc_rows = np.flatnonzero(e_trunc[srt]).astype(np.int64)
-    del e_trunc
-    events = pa.Table.from_arrays([
-        pa.array(np.zeros(n_ev, np.int32)),
-        _dict_array(pid_s, lane_of_code),
-        _dict_array(kind_s, kinds),
-        _dict_array(name_s, names),
-        _dict_array(np.zeros(n_ev, np.int32), [FORMAT]),
-        pa.array(start_s),
-        pa.array(dur_s),
-        pa.array(pid_of_code[pid_s] if n_ev else np.empty(0, np.int64)),
-        _null_array(pa.int64(), n_ev),
-        _null_array(pa.int32(), n_ev),
-        _null_array(pa.int64(), n_ev),
-        _null_array(pa.int64(), n_ev),
-        _null_array(pa.int64(), n_ev),
-        col_bytes,
-        col_iter,
-        col_coll,
-    ], schema=EVENTS)
-    del name_s, srt, pid_s, kind_s, start_s, dur_s, col_bytes, col_iter, col_coll
+    # ---- events table: the batch chunks become Arrow chunks (most columns without a copy) ----
+    name_dict = _dictionary(names)
+    kind_dict = _dictionary(kinds)
+    cat_dict = _dictionary([FORMAT])
+    cols: list[list[pa.Array]] = [[] for _ in EVENTS]
+    trunc_rows: list[np.ndarray] = []
+    row0 = 0
+    while p.chunks:
+        c = p.chunks.pop(0)
+        n = c["start"].size
+        inst, top = c.pop("inst"), c.pop("top")
+        ok = inst >= 0
+        safe = np.maximum(inst, 0)
+        kind = kind_of_name[c["name"]]
+        bts = np.where(ok & (top | (kind == comm_k)), i_bytes[safe], -1) if n_inst else np.full(n, -1)
+        itr = np.where(ok, i_iter[safe], -1) if n_inst else np.full(n, -1)
+        cid = np.where(ok, coll_id[safe], -1) if n_inst else np.full(n, -1)
+        del inst, top, ok, safe
+        if c["truncated"]:
+            trunc_rows.append(row0 + np.arange(n, dtype=np.int64))
+        row0 += n
+        for i, arr in enumerate([
+            pa.array(np.zeros(n, np.int32)),
+            _dict_indices(c["pid"], lane_dict),
+            _dict_indices(kind, kind_dict),
+            _dict_indices(c["name"], name_dict),
+            _dict_indices(np.zeros(n, np.int32), cat_dict),
+            pa.array(shift(c["start"])),
+            pa.array(c["dur"]),
+            pa.array(pid_of_code[c["pid"]]),
+            _null_array(pa.int64(), n),
+            _null_array(pa.int32(), n),
+            _null_array(pa.int64(), n),
+            _null_array(pa.int64(), n),
+            _null_array(pa.int64(), n),
+            _masked(bts, bts >= 0, pa.int64()),
+            _masked(itr, itr >= 0, pa.int64()),
+            _masked(cid, cid >= 0, pa.int64()),
+        ]):
+            cols[i].append(arr)
+        del c, kind, bts, itr, cid
+    events = pa.Table.from_arrays(
+        [pa.chunked_array(v, type=f.type) for v, f in zip(cols, EVENTS, strict=True)], schema=EVENTS)
+    del cols
+    rows = _cat(trunc_rows, np.int64)
     flags = pa.table({
-        "row": pa.array(trunc_rows),
-        "flag": _dict_array(np.zeros(trunc_rows.size, np.int32), ["truncated"]),
+        "row": pa.array(rows),
+        "flag": _dict_indices(np.zeros(rows.size, np.int32), _dictionary(["truncated"])),
     })
 
     # ---- instance-level tables ----

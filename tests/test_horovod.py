@@ -168,8 +168,10 @@ def check_truth(pf: ParsedFile, tl: Timeline) -> None:
             want[(f"horovod/{t.tensor}", name, ns + s * 1000, kind, t.bytes if kind == "comm" else None)] += 1
     assert Counter((r["lane"], r["name"], r["start_ns"], r["kind"], r["bytes"]) for r in ev) == want
     assert all(r["rank"] == 0 and r["cat"] == "horovod" for r in ev)
-    starts = [r["start_ns"] for r in ev]
-    assert starts == sorted(starts)
+    # rows come in batch chunks, each in time order (the table is not sorted as a whole)
+    for chunk in pf.events.column("start_ns").chunks:
+        starts = chunk.to_pylist()
+        assert starts == sorted(starts)
 
 
 # ---------------------------------------------------------------------------------------------------
