@@ -9,10 +9,9 @@ can decode each batch with a typed msgspec decoder in bounded memory. A document
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-
-import re
 
 import msgspec
 import numpy as np

@@ -577,23 +577,126 @@ def test_events_table_is_compact(tmp_path: Path) -> None:
 # real recordings of Horovod 0.28.1 (committed under tests/data/horovod, see its README)
 
 
-def _recorded() -> list[Path]:
-    return sorted(p for p in RECORDED.glob("*.json*")) if RECORDED.is_dir() else []
+def _recorded(name: str) -> Path:
+    path = RECORDED / name
+    if not path.exists():
+        pytest.skip(f"{path} missing")
+    return path
 
 
-@pytest.mark.parametrize("path", _recorded(), ids=lambda p: p.name)
-def test_recorded_timelines(path: Path) -> None:
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    assert horovod.sniff(data[:65536])
+def _recorded_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a recorded timeline; the one unescaped name is escaped the way the parser reads it."""
+    text = gzip.decompress(path.read_bytes()).decode()
+    odd = 'allreduce.grad "quoted" \\ path'
+    text = text.replace(f'"name": "{odd}"}}}}', '"name": ' + json.dumps(odd) + "}}")
+    return loads_records(text)
+
+
+RECORDINGS = [f"timeline_{n}.json.gz" for n in ("gloo_2rank", "gloo_2rank_nocycles", "killed", "nocache",
+                                                 "nofusion", "oddname", "with_kineto")]
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_recorded_match_reference(name: str) -> None:
+    path = _recorded(name)
+    assert horovod.sniff(gzip.decompress(path.read_bytes())[:65536])
     pf = horovod.parse(str(path))
     assert_schemas(pf)
-    text = data.decode("utf-8", "replace")
-    try:
-        records = loads_records(text)
-    except json.JSONDecodeError:
-        records = None  # unescaped names or a cut: compared through the parser's own counts only
-    if records is not None:
-        assert_matches_reference(pf, records)
-    assert pf.meta["format_version"] == ">=0.20.1" and pf.meta["clock"] == "epoch"
+    records = _recorded_records(path)
+    assert pf.meta["records"] == len(records)
+    assert_matches_reference(pf, records)
+    m = pf.meta
+    assert (m["format_version"], m["clock"], m["world_size"]) == (">=0.20.1", "epoch", 2)
+    assert m["array_closed"]
+    assert pf.bytes_lost == 0 and pf.complete
+    # every allreduce of float32 tensors has bytes = 4 x elements; broadcasts log no dtype/shape in 0.28.1
+    for c in pf.collectives.to_pylist():
+        if c["op"] == "allreduce":
+            assert c["dtype"] == "float32" and c["bytes"] == 4 * c["count"]
+            assert c["start_ns"] is not None and c["end_ns"] >= c["start_ns"]
+        else:
+            assert c["op"] == "broadcast" and c["bytes"] is None
+    # a job of 20 steps has 20 iterations, found from the 8 gradients that repeat every step
+    if name != "timeline_killed.json.gz":
+        assert pf.tables["horovod_iterations"].num_rows == 20
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_recorded_fusion_groups_are_the_fused_responses(name: str) -> None:
+    """Horovod writes the transfer-phase B records of one fused response back to back: those runs are the
+    fused responses, and fusion_group must find exactly them."""
+    path = _recorded(name)
+    runs: list[list[int]] = []
+    cur: list[int] = []
+    for r in _recorded_records(path):
+        if r.get("ph") == "i":
+            continue
+        if r.get("ph") == "B" and r.get("name") == "GLOO_ALLREDUCE":
+            cur.append(r["pid"])
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    pf = horovod.parse(str(path))
+    sizes: Counter[int] = Counter()
+    for r in pf.tables["horovod_instances"].to_pylist():
+        if r["op"] == "allreduce" and r["fusion_group"] is not None:
+            sizes[r["fusion_group"]] += 1
+    assert sorted(Counter(sizes.values()).items()) == sorted(Counter(len(g) for g in runs).items())
+    if name == "timeline_nofusion.json.gz":
+        assert set(sizes.values()) == {1}
+
+
+def test_recorded_stragglers_without_cache() -> None:
+    """With the response cache off every negotiation has both ticks; the README counts the tick orders."""
+    pf = horovod.parse(str(_recorded("timeline_nocache.json.gz")))
+    inst = pf.tables["horovod_instances"].to_pylist()
+    assert Counter(r["straggler_rank"] for r in inst) == {1: 146, 0: 33}
+    assert all(r["ticks"] == 2 and r["negotiation_wait_ns"] >= 0 for r in inst)
+    # with the cache on, only the first negotiation of each tensor has ticks
+    pf2 = horovod.parse(str(_recorded("timeline_gloo_2rank.json.gz")))
+    inst2 = pf2.tables["horovod_instances"].to_pylist()
+    assert Counter(r["straggler_rank"] for r in inst2 if r["seq"] == 0) == {1: 11, 0: 16}
+    assert all(r["ticks"] == 0 for r in inst2 if r["seq"] > 0)
+
+
+def test_recorded_killed_and_unbalanced() -> None:
+    pf = horovod.parse(str(_recorded("timeline_killed.json.gz")))
+    assert pf.meta["dangling"] == 7 and pf.meta["tensors"] == 26
+    flagged = set(pf.tables["horovod_flags"].column("row").to_pylist())
+    ev = pf.events.to_pylist()
+    open_ = [ev[i] for i in sorted(flagged)]
+    assert {r["name"] for r in open_} == {"NEGOTIATE_ALLREDUCE"}
+    assert {r["pid"] for r in open_} == set(range(19, 26))
+    inst = pf.tables["horovod_instances"].to_pylist()
+    assert sum(r["truncated"] for r in inst) == 7
+    # a clean shutdown can leave a negotiation open too (Horovod drops queued records on shutdown)
+    pf2 = horovod.parse(str(_recorded("timeline_with_kineto.json.gz")))
+    assert pf2.meta["dangling"] == 1 and pf2.collectives.num_rows == 178
+
+
+def test_recorded_odd_name() -> None:
+    pf = horovod.parse(str(_recorded("timeline_oddname.json.gz")))
+    assert pf.meta["repaired_names"] == 1 and pf.meta["tensors"] == 28
+    odd = [r for r in pf.tables["horovod_instances"].to_pylist() if r["pid"] == 27]
+    assert len(odd) == 20 and {r["tensor"] for r in odd} == {'allreduce.grad "quoted" \\ path'}
+    assert {(r["dtype"], r["shape"], r["bytes"], r["fusion_size"]) for r in odd} == \
+        {("float32", "[16]", 64, 1)}
+
+
+def test_recorded_iterations_are_profiler_steps() -> None:
+    """Iteration k from tensor repetition holds the allreduces of ProfilerStep#k in the Kineto trace of the
+    same run (both clocks are epoch-based: Horovod's header and Kineto's baseTimeNanoseconds)."""
+    pf = horovod.parse(str(_recorded("timeline_with_kineto.json.gz")))
+    trace = json.loads(gzip.decompress(_recorded("timeline_with_kineto.rank0.pt.trace.json.gz").read_bytes()))
+    base = trace["baseTimeNanoseconds"]
+    steps = [(int(e["name"].split("#")[1]), base + round(e["ts"] * 1000),
+              base + round((e["ts"] + e["dur"]) * 1000))
+             for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+    assert len(steps) == 18
+    ops = [(r["start_ns"], r["iteration"]) for r in pf.events.to_pylist() if r["name"] == "ALLREDUCE"]
+    for n, start, end in steps:
+        inside = [it for ts, it in ops if start <= ts < end]
+        if n < 19:  # the last profiled step's allreduces may run past the step's end
+            assert inside == [n] * 8, (n, inside)
