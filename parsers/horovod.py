@@ -221,7 +221,25 @@ def sniff(head: bytes) -> bool:
 # ---------------------------------------------------------------------------------------------------
 # Name repair (unescaped tensor names)
 
-_NAME_OPEN = re.compile(rb'"args"\s*:\s*\{\s*"name"\s*:\s*"')
+_ARGS_BEFORE = re.compile(rb'"args"\s*:\s*\Z')
+_NAME_KEY_END = re.compile(rb'\s*:\s*"')
+
+
+def _name_openers(buf: bytes) -> Iterator[tuple[int, int]]:
+    """(start of ``"args"``, start of the name) of every ``"args": {"name": "`` in ``buf``.
+
+    Found by a plain substring search for ``{"name"`` (in Horovod's layout only the two metadata
+    records of each tensor contain it, so this is a handful of hits per MB) and a check of the bytes
+    around each hit.
+    """
+    i = buf.find(b'{"name"')
+    while i >= 0:
+        before = _ARGS_BEFORE.search(buf, max(0, i - 32), i)
+        if before is not None:
+            after = _NAME_KEY_END.match(buf, i + 7)
+            if after is not None:
+                yield before.start(), after.end()
+        i = buf.find(b'{"name"', i + 7)
 _NAME_CLOSE = re.compile(rb'"\s*\}\s*\}')
 #: a name without anything to escape, closed by '"}}' as Horovod closes it
 _CLEAN_NAME = re.compile(rb'[^"\\\x00-\x1f]*"\s*\}\s*\}')
@@ -298,8 +316,7 @@ class _NameRepair:
         parts: list[bytes] = []
         pos = 0
         raw = self.raw_names if self.raw_names is not None else True
-        for m in _NAME_OPEN.finditer(buf):
-            start = m.end()
+        for opener, start in _name_openers(buf):
             if start > limit and not final:
                 break
             clean = _CLEAN_NAME.match(buf, start)
@@ -313,7 +330,7 @@ class _NameRepair:
             eol = buf.find(b"\n", start, start + _MAX_NAME)
             if eol < 0:
                 if not final and len(buf) - start < _MAX_NAME:
-                    limit = min(limit, m.start())  # wait for the rest of this line
+                    limit = min(limit, opener)  # wait for the rest of this line
                     break
                 eol = min(len(buf), start + _MAX_NAME)
             closes = list(_NAME_CLOSE.finditer(buf, start, eol))
@@ -341,6 +358,7 @@ class _NameRepair:
 _NO_TS = -(1 << 63)
 _NO_PID = -(1 << 63)
 _MAX_TS_US = (1 << 63) // 1000 - 1
+_PID_TABLE_MAX = 1 << 22
 
 PH_B, PH_E, PH_X, PH_I, PH_M, PH_OTHER = 0, 1, 2, 3, 4, 5
 _PH_CODES = {"B": PH_B, "E": PH_E, "X": PH_X, "i": PH_I, "I": PH_I, "M": PH_M}
@@ -570,6 +588,7 @@ class _Parser:
             "unknown_instants": 0, "skipped_records": 0, "bogus_dur": 0, "pair_anomalies": 0,
             "name_conflicts": 0, "header_conflicts": 0, "bad_rank": 0,
         }
+        self.pid_table = np.full(1024, -1, np.int64)  # Horovod pid -> code, for small pids
         # per-pid state (indexed by pid code)
         self.last0_neg = np.zeros(16, dtype=bool)
         self.cur_inst = np.full(16, -1, dtype=np.int64)
@@ -584,6 +603,7 @@ class _Parser:
         self.last_end = _NO_TS
         self.max_rank = -1
         self._lookups: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._scratch = np.full(1024, -1, np.int64)
         # open B records carried between batches, in (pid, file order) order
         self.carry = {
             "pid": np.empty(0, np.int64), "order": np.empty(0, np.int64), "ts": np.empty(0, np.int64),
@@ -628,7 +648,7 @@ class _Parser:
         except msgspec.DecodeError:
             recs = None
         if recs is not None:
-            return self._columns_fast(recs, batch.data)
+            return self._columns_fast(recs)
         try:
             loose = _LOOSE.decode(batch.data)
         except msgspec.DecodeError:
@@ -654,17 +674,14 @@ class _Parser:
                     self.counts["skipped_records"] += 1
         return self._columns_loose(loose)
 
-    def _columns_fast(self, recs: list[_Rec], data: bytes = b"") -> _Columns:
+    def _columns_fast(self, recs: list[_Rec]) -> _Columns:
         n = len(recs)
         # C-level iteration (map, attrgetter, dict lookups that rarely miss): no Python frame per record
         ph = np.fromiter(map(_PH_LOOKUP.__getitem__, map(_GET_PH, recs)), dtype=np.int8, count=n)
         name = np.fromiter(map(self.names.__getitem__, map(_GET_NAME, recs)), dtype=np.int32, count=n)
         ts = np.fromiter(map(_GET_TS, recs), dtype=np.int64, count=n)
         pid = np.fromiter(map(_GET_PID, recs), dtype=np.int64, count=n)
-        if data and data.count(b'"dur"') == data.count(b'"dur": 0}'):
-            dur = np.zeros(n, bool)  # Horovod's own ticks: every dur is 0 (a bytes scan, no per-record pass)
-        else:
-            dur = np.fromiter(map(bool, map(_GET_DUR, recs)), dtype=bool, count=n)
+        dur = np.fromiter(map(bool, map(_GET_DUR, recs)), dtype=bool, count=n)
         has_args = np.fromiter(map(bool, map(_GET_ARGS, recs)), dtype=bool, count=n)
         ai = np.flatnonzero(has_args)
         meta = {i: recs[i].args for i in ai[ph[ai] == PH_M].tolist()}
@@ -768,14 +785,26 @@ class _Parser:
         return ref
 
     def _pid_codes(self, pids: np.ndarray) -> np.ndarray:
-        uniq, inv = np.unique(pids, return_inverse=True)
-        codes = np.fromiter((self.pids.setdefault(int(p), len(self.pids)) for p in uniq), dtype=np.int64,
-                            count=uniq.size)
+        """Dense codes of Horovod pids (small integers: a lookup array; anything else: np.unique)."""
+        lo, hi = (int(pids.min()), int(pids.max())) if pids.size else (0, 0)
+        if lo >= 0 and hi < _PID_TABLE_MAX:
+            if hi >= self.pid_table.size:
+                self.pid_table = _grow(self.pid_table, hi + 1, -1)
+            codes = self.pid_table[pids]
+            missing = codes < 0
+            if missing.any():
+                for q in np.unique(pids[missing]).tolist():
+                    self.pid_table[q] = self.pids.setdefault(q, len(self.pids))
+                codes = self.pid_table[pids]
+        else:
+            uniq, inv = np.unique(pids, return_inverse=True)
+            codes = np.fromiter((self.pids.setdefault(int(q), len(self.pids)) for q in uniq), dtype=np.int64,
+                                count=uniq.size)[inv]
         p = len(self.pids)
         self.last0_neg = _grow(self.last0_neg, p, False)
         self.cur_inst = _grow(self.cur_inst, p, -1)
         self.seq_next = _grow(self.seq_next, p, 0)
-        return codes[inv]
+        return codes
 
     def _pair(self, pidc: np.ndarray, order: np.ndarray, ts: np.ndarray, ph: np.ndarray, name: np.ndarray,
               argref: np.ndarray, dur: np.ndarray) -> None:
@@ -950,20 +979,24 @@ class _Parser:
         if not inside.any():
             return
         st = self.inst
-        uq, loc = np.unique(inst[inside], return_inverse=True)
-        t, r = ts[inside], rank[inside]
-        np.add.at(st["n_ticks"], uq, np.bincount(loc, minlength=uq.size))
-        np.minimum.at(st["first_tick"], uq[loc], t)
-        # the last tick of each instance in this batch (ticks of one pid are in file order here, so on
-        # equal ts the later index is the later record); it beats the earlier batches' on ties
-        last = np.full(uq.size, _NO_TS, np.int64)
-        np.maximum.at(last, loc, t)
-        cand = np.flatnonzero(t == last[loc])
-        best = np.full(uq.size, -1, np.int64)
-        np.maximum.at(best, loc[cand], cand)
-        upd = last >= st["last_tick"][uq]
-        st["last_tick"][uq[upd]] = last[upd]
-        st["straggler"][uq[upd]] = r[best[upd]]
+        gi, t, r = inst[inside], ts[inside], rank[inside]
+        np.add.at(st["n_ticks"], gi, 1)
+        np.minimum.at(st["first_tick"], gi, t)
+        np.maximum.at(st["last_tick"], gi, t)
+        # the straggler ticked last; on equal ts the later record wins (ticks of one pid are in file order
+        # here, and this batch comes after the earlier ones, so the largest index among the ties)
+        cand = np.flatnonzero(t == st["last_tick"][gi])
+        best = self.scratch(st.n)
+        best[gi[cand]] = -1
+        np.maximum.at(best, gi[cand], cand)
+        win = cand[best[gi[cand]] == cand]
+        st["straggler"][gi[win]] = r[win]
+
+    def scratch(self, n: int) -> np.ndarray:
+        """A reusable int64 array of at least ``n`` entries (callers reset what they use)."""
+        if self._scratch.size < n:
+            self._scratch = np.full(max(n, 2 * self._scratch.size), -1, np.int64)
+        return self._scratch
 
 
 # ---------------------------------------------------------------------------------------------------
