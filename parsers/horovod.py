@@ -394,12 +394,13 @@ class _LooseRec(msgspec.Struct, gc=False):
 _FAST = msgspec.json.Decoder(list[_Rec])
 _GET_PH, _GET_NAME, _GET_TS, _GET_PID, _GET_DUR, _GET_ARGS = (
     attrgetter(f) for f in ("ph", "name", "ts", "pid", "dur", "args"))
+_GET_DTYPE, _GET_SHAPE = attrgetter("dtype"), attrgetter("shape")
 
 
 class _Codes(dict):
     """str -> dense int code; a missing key gets the next code (so lookups can run in ``map``)."""
 
-    def __missing__(self, key: str) -> int:
+    def __missing__(self, key: str | None) -> int:
         code = self[key] = len(self)
         return code
 
@@ -572,8 +573,8 @@ class _Parser:
         self.names: dict[str, int] = _Codes()
         self.pids: dict[int, int] = {}  # Horovod pid -> dense code
         self.tensor: dict[int, str] = {}  # Horovod pid -> tensor name
-        self.dtypes: dict[str | None, int] = {}
-        self.shapes: dict[str | None, int] = {}
+        self.dtypes: dict[str | None, int] = _Codes()
+        self.shapes: dict[str | None, int] = _Codes()
         self.arg_dtype: list[np.ndarray] = []
         self.arg_shape: list[np.ndarray] = []
         self.n_args = 0
@@ -686,10 +687,9 @@ class _Parser:
         ai = np.flatnonzero(has_args)
         meta = {i: recs[i].args for i in ai[ph[ai] == PH_M].tolist()}
         end_idx = ai[ph[ai] == PH_E]
-        ends = [recs[i].args for i in end_idx.tolist()]
-        dts, shs = self.dtypes, self.shapes
-        end_dtype = np.fromiter((dts.setdefault(a.dtype, len(dts)) for a in ends), np.int64, len(ends))
-        end_shape = np.fromiter((shs.setdefault(a.shape, len(shs)) for a in ends), np.int64, len(ends))
+        ends = list(map(_GET_ARGS, map(recs.__getitem__, end_idx.tolist())))
+        end_dtype = np.fromiter(map(self.dtypes.__getitem__, map(_GET_DTYPE, ends)), np.int64, len(ends))
+        end_shape = np.fromiter(map(self.shapes.__getitem__, map(_GET_SHAPE, ends)), np.int64, len(ends))
         ok = ts != _NO_TS
         big = ok & (np.abs(np.where(ok, ts, 0)) > _MAX_TS_US)
         ts = np.where(ok & ~big, ts * 1000, _NO_TS)
