@@ -525,7 +525,8 @@ class _Instances:
         return self.a[key]
 
     def final(self, key: str) -> np.ndarray:
-        return self.a[key][: self.n]
+        """The filled part, as its own array (the capacity left by doubling is freed with the store)."""
+        return self.a[key][: self.n].copy()
 
 
 def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -1003,12 +1004,24 @@ class _Parser:
 # Arrow helpers
 
 
+class _Zeros:
+    """One zero-filled buffer shared by every constant column (rank 0, cat 0, the all-null columns), so
+    that they cost nothing per row whatever the allocator does with small zeroed blocks."""
+
+    def __init__(self, rows: int) -> None:
+        self.buf = pa.py_buffer(np.zeros(8 * rows + 64, np.uint8))
+
+    def values(self, type_: pa.DataType, n: int) -> pa.Array:
+        """``n`` zeros of a fixed-width type."""
+        return pa.Array.from_buffers(type_, n, [None, self.buf])
+
+    def nulls(self, type_: pa.DataType, n: int) -> pa.Array:
+        return pa.Array.from_buffers(type_, n, [self.buf, self.buf], null_count=n)
+
+
 def _null_array(type_: pa.DataType, n: int) -> pa.Array:
-    """An all-null array backed by lazily-zeroed memory (no resident pages until read)."""
-    width = max(1, type_.bit_width // 8)
-    validity = pa.py_buffer(np.zeros((n + 7) // 8, np.uint8))
-    data = pa.py_buffer(np.zeros(n * width, np.uint8))
-    return pa.Array.from_buffers(type_, n, [validity, data], null_count=n)
+    """An all-null array of ``n`` rows."""
+    return _Zeros(n).nulls(type_, n)
 
 
 def _masked(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.Array:
@@ -1187,6 +1200,8 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     last_tick = shift(st.final("last_tick"))
     straggler = st.final("straggler").astype(np.int64)
     straggler[n_ticks < 2] = -1
+    p.inst = _Instances()  # the per-instance state is copied out: free its capacity
+    del st
     big = _MAX_I64
 
     # dtype / shape / bytes (parsed once per distinct string)
@@ -1289,6 +1304,8 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     kind_dict = _dictionary(kinds)
     cat_dict = _dictionary([FORMAT])
     cols: list[list[pa.Array]] = [[] for _ in EVENTS]
+    zeros = _Zeros(max((c["start"].size for c in p.chunks), default=0))
+    cat_values, _ = cat_dict
     trunc_rows: list[np.ndarray] = []
     row0 = 0
     while p.chunks:
@@ -1306,19 +1323,19 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
             trunc_rows.append(row0 + np.arange(n, dtype=np.int64))
         row0 += n
         for i, arr in enumerate([
-            pa.array(np.zeros(n, np.int32)),
+            zeros.values(pa.int32(), n),
             _dict_indices(c["pid"], lane_dict),
             _dict_indices(kind, kind_dict),
             _dict_indices(c["name"], name_dict),
-            _dict_indices(np.zeros(n, np.int32), cat_dict),
+            pa.DictionaryArray.from_arrays(zeros.values(pa.int32(), n), cat_values),
             pa.array(shift(c["start"])),
             pa.array(c["dur"]),
             pa.array(pid_of_code[c["pid"]]),
-            _null_array(pa.int64(), n),
-            _null_array(pa.int32(), n),
-            _null_array(pa.int64(), n),
-            _null_array(pa.int64(), n),
-            _null_array(pa.int64(), n),
+            zeros.nulls(pa.int64(), n),
+            zeros.nulls(pa.int32(), n),
+            zeros.nulls(pa.int64(), n),
+            zeros.nulls(pa.int64(), n),
+            zeros.nulls(pa.int64(), n),
             _masked(bts, bts >= 0, pa.int64()),
             _masked(itr, itr >= 0, pa.int64()),
             _masked(cid, cid >= 0, pa.int64()),
