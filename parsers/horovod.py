@@ -16,26 +16,33 @@ How it works, and why (a timeline can be several GB):
 
 1. Bytes come from :func:`parsers.source.iter_blocks` (gzip sniffed by magic). A block filter repairs
    tensor names that Horovod wrote without JSON escaping (a ``"`` or ``\\`` in a user-given name would
-   otherwise derail every later record): the name is the text between ``"args": {"name": "`` and the
-   next ``"}}`` (FORMATS.md 5.3), re-escaped only when it is not already valid JSON string content.
-2. :func:`parsers.json_stream.stream_array` splits the array into ~8 MB batches of complete records
+   otherwise derail every later record). Only ``process_name`` records hold names; they are found by a
+   substring search for ``{"name"``, and a name runs from ``"args": {"name": "`` to the last ``"}}`` on
+   its line (Horovod ends every metadata record with a newline; FORMATS.md 5.3). In Horovod's own layout
+   (``{"ph": ...`` first) names are raw and are escaped verbatim; in a rewrite with reordered keys a name
+   is only touched when it is not valid JSON string content.
+2. :func:`parsers.json_stream.stream_array` splits the array into ~4 MB batches of complete records
    (tolerating a missing ``]``, a trailing ``,`` and a record cut anywhere).
-3. Each batch is decoded by a typed msgspec decoder into structs and turned into numpy columns
-   (phase code, name code, ``ts`` in ns, pid, file order). A batch that does not fit the fast types
-   (float ``ts``, string pid, ``null`` name: third-party rewrites) goes through a lenient decoder; an
-   element that is not JSON at all is skipped and reported with its byte offset.
+3. Each batch is decoded by a typed msgspec decoder into structs, and the columns (phase code, name
+   code, ``ts`` in ns, pid) are pulled out with ``map``/``attrgetter`` into ``np.fromiter`` (C-level
+   iteration, no Python frame per record). A batch that does not fit the fast types (float ``ts``,
+   string pid, ``null`` name: third-party rewrites) goes through a lenient decoder; an element that is
+   not JSON at all is skipped and reported with its byte offset.
 4. B/E pairing is vectorised per batch: records (plus the still-open ``B`` s carried from earlier
    batches) are stably sorted by pid, keeping file order; the stack depth is a per-pid cumulative sum
    of +1 (B) / -1 (E) reflected at 0 (an ``E`` at depth 0 has no ``B``: counted, dropped); a matched
-   ``E`` pairs with the previous ``B`` at the same (pid, depth). ``B`` s left open are the only state
-   carried to the next batch (per pid, a stack of at most a few records), so memory is bounded by the
-   output, not the input. ``B`` s still open at the end are closed at the last event ``ts`` of the
-   file and flagged ``truncated``.
+   ``E`` pairs with the previous ``B`` at the same (pid, depth). ``B`` s left open are the only record
+   state carried to the next batch (per pid, a stack of at most a few records). ``B`` s still open at
+   the end are closed at the last event ``ts`` of the file and flagged ``truncated``.
 5. Op instances: a level-0 ``NEGOTIATE_*`` starts a new instance of its tensor; the top-level op that
    follows it joins that instance; a top-level op not preceded by a negotiation (a rewrite that lost
    it) starts its own. Ticks belong to the instance whose ``NEGOTIATE_*`` encloses them.
-6. Everything else (bytes, collectives, negotiation summary, fusion groups, iterations) is vectorised
-   over the paired events at the end.
+6. Each batch's paired events become an output chunk right away, and their negotiation, op and
+   transfer extents and tick statistics are folded into per-instance arrays by vectorised scatters.
+   At the end, bytes, collectives, fusion groups and iterations are computed over the instance arrays,
+   and the chunks become Arrow chunks mostly without copying (constant and all-null columns share one
+   zero buffer). So memory is the result tables plus a working set of about one batch, whatever the
+   file size (benchmarks/horovod_parse.py measures it).
 
 Output (``ParsedFile``, format ``"horovod"``)
 ---------------------------------------------
@@ -110,6 +117,19 @@ With no repeated tensor the whole trace is one iteration (``method`` ``whole-tra
 
 ``tables["horovod_flags"]``: ``row`` (row of ``events``) and ``flag``; ``truncated`` = a ``B`` never
 closed, ended by the parser at the last event ``ts`` of the file.
+
+``meta``: ``format_version`` (``>=0.20.1`` with the epoch header, else ``<=0.20.0``), ``clock``,
+``start_time_since_epoch_us``, ``array_closed``, ``records``, ``tensors``, ``instances``,
+``world_size``, ``iteration_method``, ``cycles``, ``dangling``, ``repaired_names``, ``errors`` and the
+damage counters (``e_without_b``, ``x_without_b``, ``bogus_dur``, ``no_pid``, ``no_ts``, ``unknown_ph``,
+``unknown_instants``, ``skipped_records``, ``pair_anomalies``, ``name_conflicts``,
+``header_conflicts``). String columns of the extra tables are dictionary-encoded.
+
+Seen in real Horovod 0.28.1 timelines (tests/data/horovod): ``BROADCAST`` ends carry no dtype/shape, so
+broadcasts have null bytes; with the response cache (the default) only a tensor's first negotiation has
+rank ticks, so later instances have no straggler; ``CYCLE_START`` comes about every millisecond; a
+clean shutdown can still leave a ``NEGOTIATE_*`` open (the writer drops its queue), and a SIGKILLed
+writer leaves valid JSON with open phases rather than a cut record.
 
 Damage: a cut file keeps every complete record and reports the bytes lost (``bytes_lost`` and a
 Diagnostic with the offset); ``E``/``X`` without ``B``, unknown phases, bogus tick durations, unparsable
