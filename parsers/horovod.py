@@ -152,6 +152,7 @@ import pyarrow as pa
 
 from tracekit.diagnostics import Diagnostic, TraceError
 from tracekit.schema import COLLECTIVES, DICT_STR, EVENTS, ITERATIONS, ParsedFile
+from tracekit.schema import table as schema_table
 
 from .json_stream import Batch, End, Member, stream_array
 from .source import iter_blocks
@@ -1342,26 +1343,22 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
         if c["truncated"]:
             trunc_rows.append(row0 + np.arange(n, dtype=np.int64))
         row0 += n
-        for i, arr in enumerate([
-            zeros.values(pa.int32(), n),
-            _dict_indices(c["pid"], lane_dict),
-            _dict_indices(kind, kind_dict),
-            _dict_indices(c["name"], name_dict),
-            pa.DictionaryArray.from_arrays(zeros.values(pa.int32(), n), cat_values),
-            pa.array(shift(c["start"])),
-            pa.array(c["dur"]),
-            pa.array(pid_of_code[c["pid"]]),
-            zeros.nulls(pa.int64(), n),
-            zeros.nulls(pa.int32(), n),
-            zeros.nulls(pa.int64(), n),
-            zeros.nulls(pa.int64(), n),
-            zeros.nulls(pa.int64(), n),
-            _masked(bts, bts >= 0, pa.int64()),
-            _masked(itr, itr >= 0, pa.int64()),
-            _masked(cid, cid >= 0, pa.int64()),
-        ]):
-            cols[i].append(arr)
-        del c, kind, bts, itr, cid
+        produced = {
+            "rank": zeros.values(pa.int32(), n),
+            "lane": _dict_indices(c["pid"], lane_dict),
+            "kind": _dict_indices(kind, kind_dict),
+            "name": _dict_indices(c["name"], name_dict),
+            "cat": pa.DictionaryArray.from_arrays(zeros.values(pa.int32(), n), cat_values),
+            "start_ns": pa.array(shift(c["start"])),
+            "dur_ns": pa.array(c["dur"]),
+            "pid": pa.array(pid_of_code[c["pid"]]),
+            "bytes": _masked(bts, bts >= 0, pa.int64()),
+            "iteration": _masked(itr, itr >= 0, pa.int64()),
+            "collective_id": _masked(cid, cid >= 0, pa.int64()),
+        }
+        for i, f in enumerate(EVENTS):  # by name: any other column of the schema is all null
+            cols[i].append(produced[f.name] if f.name in produced else zeros.nulls(f.type, n))
+        del c, kind, bts, itr, cid, produced
     events = pa.Table.from_arrays(
         [pa.chunked_array(v, type=f.type) for v, f in zip(cols, EVENTS, strict=True)], schema=EVENTS)
     del cols
@@ -1418,34 +1415,30 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     rs = i_op[ci] == op_tab.index("reduce_scatter")
     if rs.any():
         c_bytes[rs] = np.where(c_bytes[rs] >= 0, c_bytes[rs] * world, -1) if world else -1
-    collectives = pa.Table.from_arrays([
-        pa.array(np.zeros(ci.size, np.int32)),
-        pa.array(np.arange(ci.size, dtype=np.int64)),
-        _dict_array(np.zeros(ci.size, np.int32), [FORMAT]).cast(pa.string()),
-        pa.array(i_seq[ci]),
-        _dict_array(i_op[ci], op_tab).cast(pa.string()),
-        _dict_array(i_dtype[ci], dtype_tab).cast(pa.string()),
-        opt(i_count[ci]),
-        opt(c_bytes),
-        pa.array(np.full(ci.size, world if world is not None else 0, np.int32),
-                 mask=np.full(ci.size, world is None)),
-        _null_array(pa.int32(), ci.size),
-        pa.nulls(ci.size, pa.string()),
-        pa.nulls(ci.size, pa.string()),
-        _masked(tr_start[ci], has_tr[ci], pa.int64()),
-        _masked(tr_end[ci], has_tr[ci], pa.int64()),
-        _dict_array(i_pid[ci], lane_of_code).cast(pa.string()),
-        _dict_array(np.zeros(ci.size, np.int32), [FORMAT]).cast(pa.string()),
-    ], schema=COLLECTIVES)
-
-
-    iterations = pa.Table.from_arrays([
-        pa.array(np.zeros(iter_starts.size, np.int32)),
-        pa.array(np.arange(iter_starts.size, dtype=np.int64)),
-        pa.array(iter_starts),
-        pa.array(iter_end.astype(np.int64)),
-        pa.array([method] * iter_starts.size, type=pa.string()),
-    ], schema=ITERATIONS)
+    # by column name (schema.table fills any other column with nulls)
+    collectives = schema_table(COLLECTIVES, {
+        "rank": pa.array(np.zeros(ci.size, np.int32)),
+        "collective_id": pa.array(np.arange(ci.size, dtype=np.int64)),
+        "pg": _dict_array(np.zeros(ci.size, np.int32), [FORMAT]).cast(pa.string()),
+        "seq": pa.array(i_seq[ci]),
+        "op": _dict_array(i_op[ci], op_tab).cast(pa.string()),
+        "dtype": _dict_array(i_dtype[ci], dtype_tab).cast(pa.string()),
+        "count": opt(i_count[ci]),
+        "bytes": opt(c_bytes),
+        "nranks": pa.array(np.full(ci.size, world if world is not None else 0, np.int32),
+                           mask=np.full(ci.size, world is None)),
+        "start_ns": _masked(tr_start[ci], has_tr[ci], pa.int64()),
+        "end_ns": _masked(tr_end[ci], has_tr[ci], pa.int64()),
+        "lane": _dict_array(i_pid[ci], lane_of_code).cast(pa.string()),
+        "source": _dict_array(np.zeros(ci.size, np.int32), [FORMAT]).cast(pa.string()),
+    })
+    iterations = schema_table(ITERATIONS, {
+        "rank": pa.array(np.zeros(iter_starts.size, np.int32)),
+        "iteration": pa.array(np.arange(iter_starts.size, dtype=np.int64)),
+        "start_ns": pa.array(iter_starts),
+        "end_ns": pa.array(iter_end.astype(np.int64)),
+        "method": pa.array([method] * iter_starts.size, type=pa.string()),
+    })
 
     cyc = np.sort(_cat(p.cycles, np.int64)) + epoch_ns
     cyc_end = np.r_[cyc[1:], [max(last_end or 0, int(cyc[-1]))]] if cyc.size else np.empty(0, np.int64)
