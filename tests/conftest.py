@@ -1,4 +1,4 @@
-"""Shared fixtures."""
+"""Shared fixtures: the real traces in ../shared/data (skipped when absent) and an isolated cache."""
 
 from __future__ import annotations
 
@@ -7,16 +7,27 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """The real traces in ``../shared/data`` beside the repository (``$TRACEKIT_SHARED_DATA`` wins).
 
-    They belong to other projects and are never copied into this repository, so tests using them skip
-    when the folder is absent (a user's clone has no ``../shared``).
-    """
+def shared_data_dir() -> Path:
+    """``$TRACEKIT_SHARED_DATA``, else ``../shared/data`` beside the project root."""
     env = os.environ.get("TRACEKIT_SHARED_DATA")
-    root = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    if not root.is_dir():
-        pytest.skip(f"shared data not found at {root} (set TRACEKIT_SHARED_DATA)")
-    return root
+    return Path(env) if env else ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The folder of real traces from other projects; the test is skipped when it is absent."""
+    d = shared_data_dir()
+    if not d.is_dir():
+        pytest.skip(f"real traces not available ({d} is absent)")
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own parse cache, never the user's."""
+    d = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("TRACEKIT_CACHE_DIR", str(d))
+    return d

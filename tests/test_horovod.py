@@ -216,9 +216,9 @@ def test_registered() -> None:
 # real files from ../shared/data/horovod
 
 
-@pytest.fixture(scope="module")
-def real(request: pytest.FixtureRequest) -> Path:
-    root = request.getfixturevalue("shared_data") / "horovod"
+@pytest.fixture
+def real(shared_data: Path) -> Path:
+    root = shared_data / "horovod"
     if not root.is_dir():
         pytest.skip("no horovod folder in shared data")
     return root
