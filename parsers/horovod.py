@@ -536,7 +536,7 @@ class _Instances:
         cap = next(iter(self.a.values())).size
         if n <= cap:
             return
-        cap = max(n, 2 * cap)
+        cap = max(n, cap + cap // 2)  # x1.5: less slack than doubling, still amortised O(1)
         for k, (dt, fill) in self.FIELDS.items():
             new = np.full(cap, fill, dt)
             new[: self.a[k].size] = self.a[k]
@@ -546,8 +546,8 @@ class _Instances:
         return self.a[key]
 
     def final(self, key: str) -> np.ndarray:
-        """The filled part, as its own array (the capacity left by doubling is freed with the store)."""
-        return self.a[key][: self.n].copy()
+        """The filled part of a field as its own array; the field's capacity is freed right away."""
+        return self.a.pop(key)[: self.n].copy()
 
 
 def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -1320,54 +1320,6 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
     iter_end = np.r_[iter_starts[1:], [max(last_end or 0, int(iter_starts[-1]))]] if iter_starts.size \
         else np.empty(0, np.int64)
 
-    # ---- events table: the batch chunks become Arrow chunks (most columns without a copy) ----
-    name_dict = _dictionary(names)
-    kind_dict = _dictionary(kinds)
-    cat_dict = _dictionary([FORMAT])
-    cols: list[list[pa.Array]] = [[] for _ in EVENTS]
-    zeros = _Zeros(max((c["start"].size for c in p.chunks), default=0))
-    cat_values, _ = cat_dict
-    trunc_rows: list[np.ndarray] = []
-    row0 = 0
-    while p.chunks:
-        c = p.chunks.pop(0)
-        n = c["start"].size
-        inst, top = c.pop("inst"), c.pop("top")
-        ok = inst >= 0
-        safe = np.maximum(inst, 0)
-        kind = kind_of_name[c["name"]]
-        bts = np.where(ok & (top | (kind == comm_k)), i_bytes[safe], -1) if n_inst else np.full(n, -1)
-        itr = np.where(ok, i_iter[safe], -1) if n_inst else np.full(n, -1)
-        cid = np.where(ok, coll_id[safe], -1) if n_inst else np.full(n, -1)
-        del inst, top, ok, safe
-        if c["truncated"]:
-            trunc_rows.append(row0 + np.arange(n, dtype=np.int64))
-        row0 += n
-        produced = {
-            "rank": zeros.values(pa.int32(), n),
-            "lane": _dict_indices(c["pid"], lane_dict),
-            "kind": _dict_indices(kind, kind_dict),
-            "name": _dict_indices(c["name"], name_dict),
-            "cat": pa.DictionaryArray.from_arrays(zeros.values(pa.int32(), n), cat_values),
-            "start_ns": pa.array(shift(c["start"])),
-            "dur_ns": pa.array(c["dur"]),
-            "pid": pa.array(pid_of_code[c["pid"]]),
-            "bytes": _masked(bts, bts >= 0, pa.int64()),
-            "iteration": _masked(itr, itr >= 0, pa.int64()),
-            "collective_id": _masked(cid, cid >= 0, pa.int64()),
-        }
-        for i, f in enumerate(EVENTS):  # by name: any other column of the schema is all null
-            cols[i].append(produced[f.name] if f.name in produced else zeros.nulls(f.type, n))
-        del c, kind, bts, itr, cid, produced
-    events = pa.Table.from_arrays(
-        [pa.chunked_array(v, type=f.type) for v, f in zip(cols, EVENTS, strict=True)], schema=EVENTS)
-    del cols
-    rows = _cat(trunc_rows, np.int64)
-    flags = pa.table({
-        "row": pa.array(rows),
-        "flag": _dict_indices(np.zeros(rows.size, np.int32), _dictionary(["truncated"])),
-    })
-
     # ---- instance-level tables ----
     def ns(a: np.ndarray) -> pa.Array:
         return _masked(a, a != _NO_TS, pa.int64())
@@ -1446,6 +1398,58 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
         "cycle": pa.array(np.arange(cyc.size, dtype=np.int64)),
         "start_ns": pa.array(cyc),
         "end_ns": pa.array(cyc_end.astype(np.int64)),
+    })
+
+    # only what the event rows need from here on
+    del neg_start, neg_end, op_start, op_end, op_argref, tr_start, tr_end, tr_union, first_tick, last_tick
+    del straggler, n_ticks, i_dtype, i_shape, i_count, i_size, fusion, fusion_size, i_trunc, i_seq, i_pid
+
+    # ---- events table: the batch chunks become Arrow chunks (most columns without a copy) ----
+    name_dict = _dictionary(names)
+    kind_dict = _dictionary(kinds)
+    cat_dict = _dictionary([FORMAT])
+    cols: list[list[pa.Array]] = [[] for _ in EVENTS]
+    zeros = _Zeros(max((c["start"].size for c in p.chunks), default=0))
+    cat_values, _ = cat_dict
+    trunc_rows: list[np.ndarray] = []
+    row0 = 0
+    while p.chunks:
+        c = p.chunks.pop(0)
+        n = c["start"].size
+        inst, top = c.pop("inst"), c.pop("top")
+        ok = inst >= 0
+        safe = np.maximum(inst, 0)
+        kind = kind_of_name[c["name"]]
+        bts = np.where(ok & (top | (kind == comm_k)), i_bytes[safe], -1) if n_inst else np.full(n, -1)
+        itr = np.where(ok, i_iter[safe], -1) if n_inst else np.full(n, -1)
+        cid = np.where(ok, coll_id[safe], -1) if n_inst else np.full(n, -1)
+        del inst, top, ok, safe
+        if c["truncated"]:
+            trunc_rows.append(row0 + np.arange(n, dtype=np.int64))
+        row0 += n
+        produced = {
+            "rank": zeros.values(pa.int32(), n),
+            "lane": _dict_indices(c["pid"], lane_dict),
+            "kind": _dict_indices(kind, kind_dict),
+            "name": _dict_indices(c["name"], name_dict),
+            "cat": pa.DictionaryArray.from_arrays(zeros.values(pa.int32(), n), cat_values),
+            "start_ns": pa.array(shift(c["start"])),
+            "dur_ns": pa.array(c["dur"]),
+            "pid": pa.array(pid_of_code[c["pid"]]),
+            "bytes": _masked(bts, bts >= 0, pa.int64()),
+            "iteration": _masked(itr, itr >= 0, pa.int64()),
+            "collective_id": _masked(cid, cid >= 0, pa.int64()),
+        }
+        for i, f in enumerate(EVENTS):  # by name: any other column of the schema is all null
+            cols[i].append(produced[f.name] if f.name in produced else zeros.nulls(f.type, n))
+        del c, kind, bts, itr, cid, produced
+    events = pa.Table.from_arrays(
+        [pa.chunked_array(v, type=f.type) for v, f in zip(cols, EVENTS, strict=True)], schema=EVENTS)
+    del cols
+    rows = _cat(trunc_rows, np.int64)
+    flags = pa.table({
+        "row": pa.array(rows),
+        "flag": _dict_indices(np.zeros(rows.size, np.int32), _dictionary(["truncated"])),
     })
 
     # ---- diagnostics ----
