@@ -154,7 +154,7 @@ from tracekit.diagnostics import Diagnostic, TraceError
 from tracekit.schema import COLLECTIVES, DICT_STR, EVENTS, ITERATIONS, ParsedFile
 from tracekit.schema import table as schema_table
 
-from .json_stream import Batch, End, Member, stream_array
+from .json_stream import Batch, End, stream_array
 from .source import iter_blocks
 
 PARSER_VERSION = "1"
@@ -554,13 +554,6 @@ def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
 
 
-def _pop(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
-    """Concatenate ``parts`` and empty the list (the pieces are freed before the next column)."""
-    out = _cat(parts, dtype)
-    parts.clear()
-    return out
-
-
 def _grow(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
     if a.size >= n:
         return a
@@ -644,12 +637,6 @@ class _Parser:
             out[v] = k
         return out
 
-    def _name_masks(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per name code: is a NEGOTIATE_* phase; is a level-0 op (top-level) name."""
-        table = self._name_table()
-        neg = np.fromiter((t.startswith("NEGOTIATE_") for t in table), dtype=bool, count=len(table))
-        return neg, ~neg
-
     def lookups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per name code: is NEGOTIATE_*, is a transfer (comm) phase, the rank of a tick (-1: none)."""
         if self._lookups is None or self._lookups[0] != len(self.names):
@@ -663,7 +650,8 @@ class _Parser:
 
     # -- decoding -------------------------------------------------------------------------------------
 
-    def decode(self, batch: Batch, to_input: Any) -> _Columns | None:
+    def decode(self, batch: Batch, to_input: Any) -> _Columns:
+        """Columns of one batch: the typed decoder, else the lenient one, else record by record."""
         try:
             recs = _FAST.decode(batch.data)
         except msgspec.ValidationError:
@@ -674,27 +662,22 @@ class _Parser:
             return self._columns_fast(recs)
         try:
             loose = _LOOSE.decode(batch.data)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, msgspec.ValidationError):
             loose = []
-            for i in range(len(batch)):
+            for i in range(len(batch)):  # only for a damaged batch: record by record
+                raw = batch.element(i)
                 try:
-                    loose.append(_LOOSE_ONE.decode(batch.element(i)))
-                except msgspec.DecodeError:
-                    raw = batch.element(i).strip()
-                    if not raw:
+                    loose.append(_LOOSE_ONE.decode(raw))
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    text = raw.strip()
+                    if not text:
                         continue
                     self.counts["skipped_records"] += 1
                     if self.counts["skipped_records"] <= 5:
+                        at = batch.element_offset(i) + len(raw) - len(raw.lstrip())
                         self.diagnostics.append(Diagnostic(
-                            self.path, f"skipped a record that is not valid JSON: {raw[:80]!r}",
-                            offset=to_input(batch.element_offset(i) + 1)))
-        except msgspec.ValidationError:  # a non-object element: decode one by one
-            loose = []
-            for i in range(len(batch)):
-                try:
-                    loose.append(_LOOSE_ONE.decode(batch.element(i)))
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    self.counts["skipped_records"] += 1
+                            self.path, f"skipped a record that is not a JSON object: {text[:80]!r}",
+                            offset=to_input(at)))
         return self._columns_loose(loose)
 
     def _columns_fast(self, recs: list[_Rec]) -> _Columns:
@@ -883,7 +866,7 @@ class _Parser:
         open_b = is_b & ~closed
 
         # op instances: walk the level-0 Bs of each pid (new ones only; state covers carried ones)
-        neg_mask, _ = self._name_masks()
+        neg_mask, _, _ = self.lookups()
         l0_all = is_b & (level == 0)
         l0 = np.flatnonzero(l0_all & ~carried)
         inst = carried_inst.copy()
@@ -1040,11 +1023,6 @@ class _Zeros:
         return pa.Array.from_buffers(type_, n, [self.buf, self.buf], null_count=n)
 
 
-def _null_array(type_: pa.DataType, n: int) -> pa.Array:
-    """An all-null array of ``n`` rows."""
-    return _Zeros(n).nulls(type_, n)
-
-
 def _masked(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.Array:
     """``values`` as an Arrow array with nulls where not ``valid``, sharing the numpy buffer (no copy)
     when the dtypes agree: the result tables are most of the memory a big timeline needs."""
@@ -1081,15 +1059,6 @@ def _dict_array(indices: np.ndarray, dictionary: list[str | None] | list[str]) -
 
 
 _I64 = pa.int64()
-
-
-def _per_inst(n_inst: int, inst: np.ndarray, mask: np.ndarray, values: np.ndarray, fill: int) -> np.ndarray:
-    """Scatter ``values`` of the events selected by ``mask`` to their instance (one per instance;
-    on damage the last one wins)."""
-    out = np.full(n_inst, fill, dtype=values.dtype)
-    sel = mask & (inst >= 0)
-    out[inst[sel]] = values[sel]
-    return out
 
 
 def _group_cummax(gi: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -1146,17 +1115,14 @@ def parse(path: str) -> ParsedFile:
     p = _Parser(path)
     repair = _NameRepair(iter_blocks(path, block_size=_BLOCK_BYTES))
     end: End | None = None
-    batches = 0
     for item in stream_array(repair, array_key="", batch_bytes=_BATCH_BYTES):
         if isinstance(item, Batch):
-            batches += 1
             cols = p.decode(item, repair.to_input)
-            if cols is not None and cols.ph.size:
+            if cols.ph.size:
                 p.feed(cols)
         elif isinstance(item, End):
             end = item
-        elif isinstance(item, Member):  # an object, not an array: not a Horovod timeline
-            pass
+        # a Member means the document is an object, not an array: the End says so (array_found)
     assert end is not None
     if not end.array_found:
         if repair.total_in == 0 or end.reason == "no JSON value":
@@ -1174,6 +1140,7 @@ def parse(path: str) -> ParsedFile:
 
 
 def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
+    """Close what is open and turn the streamed state into the output tables and diagnostics."""
     path = p.path
     dangling = p.close_dangling()
     diags = p.diagnostics
@@ -1534,4 +1501,3 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
 
 __all__ = ["FORMAT", "FUSION_TOL_NS", "PARSER_VERSION", "parse", "phase_kind", "sniff"]
 
-_ = DICT_STR  # the events' dictionary columns use this type

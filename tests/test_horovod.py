@@ -494,6 +494,19 @@ def test_lenient_records(tmp_path: Path) -> None:
     assert m["skipped_records"] == 1
 
 
+def test_bad_record_in_the_middle(tmp_path: Path) -> None:
+    """A record that is not JSON is skipped and reported at its offset; the rest is parsed."""
+    tl = make_timeline(era="old", iterations=1, tensors=["a", "b"])
+    k = 9
+    bad = b'{"ph": "B", "name": X}'
+    data = tl.data[: tl.starts[k]] + bad + tl.data[tl.ends[k]:]
+    pf = parse_bytes(tmp_path, data)
+    assert pf.meta["skipped_records"] == 1
+    d = [x for x in pf.diagnostics if "not a JSON object" in x.message]
+    assert len(d) == 1 and d[0].offset == tl.starts[k]
+    assert_matches_reference(pf, tl.records[:k] + tl.records[k + 1:])
+
+
 def test_gzip(tmp_path: Path) -> None:
     tl = make_timeline(era="old", interleave_seed=4)
     pf = parse_bytes(tmp_path, gzip.compress(tl.data), "timeline.json.gz")
