@@ -36,54 +36,60 @@ PHASES = ("QUEUE", "MEMCPY_IN_FUSION_BUFFER", "NCCL_ALLREDUCE", "MEMCPY_OUT_FUSI
 
 def _iteration_template(tensors: int, ranks: int, fuse: int, era: str,
                         first: bool) -> tuple[str, np.ndarray]:
-    """The text of one iteration with ``%d`` for every ts, and the ts offsets (µs) in text order."""
-    sep = ",\n" if era == "old" else ","
-    parts: list[str] = []
+    """The text of one iteration with ``%d`` for every ts, and the ts offsets (µs) in text order.
+
+    Laid out like Horovod's writer: <= 0.20.0 ends every record with ``,\\n``; >= 0.20.1 ends metadata
+    records with ``,\\n`` and separates events with ``,`` on one line (the next iteration's text starts
+    with the ``,`` that follows this one's last event)."""
+    records: list[tuple[bool, str]] = []  # (is metadata, text)
     offs: list[int] = []
     t = 0
+
+    def event(text: str, ts: int) -> None:
+        records.append((False, text))
+        offs.append(ts)
+
     for g0 in range(0, tensors, fuse):
         group = range(g0 + 1, min(tensors, g0 + fuse) + 1)
         for pid in group:
             if first:
-                m = (f'{{"name": "process_name", "ph": "M", "pid": {pid}, "args": {{"name": '
-                     f'"DistributedOptimizer.Allreduce/layer{pid}.weight"}}}}')
-                s = (f'{{"name": "process_sort_index", "ph": "M", "pid": {pid}, '
-                     f'"args": {{"sort_index": {pid}}}}}')
-                parts.append(("" if era == "old" or not parts else ",") + m + ",\n" + s + ",\n")
-                lead = ""
-            else:
-                lead = sep if parts else ""
-            rec = [f'{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": %d, "pid": {pid}}}']
-            offs.append(t)
+                records.append((True, f'{{"name": "process_name", "ph": "M", "pid": {pid}, "args": {{"name": '
+                                      f'"DistributedOptimizer.Allreduce/layer{pid}.weight"}}}}'))
+                records.append((True, f'{{"name": "process_sort_index", "ph": "M", "pid": {pid}, '
+                                      f'"args": {{"sort_index": {pid}}}}}'))
+            event(f'{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": %d, "pid": {pid}}}', t)
             for r in range(ranks):
                 rank = (r * 7 + pid) % ranks
-                rec.append(f'{{"ph": "X", "name": "{rank}", "ts": %d, "pid": {pid}, "dur": 0}}')
-                offs.append(t + 1 + r * 3)
-            rec.append(f'{{"ph": "E", "ts": %d, "pid": {pid}}}')
-            offs.append(t + 2 + ranks * 3)
-            parts.append(lead + sep.join(rec))
+                event(f'{{"ph": "X", "name": "{rank}", "ts": %d, "pid": {pid}, "dur": 0}}', t + 1 + r * 3)
+            event(f'{{"ph": "E", "ts": %d, "pid": {pid}}}', t + 2 + ranks * 3)
             t += 1
         t += ranks * 3 + 10
         for pid in group:
-            parts.append(sep + f'{{"ph": "B", "name": "ALLREDUCE", "ts": %d, "pid": {pid}}}')
-            offs.append(t)
+            event(f'{{"ph": "B", "name": "ALLREDUCE", "ts": %d, "pid": {pid}}}', t)
             t += 1
         for ph in PHASES:
             for pid in group:
-                parts.append(sep + f'{{"ph": "B", "name": "{ph}", "ts": %d, "pid": {pid}}}')
-                offs.append(t)
+                event(f'{{"ph": "B", "name": "{ph}", "ts": %d, "pid": {pid}}}', t)
                 t += 1
             t += 20
             for pid in group:
-                parts.append(sep + f'{{"ph": "E", "ts": %d, "pid": {pid}}}')
-                offs.append(t)
+                event(f'{{"ph": "E", "ts": %d, "pid": {pid}}}', t)
                 t += 1
         for pid in group:
-            parts.append(sep + f'{{"ph": "E", "ts": %d, "pid": {pid}, "args": {{"dtype": "float32", '
-                         f'"shape": "[{pid * 64}, 1024]"}}}}')
-            offs.append(t)
+            event(f'{{"ph": "E", "ts": %d, "pid": {pid}, "args": {{"dtype": "float32", '
+                  f'"shape": "[{pid * 64}, 1024]"}}}}', t)
             t += 1
         t += 50
+    parts: list[str] = []
+    prev_meta = True  # the start of an iteration: nothing to separate from (see above)
+    for meta, text in records:
+        if era == "old":
+            parts.append(text + ",\n")
+        elif meta:
+            parts.append(("" if prev_meta else ",") + text + ",\n")
+        else:
+            parts.append(("" if prev_meta else ",") + text)
+        prev_meta = meta
     return "".join(parts), np.asarray(offs, np.int64)
 
 
@@ -107,12 +113,12 @@ def generate(path: str, size_mb: float, ranks: int, tensors: int, era: str) -> i
             tmpl, offs = (first_t, first_o) if it == 0 else (rest_t, rest_o)
             text = tmpl % tuple((offs + base).tolist())
             if it and era == "new":
-                text = "," + text
+                text = "," + text  # after the previous iteration's last event
             f.write(text)
             written += len(text)
             base += span
             it += 1
-        f.write("]" if era == "new" else ",\n")
+        f.write("]" if era == "new" else "")  # <= 0.20.0 never closes the array
     return os.path.getsize(path)
 
 
