@@ -25,9 +25,11 @@ class Format:
 
 def formats() -> list[Format]:
     """The registered formats, most specific sniffer first."""
-    from . import kineto, nccl_log
+    from . import horovod, kineto, nccl_log
 
+    # Horovod first: its sniffer rejects anything Kineto-like ("traceEvents", "cat", "tid")
     found = [
+        Format("horovod", horovod.sniff, horovod.parse, horovod.PARSER_VERSION),
         Format("kineto", kineto.sniff, kineto.parse, kineto.PARSER_VERSION),
         Format("nccl-log", nccl_log.sniff, nccl_log.parse, nccl_log.PARSER_VERSION),
     ]

@@ -336,8 +336,9 @@ def _array(s: _Stream, depth: int, batch_bytes: int) -> Iterator[Batch | End]:
             if p2.size and dep2[-1] == depth and ch2[-1] in (RBRACE, RBRACK):
                 yield _batch(s, np.array([int(p2[-1]) + 1], dtype=np.int64))
                 lost = len(s.buf.strip())
-        yield End(False, lost, s.base if lost else None, False, True,
-                  "last record cut" if lost else "array not closed")
+        # the offset of the cut record itself, not of the whitespace before it
+        lost_at = s.base + len(s.buf) - len(s.buf.lstrip()) if lost else None
+        yield End(False, lost, lost_at, False, True, "last record cut" if lost else "array not closed")
         return
 
 
