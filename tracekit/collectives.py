@@ -5,7 +5,10 @@ last, how long everyone waited for it, and how long the transfer took.
 **Matching.** A collective *instance* is the same call on every member of its process group. Calls are
 keyed by ``(pg, seq)`` when the source has a sequence number (Kineto ``Seq`` since 2026, NCCL-log call
 index per communicator), otherwise by ``(pg, op, bytes, ordinal)`` where the ordinal counts that
-rank's earlier calls with equal ``(pg, op, bytes)`` in start order. The ordinal is per *rank*, not per
+rank's earlier calls with equal ``(pg, op, bytes)`` in start order — in two stages (:func:`_keys`):
+the k-th calls of each ``(pg, op)`` first, kept where the members agree on the size, then the rest by
+size, so one call whose size the ranks disagree on does not shift every later call of that size. The
+ordinal is per *rank*, not per
 lane as DESIGN.md words it: gloo runs a process group's work on two worker threads that take turns
 (whichever is free takes the next queued work), so the k-th bucket all-reduce sits on thread A on one
 rank and on thread B on another, and per-lane ordinals pair the wrong calls. Work leaves gloo's queue in
@@ -63,6 +66,9 @@ CLOCK_INSTANCES = 2000
 TIMESTAMP_SLACK_NS = 2_000
 #: an estimated offset is applied when it exceeds this many standard errors
 SIGNIFICANCE = 3.0
+#: clocks of one job are not this far apart (NTP keeps them within ms); a larger "offset" means traces
+#: of different runs or times, and is not applied
+MAX_OFFSET_NS = 60 * 10**9
 
 _KEY = ["k_mode", "k_pg", "k_op", "k_bytes", "k_src", "k_dst", "k_seq"]
 
@@ -112,7 +118,16 @@ def _empty_clocks() -> pl.DataFrame:
 
 
 def _keys(c: pl.DataFrame) -> pl.DataFrame:
-    """Add the matching key columns (see the module docstring) and the per-rank ordinal."""
+    """Add the matching key columns (see the module docstring) and the per-rank ordinal ``k_ord``.
+
+    Calls matched by order go through two stages. First the k-th call of each (pg, op) on every rank
+    forms an instance, kept when every rank that calls that (pg, op) is in it and the members agree on
+    the size. The calls of the other instances (gloo
+    took two buckets of different sizes in a different order on two ranks; a rank disagrees on a size;
+    a call is missing) are then matched by the k-th call of each (pg, op, bytes) among themselves, and
+    remember their first-stage instance in ``s1`` (how disagreeing sizes are found later). Matching by
+    size alone from the start would let one disagreeing call shift every later call of that size.
+    """
     has_seq = pl.col("seq").is_not_null() & pl.col("pg").is_not_null()
     p2p = pl.col("op").is_in(P2P_OPS)
     known_peer = p2p & pl.col("peer").is_not_null()
@@ -122,12 +137,15 @@ def _keys(c: pl.DataFrame) -> pl.DataFrame:
         pl.coalesce(pl.col("pg"), pl.lit("default")).alias("k_pg"),
     )
     mode = pl.col("k_mode")
+    variable = pl.col("op").is_in(VARIABLE_SIZE_OPS)
+    two_stage = (mode == 1) & ~variable
     c = c.with_columns(
         pl.when(mode == 0).then(pl.lit("")).when(mode == 2).then(pl.lit("sendrecv"))
         # variable-size ops: the element type still has to agree
-        .when(pl.col("op").is_in(VARIABLE_SIZE_OPS)).then(pl.col("op") + "/" + pl.col("dtype").fill_null("?"))
+        .when(variable).then(pl.col("op") + "/" + pl.col("dtype").fill_null("?"))
         .otherwise(pl.coalesce(pl.col("op"), pl.lit("?"))).alias("k_op"),
-        pl.when(mode == 0).then(-3).when(pl.col("op").is_in(VARIABLE_SIZE_OPS)).then(-2)
+        # -4: first stage (size not in the key), -3: by seq, -2: variable size
+        pl.when(mode == 0).then(-3).when(variable).then(-2).when(two_stage).then(-4)
         .otherwise(pl.col("bytes").fill_null(-1)).cast(pl.Int64).alias("k_bytes"),
         # p2p: the pair src -> dst; an unknown peer makes the call its own key (unmatched)
         pl.when(mode == 2).then(pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer")))
@@ -138,7 +156,17 @@ def _keys(c: pl.DataFrame) -> pl.DataFrame:
         .otherwise(-1).cast(pl.Int64).alias("k_seq"),
     )
     c = c.sort(["rank", "start_ns", "end_ns", "collective_id"])
-    return c.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(["rank", *_KEY]).alias("k_ord"))
+    c = c.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(["rank", *_KEY]).alias("k_ord"))
+    # second stage for first-stage instances that miss a rank or whose members disagree on the size
+    users = pl.col("rank").n_unique().over(["k_mode", "k_pg", "k_op"])
+    rejected = (pl.col("k_bytes") == -4) & ((pl.col("bytes").n_unique().over([*_KEY, "k_ord"]) > 1)
+                                            | (pl.len().over([*_KEY, "k_ord"]) < users))
+    c = c.with_columns(rejected.alias("_rej"))
+    c = c.with_columns(pl.when("_rej").then(pl.col("k_ord")).alias("s1"),
+                       pl.when("_rej").then(pl.col("bytes").fill_null(-1)).otherwise(pl.col("k_bytes"))
+                       .alias("k_bytes"))
+    return c.with_columns(pl.when("_rej").then(pl.int_range(pl.len(), dtype=pl.Int64).over(["rank", *_KEY]))
+                          .otherwise(pl.col("k_ord")).alias("k_ord")).drop("_rej")
 
 
 def _domains(ranks: pa.Table, seen: Iterable[int]) -> pl.DataFrame:
@@ -220,7 +248,9 @@ def _pairs(m: pl.DataFrame) -> pl.DataFrame:
     """End-time differences between each instance's members in different clock domains, paired with the
     instance's lowest domain (``a``): ``a, b, diff``. Largest messages first, :data:`CLOCK_INSTANCES` per
     domain."""
-    ie = (m.group_by(["tmp", "domain"]).agg(pl.col("end_ns").median().alias("end"),
+    # medians in float64: relative to the earliest end, or 1.7e18 ns epochs lose 256 ns
+    base = m.get_column("end_ns").min()
+    ie = (m.group_by(["tmp", "domain"]).agg((pl.col("end_ns") - base).median().alias("end"),
                                           pl.col("bytes").max().fill_null(0).alias("bytes"))
           .filter(pl.len().over("tmp") >= 2))
     if ie.height == 0:
@@ -253,7 +283,8 @@ def _clock_fit(m: pl.DataFrame, n_domains: int) -> _Fit:
     """Offsets to apply per domain (significant estimates only), the raw estimates, their standard errors
     and the tolerance of the consistency check."""
     est, se, linked = _solve_offsets(_pairs(m), n_domains)
-    applied = np.where(linked & (np.abs(est) > SIGNIFICANCE * se), np.round(est), 0.0)
+    applied = np.where(linked & (np.abs(est) > SIGNIFICANCE * se) & (np.abs(est) <= MAX_OFFSET_NS), np.round(est),
+                       0.0)
     finite = se[np.isfinite(se) & linked]
     tol = TIMESTAMP_SLACK_NS + (SIGNIFICANCE * float(finite.max()) if finite.size else 0.0)
     return _Fit(applied, est, se, linked, tol)
@@ -330,13 +361,15 @@ def match(collectives: pa.Table, ranks: pa.Table, *, groups: dict[str, list[int]
     n_seen = pl.col("ranks").list.len()
     agg = agg.with_columns(
         (n_seen < pl.col("nranks")).fill_null(False).alias("partial"),
-        (((pl.col("n_sizes") <= 1) | pl.col("op").is_in(VARIABLE_SIZE_OPS)) & (pl.col("n_ops") <= 1))
-        .alias("sizes_agree"),
+        (((pl.col("n_sizes") <= 1) | pl.col("op").is_in(VARIABLE_SIZE_OPS))
+         & ((pl.col("n_ops") <= 1) | (pl.col("mode") == 2))).alias("sizes_agree"),
     )
     agg = _size_disagreements(c, agg, fit.tol, diags)
     usable = (n_seen >= 2) & ~pl.col("partial") & pl.col("consistent") & pl.col("sizes_agree")
+    # a straggler is named only when the skew exceeds what the clocks can tell apart
+    late = (pl.col("last_start_ns") - pl.col("first_start_ns")) > fit.tol
     agg = agg.with_columns(usable.alias("usable"),
-                           pl.when(usable).then(pl.col("last_rank")).alias("straggler_rank"),
+                           pl.when(usable & late).then(pl.col("last_rank")).alias("straggler_rank"),
                            pl.when(pl.col("mode") == 0).then(pl.lit("pg+seq")).when(pl.col("mode") == 1)
                            .then(pl.lit("order")).when(pl.col("mode") == 2).then(pl.lit("p2p order"))
                            .otherwise(pl.lit("unmatched")).alias("matched_by"))
@@ -383,33 +416,36 @@ def match(collectives: pa.Table, ranks: pa.Table, *, groups: dict[str, list[int]
         "wait_ns": c.get_column("wait_ns").to_arrow(), "transfer_ns": c.get_column("transfer_ns").to_arrow(),
         "straggler": c.get_column("straggler").to_arrow()})
     clocks = _clock_table(c, dom, fit, align)
+    for rank, est_ns in clocks.filter(pl.col("clock_method") == "implausible").select(
+            ["rank", "clock_estimate_ns"]).iter_rows():
+        diags.append(Diagnostic("", f"rank {rank}'s collectives line up with the others' only if its clock were "
+                                    f"{abs(est_ns) / 1e9:.0f} s off; not applied: are the traces from the same "
+                                    "run?"))
     diags.extend(_diagnose(agg, c, dom))
     return Matching(instances, members, clocks, diags)
 
 
 def _size_disagreements(c: pl.DataFrame, agg: pl.DataFrame, tol: float, diags: list[Diagnostic]) -> pl.DataFrame:
-    """Calls matched by order carry their size in the key, so ranks that disagree on a call's size never
-    merge into one instance; find them instead. Two calls on different ranks disagree when both sit in
-    instances missing some traced member, they are the same k-th call of (pg, op) on their ranks, their
-    sizes differ and they overlap in time (job clock). Sampled or cut traces (a call missing on one
-    rank) shift the order too, but then the calls do not overlap."""
+    """Ranks that disagree on a call's size: calls that were the k-th of their (pg, op) on their ranks
+    (first stage of :func:`_keys`), had different sizes, overlap in time (job clock), and found no
+    partner of their own size (their instances miss some traced member). They are flagged, not merged.
+    Gloo taking two buckets in a different order also fails the first stage, but each finds its partner
+    in the second; a call missing from a sampled or cut trace shifts the order too, but the calls then
+    do not overlap in time."""
     short = agg.filter(pl.col("ranks").list.len() < pl.min_horizontal("nranks", "u_len")).get_column("tmp")
     if short.len() == 0:
         return agg
-    order = c.filter((pl.col("k_mode") == 1) & ~pl.col("op").is_in(VARIABLE_SIZE_OPS)).sort(
-        ["rank", "start_ns", "end_ns", "collective_id"]).with_columns(
-        pl.int_range(pl.len(), dtype=pl.Int64).over(["rank", "k_pg", "op"]).alias("o2"))
-    cand = order.filter(pl.col("tmp").is_in(short.implode())).select(
-        ["tmp", "rank", "k_pg", "op", "o2", "bytes", "s", "e"])
-    pairs = cand.join(cand, on=["k_pg", "op", "o2"], suffix="_b").filter(
-        (pl.col("rank") < pl.col("rank_b")) & (pl.col("tmp") != pl.col("tmp_b"))
-        & (pl.col("bytes") != pl.col("bytes_b"))
+    cand = c.filter(pl.col("s1").is_not_null() & pl.col("tmp").is_in(short.implode())).select(
+        ["tmp", "rank", "k_pg", "op", "s1", "bytes", "s", "e"])
+    pairs = cand.join(cand, on=["k_pg", "op", "s1"], suffix="_b").filter(
+        (pl.col("rank") < pl.col("rank_b")) & (pl.col("bytes") != pl.col("bytes_b"))
         & (pl.max_horizontal("s", "s_b") <= pl.min_horizontal("e", "e_b") + tol))
     if pairs.height == 0:
         return agg
     first = pairs.sort("s").row(0, named=True)
-    diags.append(Diagnostic("", f"ranks disagree on the size of {pairs.height} collective call(s) (first: "
-                                f"{first['op']} #{first['o2']} of process group {first['k_pg']}: "
+    n_calls = pl.concat([pairs.get_column("tmp"), pairs.get_column("tmp_b")]).n_unique()
+    diags.append(Diagnostic("", f"ranks disagree on the size of {n_calls} collective calls (first: "
+                                f"{first['op']} #{first['s1']} of process group {first['k_pg']}: "
                                 f"{first['bytes']} B on rank {first['rank']}, {first['bytes_b']} B on rank "
                                 f"{first['rank_b']}, at the same time); they are not merged: each stays a "
                                 "partial instance with sizes_agree = false, without wait/transfer"))
@@ -421,7 +457,9 @@ def _size_disagreements(c: pl.DataFrame, agg: pl.DataFrame, tol: float, diags: l
 def _clock_table(c: pl.DataFrame, dom: pl.DataFrame, fit: _Fit, align: bool) -> pl.DataFrame:
     """Per rank: applied offset, raw estimate, residual and how the offset was decided."""
     multi = c.filter(pl.col("i_ok") & (pl.len().over("tmp") >= 2))
-    res = multi.with_columns((pl.col("e") - pl.col("e").median().over("tmp")).abs().alias("r")) \
+    base = multi.get_column("e").min() if multi.height else 0
+    res = multi.with_columns((pl.col("e") - base).alias("e")) \
+        .with_columns((pl.col("e") - pl.col("e").median().over("tmp")).abs().alias("r")) \
         .group_by("rank").agg(pl.col("r").median().round().cast(pl.Int64).alias("clock_residual_ns"))
     matched_ranks = set(multi.get_column("rank").unique().to_list())
     rows = []
@@ -437,7 +475,10 @@ def _clock_table(c: pl.DataFrame, dom: pl.DataFrame, fit: _Fit, align: bool) -> 
             method, estimate = "unmatched", None
         else:
             estimate = round(float(fit.estimate[d]))
-            method = "estimated" if fit.applied[d] != 0 or estimate == 0 else "below noise"
+            if abs(estimate) > MAX_OFFSET_NS:
+                method = "implausible"
+            else:
+                method = "estimated" if fit.applied[d] != 0 or estimate == 0 else "below noise"
         rows.append((rank, int(fit.applied[d]), estimate, method))
     out = pl.DataFrame(rows, schema={"rank": pl.Int32, "clock_offset_ns": pl.Int64, "clock_estimate_ns": pl.Int64,
                                      "clock_method": pl.String}, orient="row")
@@ -477,11 +518,14 @@ def _diagnose(agg: pl.DataFrame, c: pl.DataFrame, dom: pl.DataFrame) -> list[Dia
                                   "are kept, flagged partial, and not split into wait and transfer",
                               level=level))
     shared = c.with_columns(pl.len().over("tmp").alias("_n")).group_by("rank").agg(
-        (pl.col("_n") >= 2).any().alias("any"))
+        ((pl.col("_n") >= 2) & pl.col("i_ok")).any().alias("any"))
     if shared.height >= 2 and shared.get_column("any").any():
-        for (r,) in shared.filter(~pl.col("any")).select("rank").iter_rows():
-            out.append(Diagnostic("", f"rank {r}: none of its collectives matches a collective of another rank; "
-                                      "is its trace from another job or another time?"))
+        for (r,) in shared.filter(~pl.col("any")).sort("rank").select("rank").iter_rows():
+            out.append(Diagnostic("", f"rank {r}: none of its collectives matches a collective of another rank in "
+                                      "time; is its trace from another job or another time?"))
+    elif shared.height >= 2:
+        out.append(Diagnostic("", "no collective matches across ranks in time: are these traces from the same job "
+                                  "and the same time?"))
     return out
 
 

@@ -95,7 +95,9 @@ RANKS = pa.schema(
                                                   "(null: nothing to estimate from)"),
         _col("clock_residual_ns", pa.int64(), doc="median |end - instance's median end| over this rank's matched "
                                                   "collectives, after alignment"),
-        _col("clock_method", pa.string(), doc="reference, same host, estimated, below noise, unmatched"),
+        _col("clock_method", pa.string(), doc="reference, same host, estimated, below noise (estimate "
+                                          "not significant, not applied), implausible (> 60 s, not applied), "
+                                          "unmatched, not aligned"),
         _col("events", pa.int64()),
         _col("bytes_lost", pa.int64(), doc="input bytes after the last complete record"),
         _col("complete", pa.bool_()),
@@ -178,7 +180,8 @@ COLLECTIVE_INSTANCES = pa.schema(
         _col("skew_ns", pa.int64(), doc="arrival skew: last_start_ns - first_start_ns"),
         _col("wait_ns", pa.int64(), doc="sum over members of last_start_ns - own start"),
         _col("transfer_ns", pa.int64(), doc="median over members of own end - last_start_ns"),
-        _col("straggler_rank", pa.int32(), doc="the last to arrive (null for partial or inconsistent instances)"),
+        _col("straggler_rank", pa.int32(), doc="the last to arrive; null for partial or inconsistent instances "
+                                               "and when the skew is within the clocks' uncertainty"),
         _col("busbw_gbps", pa.float64(), doc="8 bus_bytes / transfer_ns, Gbit/s"),
         _col("link_utilisation", pa.float64(), doc="busbw / line rate (null without one)"),
     ]
