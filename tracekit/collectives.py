@@ -250,13 +250,18 @@ def _pairs(m: pl.DataFrame) -> pl.DataFrame:
     domain."""
     # medians in float64: relative to the earliest end, or 1.7e18 ns epochs lose 256 ns
     base = m.get_column("end_ns").min()
-    ie = (m.group_by(["tmp", "domain"]).agg((pl.col("end_ns") - base).median().alias("end"),
-                                          pl.col("bytes").max().fill_null(0).alias("bytes"))
-          .filter(pl.len().over("tmp") >= 2))
+    if m.select(pl.struct(["tmp", "domain"]).is_unique().all()).item():
+        ie = m.select("tmp", "domain", (pl.col("end_ns") - base).cast(pl.Float64).alias("end"),
+                      pl.col("bytes").fill_null(0).alias("bytes"))  # one rank per domain: nothing to reduce
+    else:
+        ie = m.group_by(["tmp", "domain"]).agg((pl.col("end_ns") - base).median().alias("end"),
+                                             pl.col("bytes").max().fill_null(0).alias("bytes"))
+    ie = ie.filter(pl.len().over("tmp") >= 2)
     if ie.height == 0:
         return pl.DataFrame(schema={"a": pl.Int64, "b": pl.Int64, "diff": pl.Float64})
-    ie = ie.with_columns(pl.col("bytes").rank("ordinal", descending=True).over("domain").alias("_r")) \
-        .filter(pl.col("_r") <= CLOCK_INSTANCES)
+    # largest messages first; ties in instance order, so the choice is deterministic
+    ie = ie.sort(["domain", "bytes", "tmp"], descending=[False, True, False]) \
+        .filter(pl.int_range(pl.len()).over("domain") < CLOCK_INSTANCES)
     anchor = ie.sort(["tmp", "domain"]).group_by("tmp").agg(pl.col("domain").first().alias("a"),
                                                             pl.col("end").first().alias("end_a"))
     return (ie.join(anchor, on="tmp").filter(pl.col("domain") != pl.col("a"))
@@ -309,7 +314,8 @@ def match(collectives: pa.Table, ranks: pa.Table, *, groups: dict[str, list[int]
                         _empty_clocks(), diags)
     c = _keys(c.with_columns(pl.col("rank").cast(pl.Int32)))
     # instances (temporary ids) and their members
-    inst = c.group_by([*_KEY, "k_ord"]).agg(pl.len().alias("n")).with_row_index("tmp") \
+    # temporary instance ids in order of first appearance (deterministic: c is sorted)
+    inst = c.group_by([*_KEY, "k_ord"], maintain_order=True).agg(pl.len().alias("n")).with_row_index("tmp") \
         .with_columns(pl.col("tmp").cast(pl.Int64))
     c = c.join(inst.select([*_KEY, "k_ord", "tmp"]), on=[*_KEY, "k_ord"], how="left")
     dom = _domains(ranks, c.get_column("rank").unique().to_list())
