@@ -183,7 +183,8 @@ def render_collectives(console: Console, result: Analysis, *, sort: str = "time"
     t0 = int(inst.get_column("first_start_ns").min())  # type: ignore[arg-type]
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
                   caption="times in the job clock; skew = last arrival - first; wait = summed over members; "
-                          "transfer = median over members of end - last arrival", caption_justify="left")
+                          "transfer = median over members of end - last arrival; busbw = this call's bus bytes / "
+                          "its transfer (calls running at once share the link)", caption_justify="left")
     for name in ("#", "at", "iter", "op", "bytes", "ranks", "skew", "wait", "transfer", "busbw"):
         table.add_column(name, justify="left" if name == "op" else "right", no_wrap=True)
     if rate:
