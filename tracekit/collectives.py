@@ -313,8 +313,7 @@ def match(collectives: pa.Table, ranks: pa.Table, *, groups: dict[str, list[int]
         return Matching(schema.empty(schema.COLLECTIVE_INSTANCES), schema.empty(schema.COLLECTIVE_MEMBERS),
                         _empty_clocks(), diags)
     c = _keys(c.with_columns(pl.col("rank").cast(pl.Int32)))
-    # instances (temporary ids) and their members
-    # temporary instance ids in order of first appearance (deterministic: c is sorted)
+    # instances: temporary ids in order of first appearance (deterministic: c is sorted)
     inst = c.group_by([*_KEY, "k_ord"], maintain_order=True).agg(pl.len().alias("n")).with_row_index("tmp") \
         .with_columns(pl.col("tmp").cast(pl.Int64))
     c = c.join(inst.select([*_KEY, "k_ord", "tmp"]), on=[*_KEY, "k_ord"], how="left")

@@ -42,7 +42,7 @@ def per_rank(breakdown: pa.Table) -> pl.DataFrame:
         .cast(pl.Int64).alias("comm_bytes_per_iteration"),
         *_link_shares(),
     ).drop("_no_split", "_bytes_known", "_bus_wall", "_bus_active", "_bus_known", "_ideal_wall", "_ideal_known")
-    return agg
+    return agg.with_columns(_wait_share()).drop("_exposed_split")
 
 
 def _link_aggs() -> list[pl.Expr]:
@@ -58,6 +58,7 @@ def _link_aggs() -> list[pl.Expr]:
         pl.col("ideal_comm_ns").sum(),
         ideal.sum().alias("_ideal_known"),
         pl.col("wall_ns").filter(ideal).sum().alias("_ideal_wall"),
+        pl.col("exposed_comm_ns").filter(pl.col("wait_ns").is_not_null()).sum().alias("_exposed_split"),
     ]
 
 
@@ -71,9 +72,13 @@ def _link_shares() -> list[pl.Expr]:
         pl.when(pl.col("_ideal_known") > 0).then(pl.col("ideal_comm_ns") / pl.col("_ideal_wall"))
         .alias("link_utilisation"),
         pl.when(pl.col("_ideal_known") > 0).then(pl.col("ideal_comm_ns")).alias("ideal_comm_ns"),
-        pl.when(pl.col("exposed_comm_ns") > 0).then(pl.col("wait_ns") / pl.col("exposed_comm_ns"))
-        .alias("wait_share_of_exposed"),
     ]
+
+
+def _wait_share() -> pl.Expr:
+    """Waiting's share of exposed communication, over the windows where the split is known."""
+    return pl.when(pl.col("wait_ns").is_not_null() & (pl.col("_exposed_split") > 0)) \
+        .then(pl.col("wait_ns") / pl.col("_exposed_split")).alias("wait_share_of_exposed")
 
 
 def per_iteration(breakdown: pa.Table) -> pl.DataFrame:
@@ -122,7 +127,7 @@ def job(breakdown: pa.Table) -> dict[str, Any]:
     out["comm_bytes_per_iteration"] = int(known.mean()) if known.len() else None  # type: ignore[arg-type]
     links = b.with_columns(pl.lit(0).alias("rank")).group_by("rank").agg(
         pl.col("wall_ns").sum(), pl.col("exposed_comm_ns").sum(), pl.col("wait_ns").sum(), *_link_aggs()
-    ).with_columns(*_link_shares()).row(0, named=True)
+    ).with_columns(*_link_shares()).with_columns(_wait_share()).row(0, named=True)
     for k in ("link_active_ns", "link_busy_share", "bus_bytes_per_iteration", "busbw_gbps", "ideal_comm_ns",
               "link_utilisation"):
         out[k] = links[k]

@@ -44,7 +44,10 @@ def paragraph(job: dict[str, Any], stragglers: pl.DataFrame, overview: dict[str,
                 src = "" if line_rate_source == "given" else f" ({line_rate_source})"
                 s += f", {_pct(busbw * 1e9 / line_rate_bps)} of the {_rate(line_rate_bps)} line rate{src}"
         s += "."
-        if line_rate_bps and job.get("link_utilisation") is not None:
+        if line_rate_bps and busbw is not None and busbw * 1e9 > 1.05 * line_rate_bps:
+            s += (" That is faster than the line rate: some of the traffic did not cross that link (NVLink or "
+                  "shared memory inside a host?), or the rate given is too low.")
+        elif line_rate_bps and job.get("link_utilisation") is not None:
             s += (f" Over the whole iteration the links ran at {_pct(job['link_utilisation'])} of line rate: "
                   f"the same traffic at full rate would take {_pct(job['link_utilisation'])} of the time.")
         elif not line_rate_bps:
