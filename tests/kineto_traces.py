@@ -210,3 +210,99 @@ def gloo_job(ranks: int = 4, steps: int = 2, *, loader_ns: dict[int, int] | None
             ev.append(Ev("Optimizer.step#SGD.step", "cpu_op", done + 50_000, opt, tid=1, pid=100 + r))
         t = end + 10_000
     return out
+
+
+# --- multi-rank jobs with known clocks, arrivals and ends -------------------------------------------
+
+MS = 1_000_000
+BIG = 1 << 20  # elements of the big all-reduce (4 MiB of float)
+SMALL = 1 << 16  # elements of the small all-reduce (256 KiB)
+
+
+def _jitter(rank: int, k: int, amplitude: int) -> int:
+    """Deterministic pseudo-random offset in [-amplitude, amplitude] ns."""
+    if amplitude == 0:
+        return 0
+    return ((rank * 7919 + k * 104729) % (2 * amplitude + 1)) - amplitude
+
+
+def gpu_rank_events(rank: int, steps: int, *, shift: int = 0, late: int = 0, end_jitter: int = 0,
+                    t0: int = EPOCH_NS, sizes: dict[int, int] | None = None, seq: bool = False,
+                    skip_calls: tuple[int, ...] = (), world: int = 2) -> list[Ev]:
+    """One GPU rank of a data-parallel job whose truth is known (times relative to each 10 ms step, ns).
+
+    Per step k: compute [2, 5 + late) ms on stream 7, the big all-reduce on stream 13 from 5 ms + late to
+    8 ms (the same true end on every rank), the small all-reduce [8.5, 9) ms, compute [9, 9.5) ms.
+    ``shift`` is added to every timestamp (this rank's clock runs ``shift`` ns ahead of true time);
+    ``end_jitter`` moves each collective's end by a deterministic amount in ±end_jitter ns; ``sizes``
+    overrides the big call's element count per call index; ``seq`` writes ``Seq`` args (Kineto 2026);
+    ``skip_calls`` drops collectives by call index (a sampled or cut trace).
+    """
+    evs: list[Ev] = []
+    call = 0
+    for k in range(steps):
+        base = t0 + k * 10 * MS + shift
+        c = 1000 + 20 * k
+        evs.append(Ev(f"ProfilerStep#{k + 1}", "user_annotation", base, 10 * MS, tid=1))
+        plan = [  # (name, start, end, nelems)
+            ("big", 5 * MS + late, 8 * MS, (sizes or {}).get(call, BIG)),
+            ("small", 8 * MS + MS // 2, 9 * MS, SMALL),
+        ]
+        evs += [
+            Ev("aten::mm", "cpu_op", base + MS, 1000, tid=1, args={"External id": c}),
+            Ev("cudaLaunchKernel", "cuda_runtime", base + MS + 100, 1000, tid=1, args={"correlation": c}),
+            Ev("sgemm_kernel", "kernel", base + 2 * MS, 3 * MS + late, device=rank, stream=7,
+               args={"correlation": c}),
+            Ev("cudaLaunchKernel", "cuda_runtime", base + MS + 300, 1000, tid=1, args={"correlation": c + 1}),
+            Ev("add_kernel", "kernel", base + 9 * MS, MS // 2, device=rank, stream=7, args={"correlation": c + 1}),
+        ]
+        for j, (_, s, e, n) in enumerate(plan):
+            idx = call
+            call += 1
+            if idx in skip_calls:
+                continue
+            corr = c + 2 + j
+            e += _jitter(rank, idx, end_jitter)
+            args: dict[str, Any] = {"correlation": corr, "Collective name": "allreduce", "In msg nelems": n,
+                                    "Out msg nelems": n, "Group size": world, "dtype": "Float",
+                                    "Process Group Name": "0"}
+            if seq:
+                args["Seq"] = idx
+            evs.append(Ev("cudaLaunchKernel", "cuda_runtime", base + MS + 500 + 100 * j, 1000, tid=1,
+                          args={"correlation": corr}))
+            evs.append(Ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+                          "kernel", base + s, e - s, device=rank, stream=13, args=args))
+    return evs
+
+
+def write_gpu_job(directory: Path, shifts: list[int], *, steps: int = 3, straggler: int | None = None,
+                  late: int = 0, end_jitter: int = 0, sizes: dict[int, dict[int, int]] | None = None,
+                  skip: dict[int, tuple[int, ...]] | None = None, seq: bool = False) -> Path:
+    """Write one trace per rank of :func:`gpu_rank_events` into ``directory`` (``rank{r}.json``); ``sizes``
+    and ``skip`` are per rank."""
+    directory.mkdir(parents=True, exist_ok=True)
+    n = len(shifts)
+    for r, shift in enumerate(shifts):
+        evs = gpu_rank_events(r, steps, shift=shift, late=late if r == straggler else 0, end_jitter=end_jitter,
+                              sizes=(sizes or {}).get(r), skip_calls=(skip or {}).get(r, ()), seq=seq, world=n)
+        write(directory / f"rank{r}.json", evs, rank=r, world_size=n)
+    return directory
+
+
+def gloo_rank_events(rank: int, steps: int, threads: list[str], *, elems: int = 262144,
+                     t0: int = EPOCH_NS) -> list[Ev]:
+    """A CPU-only gloo rank: per 40 ms step, compute [0, 10) ms on the main thread, then four equal-size
+    bucket all-reduces on two worker threads (tid 11 = "A", 12 = "B", in the order ``threads`` gives for
+    this rank). Bucket b starts at (10 + 5b) ms + 0.3 ms × rank and ends at (20 + 5b) ms on every rank."""
+    tid = {"A": 11, "B": 12}
+    evs: list[Ev] = []
+    for k in range(steps):
+        base = t0 + k * 40 * MS
+        evs.append(Ev(f"ProfilerStep#{k + 1}", "user_annotation", base, 40 * MS, tid=10))
+        evs.append(Ev("aten::mm", "cpu_op", base, 10 * MS, tid=10))
+        for b in range(4):
+            s = base + (10 + 5 * b) * MS + 300_000 * rank
+            e = base + (20 + 5 * b) * MS
+            evs.append(Ev("gloo:all_reduce", "user_annotation", s, e - s, tid=tid[threads[(4 * k + b) % len(threads)]],
+                          args={"Input Dims": [[elems]], "Input type": ["float"]}))
+    return evs

@@ -52,8 +52,8 @@ def test_export_directory_readable_by_polars_pyarrow_duckdb(job: Path, tmp_path:
     out = tmp_path / "out"
     assert main(["export", str(job), "-o", str(out)]) == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["breakdown.parquet", "collectives.parquet", "events.parquet", "iterations.parquet",
-                     "ranks.parquet"]
+    assert names == ["breakdown.parquet", "collective_instances.parquet", "collective_members.parquet",
+                     "collectives.parquet", "events.parquet", "iterations.parquet", "ranks.parquet"]
     b = pl.read_parquet(out / "breakdown.parquet")
     assert b.height == 6
     assert pq.read_table(out / "events.parquet").num_rows > 0
@@ -101,7 +101,7 @@ def test_missing_path_and_bad_regex(tmp_path: Path, job: Path, capsys: pytest.Ca
 
 
 def test_help_everywhere() -> None:
-    for args in (["--help"], ["summary", "--help"], ["export", "--help"]):
+    for args in (["--help"], ["summary", "--help"], ["export", "--help"], ["collectives", "--help"]):
         with pytest.raises(SystemExit) as info:
             main(args)
         assert info.value.code == 0
@@ -114,3 +114,69 @@ def test_truncated_rank_is_warned_but_analysed(job: Path, capsys: pytest.Capture
     captured = capsys.readouterr()
     assert "3 ranks" in captured.out
     assert "truncated" in captured.err and "rank2.json.tmp" in captured.err
+
+
+@pytest.fixture
+def straggling(tmp_path: Path) -> Path:
+    """Four GPU ranks on unsynchronised clocks; rank 2 arrives 0.8 ms late at every big all-reduce."""
+    return kt.write_gpu_job(tmp_path / "straggling", [0, 3_700_000, -1_200_000, 0], straggler=2, late=800_000)
+
+
+def test_summary_links_stragglers_and_verdict(straggling: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(straggling), "--link-bw", "100Gbit"]) == 0
+    out = capsys.readouterr().out
+    assert "line rate 100 Gbit/s" in out and "link busy" in out and "utilisation" in out
+    assert "top stragglers" in out
+    assert "Rank 2 is the straggler" in " ".join(out.split())
+
+
+def test_summary_json_has_links_clocks_stragglers(straggling: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(straggling), "--json", "--link-bw", "25GB/s"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["line_rate_bps"] == 200e9 and data["line_rate_source"] == "given"
+    for key in ("link_busy_share", "busbw_gbps", "link_utilisation", "wait_share_of_exposed"):
+        assert data["job"][key] is not None
+    assert [c["clock_offset_ns"] for c in data["clocks"]] == [0, -3_700_000, 1_200_000, 0]
+    assert data["stragglers"][0]["rank"] == 2
+    assert data["collectives"]["matched"] == 6 and data["collectives"]["judged"] == 3
+    assert "straggler" in data["verdict"]
+    row = data["breakdown"][0]
+    assert row["wait_ns"] + row["transfer_ns"] == row["exposed_comm_ns"]
+    assert {"bus_bytes", "link_active_ns", "link_idle_ns", "busbw_gbps", "ideal_comm_ns",
+            "link_utilisation"} <= set(row)
+
+
+def test_collectives_command(straggling: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["collectives", str(straggling), "--sort", "wait", "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "6 collectives" in out and "showing 2 of 6" in out and "by op" in out
+    assert "allreduce" in out and "4.19 MB" in out
+    assert main(["collectives", str(straggling), "--json", "--link-bw", "100gbit"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["instances"]) == 6
+    first = data["instances"][0]
+    assert set(first) >= {"pg", "seq", "op", "bytes", "bus_bytes", "ranks", "first_start_ns", "last_start_ns",
+                          "skew_ns", "transfer_ns", "straggler_rank", "busbw_gbps", "link_utilisation"}
+    assert [i["straggler_rank"] for i in data["instances"] if i["bytes"] == 4 << 20] == [2, 2, 2]
+
+
+def test_export_link_tables(straggling: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["export", str(straggling), "-o", str(out), "--link-bw", "100Gbit"]) == 0
+    inst = pl.read_parquet(out / "collective_instances.parquet")
+    assert inst.height == 6 and inst["link_utilisation"].null_count() == 0
+    b = pl.read_parquet(out / "breakdown.parquet")
+    assert b["link_utilisation"].null_count() == 0 and b["busbw_gbps"].null_count() == 0
+    assert pl.read_parquet(out / "ranks.parquet")["clock_offset_ns"].to_list() == [0, -3_700_000, 1_200_000, 0]
+    assert pl.read_parquet(out / "collective_members.parquet").height == 24
+    doc = pq.read_schema(out / "breakdown.parquet").field("busbw_gbps").metadata
+    assert doc and b"Gbit/s" in doc[b"doc"]
+
+
+@pytest.mark.parametrize("rate", ["100mbps", "fast", "100G"])
+def test_bad_link_bw_is_one_line(straggling: Path, rate: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "tracekit.cli", "summary", str(straggling), "--link-bw", rate],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--link-bw" in lines[0]

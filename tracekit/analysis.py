@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from tracekit import attribution, iterations
+from tracekit import attribution, collectives, iterations, links
+from tracekit.diagnostics import Diagnostic
 from tracekit.traceset import TraceSet
 
 
@@ -19,28 +20,50 @@ class Analysis:
     events: pa.Table  # with the iteration column filled
     iterations: pa.Table
     breakdown: pa.Table
+    ranks: pa.Table  # the TraceSet's ranks with the clock columns filled
+    instances: pa.Table  # collective_instances
+    members: pa.Table  # collective_members: one row per (instance, rank)
+    line_rate_bps: float | None = None
+    line_rate_source: str | None = None  # "given", "topology" or None
+    matched: bool = False  # whether collectives were matched across ranks (wait/transfer known)
     notes: list[str] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)  # the inputs' and the analysis' warnings
 
     def tables(self) -> dict[str, pa.Table]:
         """Every exportable table by name."""
         out = {
-            "ranks": self.traces.ranks,
+            "ranks": self.ranks,
             "events": self.events,
             "iterations": self.iterations,
             "breakdown": self.breakdown,
             "collectives": self.traces.collectives,
+            "collective_instances": self.instances,
+            "collective_members": self.members,
         }
         if self.traces.topology.num_rows:
             out["topology"] = self.traces.topology
         return out
 
 
-def analyse(traces: TraceSet, *, step_marker: str | None = None) -> Analysis:
-    """Iterations and attribution for every rank of ``traces``."""
+def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: float | None = None,
+            align_clocks: bool = True) -> Analysis:
+    """Iterations, cross-rank matching and clocks, attribution (with wait/transfer where matched) and link
+    figures for every rank of ``traces``. ``link_bw_bps`` is the line rate (bits/s) to compare with."""
     events, iters = iterations.assign(traces.events, step_marker)
-    breakdown = attribution.breakdown(events, iters, traces.collectives)
+    groups = collectives.groups_from_meta(f.meta for f in traces.files)
+    matching = collectives.match(traces.collectives, traces.ranks, groups=groups, events=events,
+                                 align=align_clocks)
+    split = collectives.comm_split(events, matching) if matching.matched else None
+    breakdown = attribution.breakdown(events, iters, traces.collectives, comm_split=split)
+    rate, rate_source = links.line_rate(link_bw_bps, traces.topology)
+    breakdown = links.window_links(breakdown, traces.collectives, rate)
+    instances = links.instance_links(matching.instances, rate)
+    ranks = collectives.apply_clocks(traces.ranks, matching.clocks)
     notes = []
     methods = sorted(set(iters.column("method").to_pylist())) if iters.num_rows else []
     if methods:
         notes.append("iterations from " + ", ".join(methods))
-    return Analysis(traces=traces, events=events, iterations=iters, breakdown=breakdown, notes=notes)
+    return Analysis(traces=traces, events=events, iterations=iters, breakdown=breakdown, ranks=ranks,
+                    instances=instances, members=matching.members, line_rate_bps=rate,
+                    line_rate_source=rate_source, matched=matching.matched, notes=notes,
+                    diagnostics=[*traces.diagnostics, *matching.diagnostics])

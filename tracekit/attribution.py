@@ -16,8 +16,10 @@ import pyarrow as pa
 from tracekit import schema
 from tracekit.intervals import sweep
 
-COMPUTE, TRANSFER, WAIT, MEMORY = 0, 1, 2, 3
-_BIT = {c: 1 << c for c in (COMPUTE, TRANSFER, WAIT, MEMORY)}
+#: interval classes of the sweep. Communication is TRANSFER without a split; with one (matched
+#: collectives) it is WAIT, TRANSFER, or UNSPLIT for communication whose split is unknown.
+COMPUTE, TRANSFER, WAIT, MEMORY, UNSPLIT = 0, 1, 2, 3, 4
+_BIT = {c: 1 << c for c in (COMPUTE, TRANSFER, WAIT, MEMORY, UNSPLIT)}
 
 
 def activity(events: pa.Table) -> pl.DataFrame:
@@ -53,8 +55,15 @@ def breakdown(events: pa.Table, iterations: pa.Table, collectives: pa.Table | No
               comm_split: pl.DataFrame | None = None) -> pa.Table:
     """The ``breakdown`` table: one row per (rank, iteration) window.
 
-    ``comm_split`` (optional) replaces communication intervals by ``rank, start_ns, end_ns, cls`` rows
-    with cls WAIT or TRANSFER; without it ``wait_ns``/``transfer_ns`` are null.
+    ``comm_split`` (optional, :func:`tracekit.collectives.comm_split`) replaces every communication
+    interval by ``rank, start_ns, end_ns, cls`` rows of class WAIT, TRANSFER or UNSPLIT. A window's
+    ``wait_ns``/``transfer_ns`` are known (and add up to ``exposed_comm_ns``) when none of its
+    communication is UNSPLIT; otherwise, and without ``comm_split``, they are null. Where one interval
+    waits while a concurrent one transfers, the instant counts as transfer (the link is moving data).
+
+    ``link_active_ns`` is the union of communication time not known to be waiting: the union of TRANSFER
+    time when the window's split is known, of all communication otherwise. The other link columns are
+    left null here (:func:`tracekit.links.window_links` fills them).
     """
     if iterations.num_rows == 0:
         return schema.empty(schema.BREAKDOWN)
@@ -70,12 +79,13 @@ def breakdown(events: pa.Table, iterations: pa.Table, collectives: pa.Table | No
     w_start = win.get_column("start_ns").to_numpy()
     w_end = win.get_column("end_ns").to_numpy()
     s = sweep(act.get_column("rank").to_numpy().astype(np.int64), act.get_column("start_ns").to_numpy(),
-              act.get_column("end_ns").to_numpy(), act.get_column("cls").to_numpy(), 4, w_rank, w_start, w_end)
+              act.get_column("end_ns").to_numpy(), act.get_column("cls").to_numpy(), 5, w_rank, w_start, w_end)
     m = len(w_start)
     c = (s.state & _BIT[COMPUTE]) != 0
     t = (s.state & _BIT[TRANSFER]) != 0
     wt = (s.state & _BIT[WAIT]) != 0
-    comm = t | wt
+    u = (s.state & _BIT[UNSPLIT]) != 0
+    comm = t | wt | u
     mem = (s.state & _BIT[MEMORY]) != 0
     compute = s.total(m, c & ~comm)
     overlapped = s.total(m, c & comm)
@@ -83,32 +93,37 @@ def breakdown(events: pa.Table, iterations: pa.Table, collectives: pa.Table | No
     memory = s.total(m, ~c & ~comm & mem)
     wall = w_end - w_start
     idle = wall - compute - overlapped - exposed - memory
+    link_active = s.total(m, t | u)
     if comm_split is not None:
-        transfer = s.total(m, ~c & t)
+        transfer = s.total(m, ~c & (t | u))
         wait = exposed - transfer
-        wait_arr, transfer_arr = pa.array(wait), pa.array(transfer)
+        unknown = s.total(m, u) > 0
+        wait_arr, transfer_arr = pa.array(wait, mask=unknown), pa.array(transfer, mask=unknown)
     else:
         wait_arr = transfer_arr = pa.nulls(m, pa.int64())
-    comm_bytes = _bytes_per_window(collectives, w_rank, w_start, w_end)
+    comm_bytes = bytes_per_window(collectives, w_rank, w_start, w_end)
     return schema.table(schema.BREAKDOWN, {
         "rank": win.get_column("rank").to_arrow(), "iteration": win.get_column("iteration").to_arrow(),
         "start_ns": w_start, "end_ns": w_end, "wall_ns": wall, "compute_ns": compute,
         "overlapped_ns": overlapped, "exposed_comm_ns": exposed, "memory_ns": memory, "idle_ns": idle,
         "wait_ns": wait_arr, "transfer_ns": transfer_arr, "comm_ns": overlapped + exposed,
-        "comm_bytes": comm_bytes,
+        "comm_bytes": comm_bytes, "link_active_ns": link_active,
     })
 
 
-def _bytes_per_window(collectives: pa.Table | None, w_rank: np.ndarray, w_start: np.ndarray,
-                      w_end: np.ndarray) -> pa.Array:
-    """Payload bytes (S) of the collectives that start inside each window; collectives of unknown size
-    count as 0, and a window whose collectives all have unknown sizes is null."""
+def bytes_per_window(collectives: pa.Table | pl.DataFrame | None, w_rank: np.ndarray, w_start: np.ndarray,
+                     w_end: np.ndarray, column: str = "bytes") -> pa.Array:
+    """Sum of ``column`` (payload bytes S by default) over the collectives that start inside each window;
+    collectives of unknown size count as 0, and a window whose collectives all have unknown sizes is
+    null."""
     m = len(w_start)
-    if collectives is None or collectives.num_rows == 0:
+    if collectives is None or (collectives.num_rows if isinstance(collectives, pa.Table)
+                               else collectives.height) == 0:
         return pa.array(np.zeros(m, dtype=np.int64))
-    c = pl.from_arrow(collectives.select(["rank", "start_ns", "bytes"]))
+    c = pl.from_arrow(collectives.select(["rank", "start_ns", column])) if isinstance(collectives, pa.Table) \
+        else collectives.select(["rank", "start_ns", column])
     assert isinstance(c, pl.DataFrame)
-    c = c.filter(pl.col("start_ns").is_not_null())
+    c = c.rename({column: "bytes"}).filter(pl.col("start_ns").is_not_null())
     win = pl.DataFrame({"rank": w_rank.astype(np.int32), "w_start": w_start, "w_end": w_end,
                         "w": np.arange(m)}).sort("w_start")
     j = (c.with_columns(pl.col("rank").cast(pl.Int32)).sort("start_ns")

@@ -35,6 +35,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="annotation name that marks iterations when there is no ProfilerStep#N "
                         "(a numeric group, if any, gives the iteration number)")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print warnings about the inputs")
+    p.add_argument("--link-bw", metavar="RATE",
+                   help="line rate of the links to compare with, e.g. 100Gbit, 25GB/s, 200mbit or 1e9 (bits/s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,10 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     p.set_defaults(func=cmd_summary)
 
+    p = sub.add_parser("collectives", help="per-collective table: op, bytes, ranks, skew, wait, transfer, bus "
+                       "bandwidth, utilisation, straggler",
+                       description="Print every collective instance matched across ranks, and totals per op.")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print every instance (and the clocks) as JSON")
+    p.add_argument("--sort", choices=sorted(_sorts()), default="time",
+                   help="order of the rows (time ascending, the others largest first; default time)")
+    p.add_argument("--limit", type=int, default=40, metavar="N", help="show at most N rows (0: all; default 40)")
+    p.set_defaults(func=cmd_collectives)
+
     p = sub.add_parser("export", help="write the analysis tables to Parquet",
                        description="Write analysis tables to Parquet: OUT.parquet gets one table "
                                    "(--table, default breakdown); any other OUT is a directory that gets "
-                                   "one file per table (ranks, events, iterations, breakdown, collectives).")
+                                   "one file per table (ranks, events, iterations, breakdown, collectives, "
+                                   "collective_instances, collective_members, topology when present).")
     _common(p)
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="a .parquet file or a directory")
     p.add_argument("--table", metavar="NAME", help="export only this table")
@@ -92,9 +105,18 @@ examples:
     return parser
 
 
+def _sorts() -> list[str]:
+    from tracekit.report import SORTS
+
+    return list(SORTS)
+
+
 def _load(args: argparse.Namespace, console: Console):
     from tracekit import traceset
     from tracekit.analysis import analyse
+    from tracekit.units import parse_rate
+
+    link_bw = parse_rate(args.link_bw) if args.link_bw else None
 
     files, _ = traceset.discover(args.paths)
     total = sum(os.path.getsize(f) for f in files)
@@ -120,7 +142,7 @@ def _load(args: argparse.Namespace, console: Console):
     if ts.events.num_rows == 0 and ts.collectives.num_rows == 0:
         damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
-    return analyse(ts, step_marker=args.step_marker)
+    return analyse(ts, step_marker=args.step_marker, link_bw_bps=link_bw)
 
 
 def _warn(diags: Sequence[Diagnostic], console: Console, quiet: bool) -> None:
@@ -141,25 +163,75 @@ def cmd_summary(args: argparse.Namespace) -> int:
     if args.json:
         payload = _summary_json(result, summary)
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
-        _warn(result.traces.diagnostics, err, args.quiet)
+        _warn(result.diagnostics, err, args.quiet)
         return 0
     from tracekit.report import render_summary
 
     out = Console() if sys.stdout.isatty() else Console(width=120)
     render_summary(out, result)
-    _warn(result.traces.diagnostics, err, args.quiet)
+    _warn(result.diagnostics, err, args.quiet)
     return 0
 
 
 def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
+    from tracekit import verdict
+
+    job = summary.job(result.breakdown)
+    strag = summary.stragglers(result.instances)
+    overview = summary.collectives_overview(result.instances)
     return {
-        "job": summary.job(result.breakdown),
+        "job": job,
         "ranks": summary.per_rank(result.breakdown).to_dicts(),
         "iterations": summary.per_iteration(result.breakdown).to_dicts(),
         "breakdown": result.breakdown.to_pylist(),
+        "line_rate_bps": result.line_rate_bps,
+        "line_rate_source": result.line_rate_source,
+        "clocks": _clocks(result),
+        "collectives": overview,
+        "stragglers": strag.to_dicts(),
+        "verdict": verdict.paragraph(job, strag, overview, line_rate_bps=result.line_rate_bps,
+                                     line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows),
         "notes": result.notes,
-        "diagnostics": [str(d) for d in result.traces.diagnostics],
+        "diagnostics": [str(d) for d in result.diagnostics],
     }
+
+
+def _clocks(result: Any) -> list[dict[str, Any]]:
+    cols = ["rank", "host", "clock_offset_ns", "clock_estimate_ns", "clock_residual_ns", "clock_method"]
+    return result.ranks.select(cols).to_pylist()
+
+
+def cmd_collectives(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    result = _load(args, err)
+    from tracekit import summary
+
+    if args.json:
+        import polars as pl
+
+        from tracekit.report import SORTS
+
+        inst = pl.from_arrow(result.instances)
+        col, desc = SORTS[args.sort]
+        inst = inst.sort(col, descending=desc, nulls_last=True)  # type: ignore[union-attr]
+        payload = {
+            "line_rate_bps": result.line_rate_bps,
+            "collectives": summary.collectives_overview(result.instances),
+            "by_op": summary.by_op(result.instances).to_dicts(),
+            "stragglers": summary.stragglers(result.instances).to_dicts(),
+            "clocks": _clocks(result),
+            "instances": inst.to_dicts(),
+            "diagnostics": [str(d) for d in result.diagnostics],
+        }
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+        _warn(result.diagnostics, err, args.quiet)
+        return 0
+    from tracekit.report import render_collectives
+
+    out = Console() if sys.stdout.isatty() else Console(width=140)
+    render_collectives(out, result, sort=args.sort, limit=args.limit)
+    _warn(result.diagnostics, err, args.quiet)
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -172,7 +244,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     written = export(result.tables(), args.output, force=args.force, table=args.table)
     for path in written:
         err.print(f"wrote {path}", highlight=False, soft_wrap=True)
-    _warn(result.traces.diagnostics, err, args.quiet)
+    _warn(result.diagnostics, err, args.quiet)
     return 0
 
 

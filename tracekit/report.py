@@ -49,6 +49,13 @@ def fmt_share(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f} %"
 
 
+def fmt_gbps(x: float | None) -> str:
+    """Gbit/s → ``348 Mbit/s``."""
+    from tracekit.units import format_rate
+
+    return "–" if x is None else format_rate(x * 1e9)
+
+
 def render_summary(console: Console, result: Analysis) -> None:
     """The ``tracekit summary`` screen: ranks × classes, then the job's headline numbers."""
     pr = summary.per_rank(result.breakdown)
@@ -81,3 +88,135 @@ def render_summary(console: Console, result: Analysis) -> None:
     e = job["most_exposed_rank"]
     console.print(f"[bold]most exposed rank[/]: {e['rank']} — {fmt_share(e['exposed_comm_share'])} of its time "
                   "is communication not hidden under compute")
+    console.print()
+    render_links(console, result, pr)
+    strag = summary.stragglers(result.instances)
+    if strag.height:
+        console.print()
+        render_stragglers(console, strag)
+    from tracekit import verdict
+
+    console.print()
+    console.print(verdict.paragraph(job, strag, summary.collectives_overview(result.instances),
+                                    line_rate_bps=result.line_rate_bps, line_rate_source=result.line_rate_source,
+                                    n_ranks=result.ranks.num_rows), soft_wrap=False)
+
+
+def render_links(console: Console, result: Analysis, pr: object | None = None) -> None:
+    """Per rank: bus traffic per iteration, how busy the links were, the achieved bus bandwidth, and with a
+    line rate the utilisation; plus how much exposed communication was waiting."""
+    import polars as pl
+
+    from tracekit.units import format_rate
+
+    per = pr if isinstance(pr, pl.DataFrame) else summary.per_rank(result.breakdown)
+    rate = result.line_rate_bps
+    known = result.breakdown.column("wait_ns").null_count
+    if known == 0:
+        caption = "link busy = union of transfer time (collectives matched across ranks)"
+    elif known == result.breakdown.num_rows:
+        caption = "link busy = union of all communication time (collectives not matched across ranks)"
+    else:
+        caption = "link busy = union of transfer time where collectives matched, of all communication elsewhere"
+    title = "links" + (f" · line rate {format_rate(rate)}" + (f" ({result.line_rate_source})"
+                                                              if result.line_rate_source != "given" else "")
+                       if rate else " · no line rate (--link-bw)")
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption=caption + "; busbw = bus bytes / busy time", caption_justify="left")
+    for col in ("rank", "bus/it", "link busy", "busbw"):
+        table.add_column(col, justify="right", no_wrap=True)
+    if rate:
+        table.add_column("of line", justify="right", no_wrap=True)
+        table.add_column("utilisation", justify="right", no_wrap=True)
+    table.add_column("wait of exposed", justify="right", no_wrap=True)
+    for row in per.iter_rows(named=True):
+        cells = [str(row["rank"]), fmt_bytes(row["bus_bytes_per_iteration"]), fmt_share(row["link_busy_share"]),
+                 fmt_gbps(row["busbw_gbps"])]
+        if rate:
+            cells.append(fmt_share(None if row["busbw_gbps"] is None else row["busbw_gbps"] * 1e9 / rate))
+            cells.append(fmt_share(row["link_utilisation"]))
+        cells.append(fmt_share(row["wait_share_of_exposed"]))
+        table.add_row(*cells)
+    console.print(table)
+
+
+def render_stragglers(console: Console, strag: object, top: int = 5) -> None:
+    """The ranks everyone waited for most."""
+    import polars as pl
+
+    assert isinstance(strag, pl.DataFrame)
+    table = Table(title="top stragglers", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+                  pad_edge=False, caption="last = arrived last at a collective; waited = the other members' "
+                  "wait for it, summed", caption_justify="left")
+    for col in ("rank", "last", "of collectives", "waited", "of all waiting", "median lateness"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for row in strag.head(top).iter_rows(named=True):
+        table.add_row(str(row["rank"]), str(row["last_arrivals"]), fmt_share(row["last_arrival_share"]),
+                      fmt_ns(row["waited_ns"]), fmt_share(row["wait_share"]), fmt_ns(row["median_skew_ns"]))
+    console.print(table)
+
+
+#: ``tracekit collectives --sort`` keys: column and whether largest first
+SORTS = {"time": ("first_start_ns", False), "skew": ("skew_ns", True), "wait": ("wait_ns", True),
+         "transfer": ("transfer_ns", True), "bytes": ("bytes", True), "busbw": ("busbw_gbps", True),
+         "utilisation": ("link_utilisation", True)}
+
+
+def render_collectives(console: Console, result: Analysis, *, sort: str = "time", limit: int = 40) -> None:
+    """The ``tracekit collectives`` screen: one row per collective instance, then totals per op."""
+    import polars as pl
+
+    from tracekit.units import format_rate
+
+    inst = pl.from_arrow(result.instances)
+    assert isinstance(inst, pl.DataFrame)
+    ov = summary.collectives_overview(result.instances)
+    if inst.height == 0:
+        console.print("no collective calls with times in these traces")
+        return
+    col, desc = SORTS[sort]
+    inst = inst.sort(col, descending=desc, nulls_last=True)
+    shown = inst if limit <= 0 else inst.head(limit)
+    rate = result.line_rate_bps
+    title = (f"{ov['instances']} collectives · {ov['matched']} matched across ranks · {ov['partial']} partial · "
+             f"{ov['inconsistent']} inconsistent" + (f" · line rate {format_rate(rate)}" if rate else ""))
+    t0 = int(inst.get_column("first_start_ns").min())  # type: ignore[arg-type]
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="times in the job clock; skew = last arrival - first; wait = summed over members; "
+                          "transfer = median over members of end - last arrival; busbw = this call's bus bytes / "
+                          "its transfer (calls running at once share the link)", caption_justify="left")
+    for name in ("#", "at", "iter", "op", "bytes", "ranks", "skew", "wait", "transfer", "busbw"):
+        table.add_column(name, justify="left" if name == "op" else "right", no_wrap=True)
+    if rate:
+        table.add_column("util", justify="right", no_wrap=True)
+    table.add_column("straggler", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for row in shown.iter_rows(named=True):
+        flags = []
+        if row["partial"]:
+            flags.append("partial")
+        if not row["consistent"]:
+            flags.append("inconsistent")
+        if not row["sizes_agree"]:
+            flags.append("sizes differ")
+        cells = [str(row["instance"]), fmt_ns(row["first_start_ns"] - t0),
+                 "–" if row["iteration"] is None else str(row["iteration"]), row["op"] or "?",
+                 fmt_bytes(row["bytes"]), f"{len(row['ranks'])}/{row['nranks'] or '?'}", fmt_ns(row["skew_ns"]),
+                 fmt_ns(row["wait_ns"]), fmt_ns(row["transfer_ns"]), fmt_gbps(row["busbw_gbps"])]
+        if rate:
+            cells.append(fmt_share(row["link_utilisation"]))
+        cells += ["–" if row["straggler_rank"] is None else str(row["straggler_rank"]), ", ".join(flags)]
+        table.add_row(*cells)
+    console.print(table)
+    if limit > 0 and inst.height > limit:
+        console.print(f"showing {limit} of {inst.height} (sorted by {sort}); --limit 0 shows all")
+    ops = summary.by_op(result.instances)
+    t = Table(title="by op", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("op", "calls", "sizes", "bus bytes", "median skew", "wait", "median transfer", "busbw"):
+        t.add_column(name, justify="left" if name == "op" else "right", no_wrap=True)
+    for row in ops.iter_rows(named=True):
+        t.add_row(row["op"] or "?", str(row["calls"]), str(row["sizes"]), fmt_bytes(row["bus_bytes"]),
+                  fmt_ns(row["median_skew_ns"]), fmt_ns(row["wait_ns"]), fmt_ns(row["median_transfer_ns"]),
+                  fmt_gbps(row["busbw_gbps"]))
+    console.print()
+    console.print(t)

@@ -93,6 +93,13 @@ RANKS = pa.schema(
         _col("format", pa.string()),
         _col("format_version", pa.string()),
         _col("clock_offset_ns", pa.int64(), doc="add to this rank's times to get the job clock"),
+        _col("clock_estimate_ns", pa.int64(), doc="offset estimated from collective end times, applied or not "
+                                                  "(null: nothing to estimate from)"),
+        _col("clock_residual_ns", pa.int64(), doc="median |end - instance's median end| over this rank's matched "
+                                                  "collectives, after alignment"),
+        _col("clock_method", pa.string(), doc="reference, same host, estimated, below noise (estimate "
+                                          "not significant, not applied), implausible (> 60 s, not applied), "
+                                          "unmatched, not aligned"),
         _col("events", pa.int64()),
         _col("bytes_lost", pa.int64(), doc="input bytes after the last complete record"),
         _col("complete", pa.bool_()),
@@ -139,6 +146,60 @@ BREAKDOWN = pa.schema(
         _col("transfer_ns", pa.int64(), doc="part of exposed_comm spent moving data"),
         _col("comm_ns", pa.int64(), doc="union of communication activity (overlapped + exposed)"),
         _col("comm_bytes", pa.int64(), doc="collective payload bytes (S) in the window"),
+        _col("bus_bytes", pa.int64(), doc="bus bytes (nccl-tests factors) of the collectives starting in the window"),
+        _col("link_active_ns", pa.int64(), doc="union of communication time not known to be waiting: transfer "
+                                               "time when wait_ns is known, all communication time otherwise"),
+        _col("link_idle_ns", pa.int64(), doc="wall_ns - link_active_ns"),
+        _col("busbw_gbps", pa.float64(), doc="achieved bus bandwidth while active, Gbit/s: 8 bus_bytes / "
+                                             "link_active_ns"),
+        _col("ideal_comm_ns", pa.int64(), doc="bus_bytes at the line rate (null without one)"),
+        _col("link_utilisation", pa.float64(), doc="bus_bytes / (line rate x wall); null without a line rate"),
+    ]
+)
+
+COLLECTIVE_INSTANCES = pa.schema(
+    [
+        _col("instance", pa.int64(), doc="id, in order of first arrival"),
+        _col("pg", pa.string(), doc="process group (Kineto name, NCCL commId) or 'default' when unnamed"),
+        _col("seq", pa.int64(), doc="sequence number shared by all members, when the sources have one"),
+        _col("ordinal", pa.int64(), doc="call index among equal (pg, op, bytes) calls on each rank, when matched "
+                                        "by order"),
+        _col("matched_by", pa.string(), doc="pg+seq, order, p2p order, or unmatched"),
+        _col("op", pa.string()),
+        _col("bytes", pa.int64(), doc="S of the nccl-tests convention (largest member's, for all_to_all)"),
+        _col("bus_bytes", pa.int64(), doc="bytes x bus factor of op and group size"),
+        _col("nranks", pa.int32(), doc="size of the process group"),
+        _col("ranks", pa.list_(pa.int32()), doc="the members seen in the traces"),
+        _col("partial", pa.bool_(), doc="seen on fewer ranks than the group has"),
+        _col("consistent", pa.bool_(), doc="false when a member ended before another arrived (after clock "
+                                           "alignment): not the same call, or a damaged/sampled trace"),
+        _col("sizes_agree", pa.bool_(), doc="false when members report different sizes for the same call"),
+        _col("iteration", pa.int64(), doc="iteration of the first member's call"),
+        _col("first_start_ns", pa.int64(), doc="job clock"),
+        _col("last_start_ns", pa.int64(), doc="job clock: when the last member arrived"),
+        _col("first_end_ns", pa.int64(), doc="job clock"),
+        _col("last_end_ns", pa.int64(), doc="job clock"),
+        _col("skew_ns", pa.int64(), doc="arrival skew: last_start_ns - first_start_ns"),
+        _col("wait_ns", pa.int64(), doc="sum over members of last_start_ns - own start"),
+        _col("transfer_ns", pa.int64(), doc="median over members of own end - last_start_ns"),
+        _col("straggler_rank", pa.int32(), doc="the last to arrive; null for partial or inconsistent instances "
+                                               "and when the skew is within the clocks' uncertainty"),
+        _col("busbw_gbps", pa.float64(), doc="8 bus_bytes / transfer_ns, Gbit/s"),
+        _col("link_utilisation", pa.float64(), doc="busbw / line rate (null without one)"),
+    ]
+)
+
+COLLECTIVE_MEMBERS = pa.schema(
+    [
+        _col("instance", pa.int64()),
+        _col("rank", pa.int32()),
+        _col("collective_id", pa.int64(), doc="the member's row in collectives"),
+        _col("bytes", pa.int64()),
+        _col("start_ns", pa.int64(), doc="job clock"),
+        _col("end_ns", pa.int64(), doc="job clock"),
+        _col("wait_ns", pa.int64(), doc="last_start_ns - start_ns (null when the instance is inconsistent)"),
+        _col("transfer_ns", pa.int64(), doc="end_ns - last_start_ns (null when the instance is inconsistent)"),
+        _col("straggler", pa.bool_(), doc="this member arrived last"),
     ]
 )
 

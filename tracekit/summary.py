@@ -1,4 +1,9 @@
-"""Roll-ups of the breakdown: per rank, per iteration across ranks, and for the whole job."""
+"""Roll-ups of the breakdown and of the matched collectives: per rank, per iteration across ranks, for the
+whole job, stragglers, and collectives by op.
+
+Link figures roll up as sums, never as means of ratios: a rank's ``busbw_gbps`` is its total bus bytes over
+its total link-active time, its ``link_utilisation`` its total ideal time over its total wall time.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ def per_rank(breakdown: pa.Table) -> pl.DataFrame:
         pl.col("comm_ns").sum(), pl.col("comm_bytes").sum(),
         pl.col("comm_bytes").is_not_null().sum().alias("_bytes_known"),
         pl.col("wall_ns").median().cast(pl.Int64).alias("median_iteration_ns"),
+        *_link_aggs(),
     ).sort("rank")
     agg = agg.with_columns(
         *[(pl.col(f"{c}_ns") / pl.col("wall_ns")).alias(f"{c}_share") for c in CLASSES],
@@ -34,8 +40,45 @@ def per_rank(breakdown: pa.Table) -> pl.DataFrame:
         pl.when(pl.col("_no_split")).then(None).otherwise(pl.col("transfer_ns")).alias("transfer_ns"),
         pl.when(pl.col("_bytes_known") > 0).then(pl.col("comm_bytes") / pl.col("_bytes_known"))
         .cast(pl.Int64).alias("comm_bytes_per_iteration"),
-    ).drop("_no_split", "_bytes_known")
-    return agg
+        *_link_shares(),
+    ).drop("_no_split", "_bytes_known", "_bus_wall", "_bus_active", "_bus_known", "_ideal_wall", "_ideal_known")
+    return agg.with_columns(_wait_share()).drop("_exposed_split")
+
+
+def _link_aggs() -> list[pl.Expr]:
+    """Sums behind the link figures, over windows whose bus bytes (and ideal time) are known."""
+    known = pl.col("bus_bytes").is_not_null()
+    ideal = pl.col("ideal_comm_ns").is_not_null()
+    return [
+        pl.col("link_active_ns").sum(),
+        pl.col("bus_bytes").sum(),
+        known.sum().alias("_bus_known"),
+        pl.col("wall_ns").filter(known).sum().alias("_bus_wall"),
+        pl.col("link_active_ns").filter(known).sum().alias("_bus_active"),
+        pl.col("ideal_comm_ns").sum(),
+        ideal.sum().alias("_ideal_known"),
+        pl.col("wall_ns").filter(ideal).sum().alias("_ideal_wall"),
+        pl.col("exposed_comm_ns").filter(pl.col("wait_ns").is_not_null()).sum().alias("_exposed_split"),
+    ]
+
+
+def _link_shares() -> list[pl.Expr]:
+    return [
+        (pl.col("link_active_ns") / pl.col("wall_ns")).alias("link_busy_share"),
+        pl.when(pl.col("_bus_known") > 0).then(pl.col("bus_bytes") / pl.col("_bus_known")).cast(pl.Int64)
+        .alias("bus_bytes_per_iteration"),
+        pl.when(pl.col("_bus_active") > 0).then(pl.col("bus_bytes") * 8 / pl.col("_bus_active"))
+        .alias("busbw_gbps"),
+        pl.when(pl.col("_ideal_known") > 0).then(pl.col("ideal_comm_ns") / pl.col("_ideal_wall"))
+        .alias("link_utilisation"),
+        pl.when(pl.col("_ideal_known") > 0).then(pl.col("ideal_comm_ns")).alias("ideal_comm_ns"),
+    ]
+
+
+def _wait_share() -> pl.Expr:
+    """Waiting's share of exposed communication, over the windows where the split is known."""
+    return pl.when(pl.col("wait_ns").is_not_null() & (pl.col("_exposed_split") > 0)) \
+        .then(pl.col("wait_ns") / pl.col("_exposed_split")).alias("wait_share_of_exposed")
 
 
 def per_iteration(breakdown: pa.Table) -> pl.DataFrame:
@@ -82,4 +125,69 @@ def job(breakdown: pa.Table) -> dict[str, Any]:
                                 "exposed_comm_ns": exposed["exposed_comm_ns"]}
     known = b.get_column("comm_bytes").drop_nulls()
     out["comm_bytes_per_iteration"] = int(known.mean()) if known.len() else None  # type: ignore[arg-type]
+    links = b.with_columns(pl.lit(0).alias("rank")).group_by("rank").agg(
+        pl.col("wall_ns").sum(), pl.col("exposed_comm_ns").sum(), pl.col("wait_ns").sum(), *_link_aggs()
+    ).with_columns(*_link_shares()).with_columns(_wait_share()).row(0, named=True)
+    for k in ("link_active_ns", "link_busy_share", "bus_bytes_per_iteration", "busbw_gbps", "ideal_comm_ns",
+              "link_utilisation"):
+        out[k] = links[k]
+    out["wait_share_of_exposed"] = links["wait_share_of_exposed"] if "wait_ns" in out else None
     return out
+
+
+def stragglers(instances: pa.Table) -> pl.DataFrame:
+    """Who everyone waited for: per rank, how often it arrived last (``last_arrivals``, its share of the
+    instances that could be judged), how long the other members waited for it in all (``waited_ns``, its
+    share of all waiting) and its median lateness (``median_skew_ns``). Only complete, consistent
+    instances count (those with a ``straggler_rank``). Sorted by ``waited_ns``, largest first."""
+    i = pl.from_arrow(instances.select(["straggler_rank", "wait_ns", "skew_ns"]))
+    assert isinstance(i, pl.DataFrame)
+    i = i.filter(pl.col("straggler_rank").is_not_null())
+    if i.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int32, "last_arrivals": pl.UInt32, "last_arrival_share": pl.Float64,
+                                    "waited_ns": pl.Int64, "wait_share": pl.Float64, "median_skew_ns": pl.Int64})
+    total_wait = int(i.get_column("wait_ns").sum())
+    n = i.height
+    return (i.group_by("straggler_rank").agg(pl.len().alias("last_arrivals"),
+                                             pl.col("wait_ns").sum().alias("waited_ns"),
+                                             pl.col("skew_ns").median().round().cast(pl.Int64).alias("median_skew_ns"))
+            .rename({"straggler_rank": "rank"})
+            .with_columns((pl.col("last_arrivals") / n).alias("last_arrival_share"),
+                          (pl.col("waited_ns") / total_wait if total_wait else pl.lit(None, dtype=pl.Float64))
+                          .alias("wait_share"))
+            .select(["rank", "last_arrivals", "last_arrival_share", "waited_ns", "wait_share", "median_skew_ns"])
+            .sort(["waited_ns", "rank"], descending=[True, False]))
+
+
+def collectives_overview(instances: pa.Table) -> dict[str, Any]:
+    """Counts of collective instances: all, matched across ranks, complete, partial, inconsistent, with
+    disagreeing sizes, and judged (with a straggler)."""
+    i = pl.from_arrow(instances.select(["ranks", "partial", "consistent", "sizes_agree", "straggler_rank"]))
+    assert isinstance(i, pl.DataFrame)
+    if i.height == 0:
+        return {"instances": 0, "matched": 0, "partial": 0, "inconsistent": 0, "size_mismatch": 0, "judged": 0}
+    multi = i.get_column("ranks").list.len() >= 2
+    return {
+        "instances": i.height,
+        "matched": int(multi.sum()),
+        "partial": int(i.get_column("partial").sum()),
+        "inconsistent": int((~i.get_column("consistent")).sum()),
+        "size_mismatch": int((~i.get_column("sizes_agree")).sum()),
+        "judged": int(i.get_column("straggler_rank").is_not_null().sum()),
+    }
+
+
+def by_op(instances: pa.Table) -> pl.DataFrame:
+    """Collective instances per op: calls, distinct sizes, bus bytes, median skew, total wait, median transfer
+    and the bus bandwidth over all of them (total bus bytes / total transfer time)."""
+    i = pl.from_arrow(instances)
+    assert isinstance(i, pl.DataFrame)
+    if i.height == 0:
+        return pl.DataFrame()
+    timed = pl.col("transfer_ns").is_not_null() & pl.col("bus_bytes").is_not_null()
+    return i.group_by("op").agg(
+        pl.len().alias("calls"), pl.col("bytes").n_unique().alias("sizes"), pl.col("bus_bytes").sum(),
+        pl.col("skew_ns").median().round().cast(pl.Int64).alias("median_skew_ns"), pl.col("wait_ns").sum(),
+        pl.col("transfer_ns").median().round().cast(pl.Int64).alias("median_transfer_ns"),
+        (pl.col("bus_bytes").filter(timed).sum() * 8 / pl.col("transfer_ns").filter(timed).sum()).alias("busbw_gbps"),
+    ).sort("bus_bytes", descending=True, nulls_last=True)

@@ -211,7 +211,7 @@ def assemble(files: list[ParsedFile], notes: list[Diagnostic] | None = None) -> 
         for k, t in f.tables.items():
             extra.setdefault(k, []).append(t)
     ev = _concat(events, schema.EVENTS)
-    ranks = schema.table(schema.RANKS, {k: [row[k] for row in rank_rows] for k in schema.RANKS.names}) \
+    ranks = schema.table(schema.RANKS, {k: [row.get(k) for row in rank_rows] for k in schema.RANKS.names}) \
         if rank_rows else schema.empty(schema.RANKS)
     # ranks only seen by other formats
     known = set(ranks.column("rank").to_pylist())

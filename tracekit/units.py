@@ -1,0 +1,73 @@
+"""Line rates as people write them: ``100Gbit``, ``25GB/s``, ``200mbit``, ``1e9`` — parsed to bits per
+second, and printed back.
+
+Bits and bytes are told apart by the unit, never guessed: ``bit``, ``b/s`` and a bare number are bits;
+``B/s`` and ``Bps`` are bytes (×8). Spellings that mean bits to some people and bytes to others are refused
+with a suggestion: ``tc`` reads ``100mbps`` as *megabytes* per second while most people mean megabits.
+Decimal prefixes are powers of 1000 (link rates are quoted that way); ``Ki``/``Mi``/``Gi``/``Ti`` are
+powers of 1024.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from tracekit.diagnostics import TraceError
+
+_NUMBER = r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?"
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+           "ki": 1024.0, "mi": 1024.0**2, "gi": 1024.0**3, "ti": 1024.0**4}
+#: rates outside this range are almost certainly a typo (1 kbit/s .. 100 Tbit/s)
+MIN_BPS = 1e3
+MAX_BPS = 1e14
+
+_UNIT = re.compile(r"^(?P<prefix>[kmgtKMGT]i?)?(?P<unit>bits?(?:/s)?|b/s|B/s|Bps|bytes?/s|bps)?$")
+
+
+def parse_rate(text: str, *, option: str = "--link-bw") -> float:
+    """Parse a line rate into bits per second.
+
+    Accepted: ``100Gbit``, ``100gbit``, ``100 Gbit/s``, ``100Gb/s``, ``200mbit``, ``25GB/s``,
+    ``25GBps``, ``3.125GiB/s``, ``1e9`` (bits/s), ``1e9bit``. Raises :class:`TraceError` with a one-line
+    explanation for anything else (unknown or ambiguous units, zero, negative, absurd values).
+    """
+    s = text.strip()
+    m = re.fullmatch(rf"(?P<num>{_NUMBER})\s*(?P<rest>.*)", s)
+    if not m:
+        raise TraceError(None, f"{option} {text!r}: expected a number and a unit, e.g. 100Gbit or 25GB/s")
+    value = float(m.group("num"))
+    rest = m.group("rest").strip()
+    u = _UNIT.fullmatch(rest)
+    if not u and re.fullmatch(r"[kmgtKMGT]?i?[bB](?:ytes?|its?)?", rest):
+        raise TraceError(None, f"{option} {text!r} is a size, not a rate: did you mean {m.group('num')}{rest}/s?")
+    if not u:
+        raise TraceError(None, f"{option} {text!r}: unknown unit {rest!r}; write bits as 100Gbit (or 100Gb/s) "
+                               "and bytes as 12.5GB/s")
+    prefix = (u.group("prefix") or "").lower()
+    unit = u.group("unit") or ""
+    if unit == "bps":
+        raise TraceError(None, f"{option} {text!r} is ambiguous: tc reads '{rest}' as bytes per second, most "
+                               f"people as bits; write {m.group('num')}{prefix.upper()}bit or "
+                               f"{m.group('num')}{prefix.upper()}B/s")
+    if unit == "" and prefix:
+        raise TraceError(None, f"{option} {text!r}: say bits or bytes, e.g. {m.group('num')}{prefix.upper()}bit "
+                               f"or {m.group('num')}{prefix.upper()}B/s")
+    is_bytes = unit.startswith(("B", "byte"))
+    bps = value * _PREFIX[prefix] * (8.0 if is_bytes else 1.0)
+    if not math.isfinite(bps) or bps <= 0:
+        raise TraceError(None, f"{option} {text!r}: a line rate must be a positive number")
+    if bps < MIN_BPS or bps > MAX_BPS:
+        raise TraceError(None, f"{option} {text!r} = {format_rate(bps)} is outside "
+                               f"{format_rate(MIN_BPS)}..{format_rate(MAX_BPS)}; is the unit right?")
+    return bps
+
+
+def format_rate(bps: float | None) -> str:
+    """``1e11`` → ``100 Gbit/s``; ``3e8`` → ``300 Mbit/s`` (three significant digits)."""
+    if bps is None:
+        return "–"
+    for unit, scale in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if abs(bps) >= scale:
+            return f"{bps / scale:.3g} {unit}"
+    return f"{bps:.3g} bit/s"
