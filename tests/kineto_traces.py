@@ -306,3 +306,57 @@ def gloo_rank_events(rank: int, steps: int, threads: list[str], *, elems: int = 
             evs.append(Ev("gloo:all_reduce", "user_annotation", s, e - s, tid=tid[threads[(4 * k + b) % len(threads)]],
                           args={"Input Dims": [[elems]], "Input type": ["float"]}))
     return evs
+
+
+def resnet50_v100_job(rank: int, *, steps: int = 3, rate_bps: float = 100e9, buckets_mb: float = 25.0,
+                      grad_bytes: int = 102_000_000, backward_ns: int = 64_800_000,
+                      iteration_ns: int = 128_100_000, t0: int = EPOCH_NS) -> list[Ev]:
+    """Zhang et al.'s ResNet-50 on a V100, as a 2-rank PyTorch/NCCL trace: forward, then backward that
+    makes gradient buckets ready in turn, each all-reduced on the NCCL stream (FIFO) at ``rate_bps``
+    (full utilisation, 2 ranks: bus bytes = S), the next forward waiting for the last all-reduce."""
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    forward = iteration_ns - backward_ns
+    sizes = []
+    left = grad_bytes
+    while left > 0:
+        sizes.append(min(int(buckets_mb * 1e6), left))
+        left -= sizes[-1]
+    ev: list[Ev] = []
+    t = t0
+    corr = 1
+    ready_gpu = t  # when the compute stream is free
+    comm_free = t
+    for step in range(steps):
+        ev.append(Ev(f"ProfilerStep#{step}", "user_annotation", t, 1_000, tid=1))
+        # CPU launches run ahead of the GPU
+        k_start = max(ready_gpu, comm_free)  # the forward waits for the previous step's last all-reduce
+        ev.append(Ev("cudaLaunchKernel", "cuda_runtime", t + 10_000, 5_000, tid=1, args={"correlation": corr}))
+        ev.append(Ev("forward", "kernel", k_start, forward, device=0, stream=7, args={"correlation": corr}))
+        corr += 1
+        g = k_start + forward
+        for i, size in enumerate(sizes):
+            chunk = backward_ns * size // grad_bytes
+            ev.append(Ev("cudaLaunchKernel", "cuda_runtime", t + 20_000 + 2 * i * 1000, 2_000, tid=1,
+                         args={"correlation": corr}))
+            ev.append(Ev(f"backward{i}", "kernel", g, chunk, device=0, stream=7, args={"correlation": corr}))
+            corr += 1
+            g += chunk
+            n = size // 4
+            dur = int(size * 8 / rate_bps * 1e9)
+            c_start = max(g, comm_free)
+            ev.append(Ev("record_param_comms", "cpu_op", t + 21_000 + 2 * i * 1000, 500, tid=1, args={
+                "Collective name": "allreduce", "In msg nelems": n, "Out msg nelems": n, "Group size": 2,
+                "dtype": "Float", "Process Group Name": "0"}))
+            ev.append(Ev("cudaLaunchKernel", "cuda_runtime", t + 21_100 + 2 * i * 1000, 300, tid=1,
+                         args={"correlation": corr}))
+            ev.append(Ev(nccl, "kernel", c_start, dur, device=0, stream=13, args={
+                "correlation": corr, "Collective name": "allreduce", "In msg nelems": n, "Out msg nelems": n,
+                "Group size": 2, "dtype": "Float", "Process Group Name": "0"}))
+            corr += 1
+            comm_free = c_start + dur
+        ready_gpu = g
+        nxt = max(g, comm_free) - 2_000_000  # the CPU starts the next step a little before the GPU is free
+        step_ev = next(e for e in ev if e.name == f"ProfilerStep#{step}")
+        step_ev.dur = nxt - t
+        t = nxt
+    return ev

@@ -53,10 +53,28 @@ def chains(graph: Graph) -> Chains:
                   cross_dsts=d[starts] if d.size else d, sources=np.flatnonzero(~has_in))
 
 
-def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_rounds: int = MAX_ROUNDS
-           ) -> tuple[np.ndarray, int]:
-    """Node times of the ASAP schedule under ``weight`` (one per edge); returns (times, rounds)."""
+def _with_extra(graph: Graph, ch: Chains, extra_dst: np.ndarray) -> Chains:
+    """``ch`` with extra cross edges (numbered after the graph's own) merged in, sorted by destination."""
+    ids = np.arange(graph.src.size, graph.src.size + extra_dst.size)
+    cross = np.concatenate([ch.cross, ids])
+    dst = np.concatenate([graph.dst[ch.cross], extra_dst])
+    order = np.argsort(dst, kind="stable")
+    cross, dst = cross[order], dst[order]
+    starts = np.flatnonzero(np.concatenate(([True], dst[1:] != dst[:-1])))
+    return Chains(chain_edge=ch.chain_edge, seg=ch.seg, cross=cross, cross_dst_bounds=starts,
+                  cross_dsts=dst[starts], sources=np.setdiff1d(ch.sources, extra_dst))
+
+
+def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_rounds: int = MAX_ROUNDS,
+           extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, int]:
+    """Node times of the ASAP schedule under ``weight`` (one per edge); returns (times, rounds).
+
+    ``extra`` adds edges ``(src, dst, weight)`` that only this replay has (e.g. transfers sharing a
+    link one after the other, which the measured schedule overlapped).
+    """
     ch = ch or chains(graph)
+    if extra is not None and extra[0].size:
+        ch = _with_extra(graph, ch, extra[1])
     n = graph.n_nodes
     t_meas = graph.node_time
     t0 = int(t_meas.min()) if n else 0
@@ -74,8 +92,10 @@ def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_round
     x = np.full(n, neg, dtype=np.int64)
     x[ch.sources] = t_meas[ch.sources] - t0
     times = np.full(n, neg, dtype=np.int64)
-    src = graph.src[ch.cross]
-    w = weight[ch.cross]
+    all_src = graph.src if extra is None else np.concatenate([graph.src, extra[0]])
+    all_w = weight if extra is None else np.concatenate([weight, extra[2]])
+    src = all_src[ch.cross]
+    w = all_w[ch.cross]
     rounds = 0
     while rounds < max_rounds:
         rounds += 1

@@ -19,7 +19,7 @@ one — Zhang et al.'s ``T_n / (n·T)`` for a job whose per-worker work does not
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -27,7 +27,8 @@ import pyarrow as pa
 
 from tracekit import dag, replay
 from tracekit.dag import EDGE_TYPES, Graph
-from tracekit.links import bus_factor
+from tracekit.intervals import union_length
+from tracekit.links import bus_bytes_expr
 
 _OWN = EDGE_TYPES.index("own")
 _COLLECTIVE = EDGE_TYPES.index("collective")
@@ -62,6 +63,8 @@ class Model:
     coll_edges: np.ndarray  # collective edges, and the comm row of their destination
     coll_edge_row: np.ndarray
     iteration_of: np.ndarray  # per activity: its iteration (or a huge negative number)
+    link_speed: np.ndarray  # per comm row: its rank's measured link bus bandwidth (bytes/ns)
+    fifo: tuple[np.ndarray, np.ndarray, np.ndarray]  # consecutive transfers of a rank: (prev row, row, dst node)
     line_rate_bps: float | None
     workers: int
     latency_ns: int
@@ -103,59 +106,89 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     row_of_act[a] = np.arange(a.size)
     coll_edges = np.flatnonzero(g.etype == _COLLECTIVE)
     coll_edge_row = row_of_act[g.dst[coll_edges] // 2]
+    link_speed, fifo = _links(comm, transfer, g)
     n = comm.get_column("nranks").drop_nulls()
     workers = int(n.max()) if n.len() else (ranks.num_rows if ranks is not None else 1)  # type: ignore[arg-type]
     backend = "gloo" if (comm.get_column("source") == "gloo").any() else "nccl"
+    # iteration windows count device work on ranks that have it, everything on CPU-only ranks
+    # (as tracekit.iterations does)
+    on_dev = act.get_column("device").is_not_null().to_numpy()
+    dev_rank = np.isin(act.get_column("rank").to_numpy(), act.filter(pl.col("device").is_not_null())
+                       .get_column("rank").unique().to_numpy())
     it = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
+    it = np.where(dev_rank & ~on_dev, -(1 << 62), it)
     model = Model(graph=g, chains=replay.chains(g), comm=comm, own_edge=own_edge, coll_edges=coll_edges,
-                  coll_edge_row=coll_edge_row, iteration_of=it, line_rate_bps=line_rate_bps, workers=workers,
+                  coll_edge_row=coll_edge_row, iteration_of=it, link_speed=link_speed, fifo=fifo,
+                  line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=DEFAULT_LATENCY_NS[backend] if latency_ns is None else latency_ns,
                   measured_iteration_ns=0)
     model.measured_iteration_ns = iteration_time(model, g.node_time)
     return model
 
 
-def _bus_bytes(op: np.ndarray, nbytes: np.ndarray, n: np.ndarray | int) -> np.ndarray:
-    nn = np.broadcast_to(np.asarray(n), op.shape)
-    f = np.array([bus_factor(o, int(k) if k == k else None) or 1.0 for o, k in zip(op, nn, strict=True)])
-    return nbytes * f
+def _links(comm: pl.DataFrame, transfer: np.ndarray, g: Graph
+           ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per rank: the link's measured bus bandwidth (bus bytes over the union of transfer time, so
+    concurrent transfers sharing the link count once), and the order transfers use it in."""
+    end = comm.get_column("end").to_numpy()
+    start = end - transfer
+    rank = comm.get_column("rank").to_numpy().astype(np.int64)
+    bus = _bus_bytes(comm, None)
+    ranks = np.unique(rank)
+    if ranks.size == 0:
+        return np.zeros(0), (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
+    lo = np.array([start[rank == r].min() for r in ranks])
+    hi = np.array([end[rank == r].max() for r in ranks]) + 1
+    active = union_length(rank, start, end, ranks, lo, hi)
+    total = np.array([bus[rank == r].sum() for r in ranks])
+    speed_of = dict(zip(ranks.tolist(), (total / np.maximum(active, 1)).tolist(), strict=True))
+    speed = np.array([speed_of[r] for r in rank.tolist()])
+    # FIFO: a rank's transfers in arrival order
+    order = np.lexsort((comm.get_column("start").to_numpy(), rank))
+    same = rank[order][1:] == rank[order][:-1]
+    prev, cur = order[:-1][same], order[1:][same]
+    dst = 2 * comm.get_column("a").to_numpy()[cur] + 1
+    return speed, (prev, cur, dst)
+
+
+def _bus_bytes(comm: pl.DataFrame, workers: int | None) -> np.ndarray:
+    """Bus bytes of every comm activity, for its own group size or ``workers``."""
+    n = pl.lit(workers, dtype=pl.Int64) if workers else pl.col("nranks").cast(pl.Int64)
+    out = comm.with_columns(n.alias("_n")).select(bus_bytes_expr(nbytes="bytes", n="_n").alias("bus"))
+    return out.get_column("bus").fill_null(0).to_numpy().astype(np.float64)
 
 
 def transfers(model: Model, sc: Scenario) -> np.ndarray:
-    """New transfer time (ns) of every communication activity under ``sc``."""
+    """New transfer time (ns) of every communication activity under ``sc``, each on its own."""
     comm = model.comm
     t = comm.get_column("transfer_ns").to_numpy().astype(np.float64)
     if sc.free:
         return np.zeros_like(t)
-    op = comm.get_column("op").fill_null("").to_numpy()
     nbytes = comm.get_column("bytes").fill_null(0).to_numpy().astype(np.float64)
-    n = comm.get_column("nranks").fill_null(model.workers).to_numpy().astype(np.float64)
-    bus = _bus_bytes(op, nbytes, n)
-    new_bus = _bus_bytes(op, nbytes, sc.workers) if sc.workers else bus
-    known = nbytes > 0
-    lat = float(model.latency_ns)
-    moving = np.maximum(t - lat, 1.0)
+    new_bus = _bus_bytes(comm, sc.workers)
+    known = new_bus > 0
     c = max(sc.compression, 1.0)
     codec = sc.codec_ns_per_byte * nbytes if c > 1 else 0.0
     r_line = model.line_rate_bps
     r_new = sc.bandwidth_bps or r_line
     if sc.efficiency == "measured":
-        if r_new is not None and r_line is None:
+        if sc.bandwidth_bps is not None and r_line is None:
             raise ValueError("--efficiency measured needs the line rate the job ran on (--link-bw)")
-        # achieved bus bandwidth of each transfer, scaled with the line rate
-        speed = (bus / moving) * ((r_new / r_line) if (r_new and r_line) else 1.0)  # bytes per ns
+        # the link's achieved bus bandwidth, scaled with the line rate
+        speed = model.link_speed * ((r_new / r_line) if (sc.bandwidth_bps and r_line) else 1.0)
     else:
         eta = 1.0 if sc.efficiency == "full" else float(sc.efficiency)
         if not r_new:
             raise ValueError("efficiency 'full' needs a line rate (--bandwidth or --link-bw)")
         speed = np.full_like(t, eta * r_new / 8e9)  # bytes per ns
-    new = lat + new_bus / (c * speed) + codec
-    # calls of unknown size keep their measured cost, scaled like the rest of their rank would be
+    new = model.latency_ns + new_bus / (c * np.maximum(speed, 1e-12)) + codec
+    # calls of unknown size keep their measured cost
     return np.where(known, new, t)
 
 
 def predict(model: Model, sc: Scenario) -> int:
-    """Predicted iteration time (ns) under ``sc``."""
+    """Predicted iteration time (ns) under ``sc``: transfers re-costed and queued one after the other on
+    their rank's link (Zhang et al.'s FIFO channel), everything else as measured."""
     g = model.graph
     w = g.weight().copy()
     new_t = np.rint(transfers(model, sc)).astype(np.int64)
@@ -163,7 +196,12 @@ def predict(model: Model, sc: Scenario) -> int:
     w[model.own_edge[valid]] = new_t[valid] + g.slack[model.own_edge[valid]]
     ok = model.coll_edge_row >= 0
     w[model.coll_edges[ok]] = new_t[model.coll_edge_row[ok]] + g.slack[model.coll_edges[ok]]
-    times, _ = replay.replay(g, w, model.chains)
+    extra = None
+    if not sc.free:
+        prev, cur, dst = model.fifo
+        a = model.comm.get_column("a").to_numpy()
+        extra = (2 * a[prev] + 1, dst, new_t[cur])
+    times, _ = replay.replay(g, w, model.chains, extra=extra)
     return iteration_time(model, times)
 
 
@@ -259,7 +297,3 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck:
     text = (f"The link is the bottleneck: even at full utilisation of the {r} link this job would scale at "
             f"{sf_full:.2f} (now {sf_measured:.2f}); it needs {want} to reach {target:.1f}.")
     return Bottleneck(measured, free, sf_measured, sf_full, rate, need_c, need_r, target, text)
-
-
-def with_defaults(sc: Scenario, **kw: object) -> Scenario:
-    return replace(sc, **kw)  # type: ignore[arg-type]
