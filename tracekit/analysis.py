@@ -4,10 +4,12 @@ the exporters and the TUI only read an :class:`Analysis`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
+import polars as pl
 import pyarrow as pa
 
-from tracekit import attribution, collectives, iterations, links
+from tracekit import attribution, collectives, critical_path, dag, iterations, links, whatif
 from tracekit.diagnostics import Diagnostic
 from tracekit.traceset import TraceSet
 
@@ -29,6 +31,34 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)  # the inputs' and the analysis' warnings
 
+    @cached_property
+    def graph(self) -> dag.Graph:
+        """The dependency graph of the whole job (built on first use)."""
+        return dag.build(self.events, self.ranks, whatif.consistent_members(self.members, self.instances))
+
+    @cached_property
+    def critical_path(self) -> pl.DataFrame:
+        """Critical-path segments of every iteration (:mod:`tracekit.critical_path`)."""
+        return critical_path.paths(self.graph, self.iterations, self.ranks)
+
+    @cached_property
+    def critical_path_summary(self) -> pl.DataFrame:
+        """Per iteration: path length, share of each label, ranks crossed, most waited-on rank."""
+        return critical_path.summary(self.critical_path, self.iterations, self.ranks)
+
+    @cached_property
+    def whatif(self) -> whatif.Model:
+        """The what-if model of the job (its graph with re-costable transfers)."""
+        return whatif.build(self.events, self.traces.collectives, self.ranks, self.members, self.instances,
+                            line_rate_bps=self.line_rate_bps, graph=self.graph)
+
+    @cached_property
+    def bottleneck(self) -> whatif.Bottleneck | None:
+        """Is the network the bottleneck? None when the job has no communication."""
+        if self.whatif.comm.height == 0:
+            return None
+        return whatif.bottleneck(self.whatif)
+
     def tables(self) -> dict[str, pa.Table]:
         """Every exportable table by name."""
         out = {
@@ -42,6 +72,8 @@ class Analysis:
         }
         if self.traces.topology.num_rows:
             out["topology"] = self.traces.topology
+        out["critical_path"] = self.critical_path.to_arrow()
+        out["critical_path_summary"] = self.critical_path_summary.to_arrow()
         return out
 
 

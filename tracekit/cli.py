@@ -64,11 +64,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=40, metavar="N", help="show at most N rows (0: all; default 40)")
     p.set_defaults(func=cmd_collectives)
 
+    p = sub.add_parser("critical-path", help="the chain of work that set the pace of each iteration, across "
+                       "ranks", description="Print, per iteration, the critical path's length (= the iteration "
+                       "time) and what it was spent on (compute, transfer, waiting on rank k, launch, CPU, idle), "
+                       "then the path of one iteration (the slowest unless --iteration).")
+    _common(p)
+    p.add_argument("--iteration", type=int, metavar="N", help="show the path of iteration N")
+    p.add_argument("--min-share", type=float, default=0.01, metavar="X",
+                   help="hide path runs shorter than this share of the iteration (default 0.01)")
+    p.add_argument("--json", action="store_true", help="print the summary and the segments as JSON")
+    p.set_defaults(func=cmd_critical_path)
+
+    p = sub.add_parser("whatif", help="predict the iteration time with another link, compression or more "
+                       "workers", description="Replay the job's dependency graph with re-costed transfers and "
+                       "print the predicted iteration time, the speed-up and the scaling factor (against the same "
+                       "job with free communication). Comma lists sweep every combination.",
+                       epilog="examples:\n  tracekit whatif RUN --link-bw 10Gbit --bandwidth 10Gbit,25Gbit,100Gbit"
+                              "\n  tracekit whatif RUN --link-bw 10Gbit --compression 1,2,4 --workers 64 "
+                              "--efficiency full", formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p)
+    p.add_argument("--bandwidth", metavar="RATES", help="line rates to predict for, e.g. 10Gbit,25Gbit "
+                   "(default: the rate the job ran on, --link-bw)")
+    p.add_argument("--compression", default="1", metavar="RATIOS", help="gradient compression ratios, e.g. 1,4 "
+                   "(encode/decode costed with --codec-cost; default 1)")
+    p.add_argument("--workers", metavar="NS", help="numbers of workers, e.g. 8,64 (default: as the job ran)")
+    p.add_argument("--efficiency", default=None, metavar="full|measured|X",
+                   help="share of the line rate transfers achieve: 'measured' (as this job did; needs --link-bw), "
+                        "'full' (1.0) or a number (default: measured with --link-bw, else full)")
+    p.add_argument("--codec-cost", type=float, default=None, metavar="NS_PER_BYTE",
+                   help="encode+decode cost of compression in ns per payload byte (default 0.15)")
+    p.add_argument("--latency", metavar="DURATION", help="fixed cost per collective call, e.g. 20us "
+                   "(default 20us for NCCL, 100us for gloo)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.set_defaults(func=cmd_whatif)
+
     p = sub.add_parser("export", help="write the analysis tables to Parquet",
                        description="Write analysis tables to Parquet: OUT.parquet gets one table "
                                    "(--table, default breakdown); any other OUT is a directory that gets "
                                    "one file per table (ranks, events, iterations, breakdown, collectives, "
-                                   "collective_instances, collective_members, topology when present).")
+                                   "collective_instances, collective_members, critical_path, "
+                                   "critical_path_summary, topology when present).")
     _common(p)
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="a .parquet file or a directory")
     p.add_argument("--table", metavar="NAME", help="export only this table")
@@ -191,9 +226,20 @@ def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
         "stragglers": strag.to_dicts(),
         "verdict": verdict.paragraph(job, strag, overview, line_rate_bps=result.line_rate_bps,
                                      line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows),
+        "bottleneck": _bottleneck_json(result),
         "notes": result.notes,
         "diagnostics": [str(d) for d in result.diagnostics],
     }
+
+
+def _bottleneck_json(result: Any) -> dict[str, Any] | None:
+    b = result.bottleneck
+    if b is None:
+        return None
+    return {"measured_iteration_ns": b.measured_ns, "free_comm_iteration_ns": b.free_ns,
+            "scaling_factor_measured": b.scaling_measured, "scaling_factor_full_utilisation": b.scaling_full,
+            "line_rate_bps": b.line_rate_bps, "compression_needed": b.compression_needed,
+            "bandwidth_needed_bps": b.bandwidth_needed_bps, "target": b.target, "text": b.text}
 
 
 def _clocks(result: Any) -> list[dict[str, Any]]:
@@ -230,6 +276,96 @@ def cmd_collectives(args: argparse.Namespace) -> int:
 
     out = Console() if sys.stdout.isatty() else Console(width=140)
     render_collectives(out, result, sort=args.sort, limit=args.limit)
+    _warn(result.diagnostics, err, args.quiet)
+    return 0
+
+
+def cmd_critical_path(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    result = _load(args, err)
+    summ = result.critical_path_summary
+    if summ.height == 0:
+        raise TraceError(None, "no iteration with activity to follow a critical path through")
+    iters = summ.get_column("iteration").to_list()
+    if args.iteration is not None and args.iteration not in iters:
+        raise TraceError(None, f"no iteration {args.iteration} (have: {', '.join(map(str, iters))})")
+    chosen = args.iteration if args.iteration is not None else \
+        summ.sort("path_ns", descending=True).get_column("iteration")[0]
+    segs = result.critical_path.filter(result.critical_path["iteration"] == chosen)
+    if args.json:
+        payload = {"summary": summ.to_dicts(), "iteration": chosen, "segments": segs.to_dicts(),
+                   "diagnostics": [str(d) for d in result.diagnostics]}
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+    else:
+        from tracekit.report import render_critical_path
+
+        out = Console() if sys.stdout.isatty() else Console(width=140)
+        render_critical_path(out, summ, segs, chosen, args.min_share)
+    _warn(result.diagnostics, err, args.quiet)
+    return 0
+
+
+def _numbers(text: str | None, kind: type, option: str) -> list:
+    if text is None:
+        return [None]
+    out = []
+    for part in text.split(","):
+        try:
+            value = kind(part.strip())
+        except ValueError:
+            raise TraceError(None, f"{option}: {part.strip()!r} is not a number") from None
+        if value <= 0:
+            raise TraceError(None, f"{option}: {part.strip()!r} must be positive")
+        out.append(value)
+    return out
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from tracekit import whatif
+    from tracekit.units import parse_duration, parse_rate
+
+    rates = [parse_rate(r.strip(), option="--bandwidth") for r in args.bandwidth.split(",")] \
+        if args.bandwidth else [None]
+    compressions = _numbers(args.compression, float, "--compression")
+    workers = _numbers(args.workers, int, "--workers")
+    eff: str | float
+    if args.efficiency is None:
+        eff = "measured" if args.link_bw else "full"
+    elif args.efficiency in ("full", "measured"):
+        eff = args.efficiency
+    else:
+        eff = _numbers(args.efficiency, float, "--efficiency")[0]
+        if eff > 1:
+            raise TraceError(None, "--efficiency: a share of the line rate is at most 1")
+    if eff == "measured" and not args.link_bw and any(r is not None for r in rates):
+        raise TraceError(None, "--efficiency measured needs --link-bw (the line rate the job ran on)")
+    if eff != "measured" and not args.link_bw and rates == [None]:
+        raise TraceError(None, "give --bandwidth (the line rates to predict for) or --link-bw")
+    err = Console(stderr=True)
+    result = _load(args, err)
+    model = result.whatif
+    if model.comm.height == 0:
+        raise TraceError(None, "the traces contain no communication: there is nothing to re-cost")
+    if args.latency:
+        model.latency_ns = parse_duration(args.latency, option="--latency")
+    codec = whatif.DEFAULT_CODEC_NS_PER_BYTE if args.codec_cost is None else args.codec_cost
+    scenarios = [whatif.Scenario(bandwidth_bps=r, compression=c, workers=w, efficiency=eff, codec_ns_per_byte=codec)
+                 for r in rates for c in compressions for w in workers]
+    try:
+        rows = whatif.sweep(model, scenarios)
+    except ValueError as exc:
+        raise TraceError(None, str(exc)) from exc
+    verdict = result.bottleneck
+    if args.json:
+        payload = {"measured_iteration_ns": model.measured_iteration_ns, "line_rate_bps": result.line_rate_bps,
+                   "workers": model.workers, "rows": rows.to_dicts(),
+                   "verdict": verdict.text if verdict else None}
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+    else:
+        from tracekit.report import render_whatif
+
+        out = Console() if sys.stdout.isatty() else Console(width=120)
+        render_whatif(out, rows, model, verdict)
     _warn(result.diagnostics, err, args.quiet)
     return 0
 

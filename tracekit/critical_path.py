@@ -7,6 +7,7 @@ the path, labelled by what the time was spent on:
 ``compute``, ``memory``   device kernels and copies
 ``transfer``              communication moving data (after every member arrived)
 ``CPU``                   operators on a CPU thread, including work before a launch or after a wait
+                          (on CPU-only ranks — gloo jobs — operators are the ``compute``)
 ``launch``                between a launch call and its kernel starting (queueing, launch latency)
 ``idle``                  nothing traced explains the time (untraced CPU work, wake-up latency)
 ``waiting on rank k``     the path runs through rank k while the other members of a collective had
@@ -48,8 +49,8 @@ def iteration_spans(iterations: pa.Table, ranks: pa.Table | None) -> pl.DataFram
                                         (pl.col("end_ns") + pl.col("off")).max().alias("end_ns")).sort("iteration")
 
 
-def _activity_label(kind: str, name: str) -> str:
-    if kind == "compute":
+def _activity_label(kind: str, name: str, cpu_only: bool) -> str:
+    if kind == "compute" or (cpu_only and kind == "cpu_op"):  # CPU jobs compute on the CPU
         return "compute"
     if kind == "memory":
         return "memory"
@@ -143,6 +144,8 @@ def _walk(graph: Graph, sink: int, s0: int, lag: np.ndarray, t: np.ndarray) -> l
     etype = graph.etype
     kinds = graph.act.get_column("kind").to_numpy()
     names = graph.act.get_column("name").to_numpy()
+    ranks = graph.act.get_column("rank").to_numpy()
+    gpu_ranks = set(graph.act.filter(pl.col("device").is_not_null()).get_column("rank").unique().to_list())
     while t[node] > s0:
         e = binding[node]
         if e < 0:
@@ -159,7 +162,7 @@ def _walk(graph: Graph, sink: int, s0: int, lag: np.ndarray, t: np.ndarray) -> l
             segs.append((max(t_struct, s0), t_node, _slack_label(et), a_dst, EDGE_TYPES[et]))
         if int(lag[e]) > 0 and t_struct > s0:
             if et == _ET["own"]:
-                label = _activity_label(kinds[a_dst], names[a_dst])
+                label = _activity_label(kinds[a_dst], names[a_dst], int(ranks[a_dst]) not in gpu_ranks)
                 owner = a_dst
             else:
                 label = _lag_label(et)

@@ -100,6 +100,10 @@ def render_summary(console: Console, result: Analysis) -> None:
     console.print(verdict.paragraph(job, strag, summary.collectives_overview(result.instances),
                                     line_rate_bps=result.line_rate_bps, line_rate_source=result.line_rate_source,
                                     n_ranks=result.ranks.num_rows), soft_wrap=False)
+    answer = result.bottleneck
+    if answer is not None:
+        console.print()
+        console.print(f"[bold]is the network the bottleneck?[/] {answer.text}", soft_wrap=False)
 
 
 def render_links(console: Console, result: Analysis, pr: object | None = None) -> None:
@@ -220,3 +224,77 @@ def render_collectives(console: Console, result: Analysis, *, sort: str = "time"
                   fmt_gbps(row["busbw_gbps"]))
     console.print()
     console.print(t)
+
+
+def render_critical_path(console: Console, summ: object, segs: object, iteration: int, min_share: float) -> None:
+    """Per iteration: the path's length and where it went; then the chosen iteration's path as runs of
+    consecutive segments with the same rank, label and activity."""
+    import polars as pl
+
+    from tracekit.critical_path import LABELS
+
+    assert isinstance(summ, pl.DataFrame) and isinstance(segs, pl.DataFrame)
+    table = Table(title="critical path per iteration (its length is the iteration time)", title_justify="left",
+                  header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("iter", justify="right")
+    table.add_column("length", justify="right")
+    for lab in LABELS:
+        table.add_column("waiting" if lab == "waiting" else lab, justify="right")
+    table.add_column("ranks on path")
+    table.add_column("most waited on", justify="right")
+    for row in summ.iter_rows(named=True):
+        shares = [fmt_share(row[f"{lab}_share"]) for lab in LABELS]
+        table.add_row(str(row["iteration"]), fmt_ns(row["path_ns"]), *shares,
+                      ",".join(str(r) for r in row["ranks"]),
+                      "–" if row["most_waited_on"] is None else f"rank {row['most_waited_on']}")
+    console.print(table)
+    total = int(segs.get_column("dur_ns").sum()) if segs.height else 0
+    if not total:
+        return
+    label = pl.when(pl.col("label") == "waiting").then(
+        pl.concat_str(pl.lit("waiting on rank "), pl.col("waiting_on").cast(pl.String))).otherwise(pl.col("label"))
+    runs = (segs.sort("start_ns").with_columns(label.alias("what"), pl.col("name").fill_null(""))
+            .with_columns(((pl.col("what") != pl.col("what").shift(1)) | (pl.col("rank") != pl.col("rank").shift(1))
+                           | (pl.col("name") != pl.col("name").shift(1))).fill_null(True).cum_sum().alias("run"))
+            .group_by("run", maintain_order=True)
+            .agg(pl.col("start_ns").first(), pl.col("dur_ns").sum(), pl.col("rank").first(), pl.col("lane").first(),
+                 pl.col("what").first(), pl.col("name").first()))
+    t0 = int(segs.get_column("start_ns").min())  # type: ignore[arg-type]
+    shown = runs.filter(pl.col("dur_ns") >= min_share * total)
+    path = Table(title=f"iteration {iteration}: the critical path ({runs.height} runs, {shown.height} of at least "
+                 f"{100 * min_share:g} % shown)", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+                 pad_edge=False)
+    for col, just in (("at", "right"), ("for", "right"), ("rank", "right"), ("lane", "left"), ("what", "left"),
+                      ("activity", "left")):
+        path.add_column(col, justify=just)  # type: ignore[arg-type]
+    styles = {"compute": "green", "transfer": "red", "memory": "yellow", "idle": "grey50", "launch": "magenta",
+              "CPU": "blue"}
+    for row in shown.iter_rows(named=True):
+        style = "bold red" if row["what"].startswith("waiting") else styles.get(row["what"], "")
+        path.add_row(fmt_ns(row["start_ns"] - t0), fmt_ns(row["dur_ns"]), str(row["rank"]), row["lane"],
+                     f"[{style}]{row['what']}[/]" if style else row["what"], (row["name"] or "")[:60])
+    console.print()
+    console.print(path)
+
+
+def render_whatif(console: Console, rows: object, model: object, verdict: object | None) -> None:
+    """The what-if table: one row per scenario, then the bottleneck verdict."""
+    import polars as pl
+
+    from tracekit.units import format_rate
+
+    assert isinstance(rows, pl.DataFrame)
+    table = Table(title=f"what-if (measured iteration {fmt_ns(model.measured_iteration_ns)}, "  # type: ignore[attr-defined]
+                  f"{model.workers} workers)", title_justify="left", header_style="bold",  # type: ignore[attr-defined]
+                  box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="scaling factor = iteration time with free communication / predicted iteration time",
+                  caption_justify="left")
+    for col in ("line rate", "compression", "workers", "efficiency", "iteration", "speed-up", "scaling"):
+        table.add_column(col, justify="right")
+    for row in rows.iter_rows(named=True):
+        table.add_row(format_rate(row["bandwidth_bps"]) if row["bandwidth_bps"] else "as measured",
+                      f"{row['compression']:g}x", str(row["workers"]), row["efficiency"], fmt_ns(row["iteration_ns"]),
+                      f"{row['speedup']:.2f}x", f"{row['scaling_factor']:.2f}")
+    console.print(table)
+    if verdict is not None:
+        console.print(f"[bold]is the network the bottleneck?[/] {verdict.text}")  # type: ignore[attr-defined]

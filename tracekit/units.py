@@ -71,3 +71,15 @@ def format_rate(bps: float | None) -> str:
         if abs(bps) >= scale:
             return f"{bps / scale:.3g} {unit}"
     return f"{bps:.3g} bit/s"
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s)\s*$")
+_DURATION_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+def parse_duration(text: str, *, option: str = "--latency") -> int:
+    """``20us``, ``1.5ms``, ``300ns`` → nanoseconds; a unit is required (one-line error otherwise)."""
+    m = _DURATION.match(text)
+    if not m:
+        raise TraceError(None, f"{option}: {text!r} is not a duration (write e.g. 20us, 1.5ms or 300ns)")
+    return round(float(m.group(1)) * _DURATION_NS[m.group(2)])

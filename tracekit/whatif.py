@@ -71,20 +71,26 @@ class Model:
     measured_iteration_ns: int
 
 
+def consistent_members(members: pa.Table | None, instances: pa.Table | None) -> pl.DataFrame | None:
+    """``rank, collective_id, instance`` of the members of instances that are consistent in time (the
+    collective edges of the dependency graph)."""
+    if members is None or members.num_rows == 0:
+        return None
+    m = pl.from_arrow(members.select(["instance", "rank", "collective_id"]))
+    assert isinstance(m, pl.DataFrame)
+    if instances is not None and instances.num_rows and "consistent" in instances.column_names:
+        ok = pl.from_arrow(instances.select(["instance", "consistent"]))
+        assert isinstance(ok, pl.DataFrame)
+        m = m.join(ok.filter(pl.col("consistent").fill_null(False)).select("instance"), on="instance", how="semi")
+    return m
+
+
 def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None,
           members: pa.Table | None = None, instances: pa.Table | None = None,
-          line_rate_bps: float | None = None, latency_ns: int | None = None) -> Model:
-    """The dependency graph of the job plus the facts needed to re-cost its transfers."""
-    inst = None
-    if members is not None and members.num_rows:
-        m = pl.from_arrow(members.select(["instance", "rank", "collective_id"]))
-        assert isinstance(m, pl.DataFrame)
-        if instances is not None and instances.num_rows and "consistent" in instances.column_names:
-            ok = pl.from_arrow(instances.select(["instance", "consistent"]))
-            assert isinstance(ok, pl.DataFrame)
-            m = m.join(ok.filter(pl.col("consistent").fill_null(False)).select("instance"), on="instance", how="semi")
-        inst = m
-    g = dag.build(events, ranks, inst)
+          line_rate_bps: float | None = None, latency_ns: int | None = None, graph: Graph | None = None) -> Model:
+    """The dependency graph of the job (built here unless given) plus what re-costing transfers needs."""
+    inst = consistent_members(members, instances)
+    g = graph if graph is not None else dag.build(events, ranks, inst)
     act = g.act
     coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source"]))
     assert isinstance(coll, pl.DataFrame)
