@@ -81,6 +81,10 @@ def _slack_label(etype: int) -> str:
     return "idle"
 
 
+_LAG_LABEL = [_lag_label(i) for i in range(len(EDGE_TYPES))]
+_SLACK_LABEL = [_slack_label(i) for i in range(len(EDGE_TYPES))]
+
+
 def paths(graph: Graph, iterations: pa.Table, ranks: pa.Table | None = None,
           iteration: int | None = None) -> pl.DataFrame:
     """Critical-path segments of every iteration (or one), in time order."""
@@ -95,15 +99,13 @@ def paths(graph: Graph, iterations: pa.Table, ranks: pa.Table | None = None,
     a_row = act.get_column("event_row").to_numpy()
     a_start = act.get_column("start").to_numpy()
     a_end = act.get_column("end").to_numpy()
-    t = graph.node_time
-    weight_lag = graph.lag
     out: list[pl.DataFrame] = []
     for it_no, s0, s1 in spans.iter_rows():
         mask = np.flatnonzero((a_iter == it_no) & (a_end <= s1) & (a_end > s0))
         if mask.size == 0:
             continue
         sink_act = mask[np.argmax(a_end[mask])]
-        segs = _walk(graph, 2 * sink_act + 1, s0, weight_lag, t)
+        segs = _walk(graph, 2 * sink_act + 1, s0)
         rows: dict[str, list] = {k: [] for k in SEGMENT_SCHEMA}
         if a_end[sink_act] < s1:
             _append(rows, it_no, a_rank[sink_act], a_lane[sink_act], a_end[sink_act], s1, "idle", None, None,
@@ -135,39 +137,44 @@ def _append(rows: dict[str, list], it_no: int, rank: int, lane: str, s: int, e: 
     rows["edge"].append(edge)
 
 
-def _walk(graph: Graph, sink: int, s0: int, lag: np.ndarray, t: np.ndarray) -> list[tuple]:
+def _walk(graph: Graph, sink: int, s0: int) -> list[tuple]:
     """Follow binding edges back from ``sink`` to time ``s0``; returns (start, end, label, activity, edge)."""
     segs: list[tuple] = []
     node = sink
-    binding = graph.binding
-    src = graph.src
-    etype = graph.etype
-    kinds = graph.act.get_column("kind").to_numpy()
-    names = graph.act.get_column("name").to_numpy()
-    ranks = graph.act.get_column("rank").to_numpy()
-    gpu_ranks = set(graph.act.filter(pl.col("device").is_not_null()).get_column("rank").unique().to_list())
-    while t[node] > s0:
+    # plain lists: a Python walk indexes them several times faster than numpy arrays
+    binding = graph.binding_list
+    src = graph.src_list
+    etype = graph.etype_list
+    lags = graph.lag_list
+    times = graph.time_list
+    kinds = graph.column_list("kind")
+    names = graph.column_list("name")
+    ranks = graph.column_list("rank")
+    gpu_ranks = graph.gpu_ranks
+    own, launch, enqueue = _ET["own"], _ET["launch"], _ET["enqueue"]
+    while times[node] > s0:
         e = binding[node]
         if e < 0:
-            segs.append((s0, int(t[node]), "idle", node // 2, "source"))
+            segs.append((s0, times[node], "idle", node // 2, "source"))
             break
         p = src[e]
-        et = int(etype[e])
+        et = etype[e]
         a_dst = node // 2
         a_src = p // 2
-        t_node = int(t[node])
-        t_struct = int(t[p]) + int(lag[e])
+        t_node = times[node]
+        lag_e = lags[e]
+        t_struct = times[p] + lag_e
         # slack: from the structural bound to the node
         if t_node > t_struct:
-            segs.append((max(t_struct, s0), t_node, _slack_label(et), a_dst, EDGE_TYPES[et]))
-        if int(lag[e]) > 0 and t_struct > s0:
-            if et == _ET["own"]:
-                label = _activity_label(kinds[a_dst], names[a_dst], int(ranks[a_dst]) not in gpu_ranks)
+            segs.append((max(t_struct, s0), t_node, _SLACK_LABEL[et], a_dst, EDGE_TYPES[et]))
+        if lag_e > 0 and t_struct > s0:
+            if et == own:
+                label = _activity_label(kinds[a_dst], names[a_dst], ranks[a_dst] not in gpu_ranks)
                 owner = a_dst
             else:
-                label = _lag_label(et)
-                owner = a_src if et in (_ET["launch"], _ET["enqueue"]) else a_dst
-            segs.append((max(int(t[p]), s0), min(t_struct, t_node), label, owner, EDGE_TYPES[et]))
+                label = _LAG_LABEL[et]
+                owner = a_src if et in (launch, enqueue) else a_dst
+            segs.append((max(times[p], s0), min(t_struct, t_node), label, owner, EDGE_TYPES[et]))
         node = p
     return [s for s in segs if s[1] > s[0]]
 
