@@ -45,7 +45,7 @@ def model(run_dir: Path, rate_bps: float):
     from tracekit.analysis import analyse
 
     res = analyse(traceset.load([str(run_dir)], use_cache=False), link_bw_bps=rate_bps)
-    return whatif.build(res.events, res.traces.collectives, res.ranks, res.members, res.instances,
+    return whatif.build(res.events, res.collectives, res.ranks, res.members, res.instances,
                         line_rate_bps=rate_bps)
 
 

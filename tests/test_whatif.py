@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _model(path: Path, rate: float | None) -> whatif.Model:
     res = analyse(traceset.load([str(path)]), link_bw_bps=rate)
-    return whatif.build(res.events, res.traces.collectives, res.ranks, res.members, res.instances,
+    return whatif.build(res.events, res.collectives, res.ranks, res.members, res.instances,
                         line_rate_bps=rate)
 
 

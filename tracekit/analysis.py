@@ -9,7 +9,7 @@ from functools import cached_property
 import polars as pl
 import pyarrow as pa
 
-from tracekit import attribution, collectives, critical_path, dag, iterations, links, whatif
+from tracekit import attribution, collectives, critical_path, dag, iterations, links, nccl_join, whatif
 from tracekit.diagnostics import Diagnostic
 from tracekit.traceset import TraceSet
 
@@ -23,6 +23,7 @@ class Analysis:
     iterations: pa.Table
     breakdown: pa.Table
     ranks: pa.Table  # the TraceSet's ranks with the clock columns filled
+    collectives: pa.Table  # the TraceSet's, with NCCL-log facts joined into the trace rows
     instances: pa.Table  # collective_instances
     members: pa.Table  # collective_members: one row per (instance, rank)
     line_rate_bps: float | None = None
@@ -49,7 +50,7 @@ class Analysis:
     @cached_property
     def whatif(self) -> whatif.Model:
         """The what-if model of the job (its graph with re-costable transfers)."""
-        return whatif.build(self.events, self.traces.collectives, self.ranks, self.members, self.instances,
+        return whatif.build(self.events, self.collectives, self.ranks, self.members, self.instances,
                             line_rate_bps=self.line_rate_bps, graph=self.graph)
 
     @cached_property
@@ -66,7 +67,7 @@ class Analysis:
             "events": self.events,
             "iterations": self.iterations,
             "breakdown": self.breakdown,
-            "collectives": self.traces.collectives,
+            "collectives": self.collectives,
             "collective_instances": self.instances,
             "collective_members": self.members,
         }
@@ -82,13 +83,13 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     """Iterations, cross-rank matching and clocks, attribution (with wait/transfer where matched) and link
     figures for every rank of ``traces``. ``link_bw_bps`` is the line rate (bits/s) to compare with."""
     events, iters = iterations.assign(traces.events, step_marker)
+    colls, join_notes = nccl_join.join(traces.collectives)
     groups = collectives.groups_from_meta(f.meta for f in traces.files)
-    matching = collectives.match(traces.collectives, traces.ranks, groups=groups, events=events,
-                                 align=align_clocks)
+    matching = collectives.match(colls, traces.ranks, groups=groups, events=events, align=align_clocks)
     split = collectives.comm_split(events, matching) if matching.matched else None
-    breakdown = attribution.breakdown(events, iters, traces.collectives, comm_split=split)
+    breakdown = attribution.breakdown(events, iters, colls, comm_split=split)
     rate, rate_source = links.line_rate(link_bw_bps, traces.topology)
-    breakdown = links.window_links(breakdown, traces.collectives, rate)
+    breakdown = links.window_links(breakdown, colls, rate)
     instances = links.instance_links(matching.instances, rate)
     ranks = collectives.apply_clocks(traces.ranks, matching.clocks)
     notes = []
@@ -96,6 +97,6 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     if methods:
         notes.append("iterations from " + ", ".join(methods))
     return Analysis(traces=traces, events=events, iterations=iters, breakdown=breakdown, ranks=ranks,
-                    instances=instances, members=matching.members, line_rate_bps=rate,
+                    collectives=colls, instances=instances, members=matching.members, line_rate_bps=rate,
                     line_rate_source=rate_source, matched=matching.matched, notes=notes,
-                    diagnostics=[*traces.diagnostics, *matching.diagnostics])
+                    diagnostics=[*traces.diagnostics, *join_notes, *matching.diagnostics])

@@ -227,6 +227,7 @@ def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
         "verdict": verdict.paragraph(job, strag, overview, line_rate_bps=result.line_rate_bps,
                                      line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows),
         "bottleneck": _bottleneck_json(result),
+        "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
         "notes": result.notes,
         "diagnostics": [str(d) for d in result.diagnostics],
     }

@@ -60,6 +60,11 @@ def render_summary(console: Console, result: Analysis) -> None:
     """The ``tracekit summary`` screen: ranks × classes, then the job's headline numbers."""
     pr = summary.per_rank(result.breakdown)
     job = summary.job(result.breakdown)
+    if not job.get("ranks"):
+        # no profiler trace with activity: what the other inputs tell
+        console.print("no iterations found: no profiler trace with activity among the inputs")
+        render_nccl(console, result.collectives, result.traces.topology)
+        return
     title = f"{job['ranks']} ranks · {job['iterations']} iterations"
     if result.notes:
         title += " · " + "; ".join(result.notes)
@@ -76,9 +81,6 @@ def render_summary(console: Console, result: Analysis) -> None:
         table.add_row(str(row["rank"]), str(row["iterations"]), fmt_ns(row["median_iteration_ns"]),
                       *[fmt_share(row[f"{c}_share"]) for c in CLASSES], fmt_bytes(row["comm_bytes_per_iteration"]))
     console.print(table)
-    if not job.get("ranks"):
-        console.print("no iterations found")
-        return
     shares = " · ".join(f"[{CLASS_STYLES[c]}]{CLASS_LABELS[c]} {fmt_share(job[f'{c}_share'])}[/]"
                         for c in CLASSES)
     console.print(f"[bold]job[/]: {shares}")
@@ -94,6 +96,9 @@ def render_summary(console: Console, result: Analysis) -> None:
     if strag.height:
         console.print()
         render_stragglers(console, strag)
+    if any(f.format == "nccl-log" for f in result.traces.files):
+        console.print()
+        render_nccl(console, result.collectives, result.traces.topology)
     from tracekit import verdict
 
     console.print()
@@ -298,3 +303,22 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
     console.print(table)
     if verdict is not None:
         console.print(f"[bold]is the network the bottleneck?[/] {verdict.text}")  # type: ignore[attr-defined]
+
+
+def render_nccl(console: Console, collectives: object, topology: object) -> None:
+    """The communicators of NCCL debug logs: size, calls and volume by op, algorithms, transports."""
+    ov = summary.nccl_overview(collectives, topology)  # type: ignore[arg-type]
+    if ov.height == 0:
+        return
+    table = Table(title="NCCL communicators (from the debug logs)", title_justify="left", header_style="bold",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, just in (("commId", "left"), ("ranks", "right"), ("logged", "left"), ("calls per rank", "left"),
+                      ("bytes/rank", "right"), ("algorithm", "left"), ("protocol", "left"), ("transports", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for row in ov.iter_rows(named=True):
+        logged = row["ranks_logged"]
+        shown = ",".join(map(str, logged[:8])) + ("…" if len(logged) > 8 else "")
+        table.add_row(row["comm_id"] or "–", str(row["nranks"] or "–"), shown, ", ".join((row["ops"] or [])[:4]),
+                      fmt_bytes(row["bytes_per_rank"]), ", ".join(row["algorithms"] or []) or "–",
+                      ", ".join(row["protocols"] or []) or "–", ", ".join(row["transports"] or []) or "–")
+    console.print(table)

@@ -191,3 +191,35 @@ def by_op(instances: pa.Table) -> pl.DataFrame:
         pl.col("transfer_ns").median().round().cast(pl.Int64).alias("median_transfer_ns"),
         (pl.col("bus_bytes").filter(timed).sum() * 8 / pl.col("transfer_ns").filter(timed).sum()).alias("busbw_gbps"),
     ).sort("bus_bytes", descending=True, nulls_last=True)
+
+
+def nccl_overview(collectives: pa.Table, topology: pa.Table) -> pl.DataFrame:
+    """One row per NCCL communicator seen in debug logs: its size, the ranks whose logs mention it, its
+    calls by op and volume, the algorithms and protocols NCCL chose, and the transports it connected with."""
+    c = pl.from_arrow(collectives)
+    assert isinstance(c, pl.DataFrame)
+    c = c.filter(pl.col("source") == "nccl-log")
+    if c.height == 0:
+        return pl.DataFrame()
+    per_op = (c.group_by(["pg", "op"]).agg(pl.len().alias("n"), pl.col("bytes").sum().alias("b"),
+                                          pl.col("rank").n_unique().alias("r"))
+              .sort(["pg", "n"], descending=[False, True])
+              .with_columns(pl.concat_str([pl.col("op"), pl.lit("×"), (pl.col("n") // pl.col("r")).cast(pl.String)])
+                            .alias("label")))
+    out = c.group_by("pg").agg(
+        pl.col("nranks").max(),
+        pl.col("rank").unique().sort().alias("ranks_logged"),
+        pl.len().alias("calls"),
+        (pl.col("bytes").sum() // pl.col("rank").n_unique()).alias("bytes_per_rank"),
+        pl.col("algorithm").drop_nulls().unique().sort().alias("algorithms"),
+        pl.col("protocol").drop_nulls().unique().sort().alias("protocols"),
+    ).join(per_op.group_by("pg").agg(pl.col("label").alias("ops")), on="pg", how="left")
+    t = pl.from_arrow(topology)
+    assert isinstance(t, pl.DataFrame)
+    if t.height:
+        tr = t.filter(pl.col("comm_id").is_not_null()).group_by("comm_id").agg(
+            pl.col("transport").drop_nulls().unique().sort().alias("transports"))
+        out = out.join(tr.rename({"comm_id": "pg"}), on="pg", how="left")
+    else:
+        out = out.with_columns(pl.lit(None, dtype=pl.List(pl.String)).alias("transports"))
+    return out.rename({"pg": "comm_id"}).sort("comm_id")
