@@ -286,6 +286,8 @@ _ARROW_SCHEMA = pa.schema([("ph", pa.string()), ("cat", pa.string()), ("name", p
                           ("tid", pa.int64()), ("ts", pa.decimal128(24, 3)), ("dur", pa.decimal128(24, 3)),
                           ("args", _ARGS_TYPE)])
 _ARROW_PARSE = pj.ParseOptions(explicit_schema=_ARROW_SCHEMA, unexpected_field_behavior="ignore")
+_ARROW_PARSE_NL = pj.ParseOptions(explicit_schema=_ARROW_SCHEMA, unexpected_field_behavior="ignore",
+                                  newlines_in_values=True)
 _ARROW_READ = pj.ReadOptions(use_threads=False, block_size=16 << 20)
 _SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 
@@ -296,15 +298,40 @@ def _decimal_ns(col: pa.Array) -> np.ndarray:
     return words[2 * col.offset : 2 * (col.offset + len(col)) : 2].copy()
 
 
+def _records(lines: bytes, n: int, batch: Batch):
+    """``k -> bytes of record k`` for records joined by ``}\\n{`` (the separators this parser wrote);
+    falls back to the batch's structural index if a record happens to contain that sequence itself."""
+    arr = np.frombuffer(lines, dtype=np.uint8)
+    cut = np.flatnonzero((arr[:-2] == 0x7D) & (arr[1:-1] == 0x0A) & (arr[2:] == 0x7B)) + 1 if arr.size > 2 \
+        else np.zeros(0, dtype=np.int64)
+    if cut.size != n - 1:
+        return batch.element
+    starts = np.concatenate(([0], cut + 1))
+    ends = np.append(cut, len(lines))
+    return lambda k: lines[starts[k] : ends[k]]
+
+
 def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
     """Fast path: decode a batch with Arrow's C++ JSON reader into typed columns (no Python objects
     per event). Returns False, having done nothing, for anything unusual (string tids, non-finite
     numbers, more than ns precision, B/E pairs, damaged records): the msgspec path handles those."""
-    lines = _SEPARATOR.sub(b"}\n{", batch.data[1:-1].replace(b"\n", b" "))
-    try:
-        tbl = pj.read_json(io.BytesIO(lines), read_options=_ARROW_READ, parse_options=_ARROW_PARSE)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return False
+    tbl = None
+    body = batch.data[1:-1]
+    # writers use one separator between records: replace it exactly (memchr-fast); objects may still span
+    # lines (pretty-printed), which the reader is told about
+    m = _SEPARATOR.search(body, 0, 1 << 16)
+    if m is not None:
+        lines = body.replace(m.group(), b"}\n{")
+        try:
+            tbl = pj.read_json(io.BytesIO(lines), read_options=_ARROW_READ, parse_options=_ARROW_PARSE_NL)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            tbl = None
+    if tbl is None:  # mixed separators: normalise every one
+        lines = _SEPARATOR.sub(b"}\n{", body.replace(b"\n", b" "))
+        try:
+            tbl = pj.read_json(io.BytesIO(lines), read_options=_ARROW_READ, parse_options=_ARROW_PARSE)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return False
     if tbl.num_rows == 0:
         return True
     tbl = tbl.combine_chunks()
@@ -361,13 +388,10 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
     hot = [i for i, nm in enumerate(names.dictionary.to_pylist()) if nm and _may_carry_comm(nm)]
     if hot:
         sel = np.flatnonzero(np.isin(pc.fill_null(names.indices, -1).to_numpy(zero_copy_only=False), hot))
-        ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == 0x0A)
-        starts = np.concatenate(([0], ends + 1))
-        ends = np.append(ends, len(lines))
+        record = _records(lines, tbl.num_rows, batch)
         index = rb.column("_index").to_numpy()
         for j in sel:
-            k = int(line_index[j])
-            a = _DECODE_ONE.decode(lines[starts[k] : ends[k]]).args
+            a = _DECODE_ONE.decode(record(int(line_index[j]))).args
             row = {f: getattr(a, f) for f in COMM_ARG_FIELDS}
             row["_index"] = int(index[j])
             acc.comm_rows.append(row)
