@@ -9,7 +9,7 @@ from functools import cached_property
 import polars as pl
 import pyarrow as pa
 
-from tracekit import attribution, collectives, critical_path, dag, iterations, links, whatif
+from tracekit import attribution, collectives, critical_path, dag, horovod, iterations, links, whatif
 from tracekit.diagnostics import Diagnostic
 from tracekit.traceset import TraceSet
 
@@ -30,6 +30,12 @@ class Analysis:
     matched: bool = False  # whether collectives were matched across ranks (wait/transfer known)
     notes: list[str] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)  # the inputs' and the analysis' warnings
+    horovod: horovod.Result | None = None  # Horovod timelines' tables (tracekit/horovod.py), None without one
+
+    @property
+    def horovod_only(self) -> bool:
+        """A job of Horovod timelines without profiler traces: no compute to attribute, no five-way breakdown."""
+        return self.horovod is not None and self.horovod.only
 
     @cached_property
     def graph(self) -> dag.Graph:
@@ -55,7 +61,7 @@ class Analysis:
     @cached_property
     def bottleneck(self) -> whatif.Bottleneck | None:
         """Is the network the bottleneck? None when the job has no communication."""
-        if self.whatif.comm.height == 0:
+        if self.horovod_only or self.whatif.comm.height == 0:
             return None
         return whatif.bottleneck(self.whatif)
 
@@ -72,8 +78,11 @@ class Analysis:
         }
         if self.traces.topology.num_rows:
             out["topology"] = self.traces.topology
-        out["critical_path"] = self.critical_path.to_arrow()
-        out["critical_path_summary"] = self.critical_path_summary.to_arrow()
+        if not self.horovod_only:  # a timeline alone has no compute to follow a path through
+            out["critical_path"] = self.critical_path.to_arrow()
+            out["critical_path_summary"] = self.critical_path_summary.to_arrow()
+        if self.horovod is not None:
+            out.update(self.horovod.tables())
         return out
 
 
@@ -81,21 +90,38 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
             align_clocks: bool = True) -> Analysis:
     """Iterations, cross-rank matching and clocks, attribution (with wait/transfer where matched) and link
     figures for every rank of ``traces``. ``link_bw_bps`` is the line rate (bits/s) to compare with."""
-    events, iters = iterations.assign(traces.events, step_marker)
+    hvd = horovod.prepare(traces, step_marker)  # None without a Horovod timeline
+    colls = traces.collectives if hvd is None else hvd.collectives
+    events, iters = iterations.assign(traces.events if hvd is None else hvd.base_events(traces.events),
+                                      step_marker)
+    if hvd is not None:
+        events, iters = hvd.use_iterations(events, iters)
+    attr_events = events if hvd is None else hvd.attribution_events(events)
     groups = collectives.groups_from_meta(f.meta for f in traces.files)
-    matching = collectives.match(traces.collectives, traces.ranks, groups=groups, events=events,
+    matching = collectives.match(colls, traces.ranks, groups=groups, events=events,
                                  align=align_clocks)
-    split = collectives.comm_split(events, matching) if matching.matched else None
-    breakdown = attribution.breakdown(events, iters, traces.collectives, comm_split=split)
+    split = collectives.comm_split(attr_events, matching) if matching.matched else None
+    breakdown = attribution.breakdown(attr_events, iters, colls, comm_split=split)
+    if hvd is not None:
+        breakdown = hvd.attribute(breakdown, attr_events, iters, colls, split)
     rate, rate_source = links.line_rate(link_bw_bps, traces.topology)
-    breakdown = links.window_links(breakdown, traces.collectives, rate)
+    breakdown = links.window_links(breakdown, colls, rate)
     instances = links.instance_links(matching.instances, rate)
     ranks = collectives.apply_clocks(traces.ranks, matching.clocks)
     notes = []
     methods = sorted(set(iters.column("method").to_pylist())) if iters.num_rows else []
     if methods:
         notes.append("iterations from " + ", ".join(methods))
+    hvd_result = None
+    if hvd is not None:
+        notes.extend(hvd.notes)
+        if hvd.only:
+            notes.append("Horovod timeline without profiler traces: no compute to attribute (give rank 0's "
+                         "trace for the five-way breakdown)")
+        hvd_result = horovod.result(hvd, iters, rate)
     return Analysis(traces=traces, events=events, iterations=iters, breakdown=breakdown, ranks=ranks,
                     instances=instances, members=matching.members, line_rate_bps=rate,
                     line_rate_source=rate_source, matched=matching.matched, notes=notes,
-                    diagnostics=[*traces.diagnostics, *matching.diagnostics])
+                    diagnostics=[*traces.diagnostics, *matching.diagnostics,
+                                 *(hvd.diagnostics if hvd is not None else [])],
+                    horovod=hvd_result)
