@@ -3,7 +3,7 @@ the exporters and the TUI only read an :class:`Analysis`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import polars as pl
@@ -40,7 +40,10 @@ class Analysis:
     @cached_property
     def graph(self) -> dag.Graph:
         """The dependency graph of the whole job (built on first use)."""
-        return dag.build(self.events, self.ranks, whatif.consistent_members(self.members, self.instances))
+        # Horovod's phases are a coordinator's per-tensor view, not a thread's program order: the graph (critical
+        # path, what-if) is built from the profiler traces only
+        events = self.events if self.horovod is None else horovod.without_timeline(self.events)
+        return dag.build(events, self.ranks, whatif.consistent_members(self.members, self.instances))
 
     @cached_property
     def critical_path(self) -> pl.DataFrame:
@@ -91,7 +94,9 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     """Iterations, cross-rank matching and clocks, attribution (with wait/transfer where matched) and link
     figures for every rank of ``traces``. ``link_bw_bps`` is the line rate (bits/s) to compare with."""
     hvd = horovod.prepare(traces, step_marker)  # None without a Horovod timeline
-    colls = traces.collectives if hvd is None else hvd.collectives
+    if hvd is not None:  # Horovod's collectives on the clock its timeline was aligned to
+        traces = replace(traces, collectives=hvd.collectives)
+    colls = traces.collectives
     events, iters = iterations.assign(traces.events if hvd is None else hvd.base_events(traces.events),
                                       step_marker)
     if hvd is not None:
@@ -118,6 +123,9 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
         if hvd.only:
             notes.append("Horovod timeline without profiler traces: no compute to attribute (give rank 0's "
                          "trace for the five-way breakdown)")
+        else:
+            notes.append("critical path and what-if use the profiler traces only (Horovod's phases are not in "
+                         "their graph)")
         hvd_result = horovod.result(hvd, iters, rate)
     return Analysis(traces=traces, events=events, iterations=iters, breakdown=breakdown, ranks=ranks,
                     instances=instances, members=matching.members, line_rate_bps=rate,

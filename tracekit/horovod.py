@@ -240,12 +240,10 @@ class Prep:
             return breakdown
         ev0 = self.attribution_events(events)
         ev0 = ev0.filter(pc.fill_null(pc.equal(ev0.column("rank"), 0), False))
-        kind = _strings(ev0.column("kind"))
-        name = _strings(ev0.column("name"))
+        comm = _flags(ev0.column("kind"), lambda v: v == "comm")
         start = ev0.column("start_ns").to_numpy(zero_copy_only=False)
         end = start + ev0.column("dur_ns").to_numpy(zero_copy_only=False)
         hv = _is_horovod(ev0)
-        comm = kind == "comm"
         parts = []
         if split is not None:
             s0 = split.filter(pl.col("rank") == 0).with_columns(
@@ -255,7 +253,7 @@ class Prep:
             # Horovod's transfer phases are unmatched collectives there (UNSPLIT -> TRANSFER above)
         else:
             parts.append(_intervals(start[comm], end[comm], attribution.TRANSFER))
-        neg = hv & np.char.startswith(name.astype(str), "NEGOTIATE_") if name.size else np.zeros(0, bool)
+        neg = hv & _flags(ev0.column("name"), lambda v: v.startswith("NEGOTIATE_"))
         parts.append(_intervals(start[neg], end[neg], attribution.WAIT))
         split0 = pl.concat([p.with_columns(pl.col("rank").cast(pl.Int32), pl.col("cls").cast(pl.Int64))
                             for p in parts], how="vertical_relaxed")
@@ -304,14 +302,14 @@ class Result:
 # helpers
 
 
-def _strings(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A (dictionary) string column as a numpy array of str objects ('' for null)."""
+def _flags(col: pa.ChunkedArray | pa.Array, predicate: Any) -> np.ndarray:
+    """``predicate`` of a (dictionary) string column, evaluated once per distinct value and mapped to every
+    row by its dictionary index (nulls are False): no Python work per row."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_dictionary(arr.type):
-        values = np.array([v if v is not None else "" for v in arr.dictionary.to_pylist()] + [""], dtype=object)
-        idx = pc.fill_null(arr.indices, len(values) - 1).to_numpy(zero_copy_only=False)
-        return values[idx]
-    return np.array([v if v is not None else "" for v in arr.to_pylist()], dtype=object)
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()
+    flags = np.array([v is not None and bool(predicate(v)) for v in arr.dictionary.to_pylist()] + [False], bool)
+    return flags[pc.fill_null(arr.indices, len(flags) - 1).to_numpy(zero_copy_only=False)]
 
 
 def _is_horovod(events: pa.Table) -> np.ndarray:
@@ -323,6 +321,12 @@ def _is_horovod(events: pa.Table) -> np.ndarray:
         col = col.dictionary_encode()
     flags = np.array([v == CAT for v in col.dictionary.to_pylist()] + [False], dtype=bool)
     return flags[pc.fill_null(col.indices, len(flags) - 1).to_numpy(zero_copy_only=False)]
+
+
+def without_timeline(events: pa.Table) -> pa.Table:
+    """``events`` without the Horovod timelines' rows."""
+    hv = _is_horovod(events)
+    return events.filter(pa.array(~hv)) if hv.any() else events
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
@@ -384,16 +388,16 @@ def _set_horovod_iterations(events: pa.Table, prep: Prep) -> pa.Table:
 # preparing the timelines
 
 
-def _shift_columns(t: pa.Table, offset: int, it_base: int, timeline: int) -> pa.Table:
+def _shift_columns(t: pa.Table, offset: int, it_base: int, timeline: int, id_base: int = 0) -> pa.Table:
     """Apply a clock offset to every time column (``*start_ns``, ``*end_ns``, ``*tick_ns``, ``ts_ns``),
-    renumber ``iteration`` and add the ``timeline`` column."""
+    renumber ``iteration`` and ``collective_id`` and add the ``timeline`` column."""
     for name in list(t.column_names):
         col = t.column(name)
         is_time = name in ("start_ns", "end_ns", "ts_ns") or name.endswith(("_start_ns", "_end_ns", "_tick_ns"))
-        if is_time and offset and pa.types.is_integer(col.type):
-            t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), pc.add(col, offset))
-        elif name == "iteration" and it_base and pa.types.is_integer(col.type):
-            t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), pc.add(col, it_base))
+        shift = offset if is_time else it_base if name == "iteration" else id_base if name == "collective_id" \
+            else 0
+        if shift and pa.types.is_integer(col.type):
+            t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), pc.add(col, shift))
     return t.append_column("timeline", pa.array(np.full(t.num_rows, timeline, dtype=np.int32)))
 
 
@@ -444,6 +448,8 @@ def align(rs: np.ndarray, re: np.ndarray, ks: np.ndarray, ke: np.ndarray, *,
         ok = rlen >= klen - 2 * ALIGN_SLACK_NS
         cands.append(((ks[a] - rs[ok]) + (ke[a] - re[ok])) // 2)
     cand = np.unique(np.concatenate(cands))
+    if cand.size == 0:
+        return Alignment(None, "no Horovod transfer phase is long enough to hold rank 0's communication kernels")
     scores = np.empty(cand.size, dtype=np.int64)
     for lo in range(0, cand.size, _ALIGN_BATCH):
         d = cand[lo:lo + _ALIGN_BATCH, None]
@@ -511,7 +517,7 @@ def _rank0_kernels(traces: TraceSet, step_marker: str | None) -> tuple[np.ndarra
         return (np.zeros(0, np.int64),) * 3
     with contextlib.suppress(TraceError):  # a bad --step-marker is reported by the main pipeline
         ev0, _ = iterations.assign(ev0, step_marker)
-    comm = _strings(ev0.column("kind")) == "comm"
+    comm = _flags(ev0.column("kind"), lambda v: v == "comm")
     start = ev0.column("start_ns").to_numpy(zero_copy_only=False)[comm]
     end = start + ev0.column("dur_ns").to_numpy(zero_copy_only=False)[comm]
     it = pc.fill_null(ev0.column("iteration"), -1).to_numpy(zero_copy_only=False)[comm]
@@ -581,6 +587,13 @@ def prepare(traces: TraceSet, step_marker: str | None = None) -> Prep | None:
         return (m if m is not None else 0) + p[1]
 
     placed.sort(key=first)
+    # Horovod's collective ids continue after those of rank 0's other collectives (a trace's own calls
+    # use the same per-rank id space), timeline after timeline
+    coll = traces.collectives
+    others = coll.filter(pc.fill_null(pc.not_equal(coll.column("source"), FORMAT), True)) if coll.num_rows else coll
+    ids0 = others.filter(pc.equal(others.column("rank"), 0)).column("collective_id") if others.num_rows else None
+    top = pc.max(ids0).as_py() if ids0 is not None and len(ids0) else None
+    id_base = int(top) + 1 if top is not None else 0
     timelines: list[Timeline] = []
     ev_parts, tl_rows, trusted_parts = [], [], []
     inst_parts, tick_parts, it_parts, cyc_parts = [], [], [], []
@@ -605,20 +618,21 @@ def prepare(traces: TraceSet, step_marker: str | None = None) -> Prep | None:
             trusted &= ~bad
             diags.append(Diagnostic(pf.path, f"{int(bad.sum())} Horovod phase(s) end before they begin (bogus "
                                              "duration): flagged and left out of every figure"))
-        e = _shift_columns(e, offset, base, idx)
+        e = _shift_columns(e, offset, base, idx, id_base)
         ev_parts.append(e.drop_columns(["timeline"]))
         tl_rows.append(np.full(e.num_rows, idx, dtype=np.int32))
         trusted_parts.append(trusted)
-        inst = _shift_columns(pf.tables["horovod_instances"], offset, base, idx)
-        inst_parts.append(_with_bus_bytes(inst, pf.collectives))
+        inst = _with_bus_bytes(pf.tables["horovod_instances"], pf.collectives)
+        inst_parts.append(_shift_columns(inst, offset, base, idx, id_base))
         tick_parts.append(_shift_columns(pf.tables["horovod_ticks"], offset, 0, idx))
         it_t = _shift_columns(iters, offset, base, idx)
         it_t = it_t.set_column(it_t.schema.get_field_index("method"), "method",
                                pa.array([f"horovod {tl.method}"] * it_t.num_rows, type=pa.string()))
         it_parts.append(it_t)
         cyc_parts.append(_shift_columns(pf.tables["horovod_cycles"], offset, 0, idx))
-        coll_parts.append(_shift_columns(pf.collectives, offset, 0, idx).drop_columns(["timeline"]))
+        coll_parts.append(_shift_columns(pf.collectives, offset, 0, idx, id_base).drop_columns(["timeline"]))
         base += iters.num_rows
+        id_base += pf.collectives.num_rows
     if len(placed) > 1:
         spans = [(first(p), first(p) + 1) for p in placed]
         ends = []
@@ -631,12 +645,8 @@ def prepare(traces: TraceSet, step_marker: str | None = None) -> Prep | None:
                 diags.append(Diagnostic(placed[i][0].path, "this Horovod timeline overlaps another one in time: "
                                         "Horovod writes one per job (on rank 0), are they from different jobs?"))
     events = _concat(ev_parts)
-    # collectives: the TraceSet's, with the Horovod rows replaced by the shifted ones
-    coll = traces.collectives
-    if any(p[1] for p in placed):
-        src = coll.column("source")
-        keep = pc.fill_null(pc.not_equal(src, FORMAT), True)
-        coll = pa.concat_tables([coll.filter(keep)] + [schema.conform(c, schema.COLLECTIVES) for c in coll_parts])
+    # collectives: the TraceSet's, with the Horovod rows replaced by the shifted, renumbered ones
+    coll = pa.concat_tables([schema.conform(c, schema.COLLECTIVES) for c in (others, *coll_parts)])
     for tl in timelines:
         if tl.merged:
             notes.append(f"Horovod timeline merged into rank 0: {tl.how}")
@@ -675,16 +685,15 @@ def _with_bus_bytes(inst: pa.Table, collectives: pa.Table) -> pa.Table:
 def _phase_arrays(prep: Prep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start, end and class (-1: none) of every trusted Horovod phase."""
     e = prep.events
-    kind = _strings(e.column("kind"))
-    name = _strings(e.column("name")).astype(str)
+    kind, name = e.column("kind"), e.column("name")
     start = e.column("start_ns").to_numpy(zero_copy_only=False)
     end = start + e.column("dur_ns").to_numpy(zero_copy_only=False)
     cls = np.full(e.num_rows, -1, dtype=np.int64)
-    cls[kind == "comm"] = _TR
-    cls[np.char.startswith(name, "NEGOTIATE_")] = _NEG
-    cls[kind == "queue"] = _QUEUE
-    cls[kind == "memory"] = _MEMCPY
-    cls[np.char.startswith(name, "WAIT_FOR_")] = _WFD
+    cls[_flags(kind, lambda v: v == "comm")] = _TR
+    cls[_flags(name, lambda v: v.startswith("NEGOTIATE_"))] = _NEG
+    cls[_flags(kind, lambda v: v == "queue")] = _QUEUE
+    cls[_flags(kind, lambda v: v == "memory")] = _MEMCPY
+    cls[_flags(name, lambda v: v.startswith("WAIT_FOR_"))] = _WFD
     ok = prep.trusted & (cls >= 0)
     return start[ok], end[ok], cls[ok]
 
@@ -742,8 +751,7 @@ def _group_transfer(prep: Prep) -> pl.DataFrame:
     groups = inst.select(["timeline", "fusion_group"]).unique().sort(["timeline", "fusion_group"]) \
         .with_row_index("g").with_columns(pl.col("g").cast(pl.Int64))
     e = prep.events
-    kind = _strings(e.column("kind"))
-    ok = (kind == "comm") & prep.trusted
+    ok = _flags(e.column("kind"), lambda v: v == "comm") & prep.trusted
     ev = pl.DataFrame({
         "timeline": prep.timeline_of_row[ok],
         "collective_id": pc.fill_null(e.column("collective_id"), -1).to_numpy(zero_copy_only=False)[ok],
