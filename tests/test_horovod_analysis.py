@@ -374,6 +374,29 @@ def test_trace_without_steps_takes_horovod_iterations(tmp_path: Path) -> None:
     assert ops.get_column("iteration").null_count() < ops.height // 10
 
 
+def test_timeline_of_another_run_is_not_merged() -> None:
+    a = run([RECORDED / "timeline_gloo_2rank.json.gz", PAIR[1]])
+    assert a.horovod is not None and not a.horovod.merged
+    assert any("does not overlap rank 0's trace" in str(d) for d in a.diagnostics)
+    b = pl.from_arrow(a.breakdown)
+    assert b.height == 18 and b.get_column("exposed_comm_ns").sum() == 0  # the trace alone
+    assert a.horovod.breakdown.num_rows == 20  # the timeline in its own iterations
+
+
+def test_two_timelines_are_numbered_in_time_order() -> None:
+    a = run([RECORDED / "timeline_nocache.json.gz", RECORDED / "timeline_gloo_2rank.json.gz"])
+    assert a.horovod is not None and len(a.horovod.timelines) == 2
+    assert [t.iteration_base for t in a.horovod.timelines] == [0, 20]
+    assert a.iterations.column("iteration").to_pylist() == list(range(40))
+    starts = a.iterations.column("start_ns").to_pylist()
+    assert starts == sorted(starts)
+    inst = pl.from_arrow(a.horovod.instances.select(["timeline", "collective_id"])).drop_nulls()
+    assert inst.get_column("timeline").unique().sort().to_list() == [0, 1]
+    assert inst.get_column("collective_id").n_unique() == inst.height  # one id space per rank
+    t = {r["tensor"]: r for r in a.horovod.tensors.to_pylist()}
+    assert t["allreduce.fc1.weight"]["instances"] == 40
+
+
 def _old_layout(src: Path, dst: Path) -> None:
     """The recorded timeline as a <= 0.20.0 writer would leave it: no epoch header, no closing ']'."""
     text = gzip.decompress(src.read_bytes()).decode()

@@ -69,7 +69,8 @@ cannot tell which; merge it with rank 0's trace for that.
 ``NEGOTIATE_*`` phases), ``negotiation_wait_ns`` (sum of last tick − first tick where both ranks' ticks
 were logged) and ``ticked`` (instances with ≥ 2 ticks), ``transfer_ns`` / ``transfer_median_ns``,
 ``busbw_gbps``, ``link_utilisation``, ``fusion_size_median`` / ``fusion_size_max``, ``last_ticks`` (list:
-element r = how often rank r ticked last) and ``straggler_rank`` (the rank that ticked last most often).
+element r = how often rank r ticked last), ``straggler_rank`` (the rank that ticked last most often) and
+``truncated`` (instances the parser had to close; their negotiation figures are left out).
 **Fused tensors:** a tensor's transfer time is the whole transfer of the response(s) it travelled in
 (the union of the group's transfer phases), because it was on the wire for all of it; so the rows'
 ``transfer_ns`` must never be added up: :func:`tensor_totals` takes the union over the job instead.
@@ -316,11 +317,7 @@ def _is_horovod(events: pa.Table) -> np.ndarray:
     """Rows written by the Horovod parser (category ``horovod``)."""
     if events.num_rows == 0:
         return np.zeros(0, dtype=bool)
-    col = events.column("cat").combine_chunks()
-    if not pa.types.is_dictionary(col.type):
-        col = col.dictionary_encode()
-    flags = np.array([v == CAT for v in col.dictionary.to_pylist()] + [False], dtype=bool)
-    return flags[pc.fill_null(col.indices, len(flags) - 1).to_numpy(zero_copy_only=False)]
+    return _flags(events.column("cat"), lambda v: v == CAT)
 
 
 def without_timeline(events: pa.Table) -> pa.Table:
@@ -374,14 +371,12 @@ def _iteration_by_window(events: pa.Table, windows: pl.DataFrame, rows: np.ndarr
 
 def _set_horovod_iterations(events: pa.Table, prep: Prep) -> pa.Table:
     """Horovod rows get back their timeline's (instance-based) iteration numbers: a phase belongs to the
-    iteration its tensor's negotiation started in, even when it ends in the next one."""
+    iteration its tensor's negotiation started in, even when it ends in the next one. The rows in
+    ``events`` are exactly the merged, trusted ones of ``prep``, so they are swapped for those."""
     hv = _is_horovod(events)
     if not hv.any():
         return events
-    # the prepared Horovod rows carry them; match rows by (start, dur, lane, name) order-insensitively
-    # would be fragile, so rebuild: drop the Horovod rows and append the prepared ones that were there
-    merged = prep.events.filter(pa.array(prep._merged_rows()))
-    return _concat([events.filter(pa.array(~hv)), merged])
+    return _concat([events.filter(pa.array(~hv)), prep.events.filter(pa.array(prep._merged_rows()))])
 
 
 # ---------------------------------------------------------------------------------------------------
