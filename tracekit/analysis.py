@@ -3,13 +3,13 @@ the exporters and the TUI only read an :class:`Analysis`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import polars as pl
 import pyarrow as pa
 
-from tracekit import attribution, collectives, critical_path, dag, iterations, links, nccl_join, whatif
+from tracekit import attribution, collectives, critical_path, dag, horovod, iterations, links, nccl_join, whatif
 from tracekit.diagnostics import Diagnostic
 from tracekit.traceset import TraceSet
 
@@ -31,11 +31,20 @@ class Analysis:
     matched: bool = False  # whether collectives were matched across ranks (wait/transfer known)
     notes: list[str] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)  # the inputs' and the analysis' warnings
+    horovod: horovod.Result | None = None  # Horovod timelines' tables (tracekit/horovod.py), None without one
+
+    @property
+    def horovod_only(self) -> bool:
+        """A job of Horovod timelines without profiler traces: no compute to attribute, no five-way breakdown."""
+        return self.horovod is not None and self.horovod.only
 
     @cached_property
     def graph(self) -> dag.Graph:
         """The dependency graph of the whole job (built on first use)."""
-        return dag.build(self.events, self.ranks, whatif.consistent_members(self.members, self.instances))
+        # Horovod's phases are a coordinator's per-tensor view, not a thread's program order: the graph (critical
+        # path, what-if) is built from the profiler traces only
+        events = self.events if self.horovod is None else horovod.without_timeline(self.events)
+        return dag.build(events, self.ranks, whatif.consistent_members(self.members, self.instances))
 
     @cached_property
     def critical_path(self) -> pl.DataFrame:
@@ -56,7 +65,7 @@ class Analysis:
     @cached_property
     def bottleneck(self) -> whatif.Bottleneck | None:
         """Is the network the bottleneck? None when the job has no communication."""
-        if self.whatif.comm.height == 0:
+        if self.horovod_only or self.whatif.comm.height == 0:
             return None
         return whatif.bottleneck(self.whatif)
 
@@ -73,8 +82,11 @@ class Analysis:
         }
         if self.traces.topology.num_rows:
             out["topology"] = self.traces.topology
-        out["critical_path"] = self.critical_path.to_arrow()
-        out["critical_path_summary"] = self.critical_path_summary.to_arrow()
+        if not self.horovod_only:  # a timeline alone has no compute to follow a path through
+            out["critical_path"] = self.critical_path.to_arrow()
+            out["critical_path_summary"] = self.critical_path_summary.to_arrow()
+        if self.horovod is not None:
+            out.update(self.horovod.tables())
         return out
 
 
@@ -82,12 +94,21 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
             align_clocks: bool = True) -> Analysis:
     """Iterations, cross-rank matching and clocks, attribution (with wait/transfer where matched) and link
     figures for every rank of ``traces``. ``link_bw_bps`` is the line rate (bits/s) to compare with."""
-    events, iters = iterations.assign(traces.events, step_marker)
+    hvd = horovod.prepare(traces, step_marker)  # None without a Horovod timeline
+    if hvd is not None:  # Horovod's collectives on the clock its timeline was aligned to
+        traces = replace(traces, collectives=hvd.collectives)
     colls, join_notes = nccl_join.join(traces.collectives)
+    events, iters = iterations.assign(traces.events if hvd is None else hvd.base_events(traces.events),
+                                      step_marker)
+    if hvd is not None:
+        events, iters = hvd.use_iterations(events, iters)
+    attr_events = events if hvd is None else hvd.attribution_events(events)
     groups = collectives.groups_from_meta(f.meta for f in traces.files)
     matching = collectives.match(colls, traces.ranks, groups=groups, events=events, align=align_clocks)
-    split = collectives.comm_split(events, matching) if matching.matched else None
-    breakdown = attribution.breakdown(events, iters, colls, comm_split=split)
+    split = collectives.comm_split(attr_events, matching) if matching.matched else None
+    breakdown = attribution.breakdown(attr_events, iters, colls, comm_split=split)
+    if hvd is not None:
+        breakdown = hvd.attribute(breakdown, attr_events, iters, colls, split)
     rate, rate_source = links.line_rate(link_bw_bps, traces.topology)
     breakdown = links.window_links(breakdown, colls, rate)
     instances = links.instance_links(matching.instances, rate)
@@ -96,7 +117,19 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     methods = sorted(set(iters.column("method").to_pylist())) if iters.num_rows else []
     if methods:
         notes.append("iterations from " + ", ".join(methods))
+    hvd_result = None
+    if hvd is not None:
+        notes.extend(hvd.notes)
+        if hvd.only:
+            notes.append("Horovod timeline without profiler traces: no compute to attribute (give rank 0's "
+                         "trace for the five-way breakdown)")
+        else:
+            notes.append("critical path and what-if use the profiler traces only (Horovod's phases are not in "
+                         "their graph)")
+        hvd_result = horovod.result(hvd, iters, rate)
     return Analysis(traces=traces, events=events, iterations=iters, breakdown=breakdown, ranks=ranks,
                     collectives=colls, instances=instances, members=matching.members, line_rate_bps=rate,
                     line_rate_source=rate_source, matched=matching.matched, notes=notes,
-                    diagnostics=[*traces.diagnostics, *join_notes, *matching.diagnostics])
+                    diagnostics=[*traces.diagnostics, *join_notes, *matching.diagnostics,
+                                 *(hvd.diagnostics if hvd is not None else [])],
+                    horovod=hvd_result)

@@ -26,7 +26,8 @@ PROGRESS_MIN_BYTES = 16 << 20
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="trace files or directories (Kineto JSON[.gz]; directories are searched)")
+                   help="trace files or directories (Kineto JSON[.gz], Horovod timelines, NCCL logs; "
+                        "directories are searched)")
     p.add_argument("--no-cache", action="store_true", help="parse again instead of reusing the parse cache")
     p.add_argument("--cache-dir", metavar="DIR", help="where parsed tables are cached "
                    "(default $TRACEKIT_CACHE_DIR or ~/.cache/tracekit)")
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tracekit",
         description="Where did each iteration of each rank go, and is the network the bottleneck? "
-                    "Reads PyTorch-profiler traces of distributed jobs.")
+                    "Reads PyTorch-profiler traces, NCCL logs and Horovod timelines of distributed jobs.")
     parser.add_argument("--version", action="version", version=f"tracekit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -63,6 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="order of the rows (time ascending, the others largest first; default time)")
     p.add_argument("--limit", type=int, default=40, metavar="N", help="show at most N rows (0: all; default 40)")
     p.set_defaults(func=cmd_collectives)
+
+    p = sub.add_parser("tensors", help="per-tensor table of Horovod timelines: bytes, negotiation wait, "
+                       "transfer time, bandwidth, stragglers, fusion",
+                       description="Print one row per tensor of the Horovod timelines among PATH: op, dtype, "
+                       "shape, bytes (dtype x shape), instances, negotiation wait (total/median), transfer time "
+                       "(total/median; a fused response's whole transfer counts for each of its tensors, so rows "
+                       "are never added up: the totals are unions), achieved bus bandwidth, how often each rank asked "
+                       "last, and the fusion group size; then the job's totals.")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print every tensor and the totals as JSON")
+    p.add_argument("--sort", choices=sorted(_tensor_sorts()), default="transfer",
+                   help="order of the rows (name ascending, the others largest first; default transfer)")
+    p.add_argument("--limit", type=int, default=40, metavar="N", help="show at most N rows (0: all; default 40)")
+    p.set_defaults(func=cmd_tensors)
 
     p = sub.add_parser("critical-path", help="the chain of work that set the pace of each iteration, across "
                        "ranks", description="Print, per iteration, the critical path's length (= the iteration "
@@ -103,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(--table, default breakdown); any other OUT is a directory that gets "
                                    "one file per table (ranks, events, iterations, breakdown, collectives, "
                                    "collective_instances, collective_members, critical_path, "
-                                   "critical_path_summary, topology when present).")
+                                   "critical_path_summary, topology when present; with a Horovod timeline also "
+                                   "horovod_breakdown, horovod_tensors, horovod_instances, horovod_ticks, "
+                                   "horovod_iterations, horovod_cycles).")
     _common(p)
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="a .parquet file or a directory")
     p.add_argument("--table", metavar="NAME", help="export only this table")
@@ -144,6 +161,12 @@ def _sorts() -> list[str]:
     from tracekit.report import SORTS
 
     return list(SORTS)
+
+
+def _tensor_sorts() -> list[str]:
+    from tracekit.report import TENSOR_SORTS
+
+    return list(TENSOR_SORTS)
 
 
 def _load(args: argparse.Namespace, console: Console):
@@ -203,9 +226,37 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from tracekit.report import render_summary
 
     out = Console() if sys.stdout.isatty() else Console(width=120)
-    render_summary(out, result)
+    if result.horovod_only:
+        if result.notes:
+            out.print("; ".join(result.notes), highlight=False)
+    else:
+        render_summary(out, result)
+    if result.horovod is not None:
+        from tracekit.report import render_horovod
+
+        out.print()
+        render_horovod(out, result.horovod, line_rate_bps=result.line_rate_bps)
     _warn(result.diagnostics, err, args.quiet)
     return 0
+
+
+def _horovod_json(result: Any) -> dict[str, Any]:
+    """The ``horovod`` part of ``summary --json`` (present only when a timeline is)."""
+    from tracekit import horovod
+    from tracekit.report import horovod_paragraph
+
+    res = result.horovod
+    return {
+        "only": res.only, "merged": res.merged, "iteration_method": res.method, "world_size": res.world_size,
+        "timelines": [{"path": t.path, "clock": t.clock, "format_version": t.meta.get("format_version"),
+                       "offset_ns": t.offset_ns, "merged": t.merged, "how": t.how,
+                       "iteration_method": t.method, "bytes_lost": t.meta.get("bytes_lost")}
+                      for t in res.timelines],
+        "summary": horovod.summary(res),
+        "totals": res.totals,
+        "breakdown": res.breakdown.to_pylist(),
+        "text": horovod_paragraph(res),
+    }
 
 
 def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
@@ -214,6 +265,7 @@ def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
     job = summary.job(result.breakdown)
     strag = summary.stragglers(result.instances)
     overview = summary.collectives_overview(result.instances)
+    extra = {"horovod": _horovod_json(result)} if result.horovod is not None else {}
     return {
         "job": job,
         "ranks": summary.per_rank(result.breakdown).to_dicts(),
@@ -224,12 +276,14 @@ def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
         "clocks": _clocks(result),
         "collectives": overview,
         "stragglers": strag.to_dicts(),
-        "verdict": verdict.paragraph(job, strag, overview, line_rate_bps=result.line_rate_bps,
-                                     line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows),
+        "verdict": extra["horovod"]["text"] if result.horovod_only else
+        verdict.paragraph(job, strag, overview, line_rate_bps=result.line_rate_bps,
+                          line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows),
         "bottleneck": _bottleneck_json(result),
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
         "notes": result.notes,
         "diagnostics": [str(d) for d in result.diagnostics],
+        **extra,
     }
 
 
@@ -277,6 +331,32 @@ def cmd_collectives(args: argparse.Namespace) -> int:
 
     out = Console() if sys.stdout.isatty() else Console(width=140)
     render_collectives(out, result, sort=args.sort, limit=args.limit)
+    _warn(result.diagnostics, err, args.quiet)
+    return 0
+
+
+def cmd_tensors(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    result = _load(args, err)
+    res = result.horovod
+    if res is None:
+        raise TraceError(None, "no Horovod timeline among the inputs (tracekit tensors reads Horovod timelines, "
+                               "e.g. the HOROVOD_TIMELINE file rank 0 writes)")
+    if args.json:
+        import polars as pl
+
+        from tracekit.report import TENSOR_SORTS
+
+        col, desc = TENSOR_SORTS[args.sort]
+        rows = pl.from_arrow(res.tensors).sort(col, descending=desc, nulls_last=True)  # type: ignore[union-attr]
+        payload = {"line_rate_bps": result.line_rate_bps, "world_size": res.world_size, "totals": res.totals,
+                   "tensors": rows.to_dicts(), "diagnostics": [str(d) for d in result.diagnostics]}
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+    else:
+        from tracekit.report import render_tensors
+
+        out = Console() if sys.stdout.isatty() else Console(width=160)
+        render_tensors(out, res, sort=args.sort, limit=args.limit, line_rate_bps=result.line_rate_bps)
     _warn(result.diagnostics, err, args.quiet)
     return 0
 
@@ -378,7 +458,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if os.path.exists(args.output) and args.output.endswith(".parquet") and not args.force:
         raise TraceError(args.output, "already exists (use --force to overwrite)")
     result = _load(args, err)
-    written = export(result.tables(), args.output, force=args.force, table=args.table)
+    table = args.table
+    if table is None and result.horovod_only and args.output.endswith(".parquet"):
+        table = "horovod_breakdown"  # a timeline alone has no five-way breakdown
+    written = export(result.tables(), args.output, force=args.force, table=table)
     for path in written:
         err.print(f"wrote {path}", highlight=False, soft_wrap=True)
     _warn(result.diagnostics, err, args.quiet)

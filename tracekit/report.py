@@ -121,7 +121,10 @@ def render_links(console: Console, result: Analysis, pr: object | None = None) -
     per = pr if isinstance(pr, pl.DataFrame) else summary.per_rank(result.breakdown)
     rate = result.line_rate_bps
     known = result.breakdown.column("wait_ns").null_count
-    if known == 0:
+    hvd = getattr(result, "horovod", None)
+    if hvd is not None and hvd.merged and known == 0:
+        caption = "link busy = union of transfer time (rank 0: Horovod's transfer phases)"
+    elif known == 0:
         caption = "link busy = union of transfer time (collectives matched across ranks)"
     elif known == result.breakdown.num_rows:
         caption = "link busy = union of all communication time (collectives not matched across ranks)"
@@ -322,3 +325,188 @@ def render_nccl(console: Console, collectives: object, topology: object) -> None
                       fmt_bytes(row["bytes_per_rank"]), ", ".join(row["algorithms"] or []) or "–",
                       ", ".join(row["protocols"] or []) or "–", ", ".join(row["transports"] or []) or "–")
     console.print(table)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Horovod timelines
+
+
+def horovod_paragraph(res: object) -> str:
+    """Plain-language account of a Horovod timeline's per-window table (:mod:`tracekit.horovod`)."""
+    from tracekit import horovod
+
+    assert isinstance(res, horovod.Result)
+    s = horovod.summary(res)
+    if not s.get("windows"):
+        return "The Horovod timeline has no window with activity."
+    over = res.method if res.only or not res.merged else "rank 0's iterations"
+    parts = [f"Over {s['windows']} windows ({over}), "
+             f"Horovod moved data {fmt_share(s['transfer_share'])} of the time (the union of every tensor's "
+             "transfer phases: fused tensors count once)"]
+    if s.get("busbw_gbps") is not None:
+        parts[-1] += f", at {fmt_gbps(s['busbw_gbps'])} of bus bandwidth while busy"
+        if s.get("link_utilisation") is not None:
+            parts[-1] += f" ({fmt_share(s['link_utilisation'])} of the line rate over the whole time)"
+    parts[-1] += "."
+    extra = [f"negotiation (waiting for the other ranks to ask for the same tensor) covered "
+             f"{fmt_share(s['negotiation_share'])}"]
+    for key, label in (("queue_share", "queueing"), ("memcpy_share", "fusion-buffer copies"),
+                       ("wait_for_data_share", "waiting for this rank's data")):
+        if s.get(key):
+            extra.append(f"{label} {fmt_share(s[key])}")
+    parts.append(extra[0][0].upper() + "; ".join(extra)[1:] + ".")
+    last = res.totals.get("last_ticks") or {}
+    judged = res.totals.get("judged") or 0
+    if judged and len(last) > 0:
+        rank, n = max(last.items(), key=lambda kv: (kv[1], -kv[0]))
+        parts.append(f"Rank {rank} asked last for {n} of {judged} tensors whose negotiation logged every rank.")
+    if res.only:
+        parts.append(f"No Horovod data moved {fmt_share(s['link_idle_share'])} of the time; the timeline cannot "
+                     "say what the job did then (it holds no compute): add rank 0's profiler trace for the "
+                     "five-way breakdown.")
+    elif res.merged:
+        parts.append("Rank 0's breakdown above uses these phases as its communication: transfer as transfer, "
+                     "negotiation as waiting.")
+    return " ".join(parts)
+
+
+def render_horovod(console: Console, res: object, *, line_rate_bps: float | None = None, limit: int = 40) -> None:
+    """The Horovod part of ``tracekit summary``: one row per window of ``horovod_breakdown``, a total row,
+    and the paragraph."""
+    import polars as pl
+
+    from tracekit import horovod
+    from tracekit.units import format_rate
+
+    assert isinstance(res, horovod.Result)
+    b = pl.from_arrow(res.breakdown)
+    assert isinstance(b, pl.DataFrame)
+    s = horovod.summary(res)
+    where = "timeline only" if res.only else ("merged into rank 0" if res.merged else "not merged")
+    windows = f"{b.height} iterations ({res.method})" if res.only or not res.merged else \
+        f"{b.height} windows (rank 0's iterations)"
+    title = f"horovod timeline · {windows} · {res.world_size or '?'} ranks · {where}"
+    if line_rate_bps:
+        title += f" · line rate {format_rate(line_rate_bps)}"
+    show_wfd = bool(b.height) and int(b.get_column("wait_for_data_ns").sum()) > 0
+    show_queue = bool(b.height) and int(b.get_column("queue_ns").sum()) > 0
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="transfer = union of all tensors' transfer phases (fused tensors once); link idle = wall - "
+                          "transfer (no Horovod data moving: the timeline has no compute, so not 'the job was idle'); "
+                          "negotiation = union of NEGOTIATE phases (waiting for the other ranks); busbw = bus bytes / "
+                          "transfer", caption_justify="left")
+    cols = ["iter", "wall", "transfer", "%", "link idle", "negotiation", "%"]
+    if show_queue:
+        cols.append("queue")
+    cols.append("memcpy")
+    if show_wfd:
+        cols.append("wait data")
+    cols += ["bytes", "busbw"]
+    if line_rate_bps:
+        cols.append("util")
+    for c in cols:
+        table.add_column(c, justify="right", no_wrap=True)
+
+    def cells(row: dict, label: str) -> list[str]:
+        out = [label, fmt_ns(row["wall_ns"]), fmt_ns(row["transfer_ns"]), fmt_share(row.get("transfer_share")),
+               fmt_ns(row["link_idle_ns"]), fmt_ns(row["negotiation_ns"]), fmt_share(row.get("negotiation_share"))]
+        if show_queue:
+            out.append(fmt_ns(row["queue_ns"]))
+        out.append(fmt_ns(row["memcpy_ns"]))
+        if show_wfd:
+            out.append(fmt_ns(row["wait_for_data_ns"]))
+        out += [fmt_bytes(row["bytes"]), fmt_gbps(row["busbw_gbps"])]
+        if line_rate_bps:
+            out.append(fmt_share(row["link_utilisation"]))
+        return out
+
+    shown = b if limit <= 0 or b.height <= limit else b.head(limit)
+    for row in shown.iter_rows(named=True):
+        table.add_row(*cells(row, str(row["iteration"])))
+    if b.height:
+        total = {"wall_ns": s["wall_ns"], "transfer_ns": s["transfer_ns"], "transfer_share": s["transfer_share"],
+                 "link_idle_ns": s["link_idle_ns"], "negotiation_ns": s["negotiation_ns"],
+                 "negotiation_share": s["negotiation_share"], "queue_ns": s["queue_ns"], "memcpy_ns": s["memcpy_ns"],
+                 "wait_for_data_ns": s["wait_for_data_ns"], "bytes": b.get_column("bytes").sum(),
+                 "busbw_gbps": s["busbw_gbps"], "link_utilisation": s.get("link_utilisation")}
+        table.add_section()
+        table.add_row(*cells(total, "all"), style="bold")
+    console.print(table)
+    if shown.height < b.height:
+        console.print(f"showing {shown.height} of {b.height} windows; --json or export for all")
+    console.print(horovod_paragraph(res), soft_wrap=False)
+
+
+#: ``tracekit tensors --sort`` keys: column and whether largest first
+TENSOR_SORTS = {"transfer": ("transfer_ns", True), "negotiation": ("negotiate_ns", True),
+                "bytes": ("bytes", True), "busbw": ("busbw_gbps", True), "instances": ("instances", True),
+                "name": ("tensor", False)}
+
+
+def render_tensors(console: Console, res: object, *, sort: str = "transfer", limit: int = 40,
+                   line_rate_bps: float | None = None) -> None:
+    """The ``tracekit tensors`` screen: one row per tensor of ``horovod_tensors``, then the job's totals."""
+    import polars as pl
+
+    from tracekit import horovod
+    from tracekit.units import format_rate
+
+    assert isinstance(res, horovod.Result)
+    t = pl.from_arrow(res.tensors)
+    assert isinstance(t, pl.DataFrame)
+    tot = res.totals
+    if t.height == 0:
+        console.print("no tensors in the Horovod timeline")
+        return
+    col, desc = TENSOR_SORTS[sort]
+    t = t.sort(col, descending=desc, nulls_last=True)
+    shown = t if limit <= 0 else t.head(limit)
+    title = (f"{tot['tensors']} tensors · {tot['instances']} op instances in {tot['responses']} responses · "
+             f"{res.world_size or '?'} ranks" + (f" · line rate {format_rate(line_rate_bps)}" if line_rate_bps
+                                                 else ""))
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="bytes = dtype x shape of one instance; negotiation = NEGOTIATE phases (waiting for the "
+                          "other ranks), total and median; transfer = the whole transfer of the fused response(s) the "
+                          "tensor travelled in, total and median (shared by its fused tensors: never add the rows up); "
+                          "busbw = those responses' bus bytes / their transfer; fused = median tensors per response; "
+                          "last = how often each rank asked for the tensor last (negotiations with every rank's tick)",
+                  caption_justify="left")
+    for name, just in (("tensor", "left"), ("op", "left"), ("dtype", "left"), ("shape", "left"), ("bytes", "right"),
+                       ("inst", "right"), ("negotiation", "right"), ("median", "right"), ("transfer", "right"),
+                       ("median", "right"), ("busbw", "right")):
+        if name == "tensor":
+            table.add_column(name, justify="left", overflow="fold", max_width=48)
+        else:
+            table.add_column(name, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    if line_rate_bps:
+        table.add_column("util", justify="right", no_wrap=True)
+    table.add_column("fused", justify="right", no_wrap=True)
+    table.add_column("last", justify="left", no_wrap=True)
+    for row in shown.iter_rows(named=True):
+        last = row["last_ticks"] or []
+        last_txt = " ".join(f"r{r}:{n}" for r, n in enumerate(last) if n) or "–"
+        shape = row["shape"] or "–"
+        cells = [row["tensor"] or "?", row["op"] or "?", row["dtype"] or "–", shape if len(shape) <= 24 else
+                 shape[:23] + "…", fmt_bytes(row["bytes"]), str(row["instances"]), fmt_ns(row["negotiate_ns"]),
+                 fmt_ns(row["negotiate_median_ns"]), fmt_ns(row["transfer_ns"]), fmt_ns(row["transfer_median_ns"]),
+                 fmt_gbps(row["busbw_gbps"])]
+        if line_rate_bps:
+            cells.append(fmt_share(row["link_utilisation"]))
+        fused = row["fusion_size_median"]
+        cells += ["–" if fused is None else f"{fused:g}", last_txt]
+        table.add_row(*cells)
+    console.print(table)
+    if limit > 0 and t.height > limit:
+        console.print(f"showing {limit} of {t.height} tensors (sorted by {sort}); --limit 0 shows all")
+    last = tot.get("last_ticks") or {}
+    strag = ", ".join(f"rank {r} {n}" for r, n in sorted(last.items())) if last else "no negotiation logged every rank"
+    line = (f"[bold]all[/]: {fmt_bytes(tot['bytes_total'])} in {tot['instances']} instances; over "
+            f"{fmt_ns(tot['span_ns'])} of timeline, transfer {fmt_ns(tot['transfer_ns'])} and negotiation "
+            f"{fmt_ns(tot['negotiation_ns'])} (unions: fused tensors and concurrent negotiations once)")
+    if tot.get("busbw_gbps") is not None:
+        line += f"; busbw {fmt_gbps(tot['busbw_gbps'])}"
+        if tot.get("link_utilisation") is not None:
+            line += f" ({fmt_share(tot['link_utilisation'])} of the line rate)"
+    console.print(line, highlight=False)
+    console.print(f"[bold]last to ask[/]: {strag}" + (f" (of {tot['judged']} judged negotiations)" if last else ""),
+                  highlight=False)
