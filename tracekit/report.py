@@ -20,6 +20,9 @@ SHORT_LABELS = {"compute": "compute", "overlapped": "overlap", "exposed_comm": "
                 "idle": "idle"}
 CLASS_STYLES = {"compute": "green", "overlapped": "cyan", "exposed_comm": "red", "memory": "yellow",
                 "idle": "grey50"}
+#: colours of event kinds on the timeline; kinds that are also classes keep the class colour
+KIND_STYLES = {"compute": "green", "comm": "magenta", "memory": "yellow", "cpu_op": "dodger_blue2",
+               "runtime": "medium_purple1", "wait": "red", "queue": "dark_orange", "annotation": "grey50"}
 
 
 def fmt_ns(ns: float | int | None) -> str:

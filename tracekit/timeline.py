@@ -263,7 +263,7 @@ def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     return codes, values
 
 
-def _lane_sort_key(name: str) -> tuple[int, list[object]]:
+def lane_sort_key(name: str) -> tuple[int, list[object]]:
     """Device streams first, then CPU threads, then anything else; numbers in names compare as numbers."""
     group = 0 if name.startswith("gpu") else 1 if name.startswith("cpu") else 2
     parts: list[object] = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
@@ -346,7 +346,7 @@ class TimelineModel:
         combo = rank[keep] * max(len(lane_values), 1) + lane_codes[keep]
         present = np.unique(combo) if combo.size else _EMPTY
         pairs = [(int(c) // max(len(lane_values), 1), lane_values[int(c) % max(len(lane_values), 1)]) for c in present]
-        pairs.sort(key=lambda p: (p[0], _lane_sort_key(p[1])))
+        pairs.sort(key=lambda p: (p[0], lane_sort_key(p[1])))
         lane_of_combo = {r * max(len(lane_values), 1) + lane_values.index(n): i for i, (r, n) in enumerate(pairs)}
         lut = np.full(int(present.max()) + 1 if present.size else 1, -1, dtype=np.int64)
         for c, i in lane_of_combo.items():

@@ -1,0 +1,142 @@
+"""A cache of analysis results, beside the parse cache, so that reopening a job shows its results at
+once: ``tracekit inspect`` paints the overview from here before it has read a single event.
+
+An entry holds the result tables that are not inputs (``iterations``, ``breakdown``), the ``ranks``
+table, the analysis notes and input diagnostics, and the events' ``iteration`` column (so the full
+:class:`~tracekit.analysis.Analysis` is rebuilt from the parsed events without analysing again).
+
+The key covers every input (through the parse cache's key: path, size, mtime, parser version), the
+options that change results (``--step-marker``) and a fingerprint of tracekit's own source, so any
+change to the inputs or to the analysis code misses. Entries are written to a temporary directory
+and renamed into place; a damaged or stale entry reads as a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from tracekit import cache as parse_cache
+from tracekit import schema
+from tracekit.diagnostics import Diagnostic
+from tracekit.parsers import detect
+
+if TYPE_CHECKING:
+    from tracekit.analysis import Analysis
+    from tracekit.traceset import TraceSet
+
+RESULTS_VERSION = "1"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+@cache
+def code_fingerprint() -> str:
+    """Hash of the source of tracekit's core and parsers: results depend on nothing else."""
+    import tracekit.parsers as parsers_pkg
+
+    h = hashlib.blake2b(digest_size=16)
+    for folder in (_PACKAGE, Path(parsers_pkg.__file__).resolve().parent):
+        for f in sorted(folder.glob("*.py")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def key(files: list[str], step_marker: str | None) -> str | None:
+    """The entry key of a job made of ``files`` (None when a file's format is unknown)."""
+    parts = [RESULTS_VERSION, code_fingerprint(), step_marker or ""]
+    for f in files:
+        fmt = detect(f)
+        if fmt is None:
+            return None
+        parts.append(parse_cache.entry_key(f, fmt.version))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def default_root() -> Path:
+    """Results live under the parse cache's directory."""
+    return parse_cache.default_dir() / "results"
+
+
+@dataclass
+class Results:
+    """What an entry holds: enough for the overview and the iterations table."""
+
+    ranks: pa.Table
+    iterations: pa.Table
+    breakdown: pa.Table
+    notes: list[str] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    #: the events' iteration column, in the TraceSet's event order
+    event_iteration: pa.ChunkedArray | None = None
+    events: int = 0
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=1 << 20)
+
+
+def _read(path: Path) -> pa.Table:
+    return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+
+
+def store(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> None:
+    """Write the results of ``analysis`` as entry ``entry_key`` under ``root`` (atomically)."""
+    entry = Path(root) / entry_key
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+    try:
+        _write(analysis.traces.ranks, tmp / "ranks.arrow")
+        _write(analysis.iterations, tmp / "iterations.arrow")
+        _write(analysis.breakdown, tmp / "breakdown.arrow")
+        _write(pa.table({"iteration": analysis.events.column("iteration")}), tmp / "event_iteration.arrow")
+        manifest = {"version": RESULTS_VERSION, "notes": analysis.notes, "events": analysis.events.num_rows,
+                    "diagnostics": [d.__dict__ for d in analysis.traces.diagnostics]}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, default=str))
+        if entry.exists():
+            shutil.rmtree(entry, ignore_errors=True)
+        os.replace(tmp, entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load(root: str | os.PathLike, entry_key: str) -> Results | None:
+    """Reopen entry ``entry_key`` (memory-mapped), or None if absent, stale or damaged."""
+    entry = Path(root) / entry_key
+    try:
+        manifest = json.loads((entry / "manifest.json").read_text())
+        if manifest.get("version") != RESULTS_VERSION:
+            return None
+        ranks = schema.conform(_read(entry / "ranks.arrow"), schema.RANKS)
+        iterations = schema.conform(_read(entry / "iterations.arrow"), schema.ITERATIONS)
+        breakdown = schema.conform(_read(entry / "breakdown.arrow"), schema.BREAKDOWN)
+        event_iteration = _read(entry / "event_iteration.arrow").column("iteration")
+        diagnostics = [Diagnostic(**d) for d in manifest.get("diagnostics", [])]
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid):
+        return None
+    return Results(ranks=ranks, iterations=iterations, breakdown=breakdown, notes=list(manifest.get("notes", [])),
+                   diagnostics=diagnostics, event_iteration=event_iteration, events=int(manifest.get("events", 0)))
+
+
+def analysis_from(traces: TraceSet, results: Results) -> Analysis | None:
+    """The Analysis of ``traces`` rebuilt from cached results (None if they do not fit the events)."""
+    from tracekit.analysis import Analysis
+
+    col = results.event_iteration
+    if col is None or len(col) != traces.events.num_rows:
+        return None
+    i = traces.events.schema.get_field_index("iteration")
+    events = traces.events.set_column(i, schema.EVENTS.field("iteration"), col.cast(pa.int64()))
+    return Analysis(traces=traces, events=events, iterations=results.iterations, breakdown=results.breakdown,
+                    notes=list(results.notes))

@@ -1,0 +1,152 @@
+"""What ``tracekit inspect`` shows, and how it is loaded in phases (no Textual here).
+
+Loading a big job takes seconds, so the app shows each result as soon as it exists:
+
+1. ``summary`` — the breakdown, iterations and ranks (from the results cache when warm, which needs
+   no event at all): the overview and the iterations table can paint;
+2. ``analysis`` — the parsed events and the full :class:`~tracekit.analysis.Analysis` (from the parse
+   cache when warm; analysed now, or rebuilt from the results cache): export works, and views that
+   need other analysis tables appear;
+3. ``timeline`` — the :class:`~tracekit.timeline.TimelineModel` with its levels of detail.
+
+:func:`load_job` runs the phases in order and reports each through callbacks; the app runs it in a
+worker thread. Nothing here computes anything the CLI cannot: it calls the same tracekit functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from tracekit import results_cache, summary, traceset
+from tracekit.analysis import Analysis, analyse
+from tracekit.diagnostics import Diagnostic, TraceError
+from tracekit.timeline import TimelineModel
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The CLI's common options."""
+
+    use_cache: bool = True
+    cache_dir: str | None = None
+    jobs: int | None = None
+    step_marker: str | None = None
+
+
+@dataclass
+class JobData:
+    """Everything the views read. ``analysis`` and ``timeline`` are None until their phase is done."""
+
+    files: list[str]
+    ranks: pa.Table
+    iterations: pa.Table
+    breakdown: pa.Table
+    notes: list[str] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    events: int = 0
+    from_cache: bool = False
+    analysis: Analysis | None = None
+    timeline: TimelineModel | None = None
+
+    @classmethod
+    def from_analysis(cls, analysis: Analysis, files: list[str] | None = None) -> JobData:
+        src = files if files is not None else [f.path for f in analysis.traces.files]
+        return cls(files=src, ranks=analysis.traces.ranks, iterations=analysis.iterations,
+                   breakdown=analysis.breakdown, notes=list(analysis.notes),
+                   diagnostics=list(analysis.traces.diagnostics), events=analysis.events.num_rows,
+                   analysis=analysis)
+
+    def tables(self) -> dict[str, pa.Table]:
+        """Every result table there is so far, by its public name (views check for theirs here)."""
+        if self.analysis is not None:
+            return self.analysis.tables()
+        return {"ranks": self.ranks, "iterations": self.iterations, "breakdown": self.breakdown}
+
+    @property
+    def job(self) -> dict[str, Any]:
+        return summary.job(self.breakdown)
+
+    @property
+    def per_rank(self) -> pl.DataFrame:
+        return summary.per_rank(self.breakdown)
+
+    @property
+    def per_iteration(self) -> pl.DataFrame:
+        return summary.per_iteration(self.breakdown)
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.level != "info"]
+
+
+@dataclass
+class LoadCallbacks:
+    """Where :func:`load_job` reports; every callback is optional."""
+
+    progress: Callable[[str, float | None], None] | None = None  # what it is doing, fraction done
+    summary: Callable[[JobData], None] | None = None
+    analysis: Callable[[JobData], None] | None = None
+    timeline: Callable[[JobData], None] | None = None
+
+    def say(self, what: str, fraction: float | None = None) -> None:
+        if self.progress:
+            self.progress(what, fraction)
+
+
+def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks) -> JobData:
+    """Load ``paths`` in the three phases of the module docstring; raises TraceError for bad input."""
+    callbacks.say("finding traces")
+    files, _ = traceset.discover(paths)
+    if not files:
+        raise TraceError(None, "no input files")
+    root = (results_cache.default_root() if options.cache_dir is None
+            else os.path.join(options.cache_dir, "results"))
+    key = results_cache.key(files, options.step_marker) if options.use_cache else None
+    cached = results_cache.load(root, key) if key else None
+    data: JobData | None = None
+    if cached is not None:
+        data = JobData(files=files, ranks=cached.ranks, iterations=cached.iterations, breakdown=cached.breakdown,
+                       notes=cached.notes, diagnostics=cached.diagnostics, events=cached.events, from_cache=True)
+        if callbacks.summary:
+            callbacks.summary(data)
+
+    total = sum(os.path.getsize(f) for f in files)
+    callbacks.say(f"reading {len(files)} files", 0.0)
+
+    def progress(done: int, _total: int, path: str) -> None:
+        callbacks.say(f"read {os.path.basename(path)}", done / total if total else 1.0)
+
+    traces = traceset.load(paths, use_cache=options.use_cache, cache_dir=options.cache_dir, jobs=options.jobs,
+                           progress=progress)
+    if traces.events.num_rows == 0 and traces.collectives.num_rows == 0:
+        damage = "; ".join(str(d) for d in traces.diagnostics if d.level != "info")
+        raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
+    analysis = results_cache.analysis_from(traces, cached) if cached is not None else None
+    if analysis is None:
+        callbacks.say("analysing", None)
+        analysis = analyse(traces, step_marker=options.step_marker)
+        if key:
+            with contextlib.suppress(OSError):  # an unwritable cache never stops the inspection
+                results_cache.store(root, key, analysis)
+    if data is None:
+        data = JobData.from_analysis(analysis, files)
+        if callbacks.summary:
+            callbacks.summary(data)
+    else:
+        data.analysis = analysis
+        data.diagnostics = list(traces.diagnostics)
+    if callbacks.analysis:
+        callbacks.analysis(data)
+    callbacks.say(f"building the timeline of {analysis.events.num_rows:,} events", None)
+    data.timeline = TimelineModel.build(analysis)
+    if callbacks.timeline:
+        callbacks.timeline(data)
+    callbacks.say("ready", 1.0)
+    return data
