@@ -54,7 +54,9 @@ class InspectApp(App[int]):
         self.error: str | None = None
         #: set once each phase has been displayed (tests and the benchmark wait on these)
         self.phases: set[str] = set()
-        names = ", ".join(self.paths) if self.paths else ""
+        #: the views shown so far, by id
+        self.views: dict[str, View] = {}
+        names = ", ".join(Path(p).name or p for p in self.paths)
         self.sub_title = names if len(names) < 60 else names[:57] + "…"
 
     # ----------------------------------------------------------------- layout
@@ -138,12 +140,12 @@ class InspectApp(App[int]):
         for cls in view_classes():
             if not cls.available(data):
                 continue
-            if not tabs.query(f"#{cls.VIEW_ID}"):
-                view = cls(id=f"view-{cls.VIEW_ID}")
+            view = self.views.get(cls.VIEW_ID)
+            if view is None:
+                view = self.views[cls.VIEW_ID] = cls(data, id=f"view-{cls.VIEW_ID}")
                 tabs.add_pane(TabPane(f"{cls.KEY} {cls.TITLE}", view, id=cls.VIEW_ID))
-                self.call_after_refresh(view.show_data, data)
             else:
-                self.query_one(f"#view-{cls.VIEW_ID}", View).show_data(data)
+                view.update_data(data)
         if first:
             self.call_after_refresh(self._focus_active)
         if phase == "timeline":
@@ -178,7 +180,7 @@ class InspectApp(App[int]):
         tabs = self.query_one("#views", TabbedContent)
         if self.data is None:
             return
-        if not tabs.query(f"#{view_id}"):
+        if view_id not in self.views:
             self.notify(f"{view_id} is not available for this job yet", timeout=3)
             return
         tabs.active = view_id
@@ -186,7 +188,7 @@ class InspectApp(App[int]):
 
     def on_show_in_timeline(self, message: ShowInTimeline) -> None:
         tabs = self.query_one("#views", TabbedContent)
-        if not tabs.query("#timeline"):
+        if "timeline" not in self.views:
             self._pending_jump = message
             self.notify("the timeline is still loading; it will open there when ready", timeout=3)
             return
@@ -259,16 +261,15 @@ class InspectApp(App[int]):
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """The command palette (ctrl+p): tracekit's commands, then Textual's own."""
-        tabs = self.query("#views")
         for cls in view_classes():
-            if tabs and tabs.first().query(f"#{cls.VIEW_ID}"):
+            if cls.VIEW_ID in self.views:
                 yield SystemCommand(f"Show {cls.TITLE}", f"switch to the {cls.TITLE} view ({cls.KEY})",
                                     lambda v=cls.VIEW_ID: self.action_show_view(v))
         yield SystemCommand("Export tables to Parquet", "write every result table as Parquet (e)",
                             self.action_export_parquet)
         yield SystemCommand("Export a Chrome trace", "all ranks on one clock, for Perfetto UI",
                             self.action_export_chrome)
-        if self.query(TimelineView):
+        if "timeline" in self.views:
             yield SystemCommand("Search the timeline", "find events by name (/)", self._palette_search)
         yield SystemCommand("Keys", "every key binding (?)", self.action_help)
         yield from super().get_system_commands(screen)
@@ -277,5 +278,6 @@ class InspectApp(App[int]):
         self.action_show_view("timeline")
         self.call_after_refresh(self.query_one(TimelineView).action_search)
 
-    def action_quit(self) -> None:  # type: ignore[override]
-        self.exit(1 if self.error else 0)
+    async def action_quit(self) -> None:
+        status = 1 if self.error else 0
+        self.exit(status, return_code=status)

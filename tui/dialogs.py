@@ -63,7 +63,7 @@ class HelpScreen(ModalScreen[None]):
                 table.add_row(what, does)
         with Vertical(id="help-box"):
             with VerticalScroll():
-                yield Static(table)
+                yield Static(table, id="help-keys")
             yield Label("esc, q or ?: close", classes="hint")
 
     def on_mount(self) -> None:

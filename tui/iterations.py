@@ -54,8 +54,8 @@ class IterationsView(View):
         Binding("S", "sort_reverse", "Reverse sort"),
     ]
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
+        super().__init__(data, **kwargs)
         self._shown: int | None = None
         self._sorted: tuple[str, bool] | None = None
         self._t0 = 0

@@ -96,8 +96,8 @@ class OverviewView(View):
     ]
     can_focus = True
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
+        super().__init__(data, **kwargs)
         self._data: JobData | None = None
 
     def compose(self) -> ComposeResult:
@@ -112,7 +112,7 @@ class OverviewView(View):
                 yield Static(id="inputs", classes="card small")
             yield Static(id="per-rank", classes="card")
 
-    def on_mount(self) -> None:
+    def on_mount(self) -> None:  # View.on_mount then shows the data
         titles = {"verdict": "Is the network the bottleneck?", "ranks": "Where each rank's time goes",
                   "iteration-times": "Iteration times (slowest rank)", "exposed": "Most exposed rank",
                   "worst": "Worst iteration", "inputs": "Inputs", "per-rank": "Per rank (as tracekit summary)"}

@@ -554,8 +554,8 @@ class TimelineView(View):
         Binding("escape", "clear_search", "Clear search", show=False),
     ]
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
+        super().__init__(data, **kwargs)
         self._data: JobData | None = None
         self._search: str | None = None
 

@@ -7,8 +7,8 @@ for an analysis that is not built yet never appears as an empty stub — and it 
 job loads, as their tables arrive. To add a screen (critical path, collectives, what-if):
 
 1. write ``tui/<name>.py`` with ``class XView(View)`` setting ``VIEW_ID``, ``TITLE``, ``KEY``,
-   ``REQUIRES`` and implementing :meth:`View.show_data` (called with the :class:`JobData` when it
-   first appears and again whenever more of the job has loaded);
+   ``REQUIRES`` and implementing :meth:`View.show_data` (called with the :class:`JobData` once the view
+   is mounted, and again whenever more of the job has loaded);
 2. add the class to :func:`view_classes` in display order.
 
 A view that wants to show something on the timeline posts :class:`ShowInTimeline` (rank-clock times,
@@ -17,7 +17,7 @@ as every analysis table has them); the app switches to the timeline and moves it
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual.message import Message
 from textual.widget import Widget
@@ -35,6 +35,26 @@ class View(Widget):
     REQUIRES: ClassVar[tuple[str, ...]] = ()
     #: whether the view needs the timeline model (phase 3) to show anything but a progress line
     NEEDS_TIMELINE: ClassVar[bool] = False
+
+    def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._latest = data
+        self._ready = False
+
+    def on_mount(self) -> None:
+        """Show the latest data once the view's widgets exist."""
+        self.call_after_refresh(self._first_show)
+
+    def _first_show(self) -> None:
+        self._ready = True
+        if self._latest is not None:
+            self.show_data(self._latest)
+
+    def update_data(self, data: JobData) -> None:
+        """The app's entry point: show ``data`` now, or as soon as the view is mounted."""
+        self._latest = data
+        if self._ready:
+            self.show_data(data)
 
     @classmethod
     def available(cls, data: JobData) -> bool:
