@@ -278,7 +278,7 @@ async def test_key_map_and_command_palette(sample: JobData) -> None:
         await loaded(pilot)
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        shown = _plain(app.screen.query_one("#help-keys", Static))
+        shown = "".join(_plain(w) for w in app.screen.query(".help-column").results(Static))
         for words in ("Zoom in", "Next comm", "Search", "Sort by next column", "Export", "drag"):
             assert words in shown
         await pilot.press("escape")

@@ -45,25 +45,38 @@ class HelpScreen(ModalScreen[None]):
         self.sections = sections
         self.mouse = mouse
 
-    def compose(self) -> ComposeResult:
+    def _table(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> Table:
         table = Table(box=None, show_header=False, pad_edge=False, expand=True)
-        table.add_column("key", style="bold", no_wrap=True, width=22)
+        table.add_column("key", style="bold", no_wrap=True, width=14)
         table.add_column("what")
-        for title, items in self.sections:
-            rows = [b for b in _bindings(items) if b.description]
-            if not rows:
-                continue
+        for i, (title, rows) in enumerate(sections):
+            if i:
+                table.add_row("", "")
             table.add_row(Text(title, style="bold underline"), "")
-            for b in rows:
-                table.add_row(key_names(b), b.description)
-            table.add_row("", "")
+            for key, what in rows:
+                table.add_row(key, what)
+        return table
+
+    def compose(self) -> ComposeResult:
+        sections = [(title, [(key_names(b), b.description) for b in _bindings(items) if b.description])
+                    for title, items in self.sections]
+        sections = [(t, rows) for t, rows in sections if rows]
         if self.mouse:
-            table.add_row(Text("Mouse (timeline)", style="bold underline"), "")
-            for what, does in self.mouse:
-                table.add_row(what, does)
+            sections.append(("Mouse (timeline)", list(self.mouse)))
+        # two columns, the sections in order, split where the rows are about even
+        total = sum(len(rows) + 2 for _, rows in sections)
+        left: list[tuple[str, list[tuple[str, str]]]] = []
+        count = 0
+        for title, rows in sections:
+            if count >= total / 2 and left:
+                break
+            left.append((title, rows))
+            count += len(rows) + 2
+        right = sections[len(left):]
         with Vertical(id="help-box"):
-            with VerticalScroll():
-                yield Static(table, id="help-keys")
+            with VerticalScroll(), Horizontal(id="help-columns"):
+                yield Static(self._table(left), id="help-keys", classes="help-column")
+                yield Static(self._table(right), id="help-keys-2", classes="help-column")
             yield Label("esc, q or ?: close", classes="hint")
 
     def on_mount(self) -> None:

@@ -35,16 +35,18 @@ from tracekit.tui.views import View
 
 GLYPHS = " ▁▂▃▄▅▆▇"
 #: how marks of each overlay are highlighted (background of the marked cells)
-MARK_STYLES = {"search": Style(bgcolor="bright_white", color="black")}
+MARK_STYLES = {"search": Style(bgcolor="bright_white")}
 ZOOM_KEY_STEPS = 2  # one key press: two of the four zoom steps per doubling (about ×1.4)
 
 
-def fmt_time(t: int, step: int | None = None) -> str:
-    """A time after the job start, with as many decimals as ``step`` (the resolution) needs."""
-    step = step or max(abs(t), 1)
+def fmt_time(t: int, step: int | None = None, *, unit_from_step: bool = False) -> str:
+    """A time after the job start with the decimals that resolve ``step`` ns (default: 1 µs). The unit
+    is the largest that ``t`` reaches, or (``unit_from_step``, for rulers) that ``step`` reaches."""
+    step = max(step or 1000, 1)
+    ref = step if unit_from_step else max(abs(t), step)
     unit, scale = "ns", 1
     for u, sc in (("s", 10**9), ("ms", 10**6), ("µs", 10**3)):
-        if step >= sc or abs(t) >= 100 * sc:
+        if ref >= sc:
             unit, scale = u, sc
             break
     decimals = 0 if step % scale == 0 else min(max(0, math.ceil(-math.log10(step / scale))), 6)
@@ -60,12 +62,12 @@ class TimelineCanvas(Widget, can_focus=True):
     TimelineCanvas { height: 1fr; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("left,h", "move(-1)", "←", show=False),
-        Binding("right,l", "move(1)", "→", show=False),
-        Binding("shift+left,H", "move(-8)", "← 8 cells", show=False),
-        Binding("shift+right,L", "move(8)", "→ 8 cells", show=False),
-        Binding("up,k", "lane(-1)", "lane up", show=False),
-        Binding("down,j", "lane(1)", "lane down", show=False),
+        Binding("left,h", "move(-1)", "Cursor left", show=False),
+        Binding("right,l", "move(1)", "Cursor right", show=False),
+        Binding("shift+left,H", "move(-8)", "Cursor 8 cells left", show=False),
+        Binding("shift+right,L", "move(8)", "Cursor 8 cells right", show=False),
+        Binding("up,k", "lane(-1)", "Lane up", show=False),
+        Binding("down,j", "lane(1)", "Lane down", show=False),
         Binding("pageup", "lane(-10)", "10 lanes up", show=False),
         Binding("pagedown", "lane(10)", "10 lanes down", show=False),
         Binding("plus,equals_sign,i", "zoom(-1)", "Zoom in", key_display="+"),
@@ -77,9 +79,9 @@ class TimelineCanvas(Widget, can_focus=True):
         Binding("home", "edge(0)", "Job start", show=False),
         Binding("end", "edge(1)", "Job end", show=False),
         Binding("c", "jump_kind('comm', 1)", "Next comm"),
-        Binding("C", "jump_kind('comm', 0)", "Prev comm", show=False),
-        Binding("n", "jump_mark('search', 1)", "Next hit", show=False),
-        Binding("N", "jump_mark('search', 0)", "Prev hit", show=False),
+        Binding("C", "jump_kind('comm', 0)", "Previous comm", show=False),
+        Binding("n", "jump_mark('search', 1)", "Next search hit", show=False),
+        Binding("N", "jump_mark('search', 0)", "Previous search hit", show=False),
     ]
 
     class CursorMoved(Message):
@@ -275,8 +277,11 @@ class TimelineCanvas(Widget, can_focus=True):
         it = self.model.iteration_at(lane.rank, self.cursor_t)
         window = self.model.window(lane.rank, it) if it is not None else None
         if window is not None:
+            cursor = self.cursor_t
             self.show_span(self.cursor_lane, *window)
-            self.cursor_t = max(self.cursor_t, window[0])
+            self.cursor_t = cursor  # the cursor stays where it was, inside the window
+            self._keep_cursor_visible()
+            self._changed()
 
     def action_edge(self, end: int) -> None:
         if self.model is None:
@@ -494,7 +499,7 @@ class TimelineCanvas(Widget, can_focus=True):
         marks = ticks(t_view, self.zoom, w)
         step = marks[1][1] - marks[0][1] if len(marks) > 1 else None
         for cell, t in marks:
-            label = "│" + fmt_time(t, step)
+            label = "│" + fmt_time(t, step, unit_from_step=True)
             for i, ch in enumerate(label):
                 if 0 <= cell + i < w:
                     chars[cell + i] = ch
