@@ -91,8 +91,8 @@ class OverviewView(View):
     KEY = "1"
     REQUIRES = ("breakdown",)
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("w", "show_worst", "Worst iteration on timeline"),
-        Binding("x", "show_exposed", "Most exposed rank on timeline"),
+        Binding("w", "show_worst", "Show worst iteration"),
+        Binding("x", "show_exposed", "Show most exposed rank"),
     ]
     can_focus = True
 
