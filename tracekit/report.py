@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from tracekit import summary
 from tracekit.schema import CLASSES
 
 if TYPE_CHECKING:
@@ -54,6 +53,8 @@ def fmt_share(x: float | None) -> str:
 
 def render_summary(console: Console, result: Analysis) -> None:
     """The ``tracekit summary`` screen: ranks × classes, then the job's headline numbers."""
+    from tracekit import summary  # polars: imported only where tables are rolled up
+
     pr = summary.per_rank(result.breakdown)
     job = summary.job(result.breakdown)
     title = f"{job['ranks']} ranks · {job['iterations']} iterations"
@@ -84,3 +85,36 @@ def render_summary(console: Console, result: Analysis) -> None:
     e = job["most_exposed_rank"]
     console.print(f"[bold]most exposed rank[/]: {e['rank']} — {fmt_share(e['exposed_comm_share'])} of its time "
                   "is communication not hidden under compute")
+
+
+#: exposed communication above this share of the job's time: the job waits on its network
+COMM_BOUND_SHARE = 0.25
+#: above this share communication matters, though it is not the main cost
+COMM_NOTABLE_SHARE = 0.10
+#: idle above this share: ranks wait on something that is neither compute nor communication
+IDLE_SHARE = 0.25
+
+
+def verdict(job: dict[str, Any]) -> tuple[str, str]:
+    """A one-line answer to "is the network the bottleneck?" from the attribution alone (the figures of
+    :func:`tracekit.summary.job`), and its kind: ``network``, ``partly-network``, ``idle``, ``compute``
+    or ``none``.
+
+    The thresholds (:data:`COMM_BOUND_SHARE`, :data:`COMM_NOTABLE_SHARE`, :data:`IDLE_SHARE`) are
+    rules of thumb over the whole job's time; what-if predictions give the sharper answer.
+    """
+    if not job.get("ranks"):
+        return "No iterations found: nothing to attribute.", "none"
+    exposed = job["exposed_comm_share"]
+    idle = job["idle_share"]
+    overlapped = job["overlapped_share"]
+    pct = fmt_share(exposed)
+    if exposed >= COMM_BOUND_SHARE:
+        return f"Communication-bound: {pct} of iteration time is communication that no compute hides.", "network"
+    if exposed >= COMM_NOTABLE_SHARE:
+        return f"Partly communication-bound: {pct} of iteration time is exposed communication.", "partly-network"
+    if idle >= IDLE_SHARE:
+        return (f"Idle-bound: ranks sit idle {fmt_share(idle)} of the time, neither computing nor "
+                "communicating (input pipeline, host overhead, stragglers).", "idle")
+    return (f"Compute-bound: communication is hidden under compute ({fmt_share(overlapped)} overlapped, "
+            f"{pct} exposed).", "compute")

@@ -5,6 +5,9 @@ An entry holds the result tables that are not inputs (``iterations``, ``breakdow
 table, the analysis notes and input diagnostics, and the events' ``iteration`` column (so the full
 :class:`~tracekit.analysis.Analysis` is rebuilt from the parsed events without analysing again).
 
+The manifest also holds the summary figures (the job's shares, per rank, per iteration) as JSON, so a
+view can show them without importing polars.
+
 The key covers every input (through the parse cache's key: path, size, mtime, parser version), the
 options that change results (``--step-marker``) and a fingerprint of tracekit's own source, so any
 change to the inputs or to the analysis code misses. Entries are written to a temporary directory
@@ -21,7 +24,7 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -79,6 +82,17 @@ class Results:
     #: the events' iteration column, in the TraceSet's event order
     event_iteration: pa.ChunkedArray | None = None
     events: int = 0
+    #: :func:`figures` of the breakdown (JSON), so that showing them needs no polars
+    figures: dict[str, Any] | None = None
+
+
+def figures(breakdown: pa.Table) -> dict[str, Any]:
+    """The roll-ups a summary shows: ``job`` (:func:`tracekit.summary.job`), ``per_rank`` and
+    ``per_iteration`` (rows of :func:`tracekit.summary.per_rank` / ``per_iteration``), as plain Python."""
+    from tracekit import summary
+
+    return {"job": summary.job(breakdown), "per_rank": summary.per_rank(breakdown).to_dicts(),
+            "per_iteration": summary.per_iteration(breakdown).to_dicts()}
 
 
 def _write(table: pa.Table, path: Path) -> None:
@@ -101,7 +115,8 @@ def store(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> None:
         _write(analysis.breakdown, tmp / "breakdown.arrow")
         _write(pa.table({"iteration": analysis.events.column("iteration")}), tmp / "event_iteration.arrow")
         manifest = {"version": RESULTS_VERSION, "notes": analysis.notes, "events": analysis.events.num_rows,
-                    "diagnostics": [d.__dict__ for d in analysis.traces.diagnostics]}
+                    "diagnostics": [d.__dict__ for d in analysis.traces.diagnostics],
+                    "figures": figures(analysis.breakdown)}
         (tmp / "manifest.json").write_text(json.dumps(manifest, default=str))
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
@@ -126,7 +141,8 @@ def load(root: str | os.PathLike, entry_key: str) -> Results | None:
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid):
         return None
     return Results(ranks=ranks, iterations=iterations, breakdown=breakdown, notes=list(manifest.get("notes", [])),
-                   diagnostics=diagnostics, event_iteration=event_iteration, events=int(manifest.get("events", 0)))
+                   diagnostics=diagnostics, event_iteration=event_iteration, events=int(manifest.get("events", 0)),
+                   figures=manifest.get("figures"))
 
 
 def analysis_from(traces: TraceSet, results: Results) -> Analysis | None:

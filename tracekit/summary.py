@@ -84,36 +84,3 @@ def job(breakdown: pa.Table) -> dict[str, Any]:
     out["comm_bytes_per_iteration"] = int(known.mean()) if known.len() else None  # type: ignore[arg-type]
     return out
 
-
-#: exposed communication above this share of the job's time: the job waits on its network
-COMM_BOUND_SHARE = 0.25
-#: above this share communication matters, though it is not the main cost
-COMM_NOTABLE_SHARE = 0.10
-#: idle above this share: ranks wait on something that is neither compute nor communication
-IDLE_SHARE = 0.25
-
-
-def verdict(job_figures: dict[str, Any]) -> tuple[str, str]:
-    """A one-line answer to "is the network the bottleneck?" from the attribution alone, and its kind
-    (``network``, ``partly-network``, ``idle``, ``compute`` or ``none``).
-
-    The thresholds (:data:`COMM_BOUND_SHARE`, :data:`COMM_NOTABLE_SHARE`, :data:`IDLE_SHARE`) are
-    rules of thumb over the whole job's time; what-if predictions give the sharper answer.
-    """
-    if not job_figures.get("ranks"):
-        return "No iterations found: nothing to attribute.", "none"
-    exposed = job_figures["exposed_comm_share"]
-    idle = job_figures["idle_share"]
-    overlapped = job_figures["overlapped_share"]
-    pct = f"{100 * exposed:.1f} %"
-    if exposed >= COMM_BOUND_SHARE:
-        return (f"Communication-bound: {pct} of iteration time is communication that no compute hides.",
-                "network")
-    if exposed >= COMM_NOTABLE_SHARE:
-        return (f"Partly communication-bound: {pct} of iteration time is exposed communication.",
-                "partly-network")
-    if idle >= IDLE_SHARE:
-        return (f"Idle-bound: ranks sit idle {100 * idle:.1f} % of the time, neither computing nor "
-                "communicating (input pipeline, host overhead, stragglers).", "idle")
-    return (f"Compute-bound: communication is hidden under compute ({100 * overlapped:.1f} % overlapped, "
-            f"{pct} exposed).", "compute")

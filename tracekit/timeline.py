@@ -29,14 +29,14 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit import attribution
 from tracekit.schema import CLASSES
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from tracekit.analysis import Analysis
 
 #: event kinds drawn on event lanes, highest drawing priority first (a cell shows its busiest kind;
@@ -323,6 +323,8 @@ class TimelineModel:
     @classmethod
     def build(cls, analysis: Analysis, *, finest: int = FINEST_BINS) -> TimelineModel:
         """Lanes, levels and sorted events of ``analysis`` (its events with iterations assigned)."""
+        import polars as pl  # building needs polars; drawing from a built model does not
+
         ev = analysis.events
         offsets = dict(zip(analysis.traces.ranks.column("rank").to_pylist(),
                            analysis.traces.ranks.column("clock_offset_ns").to_pylist(), strict=True))
@@ -390,6 +392,8 @@ class TimelineModel:
     @staticmethod
     def _windows(iterations: pa.Table, off_by_rank: np.ndarray
                  ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        import polars as pl
+
         out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         if iterations.num_rows == 0:
             return out
@@ -404,6 +408,10 @@ class TimelineModel:
     @staticmethod
     def _activity(analysis: Analysis, off_by_rank: np.ndarray) -> dict[int, pl.DataFrame]:
         """Attribution's activity intervals (compute / communication / memory) per rank."""
+        import polars as pl
+
+        from tracekit import attribution
+
         act = attribution.activity(analysis.events)
         if act.height == 0:
             return {}
@@ -415,6 +423,10 @@ class TimelineModel:
     @staticmethod
     def _classes_lane(index: int, rank: int, act: pl.DataFrame | None,
                       window: tuple[np.ndarray, np.ndarray]) -> Lane:
+        import polars as pl
+
+        from tracekit import attribution
+
         w = Intervals.union(window[0].astype(np.int64), window[1].astype(np.int64))
         w = Intervals.from_disjoint(w.start, w.end)
 

@@ -19,15 +19,16 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
 import pyarrow as pa
 
-from tracekit import results_cache, summary, traceset
-from tracekit.analysis import Analysis, analyse
+from tracekit import results_cache
 from tracekit.diagnostics import Diagnostic, TraceError
-from tracekit.timeline import TimelineModel
+
+if TYPE_CHECKING:
+    from tracekit.analysis import Analysis
+    from tracekit.timeline import TimelineModel
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class JobData:
     from_cache: bool = False
     analysis: Analysis | None = None
     timeline: TimelineModel | None = None
+    #: :func:`tracekit.results_cache.figures` of the breakdown (from the cache, or computed when asked)
+    figures: dict[str, Any] | None = None
 
     @classmethod
     def from_analysis(cls, analysis: Analysis, files: list[str] | None = None) -> JobData:
@@ -69,17 +72,25 @@ class JobData:
             return self.analysis.tables()
         return {"ranks": self.ranks, "iterations": self.iterations, "breakdown": self.breakdown}
 
+    def _figures(self) -> dict[str, Any]:
+        if self.figures is None:
+            self.figures = results_cache.figures(self.breakdown)
+        return self.figures
+
     @property
     def job(self) -> dict[str, Any]:
-        return summary.job(self.breakdown)
+        """Whole-job figures (:func:`tracekit.summary.job`)."""
+        return self._figures()["job"]
 
     @property
-    def per_rank(self) -> pl.DataFrame:
-        return summary.per_rank(self.breakdown)
+    def per_rank(self) -> list[dict[str, Any]]:
+        """Rows of :func:`tracekit.summary.per_rank`."""
+        return self._figures()["per_rank"]
 
     @property
-    def per_iteration(self) -> pl.DataFrame:
-        return summary.per_iteration(self.breakdown)
+    def per_iteration(self) -> list[dict[str, Any]]:
+        """Rows of :func:`tracekit.summary.per_iteration`."""
+        return self._figures()["per_iteration"]
 
     @property
     def warnings(self) -> list[Diagnostic]:
@@ -102,6 +113,8 @@ class LoadCallbacks:
 
 def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks) -> JobData:
     """Load ``paths`` in the three phases of the module docstring; raises TraceError for bad input."""
+    from tracekit import traceset  # the heavy modules load here, in the worker, not before the first paint
+
     callbacks.say("finding traces")
     files, _ = traceset.discover(paths)
     if not files:
@@ -113,7 +126,8 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks) -
     data: JobData | None = None
     if cached is not None:
         data = JobData(files=files, ranks=cached.ranks, iterations=cached.iterations, breakdown=cached.breakdown,
-                       notes=cached.notes, diagnostics=cached.diagnostics, events=cached.events, from_cache=True)
+                       notes=cached.notes, diagnostics=cached.diagnostics, events=cached.events, from_cache=True,
+                       figures=cached.figures)
         if callbacks.summary:
             callbacks.summary(data)
 
@@ -128,6 +142,9 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks) -
     if traces.events.num_rows == 0 and traces.collectives.num_rows == 0:
         damage = "; ".join(str(d) for d in traces.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
+    from tracekit.analysis import analyse
+    from tracekit.timeline import TimelineModel
+
     analysis = results_cache.analysis_from(traces, cached) if cached is not None else None
     if analysis is None:
         callbacks.say("analysing", None)
@@ -137,6 +154,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks) -
                 results_cache.store(root, key, analysis)
     if data is None:
         data = JobData.from_analysis(analysis, files)
+        data.figures = results_cache.figures(analysis.breakdown)  # here, not on the UI thread
         if callbacks.summary:
             callbacks.summary(data)
     else:

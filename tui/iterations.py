@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import polars as pl
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -76,11 +75,9 @@ class IterationsView(View):
         if self._shown == id(data.breakdown):
             return
         self._shown = id(data.breakdown)
-        b = pl.from_arrow(data.breakdown)
-        assert isinstance(b, pl.DataFrame)
-        b = b.sort(["rank", "iteration"])
-        self._t0 = int(b.get_column("start_ns").min()) if b.height else 0  # type: ignore[arg-type]
-        split = b.height > 0 and b.get_column("wait_ns").null_count() < b.height
+        rows = data.breakdown.sort_by([("rank", "ascending"), ("iteration", "ascending")]).to_pylist()
+        self._t0 = min((r["start_ns"] for r in rows), default=0)
+        split = any(r["wait_ns"] is not None for r in rows)
         table = self.table
         table.clear(columns=True)
         cols = [("rank", "rank"), ("iteration", "iter"), ("start_ns", "start"), ("wall_ns", "wall")]
@@ -92,7 +89,7 @@ class IterationsView(View):
         for key, label in cols:
             style = CLASS_STYLES.get(key.removesuffix("_ns"), "")
             table.add_column(Text(label, style=f"bold {style}".strip(), justify="right"), key=key)
-        for row in b.iter_rows(named=True):
+        for row in rows:
             cells: list[Any] = [Cell(str(row["rank"]), row["rank"]), Cell(f"#{row['iteration']}", row["iteration"]),
                                 Cell("+" + fmt_ns(row["start_ns"] - self._t0), row["start_ns"]),
                                 Cell(fmt_ns(row["wall_ns"]), row["wall_ns"], style="bold")]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import polars as pl
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
@@ -16,8 +15,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Static
 
-from tracekit import summary
-from tracekit.report import CLASS_STYLES, SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share
+from tracekit.report import CLASS_STYLES, SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share, verdict
 from tracekit.schema import CLASSES
 from tracekit.tui.data import JobData
 from tracekit.tui.views import ShowInTimeline, View
@@ -123,16 +121,16 @@ class OverviewView(View):
         self._data = data
         job = data.job
         per_rank = data.per_rank
-        headline, kind = summary.verdict(job)
-        verdict = Text(headline, style=VERDICT_STYLES[kind])
+        headline, kind = verdict(job)
+        answer = Text(headline, style=VERDICT_STYLES[kind])
         facts = [f"{job.get('ranks', 0)} ranks", f"{job.get('iterations', 0)} iterations"]
         if job.get("ranks"):
             facts.append(f"median iteration {fmt_ns(job['median_iteration_ns'])}")
             if job.get("comm_bytes_per_iteration") is not None:
                 facts.append(f"{fmt_bytes(job['comm_bytes_per_iteration'])} communicated per iteration")
         facts += data.notes
-        verdict.append("\n" + " · ".join(facts), style="default")
-        self.query_one("#verdict", Static).update(verdict)
+        answer.append("\n" + " · ".join(facts), style="default")
+        self.query_one("#verdict", Static).update(answer)
         self.query_one("#ranks", Static).update(self._rank_bars(job, per_rank))
         self.query_one("#iteration-times", Static).update(self._iteration_bars(job, data.per_iteration))
         self.query_one("#exposed", Static).update(self._exposed(job))
@@ -141,14 +139,14 @@ class OverviewView(View):
         self.query_one("#per-rank", Static).update(self._per_rank_table(per_rank))
 
     @staticmethod
-    def _rank_bars(job: dict[str, Any], per_rank: pl.DataFrame) -> Any:
+    def _rank_bars(job: dict[str, Any], per_rank: list[dict[str, Any]]) -> Any:
         if not job.get("ranks"):
             return Text("no iterations found")
         exposed = job["most_exposed_rank"]["rank"]
         rows = []
-        for r in per_rank.iter_rows(named=True):
+        for r in per_rank:
             note = f"{fmt_ns(r['median_iteration_ns']):>7}  exposed {fmt_share(r['exposed_comm_share']):>7}"
-            if r["rank"] == exposed and per_rank.height > 1:
+            if r["rank"] == exposed and len(per_rank) > 1:
                 note += " ◀"
             rows.append((f"rank {r['rank']}", [r[f"{c}_share"] for c in CLASSES], note))
         rows.append(("job", [job[f"{c}_share"] for c in CLASSES],
@@ -163,20 +161,19 @@ class OverviewView(View):
                           style="dim"))
 
     @staticmethod
-    def _iteration_bars(job: dict[str, Any], per_iteration: pl.DataFrame) -> Any:
-        if per_iteration.height == 0:
+    def _iteration_bars(job: dict[str, Any], per_iteration: list[dict[str, Any]]) -> Any:
+        if not per_iteration:
             return Text("no iterations found")
         worst = job["worst_iteration"]["iteration"]
-        rows = [(int(r["iteration"]), int(r["iteration_ns"]), int(r["slowest_rank"]))
-                for r in per_iteration.iter_rows(named=True)]
+        rows = [(int(r["iteration"]), int(r["iteration_ns"]), int(r["slowest_rank"])) for r in per_iteration]
         if len(rows) > 40:  # too many for a bar each: the slowest ones, in iteration order
             keep = {it for it, _, _ in sorted(rows, key=lambda r: -r[1])[:40]}
             rows = [r for r in rows if r[0] in keep]
         return IterationBars(rows, worst)
 
     @staticmethod
-    def _per_rank_table(per_rank: pl.DataFrame) -> Any:
-        if per_rank.height == 0:
+    def _per_rank_table(per_rank: list[dict[str, Any]]) -> Any:
+        if not per_rank:
             return Text("no iterations found")
         table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, expand=False)
         table.add_column("rank", justify="right")
@@ -185,7 +182,7 @@ class OverviewView(View):
         for c in CLASSES:
             table.add_column(SHORT_LABELS[c], justify="right", style=CLASS_STYLES[c])
         table.add_column("comm/it", justify="right")
-        for row in per_rank.iter_rows(named=True):
+        for row in per_rank:
             table.add_row(str(row["rank"]), str(row["iterations"]), fmt_ns(row["median_iteration_ns"]),
                           *[fmt_share(row[f"{c}_share"]) for c in CLASSES], fmt_bytes(row["comm_bytes_per_iteration"]))
         return table
@@ -231,19 +228,17 @@ class OverviewView(View):
         self._post_window(data, int(w["slowest_rank"]), int(w["iteration"]))
 
     def action_show_exposed(self) -> None:
+        """The most exposed rank's most exposed iteration."""
         data = self._data
         if data is None or not data.job.get("ranks"):
             return
         rank = int(data.job["most_exposed_rank"]["rank"])
-        b = pl.from_arrow(data.breakdown)
-        assert isinstance(b, pl.DataFrame)
-        row = b.filter(pl.col("rank") == rank).sort("exposed_comm_ns", descending=True).row(0, named=True)
-        self._post_window(data, rank, int(row["iteration"]))
+        rows = [r for r in data.breakdown.to_pylist() if r["rank"] == rank]
+        if rows:
+            self._post_window(data, rank, int(max(rows, key=lambda r: r["exposed_comm_ns"])["iteration"]))
 
     def _post_window(self, data: JobData, rank: int, iteration: int) -> None:
-        b = pl.from_arrow(data.breakdown)
-        assert isinstance(b, pl.DataFrame)
-        hit = b.filter((pl.col("rank") == rank) & (pl.col("iteration") == iteration))
-        if hit.height:
-            row = hit.row(0, named=True)
-            self.post_message(ShowInTimeline(rank, int(row["start_ns"]), int(row["end_ns"])))
+        for row in data.breakdown.to_pylist():
+            if row["rank"] == rank and row["iteration"] == iteration:
+                self.post_message(ShowInTimeline(rank, int(row["start_ns"]), int(row["end_ns"])))
+                return
