@@ -57,13 +57,10 @@ out = {}
 async def main():
     app = InspectApp([sys.argv[1]], LoadOptions(cache_dir=sys.argv[2]))
     async with app.run_test(size=(160, 50)) as pilot:
-        while True:
-            views = list(app.query(OverviewView))
-            if views and views[0]._ready and views[0].query_one("#verdict").content:
-                break
+        while "painted" not in app.phases:  # every view shown, and the refresh that painted them
             await asyncio.sleep(0.002)
-        await pilot.pause()  # the refresh that paints it
         out["first_paint"] = time.perf_counter() - T0
+        assert app.query_one(OverviewView).query_one("#verdict").content
         while "timeline" not in app.phases:
             await asyncio.sleep(0.01)
         out["timeline_ready"] = time.perf_counter() - T0

@@ -8,10 +8,10 @@ table, the analysis notes and input diagnostics, and the events' ``iteration`` c
 The manifest also holds the summary figures (the job's shares, per rank, per iteration) as JSON, so a
 view can show them without importing polars.
 
-The key covers every input (through the parse cache's key: path, size, mtime, parser version), the
-options that change results (``--step-marker``) and a fingerprint of tracekit's own source, so any
-change to the inputs or to the analysis code misses. Entries are written to a temporary directory
-and renamed into place; a damaged or stale entry reads as a miss.
+The key covers every file under the paths given (path, size, mtime — no file is opened, so a lookup
+is instant), the options that change results (``--step-marker``) and a fingerprint of tracekit's own
+source (parsers included), so any change to the inputs or to the code misses. Entries are written to
+a temporary directory and renamed into place; a damaged or stale entry reads as a miss.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import pyarrow as pa
 from tracekit import cache as parse_cache
 from tracekit import schema
 from tracekit.diagnostics import Diagnostic
-from tracekit.parsers import detect
 
 if TYPE_CHECKING:
     from tracekit.analysis import Analysis
@@ -54,15 +53,32 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def key(files: list[str], step_marker: str | None) -> str | None:
-    """The entry key of a job made of ``files`` (None when a file's format is unknown)."""
+def key(paths: list[str], step_marker: str | None) -> str | None:
+    """The entry key of the job given as ``paths`` (files and directories, as on the command line), or
+    None when a path does not exist.
+
+    It hashes every file under the paths (name, size, mtime) without opening any, so a lookup costs a
+    directory walk: any file added, removed or touched misses, as does any change to tracekit's code
+    (which covers the parsers' versions too).
+    """
     parts = [RESULTS_VERSION, code_fingerprint(), step_marker or ""]
-    for f in files:
-        fmt = detect(f)
-        if fmt is None:
+    for p in paths:
+        if os.path.isdir(p):
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(files):
+                    if not name.startswith("."):
+                        parts.append(_stat_key(os.path.join(root, name)))
+        elif os.path.exists(p):
+            parts.append(_stat_key(p))
+        else:
             return None
-        parts.append(parse_cache.entry_key(f, fmt.version))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _stat_key(path: str) -> str:
+    st = os.stat(path)
+    return f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
 
 
 def default_root() -> Path:
@@ -84,6 +100,8 @@ class Results:
     events: int = 0
     #: :func:`figures` of the breakdown (JSON), so that showing them needs no polars
     figures: dict[str, Any] | None = None
+    #: the trace files the job was read from
+    files: list[str] = field(default_factory=list)
 
 
 def figures(breakdown: pa.Table) -> dict[str, Any]:
@@ -116,7 +134,7 @@ def store(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> None:
         _write(pa.table({"iteration": analysis.events.column("iteration")}), tmp / "event_iteration.arrow")
         manifest = {"version": RESULTS_VERSION, "notes": analysis.notes, "events": analysis.events.num_rows,
                     "diagnostics": [d.__dict__ for d in analysis.traces.diagnostics],
-                    "figures": figures(analysis.breakdown)}
+                    "figures": figures(analysis.breakdown), "files": [f.path for f in analysis.traces.files]}
         (tmp / "manifest.json").write_text(json.dumps(manifest, default=str))
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
@@ -142,7 +160,7 @@ def load(root: str | os.PathLike, entry_key: str) -> Results | None:
         return None
     return Results(ranks=ranks, iterations=iterations, breakdown=breakdown, notes=list(manifest.get("notes", [])),
                    diagnostics=diagnostics, event_iteration=event_iteration, events=int(manifest.get("events", 0)),
-                   figures=manifest.get("figures"))
+                   figures=manifest.get("figures"), files=list(manifest.get("files", [])))
 
 
 def analysis_from(traces: TraceSet, results: Results) -> Analysis | None:

@@ -7,7 +7,9 @@ traceback; set ``TRACEKIT_DEBUG=1`` to let tracekit's own bugs raise.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,7 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, ProgressBar, Static, TabbedContent, TabPane
 
 from tracekit.diagnostics import TraceError
-from tracekit.tui.data import JobData, LoadCallbacks, LoadOptions, load_job
+from tracekit.tui.data import JobData, LoadCallbacks, LoadOptions, cached_summary, load_job
 from tracekit.tui.dialogs import ExportScreen, HelpScreen
 from tracekit.tui.timeline_view import TimelineCanvas, TimelineView
 from tracekit.tui.views import ShowInTimeline, View, view_classes
@@ -50,12 +52,15 @@ class InspectApp(App[int]):
         self.options = options or LoadOptions()
         self.data: JobData | None = None
         self._preloaded = data
+        # a warm results cache gives the first screen before anything else is read
+        self._start = cached_summary(self.paths, self.options) if data is None and self.paths else None
         self._pending_jump: ShowInTimeline | None = None
         self.error: str | None = None
         #: set once each phase has been displayed (tests and the benchmark wait on these)
         self.phases: set[str] = set()
         #: the views shown so far, by id
         self.views: dict[str, View] = {}
+        self._painted = threading.Event()  # set once the first views are on the screen
         names = ", ".join(Path(p).name or p for p in self.paths)
         self.sub_title = names if len(names) < 60 else names[:57] + "…"
 
@@ -66,7 +71,13 @@ class InspectApp(App[int]):
         with Vertical(id="loading"):
             yield Label("starting", id="loading-what")
             yield ProgressBar(total=1.0, show_eta=False, id="loading-bar")
-        yield TabbedContent(id="views")
+        with TabbedContent(id="views"):
+            if self._start is not None:  # the views of the cached results, in the very first frame
+                data = self._start[0]
+                for cls in view_classes():
+                    if cls.available(data):
+                        view = self.views[cls.VIEW_ID] = cls(data, id=f"view-{cls.VIEW_ID}")
+                        yield TabPane(f"{cls.KEY} {cls.TITLE}", view, id=cls.VIEW_ID)
         with Horizontal(id="statusbar"):
             yield Label("", id="status-what")
             yield ProgressBar(total=1.0, show_eta=False, show_percentage=False, id="status-bar")
@@ -77,31 +88,54 @@ class InspectApp(App[int]):
         self.query_one("#statusbar").display = False
         if self._preloaded is not None:
             self._load_preloaded(self._preloaded)
-        else:
-            self._load()
+            return
+        if self._start is not None:
+            self._phase("summary", self._start[0])
+        self._load()
 
     # ----------------------------------------------------------------- loading
 
+    def _ui(self, callback: Any, *args: Any) -> None:
+        """Run ``callback`` on the UI thread, unless the app has stopped meanwhile."""
+        with contextlib.suppress(RuntimeError):  # the app is no longer running
+            self.call_from_thread(callback, *args)
+
     @work(thread=True, exclusive=True, group="load")
     def _load(self) -> None:
+        if self._start is not None:
+            self._painted.wait(timeout=5.0)  # the cached results first, then the heavy loading
         callbacks = LoadCallbacks(
-            progress=lambda what, frac: self.call_from_thread(self._progress, what, frac),
-            summary=lambda data: self.call_from_thread(self._phase, "summary", data),
-            analysis=lambda data: self.call_from_thread(self._phase, "analysis", data),
-            timeline=lambda data: self.call_from_thread(self._phase, "timeline", data),
+            progress=lambda what, frac: self._ui(self._progress, what, frac),
+            summary=self._summary_from_thread,
+            analysis=lambda data: self._ui(self._phase, "analysis", data),
+            timeline=lambda data: self._ui(self._phase, "timeline", data),
         )
         try:
-            load_job(self.paths, self.options, callbacks)
+            load_job(self.paths, self.options, callbacks, start=self._start)
         except TraceError as exc:
-            self.call_from_thread(self._failed, str(exc))
+            self._ui(self._failed, str(exc))
         except OSError as exc:
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-            self.call_from_thread(self._failed, f"{where}{exc.strerror or exc}")
+            self._ui(self._failed, f"{where}{exc.strerror or exc}")
         except Exception as exc:  # tracekit's own bug: one line, unless debugging
             if os.environ.get("TRACEKIT_DEBUG"):
                 raise
-            self.call_from_thread(self._failed, f"internal error: {type(exc).__name__}: {exc} "
-                                                "(set TRACEKIT_DEBUG=1 for the traceback)")
+            self._ui(self._failed, f"internal error: {type(exc).__name__}: {exc} "
+                                   "(set TRACEKIT_DEBUG=1 for the traceback)")
+
+    def _summary_from_thread(self, data: JobData) -> None:
+        """Show the first results, then hold the loading thread until they are painted: the rest of
+        the loading is heavy Python work that would otherwise starve the first paint of the GIL."""
+        self._ui(self._phase, "summary", data)
+        self._painted.wait(timeout=5.0)
+
+    def on_view_shown(self, message: View.Shown) -> None:
+        if all(view._ready for view in self.views.values()) and not self._painted.is_set():
+            self.call_after_refresh(self._mark_painted)
+
+    def _mark_painted(self) -> None:
+        self.phases.add("painted")
+        self._painted.set()
 
     @work(thread=True, exclusive=True, group="load")
     def _build_timeline(self, data: JobData) -> None:
@@ -109,7 +143,7 @@ class InspectApp(App[int]):
 
         assert data.analysis is not None
         data.timeline = TimelineModel.build(data.analysis)
-        self.call_from_thread(self._phase, "timeline", data)
+        self._ui(self._phase, "timeline", data)
 
     def _load_preloaded(self, data: JobData) -> None:
         self._phase("summary", data)
@@ -122,6 +156,8 @@ class InspectApp(App[int]):
                 self._build_timeline(data)
 
     def _progress(self, what: str, fraction: float | None) -> None:
+        if not self.screen.query("#statusbar"):
+            return  # the app is closing
         started = self.data is not None
         label = self.query_one("#status-what" if started else "#loading-what", Label)
         bar = self.query_one("#status-bar" if started else "#loading-bar", ProgressBar)

@@ -111,26 +111,42 @@ class LoadCallbacks:
             self.progress(what, fraction)
 
 
-def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks) -> JobData:
-    """Load ``paths`` in the three phases of the module docstring; raises TraceError for bad input."""
+def _results_root(options: LoadOptions) -> str:
+    return str(results_cache.default_root() if options.cache_dir is None
+               else os.path.join(options.cache_dir, "results"))
+
+
+def cached_summary(paths: list[str], options: LoadOptions) -> tuple[JobData, results_cache.Results] | None:
+    """Phase 1 from the results cache alone (no trace is opened), or None on a miss. Cheap enough to
+    run before the app draws its first screen."""
+    if not options.use_cache:
+        return None
+    key = results_cache.key(paths, options.step_marker)
+    cached = results_cache.load(_results_root(options), key) if key else None
+    if cached is None:
+        return None
+    data = JobData(files=cached.files, ranks=cached.ranks, iterations=cached.iterations, breakdown=cached.breakdown,
+                   notes=cached.notes, diagnostics=cached.diagnostics, events=cached.events, from_cache=True,
+                   figures=cached.figures)
+    return data, cached
+
+
+def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
+             start: tuple[JobData, results_cache.Results] | None = None) -> JobData:
+    """Load ``paths`` in the three phases of the module docstring; raises TraceError for bad input.
+    ``start`` is what :func:`cached_summary` found, when the caller already looked (phase 1 is then
+    not reported again)."""
     from tracekit import traceset  # the heavy modules load here, in the worker, not before the first paint
 
     callbacks.say("finding traces")
+    if start is None:
+        start = cached_summary(paths, options)
+        if start is not None and callbacks.summary:
+            callbacks.summary(start[0])
+    data, cached = start if start is not None else (None, None)
     files, _ = traceset.discover(paths)
     if not files:
         raise TraceError(None, "no input files")
-    root = (results_cache.default_root() if options.cache_dir is None
-            else os.path.join(options.cache_dir, "results"))
-    key = results_cache.key(files, options.step_marker) if options.use_cache else None
-    cached = results_cache.load(root, key) if key else None
-    data: JobData | None = None
-    if cached is not None:
-        data = JobData(files=files, ranks=cached.ranks, iterations=cached.iterations, breakdown=cached.breakdown,
-                       notes=cached.notes, diagnostics=cached.diagnostics, events=cached.events, from_cache=True,
-                       figures=cached.figures)
-        if callbacks.summary:
-            callbacks.summary(data)
-
     total = sum(os.path.getsize(f) for f in files)
     callbacks.say(f"reading {len(files)} files", 0.0)
 
@@ -149,9 +165,10 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks) -
     if analysis is None:
         callbacks.say("analysing", None)
         analysis = analyse(traces, step_marker=options.step_marker)
+        key = results_cache.key(paths, options.step_marker) if options.use_cache else None
         if key:
             with contextlib.suppress(OSError):  # an unwritable cache never stops the inspection
-                results_cache.store(root, key, analysis)
+                results_cache.store(_results_root(options), key, analysis)
     if data is None:
         data = JobData.from_analysis(analysis, files)
         data.figures = results_cache.figures(analysis.breakdown)  # here, not on the UI thread
@@ -159,6 +176,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks) -
             callbacks.summary(data)
     else:
         data.analysis = analysis
+        data.files = files
         data.diagnostics = list(traces.diagnostics)
     if callbacks.analysis:
         callbacks.analysis(data)

@@ -49,6 +49,10 @@ class View(Widget):
         self._ready = True
         if self._latest is not None:
             self.show_data(self._latest)
+        self.post_message(self.Shown())
+
+    class Shown(Message):
+        """A view has shown its data for the first time."""
 
     def update_data(self, data: JobData) -> None:
         """The app's entry point: show ``data`` now, or as soon as the view is mounted."""
