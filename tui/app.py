@@ -11,6 +11,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +32,16 @@ from tracekit.tui.views import ShowInTimeline, View, view_classes
 MOUSE_HELP = [("click", "move the cursor there"), ("wheel", "zoom in / out around the pointer"),
               ("shift+wheel, horizontal wheel", "pan"), ("drag", "pan"),
               ("wheel over the lane names", "scroll lanes")]
+
+
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker now, while ``sys.stderr`` is the real one: once Textual
+    runs, stderr is a capture without a file descriptor, and a process pool started from the loading
+    thread (parallel parsing) would fail to launch the tracker."""
+    from multiprocessing import resource_tracker
+
+    with contextlib.suppress(OSError, ValueError):
+        resource_tracker.ensure_running()
 
 
 class InspectApp(App[int]):
@@ -54,6 +65,12 @@ class InspectApp(App[int]):
         self._preloaded = data
         # a warm results cache gives the first screen before anything else is read
         self._start = cached_summary(self.paths, self.options) if data is None and self.paths else None
+        if data is None and self.paths and self._start is None:
+            _start_resource_tracker()
+        elif self.options.jobs is None:
+            # parsing in worker processes needs the tracker; with cached results the traces are cached
+            # too, and a rare miss parses in this process rather than delay the first screen
+            self.options = replace(self.options, jobs=1)
         self._pending_jump: ShowInTimeline | None = None
         self.error: str | None = None
         #: set once each phase has been displayed (tests and the benchmark wait on these)
@@ -130,7 +147,8 @@ class InspectApp(App[int]):
         self._painted.wait(timeout=5.0)
 
     def on_view_shown(self, message: View.Shown) -> None:
-        if all(view._ready for view in self.views.values()) and not self._painted.is_set():
+        if all(view._ready for view in self.views.values()) and "paint" not in self.phases:
+            self.phases.add("paint")  # scheduled
             self.call_after_refresh(self._mark_painted)
 
     def _mark_painted(self) -> None:
