@@ -12,8 +12,10 @@
 3. **Pan/zoom**: the warm job's ranks are replicated until there are ``--events`` events, analysed, and
    the timeline model built; then, in the running app, each key (zoom in, zoom out, pan right, pan left)
    is timed from the key's action to every visible lane redrawn (``render_line`` of the whole canvas),
-   and also end to end through Textual (``pilot.press`` until the screen is updated). Baseline: drawing
-   the same view by binning every event in view per lane (numpy, O(events) per repaint).
+   and end to end through Textual: from the key event entering the app to Textual writing the next
+   frame (event dispatch, the action, layout, compositing, the details panel and status line).
+   Baseline: drawing the same view by binning every event in view per lane (numpy, O(events) per
+   repaint).
 
 Targets (issue 6): first full paint <= 1 s; pan/zoom key to repaint <= 50 ms with 10 M events.
 """
@@ -81,6 +83,7 @@ from tracekit.timeline import TimelineModel, cell_ns
 from tracekit.tui.app import InspectApp
 from tracekit.tui.data import JobData
 from tracekit.tui.timeline_view import TimelineCanvas
+from textual import events
 
 ts = traceset.load([sys.argv[1]], cache_dir=sys.argv[2])
 want = int(sys.argv[3])
@@ -141,6 +144,14 @@ async def main():
         await pilot.pause()
         canvas = app.query_one(TimelineCanvas)
         height = canvas.size.height
+        frames = []
+        display = app._display
+
+        def timed_display(screen, renderable):
+            display(screen, renderable)
+            frames.append(time.perf_counter())
+
+        app._display = timed_display
         keys = {"zoom in": ("plus", lambda: canvas.action_zoom(-1)),
                 "zoom out": ("minus", lambda: canvas.action_zoom(1)),
                 "pan right": ("right_square_bracket", lambda: canvas.action_pan(1)),
@@ -149,6 +160,7 @@ async def main():
         canvas.action_fit()
         for rnd in range(6):
             for name, (key, act) in keys.items():
+                canvas._lines.clear()  # every repaint measured draws its rows anew
                 t = time.perf_counter()
                 act()
                 for y in range(height):
@@ -158,9 +170,14 @@ async def main():
                 for lane in range(canvas.top_lane, min(canvas.top_lane + canvas.lane_rows, len(model.lanes))):
                     naive_row(lane, canvas.zoom, canvas.first_cell, canvas.track_width)
                 naive[name].append(time.perf_counter() - t)
+                canvas._lines.clear()
+                n = len(frames)
                 t = time.perf_counter()
-                await pilot.press(key)
-                e2e[name].append(time.perf_counter() - t)
+                app._driver.send_message(events.Key(key, None))
+                while len(frames) == n:  # until Textual has written the next frame
+                    await asyncio.sleep(0.0002)
+                e2e[name].append(frames[n] - t)
+                await pilot.pause()
             canvas.action_fit()
         out["visible_lanes"] = min(canvas.lane_rows, len(model.lanes))
         out["width"] = canvas.track_width
@@ -228,13 +245,15 @@ def main() -> None:
     print(f"pan/zoom with {pz['events']:,} events on {pz['lanes']} lanes ({pz['ranks']} ranks; analysed in "
           f"{pz['analyse_s']:.1f} s, timeline model built in {pz['build_s']:.1f} s); "
           f"{pz['visible_lanes']} lanes × {pz['width']} cells visible; medians of 6 presses:")
-    print(f"  {'key':10} {'key→repaint':>12} {'via Textual':>12} {'baseline':>10} {'ratio':>7}")
+    print(f"  {'key':10} {'canvas':>12} {'key→frame':>12} {'baseline':>10} {'ratio':>7}")
     for k in pz["direct_ms"]:
         d, e, n = pz["direct_ms"][k], pz["e2e_ms"][k], pz["naive_ms"][k]
         print(f"  {k:10} {d:>9.1f} ms {e:>9.1f} ms {n:>7.0f} ms {n / d:>6.0f}x")
-    worst = max(pz["direct_ms"].values())
-    print(f"  slowest single repaint: {pz['direct_max_ms']:.1f} ms; target <= 50 ms: "
-          f"{'met' if worst <= 50 else 'NOT met'} (median of the slowest key {worst:.1f} ms)")
+    worst = max(pz["e2e_ms"].values())
+    print(f"  canvas: the key's action and every visible row drawn; key→frame: the key event in, Textual's "
+          f"next frame out; slowest single canvas repaint {pz['direct_max_ms']:.1f} ms")
+    print(f"  target <= 50 ms key→repaint: {'met' if worst <= 50 else 'NOT met'} "
+          f"(median key→frame of the slowest key {worst:.1f} ms)")
 
 
 if __name__ == "__main__":

@@ -76,3 +76,10 @@ def test_inspect_refuses_a_missing_path_before_taking_the_screen() -> None:
                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "TERM": "dumb"})
     assert out.returncode == 1
     assert out.stderr.strip() == "tracekit: no/such/dir: no such file or directory"
+
+
+def test_inspect_without_a_terminal_says_so() -> None:
+    out = subprocess.run([Path(sys.executable).with_name("tracekit"), "inspect", "samples/ddp-gloo"],
+                         capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert out.returncode == 1
+    assert "inspect needs a terminal" in out.stderr and "Traceback" not in out.stderr

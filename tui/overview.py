@@ -24,6 +24,11 @@ VERDICT_STYLES = {"network": "bold red", "partly-network": "bold dark_orange", "
                   "compute": "bold green", "none": "bold"}
 
 
+def _nb(text: str) -> str:
+    """Keep a number and its unit on one line."""
+    return text.replace(" ", "\u00a0")
+
+
 def split_cells(shares: list[float], width: int) -> list[int]:
     """Cells per share so that they add up to ``width`` exactly (largest remainders get the rest)."""
     total = sum(shares)
@@ -145,18 +150,18 @@ class OverviewView(View):
         exposed = job["most_exposed_rank"]["rank"]
         rows = []
         for r in per_rank:
-            note = f"{fmt_ns(r['median_iteration_ns']):>7}  exposed {fmt_share(r['exposed_comm_share']):>7}"
-            if r["rank"] == exposed and len(per_rank) > 1:
-                note += " ◀"
+            note = f"{_nb(fmt_ns(r['median_iteration_ns'])):>7}  exposed {_nb(fmt_share(r['exposed_comm_share'])):>7}"
+            note += " ◀" if r["rank"] == exposed and len(per_rank) > 1 else "  "
             rows.append((f"rank {r['rank']}", [r[f"{c}_share"] for c in CLASSES], note))
         rows.append(("job", [job[f"{c}_share"] for c in CLASSES],
-                     f"{fmt_ns(job['median_iteration_ns']):>7}  exposed {fmt_share(job['exposed_comm_share']):>7}"))
+                     f"{_nb(fmt_ns(job['median_iteration_ns'])):>7}  exposed "
+                     f"{_nb(fmt_share(job['exposed_comm_share'])):>7}  "))
         legend = Text()
         for c in CLASSES:
-            legend.append("■ ", style=CLASS_STYLES[c])
-            legend.append(f"{SHORT_LABELS[c]} {fmt_share(job[f'{c}_share'])}  ")
+            legend.append("■\u00a0", style=CLASS_STYLES[c])
+            legend.append(f"{SHORT_LABELS[c]}\u00a0{_nb(fmt_share(job[f'{c}_share']))}  ")
         label = max(len(r[0]) for r in rows)
-        return Group(StackedBars(rows, label, 26), Text(""), legend,
+        return Group(StackedBars(rows, label, max(len(r[2]) for r in rows)), Text(""), legend,
                      Text("share of each rank's time in its iteration windows; median iteration at the right",
                           style="dim"))
 

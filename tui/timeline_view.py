@@ -96,7 +96,8 @@ class TimelineCanvas(Widget, can_focus=True):
         self.cursor_t = 0  # job-clock ns; the cursor is the cell that contains it
         self.top_lane = 0  # first visible lane
         self.marks: dict[str, Marks] = {}
-        self._lines: LRUCache[tuple[int, int, int, int], tuple[list[str], list[Style], Strip]] = LRUCache(4096)
+        self._lines: LRUCache[tuple[int, int, int, int, Style], tuple[list[str], list[Style], Strip]] = \
+            LRUCache(4096)
         self._drag: tuple[int, int] | None = None
         self._dragged = False
         self._pending: tuple[int, int, int] | None = None  # (lane, start, end) to show once sized
@@ -427,7 +428,7 @@ class TimelineCanvas(Widget, can_focus=True):
     def _cells(self, lane: int, base: Style) -> tuple[list[str], list[Style], Strip]:
         """Characters and styles of one lane at the current zoom and offset (cached)."""
         assert self.model is not None
-        key = (lane, self.zoom, self.first_cell, self.track_width)
+        key = (lane, self.zoom, self.first_cell, self.track_width, base)  # base: a theme change redraws
         got = self._lines.get(key)
         if got is not None:
             return got
