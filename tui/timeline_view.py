@@ -102,6 +102,8 @@ class TimelineCanvas(Widget, can_focus=True):
         self._dragged = False
         self._pending: tuple[int, int, int] | None = None  # (lane, start, end) to show once sized
         self._fit_pending = False  # fit the job once the canvas has its size
+        self._base: tuple[tuple[str, bool], Style] | None = None
+        self._palettes: dict[tuple[bool, tuple[str, ...], Style], tuple[list[Style], list[Style]]] = {}
 
     # ----------------------------------------------------------------- state
 
@@ -400,9 +402,28 @@ class TimelineCanvas(Widget, can_focus=True):
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return container.height
 
+    def _base_style(self) -> Style:
+        """The widget's own style (background), computed once per theme and focus state: asking
+        Textual for it costs more than drawing a row."""
+        key = (self.app.theme, self.has_focus)
+        if self._base is None or self._base[0] != key:
+            self._base = (key, self.rich_style)
+        return self._base[1]
+
+    def _palette(self, lane_is_classes: bool, kinds: tuple[str, ...], base: Style) -> tuple[list[Style], list[Style]]:
+        """Styles of full and partly busy cells for each kind of a lane (cached)."""
+        key = (lane_is_classes, kinds, base)
+        got = self._palettes.get(key)
+        if got is None:
+            colours = CLASS_STYLES if lane_is_classes else KIND_STYLES
+            got = ([base + Style(bgcolor=colours[k], color="black") for k in kinds],
+                   [base + Style(color=colours[k]) for k in kinds])
+            self._palettes[key] = got
+        return got
+
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        base = self.rich_style
+        base = self._base_style()
         if self.model is None:
             return Strip.blank(width, base)
         if y == 0:
@@ -435,22 +456,24 @@ class TimelineCanvas(Widget, can_focus=True):
         ln = self.model.lanes[lane]
         w = self.track_width
         cells = self.model.cells(lane, self.zoom, self.first_cell, w)
-        palette = CLASS_STYLES if ln.is_classes else KIND_STYLES
-        full = [base + Style(bgcolor=palette[k], color="black") for k in ln.kinds]
-        part = [base + Style(color=palette[k]) for k in ln.kinds]
-        eighths = np.ceil(cells.fill * 8).astype(np.int64)
+        full, part = self._palette(ln.is_classes, ln.kinds, base)
+        # one code per cell (kind × eighths busy), then one step per run of equal cells
+        eighths = np.minimum(np.ceil(cells.fill * 8).astype(np.int64), 8)
+        code = np.where((cells.kind < 0) | (eighths <= 0), -1, cells.kind.astype(np.int64) * 9 + eighths)
+        cuts = np.flatnonzero(np.diff(code)) + 1
         chars: list[str] = []
         styles: list[Style] = []
-        for k, n in zip(cells.kind.tolist(), eighths.tolist(), strict=True):
-            if k < 0 or n <= 0:
-                chars.append(" ")
-                styles.append(base)
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), w], strict=True):
+            c = int(code[a])
+            k, n = divmod(c, 9)
+            if c < 0:
+                ch, st = " ", base
             elif n >= 8:
-                chars.append(" ")
-                styles.append(full[k])
+                ch, st = " ", full[k]
             else:
-                chars.append(GLYPHS[n])
-                styles.append(part[k])
+                ch, st = GLYPHS[n], part[k]
+            chars.extend(ch * (b - a))
+            styles.extend([st] * (b - a))
         kind = cells.kind
         for a, b, ki, name in self.model.labels(lane, self.zoom, self.first_cell, w):
             run = [c for c in range(a, b) if kind[c] == ki and chars[c] == " " and styles[c] is full[ki]]
@@ -541,7 +564,7 @@ def _strip(chars: list[str], styles: list[Style], width: int) -> Strip:
     segments = []
     start = 0
     for i in range(1, len(chars) + 1):
-        if i == len(chars) or styles[i] != styles[start]:
+        if i == len(chars) or styles[i] is not styles[start]:  # styles are shared objects
             segments.append(Segment("".join(chars[start:i]), styles[start]))
             start = i
     return Strip(segments, width)
