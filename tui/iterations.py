@@ -56,6 +56,7 @@ class IterationsView(View):
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
         self._shown: int | None = None
+        self._pending: JobData | None = None
         self._sorted: tuple[str, bool] | None = None
         self._t0 = 0
         self._columns: list[str] = []
@@ -72,7 +73,18 @@ class IterationsView(View):
         return self.query_one(IterationsTable)
 
     def show_data(self, data: JobData) -> None:
-        if self._shown == id(data.breakdown):
+        """Fill the table, or note the data to fill it with once the tab is first shown (a big job has
+        thousands of windows: no reason to delay the first screen with them)."""
+        self._pending = data
+        if self.display and self.region.width:
+            self._fill()
+
+    def on_show(self) -> None:
+        self._fill()
+
+    def _fill(self) -> None:
+        data = self._pending
+        if data is None or self._shown == id(data.breakdown):
             return
         self._shown = id(data.breakdown)
         rows = data.breakdown.sort_by([("rank", "ascending"), ("iteration", "ascending")]).to_pylist()
