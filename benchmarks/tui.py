@@ -235,8 +235,9 @@ def main() -> None:
     paint, base_paint = median(launches, "first_paint"), median(baseline, "first_paint")
     print()
     print(f"launch → first full paint (overview), warm caches, {args.repeat} launches, median:")
-    print(f"  tracekit inspect:                 {paint:.3f} s  (imports {median(launches, 'import'):.3f} s; "
-          f"timeline ready at {median(launches, 'timeline_ready'):.2f} s)")
+    best = min(r["first_paint"] for r in launches)
+    print(f"  tracekit inspect:                 {paint:.3f} s  (best {best:.3f} s; imports "
+          f"{median(launches, 'import'):.3f} s; timeline ready at {median(launches, 'timeline_ready'):.2f} s)")
     print(f"  baseline (analyse, then paint):   {base_paint:.3f} s")
     print(f"  ratio: {base_paint / paint:.1f}x faster; target <= 1 s: {'met' if paint <= 1 else 'NOT met'}")
 

@@ -211,6 +211,7 @@ class InspectApp(App[int]):
 
     def _failed(self, message: str) -> None:
         self.error = message
+        self.query_one("#loading").display = True  # above the views, if some were shown already
         self.query_one("#loading-what", Label).update(Text.assemble(("tracekit: ", "bold red"), message))
         self.query_one("#loading-bar").display = False
         self.query_one("#statusbar").display = False
