@@ -12,15 +12,17 @@ nanosecond decimals (integer arithmetic, never a float).
 whatever the caller passes: the critical path's hand-overs between lanes and ranks, once that
 analysis exists, are a list of flows.
 
-Formatting is columnar (polars string expressions), so a multi-million-event job exports in seconds.
+Formatting is columnar (polars string expressions) and streamed in chunks, so a multi-million-event
+job exports in seconds without holding the file's text in memory.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -76,8 +78,18 @@ def _lanes(events: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={"rank": pl.Int32, "lane": pl.String, "tid": pl.Int64}, orient="row")
 
 
-def trace_lines(analysis: Analysis, flows: Iterable[Flow] = ()) -> tuple[list[str], int]:
-    """The JSON text of every trace event (one string per event) and the job's first instant (ns)."""
+@dataclass
+class _Job:
+    """The tables of an export, on the job clock."""
+
+    ranks: pl.DataFrame
+    events: pl.DataFrame
+    iterations: pl.DataFrame
+    lanes: pl.DataFrame
+    t0: int
+
+
+def _prepare(analysis: Analysis) -> _Job:
     ranks = pl.from_arrow(analysis.traces.ranks.select(["rank", "host", "clock_offset_ns"]))
     assert isinstance(ranks, pl.DataFrame)
     ranks = ranks.with_columns(pl.col("clock_offset_ns").fill_null(0))
@@ -96,53 +108,72 @@ def trace_lines(analysis: Analysis, flows: Iterable[Flow] = ()) -> tuple[list[st
         (pl.col("start_ns") + pl.col("clock_offset_ns").fill_null(0)).alias("t"),
         (pl.col("end_ns") - pl.col("start_ns")).alias("d"))
     firsts = [int(x) for x in (ev.get_column("t").min(), it.get_column("t").min()) if x is not None]  # type: ignore[arg-type]
-    t0 = min(firsts) if firsts else 0
+    return _Job(ranks, ev, it, _lanes(ev), min(firsts) if firsts else 0)
 
-    lanes = _lanes(ev)
-    lines: list[str] = []
-    all_ranks = sorted(set(ranks.get_column("rank").to_list()) | set(ev.get_column("rank").unique().to_list()))
+
+def _metadata(job: _Job) -> list[str]:
+    """Process and thread names and sort orders."""
+    lines = []
+    ranks, it = job.ranks, job.iterations
+    all_ranks = sorted(set(ranks.get_column("rank").to_list()) | set(job.events.get_column("rank").unique().to_list()))
     hosts = dict(zip(ranks.get_column("rank").to_list(), ranks.get_column("host").to_list(), strict=True))
+    with_iterations = set(it.get_column("rank").unique().to_list())
     for r in all_ranks:
         name = f"rank {r}" + (f" ({hosts[r]})" if hosts.get(r) else "")
         lines.append(json.dumps({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": name}}))
         lines.append(json.dumps({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0,
                                  "args": {"sort_index": r}}))
-        if it.filter(pl.col("rank") == r).height:
+        if r in with_iterations:
             lines.append(json.dumps({"ph": "M", "name": "thread_name", "pid": r, "tid": ITERATIONS_TID,
                                      "args": {"name": "iterations"}}))
-    for r, lane, tid in lanes.rows():
+    for r, lane, tid in job.lanes.rows():
         lines.append(json.dumps({"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": lane}}))
         lines.append(json.dumps({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": tid,
                                  "args": {"sort_index": tid}}))
+    return lines
 
-    if it.height:
-        its = it.with_columns((pl.col("t") - t0).alias("rel")).select(pl.concat_str([
-            pl.lit('{"ph":"X","cat":"iteration","name":"iteration #'), pl.col("iteration").cast(pl.String),
-            pl.lit('","pid":'), pl.col("rank").cast(pl.String), pl.lit(f',"tid":{ITERATIONS_TID},"ts":'),
-            _us(pl.col("rel")), pl.lit(',"dur":'), _us(pl.col("d")), pl.lit(',"args":{"method":'),
-            pl.col("method").map_elements(json.dumps, return_dtype=pl.String), pl.lit("}}")]).alias("j"))
-        lines.extend(its.get_column("j").to_list())
 
-    if ev.height:
-        names = ev.get_column("name").unique().to_list()
-        escaped = pl.DataFrame({"name": names, "name_json": _json_str(names)},
-                               schema={"name": pl.String, "name_json": pl.String})
-        ev = ev.join(lanes, on=["rank", "lane"], how="left").join(escaped, on="name", how="left", nulls_equal=True)
+def _iteration_lines(job: _Job) -> list[str]:
+    if not job.iterations.height:
+        return []
+    its = job.iterations.with_columns((pl.col("t") - job.t0).alias("rel")).select(pl.concat_str([
+        pl.lit('{"ph":"X","cat":"iteration","name":"iteration #'), pl.col("iteration").cast(pl.String),
+        pl.lit('","pid":'), pl.col("rank").cast(pl.String), pl.lit(f',"tid":{ITERATIONS_TID},"ts":'),
+        _us(pl.col("rel")), pl.lit(',"dur":'), _us(pl.col("d")), pl.lit(',"args":{"method":'),
+        pl.col("method").map_elements(json.dumps, return_dtype=pl.String), pl.lit("}}")]).alias("j"))
+    return its.get_column("j").to_list()
 
-        def arg(col: str) -> pl.Expr:
-            return pl.when(pl.col(col).is_not_null()).then(
-                pl.concat_str([pl.lit(f'"{col}":'), pl.col(col).cast(pl.String)]))
 
-        args = pl.concat_str([arg(c) for c in ("correlation", "external_id", "bytes", "iteration", "collective_id")],
-                             separator=",", ignore_nulls=True)
-        body = ev.with_columns((pl.col("t") - t0).alias("rel")).select(pl.concat_str([
-            pl.lit('{"ph":"X","cat":"'), pl.col("kind").fill_null("unknown"), pl.lit('","name":'),
-            pl.col("name_json").fill_null('""'), pl.lit(',"pid":'), pl.col("rank").cast(pl.String),
-            pl.lit(',"tid":'), pl.col("tid").fill_null(0).cast(pl.String), pl.lit(',"ts":'), _us(pl.col("rel")),
-            pl.lit(',"dur":'), _us(pl.col("d")), pl.lit(',"args":{'), args.fill_null(""), pl.lit("}}")]).alias("j"))
-        lines.extend(body.get_column("j").to_list())
+def _event_chunks(job: _Job, rows: int = 1 << 18) -> Iterator[list[str]]:
+    """The events' JSON, ``rows`` at a time (so memory holds one chunk of text, not the whole file)."""
+    ev = job.events
+    if not ev.height:
+        return
+    names = ev.get_column("name").unique().to_list()
+    escaped = pl.DataFrame({"name": names, "name_json": _json_str(names)},
+                           schema={"name": pl.String, "name_json": pl.String})
 
-    tid_of = {(r, lane): tid for r, lane, tid in lanes.rows()}
+    def arg(col: str) -> pl.Expr:
+        return pl.when(pl.col(col).is_not_null()).then(
+            pl.concat_str([pl.lit(f'"{col}":'), pl.col(col).cast(pl.String)]))
+
+    args = pl.concat_str([arg(c) for c in ("correlation", "external_id", "bytes", "iteration", "collective_id")],
+                         separator=",", ignore_nulls=True)
+    text = pl.concat_str([
+        pl.lit('{"ph":"X","cat":"'), pl.col("kind").fill_null("unknown"), pl.lit('","name":'),
+        pl.col("name_json").fill_null('""'), pl.lit(',"pid":'), pl.col("rank").cast(pl.String),
+        pl.lit(',"tid":'), pl.col("tid").fill_null(0).cast(pl.String), pl.lit(',"ts":'),
+        _us(pl.col("t") - job.t0), pl.lit(',"dur":'), _us(pl.col("d")), pl.lit(',"args":{'), args.fill_null(""),
+        pl.lit("}}")]).alias("j")
+    for offset in range(0, ev.height, rows):
+        part = (ev.slice(offset, rows).join(job.lanes, on=["rank", "lane"], how="left", maintain_order="left")
+                .join(escaped, on="name", how="left", nulls_equal=True, maintain_order="left"))
+        yield part.select(text).get_column("j").to_list()
+
+
+def _flow_lines(job: _Job, flows: Iterable[Flow]) -> list[str]:
+    tid_of = {(r, lane): tid for r, lane, tid in job.lanes.rows()}
+    lines = []
     for f in flows:
         for ph, rank, lane, t in (("s", f.from_rank, f.from_lane, f.from_ns), ("f", f.to_rank, f.to_lane, f.to_ns)):
             ev_json: dict[str, Any] = {"ph": ph, "id": f.id, "cat": f.cat, "name": f.name, "pid": rank,
@@ -150,8 +181,8 @@ def trace_lines(analysis: Analysis, flows: Iterable[Flow] = ()) -> tuple[list[st
             if ph == "f":
                 ev_json["bp"] = "e"
             text = json.dumps(ev_json)
-            lines.append(text[:-1] + f', "ts": {_us_text(t - t0)}}}')
-    return lines, t0
+            lines.append(text[:-1] + f', "ts": {_us_text(t - job.t0)}}}')
+    return lines
 
 
 def _us_text(ns: int) -> str:
@@ -169,20 +200,24 @@ def write_chrome_trace(analysis: Analysis, path: str | os.PathLike, *, force: bo
         raise TraceError(target, f"directory {parent!r} does not exist")
     if os.path.exists(target) and not force:
         raise TraceError(target, "already exists (use --force to overwrite)")
-    lines, t0 = trace_lines(analysis, flows)
-    other = {"tracekit": __version__, "t0_ns": t0,
+    job = _prepare(analysis)
+    other = {"tracekit": __version__, "t0_ns": job.t0,
              "clock": "ts = rank time + ranks.clock_offset_ns - t0_ns, in µs; one process per rank"}
+    written = 0
 
     def write(tmp: str) -> None:
+        nonlocal written
+        chunks = chain([_metadata(job), _iteration_lines(job)], _event_chunks(job), [_flow_lines(job, flows)])
         with open(tmp, "w", encoding="utf-8") as f:
             f.write('{"displayTimeUnit": "ms", "otherData": ' + json.dumps(other) + ',\n"traceEvents": [\n')
-            for i in range(0, len(lines), 65536):
-                chunk = lines[i:i + 65536]
-                f.write((",\n" if i else "") + ",\n".join(chunk))
+            for chunk in chunks:
+                if chunk:
+                    f.write((",\n" if written else "") + ",\n".join(chunk))
+                    written += len(chunk)
             f.write("\n]}\n")
 
     atomic_write(target, write)
-    return len(lines)
+    return written
 
 
 def lane_table(analysis: Analysis) -> pa.Table:

@@ -92,7 +92,7 @@ class OverviewView(View):
     VIEW_ID = "overview"
     TITLE = "Overview"
     KEY = "1"
-    REQUIRES = ("breakdown",)
+    REQUIRES = ()  # always there: with no iteration found it says so
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("w", "show_worst", "Show worst iteration"),
         Binding("x", "show_exposed", "Show most exposed rank"),
