@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rich import box
+from rich.columns import Columns
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
@@ -51,9 +52,9 @@ class StackedBars:
     note_width: int
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        bar = max(options.max_width - self.label_width - self.note_width - 2, 10)
+        bar = max(options.max_width - self.label_width - self.note_width - 3, 10)
         for label, shares, note in self.rows:
-            line = Text(label.rjust(self.label_width) + " ")
+            line = Text(label.rjust(self.label_width) + " ", no_wrap=True, overflow="crop")  # narrow: crop
             for c, n in zip(CLASSES, split_cells(shares, bar), strict=True):
                 line.append("█" * n, style=CLASS_STYLES[c])
             line.append(" " + note)
@@ -72,11 +73,11 @@ class IterationBars:
             return
         longest = max(ns for _, ns, _ in self.rows) or 1
         label = max(len(f"#{it}") for it, _, _ in self.rows)
-        bar = max(options.max_width - label - 24, 8)
+        bar = max(options.max_width - label - 27, 8)  # label, blanks, " 271 ms rank 0", " ◀ worst"
         for it, ns, rank in self.rows:
             eighths = round(ns / longest * bar * 8)
             full, part = divmod(eighths, 8)
-            text = Text(f"#{it}".rjust(label) + " ")
+            text = Text(f"#{it}".rjust(label) + " ", no_wrap=True, overflow="crop")
             style = "bold red" if it == self.worst else "bright_blue"
             text.append("█" * full + (" ▏▎▍▌▋▊▉"[part] if part else ""), style=style)
             text.append(" " * (bar - full - (1 if part else 0)))
@@ -156,10 +157,8 @@ class OverviewView(View):
         rows.append(("job", [job[f"{c}_share"] for c in CLASSES],
                      f"{_nb(fmt_ns(job['median_iteration_ns'])):>7}  exposed "
                      f"{_nb(fmt_share(job['exposed_comm_share'])):>7}  "))
-        legend = Text()
-        for c in CLASSES:
-            legend.append("■\u00a0", style=CLASS_STYLES[c])
-            legend.append(f"{SHORT_LABELS[c]}\u00a0{_nb(fmt_share(job[f'{c}_share']))}  ")
+        legend = Columns([Text.assemble(("■ ", CLASS_STYLES[c]), f"{SHORT_LABELS[c]} {fmt_share(job[f'{c}_share'])}")
+                          for c in CLASSES], padding=(0, 2))  # items wrap whole, never inside
         label = max(len(r[0]) for r in rows)
         return Group(StackedBars(rows, label, max(len(r[2]) for r in rows)), Text(""), legend,
                      Text("share of each rank's time in its iteration windows; median iteration at the right",
