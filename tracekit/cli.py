@@ -1,4 +1,4 @@
-"""The ``tracekit`` command line: ``summary``, ``export``, ``record`` and friends.
+"""The ``tracekit`` command line: ``summary``, ``inspect``, ``export``, ``record`` and friends.
 
 User mistakes and damaged inputs end in one line on stderr and a non-zero exit, never a traceback
 (set ``TRACEKIT_DEBUG=1`` to see one for tracekit's own bugs).
@@ -113,19 +113,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_whatif)
 
-    p = sub.add_parser("export", help="write the analysis tables to Parquet",
+    p = sub.add_parser("export", help="write the analysis tables to Parquet, or all ranks as one Chrome trace",
                        description="Write analysis tables to Parquet: OUT.parquet gets one table "
                                    "(--table, default breakdown); any other OUT is a directory that gets "
                                    "one file per table (ranks, events, iterations, breakdown, collectives, "
                                    "collective_instances, collective_members, critical_path, "
                                    "critical_path_summary, topology when present; with a Horovod timeline also "
                                    "horovod_breakdown, horovod_tensors, horovod_instances, horovod_ticks, "
-                                   "horovod_iterations, horovod_cycles).")
+                                   "horovod_iterations, horovod_cycles). --chrome FILE.json writes every rank on "
+                                   "one aligned clock as a Chrome trace for Perfetto UI or chrome://tracing.")
     _common(p)
-    p.add_argument("-o", "--output", required=True, metavar="OUT", help="a .parquet file or a directory")
+    p.add_argument("-o", "--output", metavar="OUT", help="a .parquet file or a directory")
+    p.add_argument("--chrome", metavar="FILE", help="write a Chrome-trace JSON file of all ranks")
     p.add_argument("--table", metavar="NAME", help="export only this table")
     p.add_argument("--force", action="store_true", help="overwrite existing output files")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline)",
+                       description="Open the traces in an interactive terminal app: the verdict, per-rank "
+                                   "breakdown, iterations table and a zoomable timeline of every rank. "
+                                   "Press ? inside for the keys.")
+    _common(p)
+    p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
         "record", help="run a training command with profiler, NCCL and Horovod captures on",
@@ -455,17 +464,41 @@ def cmd_export(args: argparse.Namespace) -> int:
     from tracekit.export import export
 
     err = Console(stderr=True)
-    if os.path.exists(args.output) and args.output.endswith(".parquet") and not args.force:
+    if not args.output and not args.chrome:
+        raise TraceError(None, "say where to export: -o OUT (Parquet) and/or --chrome FILE.json")
+    if args.output and os.path.exists(args.output) and args.output.endswith(".parquet") and not args.force:
         raise TraceError(args.output, "already exists (use --force to overwrite)")
+    if args.chrome and os.path.exists(args.chrome) and not args.force:
+        raise TraceError(args.chrome, "already exists (use --force to overwrite)")
     result = _load(args, err)
     table = args.table
-    if table is None and result.horovod_only and args.output.endswith(".parquet"):
+    if table is None and result.horovod_only and args.output and args.output.endswith(".parquet"):
         table = "horovod_breakdown"  # a timeline alone has no five-way breakdown
-    written = export(result.tables(), args.output, force=args.force, table=table)
+    written = export(result.tables(), args.output, force=args.force, table=table) if args.output else []
+    if args.chrome:
+        from tracekit.chrome import write_chrome_trace
+
+        write_chrome_trace(result, args.chrome, force=args.force)
+        written.append(args.chrome)
     for path in written:
         err.print(f"wrote {path}", highlight=False, soft_wrap=True)
     _warn(result.diagnostics, err, args.quiet)
     return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from tracekit import traceset
+
+    traceset.discover(args.paths)  # a wrong path is a one-line error before the screen is taken over
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise TraceError(None, "inspect needs a terminal (use `tracekit summary` or `tracekit export` in scripts)")
+    from tracekit.tui import run
+    from tracekit.tui.data import LoadOptions
+    from tracekit.units import parse_rate
+
+    rate = parse_rate(args.link_bw) if args.link_bw else None
+    return run(args.paths, LoadOptions(use_cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs,
+                                       step_marker=args.step_marker, link_bw_bps=rate))
 
 
 def cmd_record(args: argparse.Namespace) -> int:

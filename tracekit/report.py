@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from tracekit import summary
 from tracekit.schema import CLASSES
 
 if TYPE_CHECKING:
@@ -20,6 +19,9 @@ SHORT_LABELS = {"compute": "compute", "overlapped": "overlap", "exposed_comm": "
                 "idle": "idle"}
 CLASS_STYLES = {"compute": "green", "overlapped": "cyan", "exposed_comm": "red", "memory": "yellow",
                 "idle": "grey50"}
+#: colours of event kinds on the timeline; kinds that are also classes keep the class colour
+KIND_STYLES = {"compute": "green", "comm": "magenta", "memory": "yellow", "cpu_op": "dodger_blue2",
+               "runtime": "medium_purple1", "wait": "red", "queue": "dark_orange", "annotation": "grey50"}
 
 
 def fmt_ns(ns: float | int | None) -> str:
@@ -58,6 +60,8 @@ def fmt_gbps(x: float | None) -> str:
 
 def render_summary(console: Console, result: Analysis) -> None:
     """The ``tracekit summary`` screen: ranks × classes, then the job's headline numbers."""
+    from tracekit import summary  # polars: imported only where tables are rolled up
+
     pr = summary.per_rank(result.breakdown)
     job = summary.job(result.breakdown)
     if not job.get("ranks"):
@@ -116,6 +120,7 @@ def render_links(console: Console, result: Analysis, pr: object | None = None) -
     line rate the utilisation; plus how much exposed communication was waiting."""
     import polars as pl
 
+    from tracekit import summary
     from tracekit.units import format_rate
 
     per = pr if isinstance(pr, pl.DataFrame) else summary.per_rank(result.breakdown)
@@ -178,6 +183,7 @@ def render_collectives(console: Console, result: Analysis, *, sort: str = "time"
     """The ``tracekit collectives`` screen: one row per collective instance, then totals per op."""
     import polars as pl
 
+    from tracekit import summary
     from tracekit.units import format_rate
 
     inst = pl.from_arrow(result.instances)
@@ -310,6 +316,8 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
 
 def render_nccl(console: Console, collectives: object, topology: object) -> None:
     """The communicators of NCCL debug logs: size, calls and volume by op, algorithms, transports."""
+    from tracekit import summary
+
     ov = summary.nccl_overview(collectives, topology)  # type: ignore[arg-type]
     if ov.height == 0:
         return
@@ -510,3 +518,36 @@ def render_tensors(console: Console, res: object, *, sort: str = "transfer", lim
     console.print(line, highlight=False)
     console.print(f"[bold]last to ask[/]: {strag}" + (f" (of {tot['judged']} judged negotiations)" if last else ""),
                   highlight=False)
+
+
+#: exposed communication above this share of the job's time: the job waits on its network
+COMM_BOUND_SHARE = 0.25
+#: above this share communication matters, though it is not the main cost
+COMM_NOTABLE_SHARE = 0.10
+#: idle above this share: ranks wait on something that is neither compute nor communication
+IDLE_SHARE = 0.25
+
+
+def verdict(job: dict[str, Any]) -> tuple[str, str]:
+    """A one-line answer to "is the network the bottleneck?" from the attribution alone (the figures of
+    :func:`tracekit.summary.job`), and its kind: ``network``, ``partly-network``, ``idle``, ``compute``
+    or ``none``.
+
+    The thresholds (:data:`COMM_BOUND_SHARE`, :data:`COMM_NOTABLE_SHARE`, :data:`IDLE_SHARE`) are
+    rules of thumb over the whole job's time; what-if predictions give the sharper answer.
+    """
+    if not job.get("ranks"):
+        return "No iterations found: nothing to attribute.", "none"
+    exposed = job["exposed_comm_share"]
+    idle = job["idle_share"]
+    overlapped = job["overlapped_share"]
+    pct = fmt_share(exposed)
+    if exposed >= COMM_BOUND_SHARE:
+        return f"Communication-bound: {pct} of iteration time is communication that no compute hides.", "network"
+    if exposed >= COMM_NOTABLE_SHARE:
+        return f"Partly communication-bound: {pct} of iteration time is exposed communication.", "partly-network"
+    if idle >= IDLE_SHARE:
+        return (f"Idle-bound: ranks sit idle {fmt_share(idle)} of the time, neither computing nor "
+                "communicating (input pipeline, host overhead, stragglers).", "idle")
+    return (f"Compute-bound: communication is hidden under compute ({fmt_share(overlapped)} overlapped, "
+            f"{pct} exposed).", "compute")

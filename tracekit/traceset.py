@@ -123,13 +123,22 @@ def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.Pa
     jobs = jobs or min(len(files), os.cpu_count() or 1)
     parsed: list[ParsedFile | None] = [None] * len(files)
     done = 0
-    if jobs > 1 and len(files) > 1 and total >= PARALLEL_MIN_BYTES:
+    if cache_root is not None:  # cache hits reopen here: no worker process is started for them
+        for i, f in enumerate(files):
+            fmt = detect(f) if sizes[i] else None
+            parsed[i] = cache.load(Path(cache_root) / cache.entry_key(f, fmt.version)) if fmt else None
+            if parsed[i] is not None:
+                done += sizes[i]
+                if progress:
+                    progress(done, total, f)
+    todo = [i for i in range(len(files)) if parsed[i] is None]
+    if jobs > 1 and len(todo) > 1 and sum(sizes[i] for i in todo) >= PARALLEL_MIN_BYTES:
         scratch = None if cache_root else tempfile.mkdtemp(prefix="tracekit-")
         root = cache_root or scratch
         assert root is not None
         try:
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-                futures = {pool.submit(_worker, f, root): i for i, f in enumerate(files)}
+            with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
+                futures = {pool.submit(_worker, files[i], root): i for i in todo}
                 for fut in as_completed(futures):
                     i = futures[fut]
                     entry = fut.result()
@@ -144,7 +153,8 @@ def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.Pa
                 # tables are memory-mapped: the mapping survives the unlink on POSIX
                 shutil.rmtree(scratch, ignore_errors=True)
     else:
-        for i, f in enumerate(files):
+        for i in todo:
+            f = files[i]
             parsed[i] = _parse_cached(f, cache_root)
             done += sizes[i]
             if progress:

@@ -1,0 +1,66 @@
+"""The results cache: a hit gives back exactly what was analysed; any change to the inputs misses; a
+damaged entry is a miss, never an error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from tracekit import results_cache
+from tracekit.analysis import analyse
+from tracekit.traceset import load
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "samples" / "ddp-gloo"
+
+
+def _job(tmp_path: Path) -> Path:
+    job = tmp_path / "job"
+    shutil.copytree(SAMPLE, job)
+    return job
+
+
+def test_hit_returns_what_was_stored(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    analysis = analyse(load([str(job)], use_cache=False))
+    key = results_cache.key([str(job)], None)
+    assert key is not None
+    results_cache.store(tmp_path / "results", key, analysis)
+    hit = results_cache.load(tmp_path / "results", key)
+    assert hit is not None
+    assert hit.breakdown.equals(analysis.breakdown) and hit.iterations.equals(analysis.iterations)
+    assert hit.figures is not None and hit.figures["job"]["ranks"] == 2
+    assert hit.files == [f.path for f in analysis.traces.files]
+    rebuilt = results_cache.analysis_from(analysis.traces, hit)
+    assert rebuilt is not None and rebuilt.events.column("iteration").equals(analysis.events.column("iteration"))
+
+
+def test_any_change_to_the_inputs_misses(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    key = results_cache.key([str(job)], None)
+    assert key == results_cache.key([str(job)], None)
+    assert key != results_cache.key([str(job)], "ProfilerStep#(\\d+)")  # options that change results
+    trace = next(job.glob("rank0*"))
+    st = trace.stat()
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000))
+    touched = results_cache.key([str(job)], None)
+    assert touched != key
+    (job / "rank2.pt.trace.json").write_text("{}")
+    assert results_cache.key([str(job)], None) != touched
+    assert results_cache.key([str(job / "missing")], None) is None
+
+
+def test_damaged_entries_are_misses(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    analysis = analyse(load([str(job)], use_cache=False))
+    key = results_cache.key([str(job)], None)
+    assert key is not None
+    root = tmp_path / "results"
+    results_cache.store(root, key, analysis)
+    (root / key / "breakdown.arrow").write_bytes(b"not arrow")
+    assert results_cache.load(root, key) is None
+    results_cache.store(root, key, analysis)
+    (root / key / "manifest.json").write_text("{")
+    assert results_cache.load(root, key) is None
+    assert results_cache.load(root, "no-such-entry") is None

@@ -1,0 +1,199 @@
+"""A cache of analysis results, beside the parse cache, so that reopening a job shows its results at
+once: ``tracekit inspect`` paints the overview from here before it has read a single event.
+
+An entry holds the result tables that are not inputs (``iterations``, ``breakdown``), the ``ranks``
+table, the analysis notes and input diagnostics, and the events' ``iteration`` column (so the full
+:class:`~tracekit.analysis.Analysis` is rebuilt from the parsed events without analysing again).
+
+The manifest also holds the summary figures (the job's shares, per rank, per iteration) as JSON, so a
+view can show them without importing polars.
+
+The key covers every file under the paths given (path, size, mtime — no file is opened, so a lookup
+is instant), the options that change results (``--step-marker``, ``--link-bw``) and a fingerprint of tracekit's own
+source (parsers included), so any change to the inputs or to the code misses. Entries are written to
+a temporary directory and renamed into place; a damaged or stale entry reads as a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from tracekit import cache as parse_cache
+from tracekit import schema
+from tracekit.diagnostics import Diagnostic
+
+if TYPE_CHECKING:
+    from tracekit.analysis import Analysis
+    from tracekit.traceset import TraceSet
+
+RESULTS_VERSION = "2"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+@cache
+def code_fingerprint() -> str:
+    """Hash of the source of tracekit's core and parsers: results depend on nothing else."""
+    import tracekit.parsers as parsers_pkg
+
+    h = hashlib.blake2b(digest_size=16)
+    for folder in (_PACKAGE, Path(parsers_pkg.__file__).resolve().parent):
+        for f in sorted(folder.glob("*.py")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def key(paths: list[str], step_marker: str | None, link_bw_bps: float | None = None) -> str | None:
+    """The entry key of the job given as ``paths`` (files and directories, as on the command line), or
+    None when a path does not exist.
+
+    It hashes every file under the paths (name, size, mtime) without opening any, so a lookup costs a
+    directory walk: any file added, removed or touched misses, as does any change to tracekit's code
+    (which covers the parsers' versions too).
+    """
+    parts = [RESULTS_VERSION, code_fingerprint(), step_marker or "", repr(link_bw_bps)]
+    for p in paths:
+        if os.path.isdir(p):
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(files):
+                    if not name.startswith("."):
+                        parts.append(_stat_key(os.path.join(root, name)))
+        elif os.path.exists(p):
+            parts.append(_stat_key(p))
+        else:
+            return None
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _stat_key(path: str) -> str:
+    st = os.stat(path)
+    return f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
+
+
+def default_root() -> Path:
+    """Results live under the parse cache's directory."""
+    return parse_cache.default_dir() / "results"
+
+
+@dataclass
+class Results:
+    """What an entry holds: enough for the overview and the iterations table."""
+
+    ranks: pa.Table
+    iterations: pa.Table
+    breakdown: pa.Table
+    notes: list[str] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    #: the events' iteration column, in the TraceSet's event order
+    event_iteration: pa.ChunkedArray | None = None
+    events: int = 0
+    #: :func:`figures` of the breakdown (JSON), so that showing them needs no polars
+    figures: dict[str, Any] | None = None
+    #: the trace files the job was read from
+    files: list[str] = field(default_factory=list)
+    #: cross-rank results: the collectives (NCCL logs joined in), matched instances and members
+    collectives: pa.Table | None = None
+    instances: pa.Table | None = None
+    members: pa.Table | None = None
+    line_rate_bps: float | None = None
+    line_rate_source: str | None = None
+    matched: bool = False
+
+
+def figures(breakdown: pa.Table) -> dict[str, Any]:
+    """The roll-ups a summary shows: ``job`` (:func:`tracekit.summary.job`), ``per_rank`` and
+    ``per_iteration`` (rows of :func:`tracekit.summary.per_rank` / ``per_iteration``), as plain Python."""
+    from tracekit import summary
+
+    return {"job": summary.job(breakdown), "per_rank": summary.per_rank(breakdown).to_dicts(),
+            "per_iteration": summary.per_iteration(breakdown).to_dicts()}
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=1 << 20)
+
+
+def _read(path: Path) -> pa.Table:
+    return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+
+
+def store(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> None:
+    """Write the results of ``analysis`` as entry ``entry_key`` under ``root`` (atomically). Jobs with a
+    Horovod timeline are not stored (their merged result is not rebuilt from these tables)."""
+    if analysis.horovod is not None:
+        return
+    entry = Path(root) / entry_key
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+    try:
+        _write(analysis.ranks, tmp / "ranks.arrow")
+        _write(analysis.iterations, tmp / "iterations.arrow")
+        _write(analysis.breakdown, tmp / "breakdown.arrow")
+        _write(analysis.collectives, tmp / "collectives.arrow")
+        _write(analysis.instances, tmp / "instances.arrow")
+        _write(analysis.members, tmp / "members.arrow")
+        _write(pa.table({"iteration": analysis.events.column("iteration")}), tmp / "event_iteration.arrow")
+        manifest = {"version": RESULTS_VERSION, "notes": analysis.notes, "events": analysis.events.num_rows,
+                    "diagnostics": [d.__dict__ for d in analysis.diagnostics],
+                    "figures": figures(analysis.breakdown), "files": [f.path for f in analysis.traces.files],
+                    "line_rate_bps": analysis.line_rate_bps, "line_rate_source": analysis.line_rate_source,
+                    "matched": analysis.matched}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, default=str))
+        if entry.exists():
+            shutil.rmtree(entry, ignore_errors=True)
+        os.replace(tmp, entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load(root: str | os.PathLike, entry_key: str) -> Results | None:
+    """Reopen entry ``entry_key`` (memory-mapped), or None if absent, stale or damaged."""
+    entry = Path(root) / entry_key
+    try:
+        manifest = json.loads((entry / "manifest.json").read_text())
+        if manifest.get("version") != RESULTS_VERSION:
+            return None
+        ranks = schema.conform(_read(entry / "ranks.arrow"), schema.RANKS)
+        iterations = schema.conform(_read(entry / "iterations.arrow"), schema.ITERATIONS)
+        breakdown = schema.conform(_read(entry / "breakdown.arrow"), schema.BREAKDOWN)
+        event_iteration = _read(entry / "event_iteration.arrow").column("iteration")
+        collectives = schema.conform(_read(entry / "collectives.arrow"), schema.COLLECTIVES)
+        instances = _read(entry / "instances.arrow")
+        members = _read(entry / "members.arrow")
+        diagnostics = [Diagnostic(**d) for d in manifest.get("diagnostics", [])]
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid):
+        return None
+    return Results(ranks=ranks, iterations=iterations, breakdown=breakdown, notes=list(manifest.get("notes", [])),
+                   diagnostics=diagnostics, event_iteration=event_iteration, events=int(manifest.get("events", 0)),
+                   figures=manifest.get("figures"), files=list(manifest.get("files", [])), collectives=collectives,
+                   instances=instances, members=members, line_rate_bps=manifest.get("line_rate_bps"),
+                   line_rate_source=manifest.get("line_rate_source"), matched=bool(manifest.get("matched")))
+
+
+def analysis_from(traces: TraceSet, results: Results) -> Analysis | None:
+    """The Analysis of ``traces`` rebuilt from cached results (None if they do not fit the events)."""
+    from tracekit.analysis import Analysis
+
+    col = results.event_iteration
+    if col is None or len(col) != traces.events.num_rows or results.collectives is None:
+        return None
+    i = traces.events.schema.get_field_index("iteration")
+    events = traces.events.set_column(i, schema.EVENTS.field("iteration"), col.cast(pa.int64()))
+    return Analysis(traces=traces, events=events, iterations=results.iterations, breakdown=results.breakdown,
+                    ranks=results.ranks, collectives=results.collectives, instances=results.instances,
+                    members=results.members, line_rate_bps=results.line_rate_bps,
+                    line_rate_source=results.line_rate_source, matched=results.matched, notes=list(results.notes),
+                    diagnostics=list(results.diagnostics))

@@ -1,0 +1,189 @@
+"""What ``tracekit inspect`` shows, and how it is loaded in phases (no Textual here).
+
+Loading a big job takes seconds, so the app shows each result as soon as it exists:
+
+1. ``summary`` — the breakdown, iterations and ranks (from the results cache when warm, which needs
+   no event at all): the overview and the iterations table can paint;
+2. ``analysis`` — the parsed events and the full :class:`~tracekit.analysis.Analysis` (from the parse
+   cache when warm; analysed now, or rebuilt from the results cache): export works, and views that
+   need other analysis tables appear;
+3. ``timeline`` — the :class:`~tracekit.timeline.TimelineModel` with its levels of detail.
+
+:func:`load_job` runs the phases in order and reports each through callbacks; the app runs it in a
+worker thread. Nothing here computes anything the CLI cannot: it calls the same tracekit functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from tracekit import results_cache
+from tracekit.diagnostics import Diagnostic, TraceError
+
+if TYPE_CHECKING:
+    from tracekit.analysis import Analysis
+    from tracekit.timeline import TimelineModel
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The CLI's common options."""
+
+    use_cache: bool = True
+    cache_dir: str | None = None
+    jobs: int | None = None
+    step_marker: str | None = None
+    link_bw_bps: float | None = None
+
+
+@dataclass
+class JobData:
+    """Everything the views read. ``analysis`` and ``timeline`` are None until their phase is done."""
+
+    files: list[str]
+    ranks: pa.Table
+    iterations: pa.Table
+    breakdown: pa.Table
+    notes: list[str] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    events: int = 0
+    from_cache: bool = False
+    analysis: Analysis | None = None
+    timeline: TimelineModel | None = None
+    #: :func:`tracekit.results_cache.figures` of the breakdown (from the cache, or computed when asked)
+    figures: dict[str, Any] | None = None
+
+    @classmethod
+    def from_analysis(cls, analysis: Analysis, files: list[str] | None = None) -> JobData:
+        src = files if files is not None else [f.path for f in analysis.traces.files]
+        return cls(files=src, ranks=analysis.traces.ranks, iterations=analysis.iterations,
+                   breakdown=analysis.breakdown, notes=list(analysis.notes),
+                   diagnostics=list(analysis.traces.diagnostics), events=analysis.events.num_rows,
+                   analysis=analysis)
+
+    def tables(self) -> dict[str, pa.Table]:
+        """Every result table there is so far, by its public name (views check for theirs here)."""
+        if self.analysis is not None:
+            return self.analysis.tables()
+        return {"ranks": self.ranks, "iterations": self.iterations, "breakdown": self.breakdown}
+
+    def _figures(self) -> dict[str, Any]:
+        if self.figures is None:
+            self.figures = results_cache.figures(self.breakdown)
+        return self.figures
+
+    @property
+    def job(self) -> dict[str, Any]:
+        """Whole-job figures (:func:`tracekit.summary.job`)."""
+        return self._figures()["job"]
+
+    @property
+    def per_rank(self) -> list[dict[str, Any]]:
+        """Rows of :func:`tracekit.summary.per_rank`."""
+        return self._figures()["per_rank"]
+
+    @property
+    def per_iteration(self) -> list[dict[str, Any]]:
+        """Rows of :func:`tracekit.summary.per_iteration`."""
+        return self._figures()["per_iteration"]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.level != "info"]
+
+
+@dataclass
+class LoadCallbacks:
+    """Where :func:`load_job` reports; every callback is optional."""
+
+    progress: Callable[[str, float | None], None] | None = None  # what it is doing, fraction done
+    summary: Callable[[JobData], None] | None = None
+    analysis: Callable[[JobData], None] | None = None
+    timeline: Callable[[JobData], None] | None = None
+
+    def say(self, what: str, fraction: float | None = None) -> None:
+        if self.progress:
+            self.progress(what, fraction)
+
+
+def _results_root(options: LoadOptions) -> str:
+    return str(results_cache.default_root() if options.cache_dir is None
+               else os.path.join(options.cache_dir, "results"))
+
+
+def cached_summary(paths: list[str], options: LoadOptions) -> tuple[JobData, results_cache.Results] | None:
+    """Phase 1 from the results cache alone (no trace is opened), or None on a miss. Cheap enough to
+    run before the app draws its first screen."""
+    if not options.use_cache:
+        return None
+    key = results_cache.key(paths, options.step_marker, options.link_bw_bps)
+    cached = results_cache.load(_results_root(options), key) if key else None
+    if cached is None:
+        return None
+    data = JobData(files=cached.files, ranks=cached.ranks, iterations=cached.iterations, breakdown=cached.breakdown,
+                   notes=cached.notes, diagnostics=cached.diagnostics, events=cached.events, from_cache=True,
+                   figures=cached.figures)
+    return data, cached
+
+
+def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
+             start: tuple[JobData, results_cache.Results] | None = None) -> JobData:
+    """Load ``paths`` in the three phases of the module docstring; raises TraceError for bad input.
+    ``start`` is what :func:`cached_summary` found, when the caller already looked (phase 1 is then
+    not reported again)."""
+    from tracekit import traceset  # the heavy modules load here, in the worker, not before the first paint
+
+    callbacks.say("finding traces")
+    if start is None:
+        start = cached_summary(paths, options)
+        if start is not None and callbacks.summary:
+            callbacks.summary(start[0])
+    data, cached = start if start is not None else (None, None)
+    files, _ = traceset.discover(paths)
+    if not files:
+        raise TraceError(None, "no input files")
+    total = sum(os.path.getsize(f) for f in files)
+    callbacks.say(f"reading {len(files)} files", 0.0)
+
+    def progress(done: int, _total: int, path: str) -> None:
+        callbacks.say(f"read {os.path.basename(path)}", done / total if total else 1.0)
+
+    traces = traceset.load(paths, use_cache=options.use_cache, cache_dir=options.cache_dir, jobs=options.jobs,
+                           progress=progress)
+    if traces.events.num_rows == 0 and traces.collectives.num_rows == 0:
+        damage = "; ".join(str(d) for d in traces.diagnostics if d.level != "info")
+        raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
+    from tracekit.analysis import analyse
+    from tracekit.timeline import TimelineModel
+
+    analysis = results_cache.analysis_from(traces, cached) if cached is not None else None
+    if analysis is None:
+        callbacks.say("analysing", None)
+        analysis = analyse(traces, step_marker=options.step_marker, link_bw_bps=options.link_bw_bps)
+        key = results_cache.key(paths, options.step_marker, options.link_bw_bps) if options.use_cache else None
+        if key:
+            with contextlib.suppress(OSError):  # an unwritable cache never stops the inspection
+                results_cache.store(_results_root(options), key, analysis)
+    if data is None:
+        data = JobData.from_analysis(analysis, files)
+        data.figures = results_cache.figures(analysis.breakdown)  # here, not on the UI thread
+        if callbacks.summary:
+            callbacks.summary(data)
+    else:
+        data.analysis = analysis
+        data.files = files
+        data.diagnostics = list(traces.diagnostics)
+    if callbacks.analysis:
+        callbacks.analysis(data)
+    callbacks.say(f"building the timeline of {analysis.events.num_rows:,} events", None)
+    data.timeline = TimelineModel.build(analysis)
+    if callbacks.timeline:
+        callbacks.timeline(data)
+    callbacks.say("ready", 1.0)
+    return data

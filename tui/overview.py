@@ -1,0 +1,248 @@
+"""Overview: the job at a glance — the verdict, where each rank's time goes (stacked bars of the five
+attribution classes), iteration times, the most exposed rank and the worst iteration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rich import box
+from rich.columns import Columns
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Static
+
+from tracekit.report import CLASS_STYLES, SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share, verdict
+from tracekit.schema import CLASSES
+from tracekit.tui.data import JobData
+from tracekit.tui.views import ShowInTimeline, View
+
+VERDICT_STYLES = {"network": "bold red", "partly-network": "bold dark_orange", "idle": "bold yellow",
+                  "compute": "bold green", "none": "bold"}
+
+
+def _nb(text: str) -> str:
+    """Keep a number and its unit on one line."""
+    return text.replace(" ", "\u00a0")
+
+
+def split_cells(shares: list[float], width: int) -> list[int]:
+    """Cells per share so that they add up to ``width`` exactly (largest remainders get the rest)."""
+    total = sum(shares)
+    if width <= 0 or total <= 0:
+        return [0] * len(shares)
+    raw = [s / total * width for s in shares]
+    cells = [int(r) for r in raw]
+    rest = width - sum(cells)
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - cells[i], reverse=True)[:rest]:
+        cells[i] += 1
+    return cells
+
+
+@dataclass
+class StackedBars:
+    """Rich renderable: one bar per rank, the five classes side by side, as wide as the space allows."""
+
+    rows: list[tuple[str, list[float], str]]  # label, shares of CLASSES, text after the bar
+    label_width: int
+    note_width: int
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        bar = max(options.max_width - self.label_width - self.note_width - 3, 10)
+        for label, shares, note in self.rows:
+            line = Text(label.rjust(self.label_width) + " ", no_wrap=True, overflow="crop")  # narrow: crop
+            for c, n in zip(CLASSES, split_cells(shares, bar), strict=True):
+                line.append("█" * n, style=CLASS_STYLES[c])
+            line.append(" " + note)
+            yield line
+
+
+@dataclass
+class IterationBars:
+    """Rich renderable: one horizontal bar per iteration (the slowest rank's window)."""
+
+    rows: list[tuple[int, int, int]]  # iteration, ns, slowest rank
+    worst: int | None
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if not self.rows:
+            return
+        longest = max(ns for _, ns, _ in self.rows) or 1
+        label = max(len(f"#{it}") for it, _, _ in self.rows)
+        bar = max(options.max_width - label - 27, 8)  # label, blanks, " 271 ms rank 0", " ◀ worst"
+        for it, ns, rank in self.rows:
+            eighths = round(ns / longest * bar * 8)
+            full, part = divmod(eighths, 8)
+            text = Text(f"#{it}".rjust(label) + " ", no_wrap=True, overflow="crop")
+            style = "bold red" if it == self.worst else "bright_blue"
+            text.append("█" * full + (" ▏▎▍▌▋▊▉"[part] if part else ""), style=style)
+            text.append(" " * (bar - full - (1 if part else 0)))
+            text.append(f" {fmt_ns(ns):>7} rank {rank}")
+            if it == self.worst:
+                text.append(" ◀ worst", style="bold red")
+            yield text
+
+
+class OverviewView(View):
+    """The first tab."""
+
+    VIEW_ID = "overview"
+    TITLE = "Overview"
+    KEY = "1"
+    REQUIRES = ()  # always there: with no iteration found it says so
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("w", "show_worst", "Show worst iteration"),
+        Binding("x", "show_exposed", "Show most exposed rank"),
+    ]
+    can_focus = True
+
+    def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
+        super().__init__(data, **kwargs)
+        self._data: JobData | None = None
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(id="verdict", classes="card")
+            with Horizontal(id="overview-row"):
+                yield Static(id="ranks", classes="card")
+                yield Static(id="iteration-times", classes="card")
+            with Horizontal(id="overview-cards"):
+                yield Static(id="exposed", classes="card small")
+                yield Static(id="worst", classes="card small")
+                yield Static(id="inputs", classes="card small")
+            yield Static(id="per-rank", classes="card")
+
+    def on_mount(self) -> None:  # View.on_mount then shows the data
+        titles = {"verdict": "Is the network the bottleneck?", "ranks": "Where each rank's time goes",
+                  "iteration-times": "Iteration times (slowest rank)", "exposed": "Most exposed rank",
+                  "worst": "Worst iteration", "inputs": "Inputs", "per-rank": "Per rank (as tracekit summary)"}
+        for wid, title in titles.items():
+            self.query_one(f"#{wid}", Static).border_title = title
+
+    def show_data(self, data: JobData) -> None:
+        self._data = data
+        job = data.job
+        per_rank = data.per_rank
+        headline, kind = verdict(job)
+        answer = Text(headline, style=VERDICT_STYLES[kind])
+        facts = [f"{job.get('ranks', 0)} ranks", f"{job.get('iterations', 0)} iterations"]
+        if job.get("ranks"):
+            facts.append(f"median iteration {fmt_ns(job['median_iteration_ns'])}")
+            if job.get("comm_bytes_per_iteration") is not None:
+                facts.append(f"{fmt_bytes(job['comm_bytes_per_iteration'])} communicated per iteration")
+        facts += data.notes
+        answer.append("\n" + " · ".join(facts), style="default")
+        self.query_one("#verdict", Static).update(answer)
+        self.query_one("#ranks", Static).update(self._rank_bars(job, per_rank))
+        self.query_one("#iteration-times", Static).update(self._iteration_bars(job, data.per_iteration))
+        self.query_one("#exposed", Static).update(self._exposed(job))
+        self.query_one("#worst", Static).update(self._worst(job))
+        self.query_one("#inputs", Static).update(self._inputs(data))
+        self.query_one("#per-rank", Static).update(self._per_rank_table(per_rank))
+
+    @staticmethod
+    def _rank_bars(job: dict[str, Any], per_rank: list[dict[str, Any]]) -> Any:
+        if not job.get("ranks"):
+            return Text("no iterations found")
+        exposed = job["most_exposed_rank"]["rank"]
+        rows = []
+        for r in per_rank:
+            note = f"{_nb(fmt_ns(r['median_iteration_ns'])):>7}  exposed {_nb(fmt_share(r['exposed_comm_share'])):>7}"
+            note += " ◀" if r["rank"] == exposed and len(per_rank) > 1 else "  "
+            rows.append((f"rank {r['rank']}", [r[f"{c}_share"] for c in CLASSES], note))
+        rows.append(("job", [job[f"{c}_share"] for c in CLASSES],
+                     f"{_nb(fmt_ns(job['median_iteration_ns'])):>7}  exposed "
+                     f"{_nb(fmt_share(job['exposed_comm_share'])):>7}  "))
+        legend = Columns([Text.assemble(("■ ", CLASS_STYLES[c]), f"{SHORT_LABELS[c]} {fmt_share(job[f'{c}_share'])}")
+                          for c in CLASSES], padding=(0, 2))  # items wrap whole, never inside
+        label = max(len(r[0]) for r in rows)
+        return Group(StackedBars(rows, label, max(len(r[2]) for r in rows)), Text(""), legend,
+                     Text("share of each rank's time in its iteration windows; median iteration at the right",
+                          style="dim"))
+
+    @staticmethod
+    def _iteration_bars(job: dict[str, Any], per_iteration: list[dict[str, Any]]) -> Any:
+        if not per_iteration:
+            return Text("no iterations found")
+        worst = job["worst_iteration"]["iteration"]
+        rows = [(int(r["iteration"]), int(r["iteration_ns"]), int(r["slowest_rank"])) for r in per_iteration]
+        if len(rows) > 40:  # too many for a bar each: the slowest ones, in iteration order
+            keep = {it for it, _, _ in sorted(rows, key=lambda r: -r[1])[:40]}
+            rows = [r for r in rows if r[0] in keep]
+        return IterationBars(rows, worst)
+
+    @staticmethod
+    def _per_rank_table(per_rank: list[dict[str, Any]]) -> Any:
+        if not per_rank:
+            return Text("no iterations found")
+        table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, expand=False)
+        table.add_column("rank", justify="right")
+        table.add_column("iters", justify="right")
+        table.add_column("median", justify="right")
+        for c in CLASSES:
+            table.add_column(SHORT_LABELS[c], justify="right", style=CLASS_STYLES[c])
+        table.add_column("comm/it", justify="right")
+        for row in per_rank:
+            table.add_row(str(row["rank"]), str(row["iterations"]), fmt_ns(row["median_iteration_ns"]),
+                          *[fmt_share(row[f"{c}_share"]) for c in CLASSES], fmt_bytes(row["comm_bytes_per_iteration"]))
+        return table
+
+    @staticmethod
+    def _exposed(job: dict[str, Any]) -> Text:
+        if not job.get("ranks"):
+            return Text("–")
+        e = job["most_exposed_rank"]
+        t = Text(f"rank {e['rank']}", style="bold")
+        t.append(f"\n{fmt_share(e['exposed_comm_share'])} of its time ({fmt_ns(e['exposed_comm_ns'])}) is "
+                 "communication not hidden under compute")
+        t.append("\nx: show it on the timeline", style="dim")
+        return t
+
+    @staticmethod
+    def _worst(job: dict[str, Any]) -> Text:
+        if not job.get("ranks"):
+            return Text("–")
+        w = job["worst_iteration"]
+        t = Text(f"#{w['iteration']} took {fmt_ns(w['iteration_ns'])}", style="bold")
+        t.append(f"\nslowest on rank {w['slowest_rank']}; median iteration {fmt_ns(job['median_iteration_ns'])}")
+        t.append("\nw: show it on the timeline", style="dim")
+        return t
+
+    @staticmethod
+    def _inputs(data: JobData) -> Text:
+        t = Text(f"{len(data.files)} files · {data.ranks.num_rows} ranks · {data.events:,} events", style="bold")
+        t.append("\nresults from the cache" if data.from_cache else "\nanalysed now")
+        warnings = data.warnings
+        if warnings:
+            t.append(f"\n{len(warnings)} warnings: ", style="yellow")
+            t.append(str(warnings[0]), style="yellow")
+        else:
+            t.append("\nno warnings about the inputs", style="dim")
+        return t
+
+    def action_show_worst(self) -> None:
+        data = self._data
+        if data is None or not data.job.get("ranks"):
+            return
+        w = data.job["worst_iteration"]
+        self._post_window(data, int(w["slowest_rank"]), int(w["iteration"]))
+
+    def action_show_exposed(self) -> None:
+        """The most exposed rank's most exposed iteration."""
+        data = self._data
+        if data is None or not data.job.get("ranks"):
+            return
+        rank = int(data.job["most_exposed_rank"]["rank"])
+        rows = [r for r in data.breakdown.to_pylist() if r["rank"] == rank]
+        if rows:
+            self._post_window(data, rank, int(max(rows, key=lambda r: r["exposed_comm_ns"])["iteration"]))
+
+    def _post_window(self, data: JobData, rank: int, iteration: int) -> None:
+        for row in data.breakdown.to_pylist():
+            if row["rank"] == rank and row["iteration"] == iteration:
+                self.post_message(ShowInTimeline(rank, int(row["start_ns"]), int(row["end_ns"])))
+                return

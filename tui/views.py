@@ -1,0 +1,96 @@
+"""The views of ``tracekit inspect`` and how they plug in.
+
+A view is a widget class derived from :class:`View` that declares, as class variables, its id, tab
+title, the key that shows it, and the analysis tables it needs (``REQUIRES``, names as in
+``Analysis.tables()``). The app shows a view only when all of its tables exist and have rows — a view
+for an analysis that is not built yet never appears as an empty stub — and it adds views while the
+job loads, as their tables arrive. To add a screen (critical path, collectives, what-if):
+
+1. write ``tui/<name>.py`` with ``class XView(View)`` setting ``VIEW_ID``, ``TITLE``, ``KEY``,
+   ``REQUIRES`` and implementing :meth:`View.show_data` (called with the :class:`JobData` once the view
+   is mounted, and again whenever more of the job has loaded);
+2. add the class to :func:`view_classes` in display order.
+
+A view that wants to show something on the timeline posts :class:`ShowInTimeline` (rank-clock times,
+as every analysis table has them); the app switches to the timeline and moves its cursor there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual.message import Message
+from textual.widget import Widget
+
+from tracekit.tui.data import JobData
+
+
+class View(Widget):
+    """Base of every view (one tab of the app)."""
+
+    VIEW_ID: ClassVar[str] = ""
+    TITLE: ClassVar[str] = ""
+    KEY: ClassVar[str] = ""
+    #: result tables (by their public names) that must exist and have rows for the view to appear
+    REQUIRES: ClassVar[tuple[str, ...]] = ()
+    #: whether the view needs the timeline model (phase 3) to show anything but a progress line
+    NEEDS_TIMELINE: ClassVar[bool] = False
+
+    def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._latest = data
+        self._ready = False
+
+    def on_mount(self) -> None:
+        """Show the latest data once the view's widgets exist."""
+        self.call_after_refresh(self._first_show)
+
+    def _first_show(self) -> None:
+        self._ready = True
+        if self._latest is not None:
+            self.show_data(self._latest)
+        self.post_message(self.Shown())
+
+    class Shown(Message):
+        """A view has shown its data for the first time."""
+
+    def update_data(self, data: JobData) -> None:
+        """The app's entry point: show ``data`` now, or as soon as the view is mounted."""
+        self._latest = data
+        if self._ready:
+            self.show_data(data)
+
+    @classmethod
+    def available(cls, data: JobData) -> bool:
+        """True when every table the view needs is there, with rows."""
+        tables = data.tables()
+        return all(name in tables and tables[name].num_rows > 0 for name in cls.REQUIRES)
+
+    def show_data(self, data: JobData) -> None:
+        """Display ``data``; called again as phases complete (cheap when nothing changed)."""
+        raise NotImplementedError
+
+    def focus_main(self) -> None:
+        """Give the keyboard to the view's main widget."""
+        self.focus()
+
+
+class ShowInTimeline(Message):
+    """Ask the app to show a span on the timeline: ``rank``'s time ``start_ns .. end_ns`` (the rank's
+    own clock), on lane ``lane`` (a lane name of that rank, None for its classes lane)."""
+
+    def __init__(self, rank: int, start_ns: int, end_ns: int, lane: str | None = None) -> None:
+        super().__init__()
+        self.rank = rank
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.lane = lane
+
+
+def view_classes() -> list[type[View]]:
+    """Every view, in tab order (imported here so that each view module stays independent)."""
+    from tracekit.tui.iterations import IterationsView
+    from tracekit.tui.overview import OverviewView
+    from tracekit.tui.timeline_view import TimelineView
+
+    return [OverviewView, IterationsView, TimelineView]
