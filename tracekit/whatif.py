@@ -5,10 +5,13 @@ they were; the graph decides what moves. A transfer of ``B`` bus bytes costs
 
     latency + B / (c · R' · η)        (+ encode/decode of the payload when c > 1)
 
-for line rate ``R'``, compression ratio ``c`` and efficiency ``η`` — 1 for full utilisation of the
-link, or as measured: the transfer's own achieved bus bandwidth over the line rate the job ran on
-(``--link-bw``), which keeps whatever the job lost to protocol, contention between concurrent
-transfers and stragglers. ``n'`` workers change the bus bytes through the bus factor of each op
+for line rate ``R'``, compression ratio ``c`` and efficiency ``η``: 1 for full utilisation of the link,
+or as measured. As measured, a rank's link achieved some bus bandwidth ``A`` over the union of its
+transfer time while running at line rate ``R`` (``--link-bw``); that time is wire time at the protocol's
+efficiency (:data:`WIRE_EFFICIENCY`) plus per-byte work of the hosts (reductions, copies, the network
+stack: ``1/A - 1/(0.95 R)`` per byte), and only the wire time scales with the line rate. A job limited
+by its hosts therefore stays limited by them on a faster link, and a job limited by its link speeds up
+with it. ``n'`` workers change the bus bytes through the bus factor of each op
 (all-reduce ``2(n−1)/n``, ...) with the per-worker work unchanged (weak scaling, as data parallelism is).
 
 The predicted iteration time is the median time between consecutive iteration starts of the replayed
@@ -35,6 +38,9 @@ _COLLECTIVE = EDGE_TYPES.index("collective")
 
 #: fixed cost of one collective call, by backend; small against real transfers, large against tiny ones
 DEFAULT_LATENCY_NS = {"nccl": 20_000, "gloo": 100_000}
+#: share of the line rate a busy link carries as payload (headers, acknowledgements; TCP over Ethernet
+#: carries 1448 of 1514 bytes per frame, 95.6 %; InfiniBand is similar)
+WIRE_EFFICIENCY = 0.95
 #: encode + decode cost of gradient compression, ns per payload byte (about 15 ms for ResNet-50's
 #: 102 MB, in the range Agarwal et al. (MLSys 2022) measured for PowerSGD / top-k on V100s)
 DEFAULT_CODEC_NS_PER_BYTE = 0.15
@@ -180,8 +186,14 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
     if sc.efficiency == "measured":
         if sc.bandwidth_bps is not None and r_line is None:
             raise ValueError("--efficiency measured needs the line rate the job ran on (--link-bw)")
-        # the link's achieved bus bandwidth, scaled with the line rate
-        speed = model.link_speed * ((r_new / r_line) if (sc.bandwidth_bps and r_line) else 1.0)
+        if r_line and r_new:
+            # what the link achieved = wire time at the protocol's efficiency + per-byte work of the hosts
+            # (reductions, copies, the network stack), which a faster link does not shrink
+            wire = 8e9 / (WIRE_EFFICIENCY * r_line)  # ns per byte on the wire
+            host = np.maximum(1.0 / np.maximum(model.link_speed, 1e-12) - wire, 0.0)
+            speed = 1.0 / (8e9 / (WIRE_EFFICIENCY * r_new) + host)
+        else:
+            speed = model.link_speed
     else:
         eta = 1.0 if sc.efficiency == "full" else float(sc.efficiency)
         if not r_new:
