@@ -25,9 +25,9 @@ import pyarrow.json as pj
 
 from tracekit import schema
 from tracekit.diagnostics import Diagnostic, TraceError
-from tracekit.schema import ParsedFile
+from tracekit.schema import ParsedFile, clean_text
 
-from . import kineto_comms
+from . import json_stream, kineto_comms
 from .json_stream import Batch, End, Member, stream_array
 from .source import Blocks
 from .timestamps import us_text_to_ns
@@ -119,6 +119,13 @@ class Event(msgspec.Struct, gc=False):
 
 _DECODE = msgspec.json.Decoder(list[Event])
 _DECODE_ONE = msgspec.json.Decoder(Event)
+#: what decoding hostile input can raise: bad JSON, wrong types, invalid UTF-8, nesting too deep
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError, ValueError,
+                 TypeError)
+#: timestamps and durations beyond ±2^62 ns (146 years) are not times: they are dropped as unreadable,
+#: which also keeps every ``start + dur`` inside int64
+MAX_NS = 1 << 62
+MAX_DUR_NS = 1 << 61
 #: args copied for events that may carry collective metadata
 COMM_ARG_FIELDS = ("collective", "dtype", "in_nelems", "out_nelems", "in_size", "out_size", "group_size",
                    "pg_name", "pg_desc", "pg_id", "pg_ranks", "seq", "comms_id", "comm_rank", "src_rank",
@@ -129,7 +136,9 @@ def sniff(head: bytes) -> bool:
     """A Kineto trace: a JSON object with ``traceEvents``, or a legacy event array with categories."""
     text = head.lstrip()
     if text.startswith(b"{"):
-        return b'"traceEvents"' in head or (b'"schemaVersion"' in head and b'"ph"' in head)
+        # the header may outgrow the sniffed head (pg_config of thousands of ranks): its keys are enough
+        return any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"',
+                                       b'"deviceProperties"'))
     if text.startswith(b"["):
         return (b'"cat"' in head and b'"ph"' in head) or b'CPU functions' in head or \
             b'CUDA functions' in head
@@ -145,8 +154,10 @@ class _Accumulator:
         self.comm_rows: list[dict[str, Any]] = []
         self.n = 0  # events kept so far
         self.dropped = 0
-        self.bad_records: list[tuple[int, str]] = []
+        self.bad_records: list[tuple[int, str]] = []  # the first few, with where they were
+        self.n_bad = 0
         self.repaired_nonfinite = 0
+        self.repaired_utf8 = 0
         self.repaired_names = 0
         self.meta_records: list[tuple[str, Any, Any, Any]] = []  # (name, pid, tid, args.name/labels)
         self.window_end = False
@@ -154,6 +165,14 @@ class _Accumulator:
         self.cats: set[str] = set()
         self.unknown_cats: dict[str, int] = {}
         self.be_events: list[Event] = []
+        self.notes: list[str] = []  # warnings found while reading the file's own metadata
+
+    def bad(self, offset: int, what: str) -> None:
+        """Count an unreadable record; remember where only the first few were (memory stays bounded
+        on a file of nothing but garbage)."""
+        self.n_bad += 1
+        if len(self.bad_records) < 10:
+            self.bad_records.append((offset, what))
 
 
 @contextmanager
@@ -188,8 +207,12 @@ def _parse(path: str) -> ParsedFile:
         elif isinstance(item, Member):
             try:
                 members[item.key] = msgspec.json.decode(item.raw)
-            except msgspec.DecodeError:
-                acc.bad_records.append((item.offset, f"member {item.key!r} is not valid JSON"))
+            except DECODE_ERRORS:
+                try:  # invalid UTF-8 in a string: keep the member with U+FFFD for the bad bytes
+                    members[item.key] = msgspec.json.decode(item.raw.decode("utf-8", "replace").encode())
+                    acc.repaired_utf8 += 1
+                except DECODE_ERRORS:
+                    acc.bad(item.offset, f"member {item.key!r} is not valid JSON")
             if array_seen:
                 members_after.add(item.key)
         else:
@@ -199,7 +222,8 @@ def _parse(path: str) -> ParsedFile:
         if acc.n == 0:
             raise blocks.error
         end = End(False, end.bytes_lost, end.lost_offset, end.array_closed, True,
-                  f"{blocks.error.message} at compressed byte {blocks.error.offset}")
+                  f"{blocks.error.message} at compressed byte {blocks.error.offset}", end.skipped,
+                  end.skipped_bytes, end.skipped_offset)
     if not end.array_found:
         if end.reason == "no JSON value":
             raise TraceError(path, "empty file (no JSON value)")
@@ -211,7 +235,17 @@ def _decode_batch(acc: _Accumulator, batch: Batch) -> list[Event]:
     """Decode a batch; on damage, repair what can be repaired and skip (and count) the rest."""
     try:
         return _DECODE.decode(batch.data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except UnicodeDecodeError:
+        # invalid UTF-8: U+FFFD for every bad byte (never a structural character, so the element
+        # boundaries stay where they were)
+        fixed = batch.data.decode("utf-8", "replace")
+        acc.repaired_utf8 += fixed.count("\ufffd") - batch.data.count("\ufffd".encode())
+        batch = Batch(batch.offset, fixed.encode())
+        try:
+            return _DECODE.decode(batch.data)
+        except DECODE_ERRORS:
+            pass
+    except DECODE_ERRORS:
         pass
     data = batch.data
     if _NONFINITE.search(data):
@@ -220,16 +254,25 @@ def _decode_batch(acc: _Accumulator, batch: Batch) -> list[Event]:
             events = _DECODE.decode(data)
             acc.repaired_nonfinite += k
             return events
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except DECODE_ERRORS:
             pass
-    # element by element
+    # element by element; elements that are not even objects are counted in bulk, not one by one
     events: list[Event] = []
-    for i in range(len(batch)):
-        raw = batch.element(i)
-        ev = _decode_one(acc, raw)
+    bounds = batch.bounds
+    view = np.frombuffer(batch.data, dtype=np.uint8)
+    solid = np.flatnonzero((view != 0x20) & (view != 0x0A) & (view != 0x0D) & (view != 0x09))
+    at = np.searchsorted(solid, bounds[:-1] + 1)
+    first = solid[np.minimum(at, solid.size - 1)]
+    present = (at < solid.size) & (first < bounds[1:])
+    is_obj = present & (view[first] == 0x7B)
+    junk = np.flatnonzero(present & ~is_obj)
+    if junk.size:
+        acc.bad(batch.element_offset(int(junk[0])), "unreadable event skipped")
+        acc.n_bad += junk.size - 1
+    for i in np.flatnonzero(is_obj).tolist():
+        ev = _decode_one(acc, batch.element(i))
         if ev is None:
-            if raw.strip():
-                acc.bad_records.append((batch.element_offset(i), "unreadable event skipped"))
+            acc.bad(batch.element_offset(i), "unreadable event skipped")
         else:
             events.append(ev)
     return events
@@ -240,7 +283,7 @@ def _decode_one(acc: _Accumulator, raw: bytes) -> Event | None:
     control characters, invalid UTF-8, wrong types)."""
     try:
         return _DECODE_ONE.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         pass
     fixed = raw
     k = 0
@@ -255,13 +298,13 @@ def _decode_one(acc: _Accumulator, raw: bytes) -> Event | None:
         ev = _DECODE_ONE.decode(fixed)
         acc.repaired_nonfinite += k
         return ev
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         pass
     import json
 
     try:
         obj = json.loads(fixed.decode("utf-8", "replace"), strict=False)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
         return None
@@ -271,7 +314,7 @@ def _decode_one(acc: _Accumulator, raw: bytes) -> Event | None:
         return Event(ph=obj.get("ph", ""), cat=obj.get("cat"), name=obj.get("name"), pid=obj.get("pid"),
                      tid=obj.get("tid"), ts=msgspec.Raw(msgspec.json.encode(ts)) if ts is not None
                      else EMPTY_RAW, dur=obj.get("dur"), args=msgspec.convert(args, Args, strict=False))
-    except (msgspec.ValidationError, TypeError):
+    except DECODE_ERRORS:
         return None
 
 
@@ -286,10 +329,17 @@ _ARROW_READ = pj.ReadOptions(use_threads=False, block_size=16 << 20)
 _SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 
 
-def _decimal_ns(col: pa.Array) -> np.ndarray:
-    """µs as decimal128(·, 3) → int64 ns, exactly: the decimal's storage *is* the value × 1000."""
-    words = np.frombuffer(col.buffers()[1], dtype=np.int64)
-    return words[2 * col.offset : 2 * (col.offset + len(col)) : 2].copy()
+def _decimal_ns(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """µs as decimal128(·, 3) → int64 ns, exactly: the decimal's storage *is* the value × 1000.
+
+    Returns ``(ns, ok)``; ``ok`` is False for nulls and for values beyond ±:data:`MAX_NS` (the low
+    64-bit word alone would silently wrap them)."""
+    words = np.frombuffer(col.buffers()[1], dtype=np.int64)[2 * col.offset : 2 * (col.offset + len(col))]
+    low, high = words[0::2], words[1::2]
+    ok = (high == (low >> 63)) & (low <= MAX_NS) & (low >= -MAX_NS)
+    if col.null_count:
+        ok &= pc.is_valid(col).to_numpy(zero_copy_only=False)
+    return np.where(ok, low, 0), ok
 
 
 def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
@@ -297,8 +347,11 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
     per event). Returns False, having done nothing, for anything unusual (string tids, non-finite
     numbers, more than ns precision, B/E pairs, damaged records): the msgspec path handles those."""
     lines = _SEPARATOR.sub(b"}\n{", batch.data[1:-1].replace(b"\n", b" "))
+    if lines.count(b"\n") * 32 > len(lines):
+        return False  # millions of tiny records (no real event is this small): Arrow's per-row cost is high
     try:
         tbl = pj.read_json(io.BytesIO(lines), read_options=_ARROW_READ, parse_options=_ARROW_PARSE)
+        tbl.validate(full=True)  # the reader does not check UTF-8; invalid text goes the repairing way
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
     if tbl.num_rows == 0:
@@ -310,7 +363,10 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
     if n_x != tbl.num_rows:
         if pc.any(pc.is_in(ph, pa.array(["B", "E"]))).as_py():
             return False
-        other = tbl.filter(pc.invert(pc.fill_null(is_x, False)))
+        # only metadata rows and the window-end marker matter among the others (flows, instants, ...)
+        wanted = pc.or_(pc.equal(ph, "M"), pc.and_(pc.equal(ph, "i"),
+                                                    pc.equal(tbl.column("name").chunk(0), "Record Window End")))
+        other = tbl.filter(pc.fill_null(wanted, False))
         for row in other.select(["ph", "name", "pid", "tid", "args"]).to_pylist():
             if row["ph"] == "M":
                 a = row["args"] or {}
@@ -320,12 +376,11 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
                 acc.window_end = True
     line_index = np.flatnonzero(pc.fill_null(is_x, False).to_numpy(zero_copy_only=False))
     x = tbl.take(pa.array(line_index)) if n_x != tbl.num_rows else tbl
-    ts = x.column("ts").chunk(0)
-    ts_ok = pc.is_valid(ts).to_numpy(zero_copy_only=False)
-    start = _decimal_ns(ts)
+    start, ts_ok = _decimal_ns(x.column("ts").chunk(0))
     if not acc.has_fraction:
         acc.has_fraction = bool((start[ts_ok] % 1000 != 0).any())
-    dur = _decimal_ns(pc.fill_null(x.column("dur").chunk(0), pa.scalar(0, pa.decimal128(24, 3))))
+    dur, dur_ok = _decimal_ns(x.column("dur").chunk(0))
+    dur = np.where(dur_ok & (dur <= MAX_DUR_NS), dur, 0)
     args = x.column("args").chunk(0)
     field = {f: pc.struct_field(args, f) for f in ("External id", "external id", "correlation", "device",
                                                    "stream", "bytes")}
@@ -360,7 +415,10 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
         index = rb.column("_index").to_numpy()
         for j in sel:
             k = int(line_index[j])
-            a = _DECODE_ONE.decode(lines[starts[k] : ends[k]]).args
+            ev = _decode_one(acc, lines[starts[k] : ends[k]])
+            if ev is None:
+                continue
+            a = ev.args
             row = {f: getattr(a, f) for f in COMM_ARG_FIELDS}
             row["_index"] = int(index[j])
             acc.comm_rows.append(row)
@@ -417,21 +475,24 @@ def _as_int(v: Any) -> int | None:
 
 
 def _str_column(values: list) -> pa.Array:
+    """A string column; other JSON values become their text, lone surrogates become ``?``."""
     try:
         return pa.array(values, type=pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-        return pa.array([None if v is None else str(v) for v in values], type=pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, UnicodeEncodeError):
+        return pa.array([None if v is None else clean_text(v if isinstance(v, str) else str(v))
+                         for v in values], type=pa.string())
 
 
 def _dur_ns(values: list) -> tuple[np.ndarray, np.ndarray]:
-    """``dur`` in µs (int or float) → ns. Floats below 2^33 µs round-trip exactly to the ns."""
+    """``dur`` in µs (int or float) → ns. Floats below 2^33 µs round-trip exactly to the ns; anything
+    that is not a finite number within ±:data:`MAX_NS` ns is invalid."""
     try:
         arr = pa.array(values, type=pa.float64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-        arr = pa.array([v if isinstance(v, int | float) and not isinstance(v, bool) else None
-                        for v in values], type=pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        arr = pa.array([float(v) if isinstance(v, int | float) and not isinstance(v, bool) and abs(v) < 1e300
+                        else None for v in values], type=pa.float64())
     f = arr.to_numpy(zero_copy_only=False)
-    valid = np.isfinite(f)
+    valid = np.isfinite(f) & (np.abs(f) <= MAX_DUR_NS / 1000.0)
     ns = np.zeros(len(f), dtype=np.int64)
     ns[valid] = np.rint(f[valid] * 1000.0).astype(np.int64)
     return ns, valid
@@ -457,6 +518,7 @@ def _columns(acc: _Accumulator, xs: list[Event]) -> None:
         cat = [c if c is not None else _LEGACY_PID_CATS.get(p) if isinstance(p, str) else None
                for c, p in zip(cat, pid, strict=True)]
     start, ts_ok = us_text_to_ns(ts)
+    ts_ok &= (start <= MAX_NS) & (start >= -MAX_NS)
     if not acc.has_fraction:
         acc.has_fraction = any(b"." in bytes(t) for t in ts[:64])
     dur_ns, dur_ok = _dur_ns(dur)
@@ -564,8 +626,12 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
                         "bytes": pa.array([], pa.int64()), "_index": pa.array([], pa.int64())})
     if acc.be_events:
         raw = _append_begin_end(acc, raw)
-    base = members.get("baseTimeNanoseconds")
-    base_ns = base if isinstance(base, int) and not isinstance(base, bool) else None
+    base_ns = _base_ns(members, diags, path)
+    if base_ns is not None:
+        ok = _in_range(raw.column("start_ns").to_numpy(), base_ns)
+        if not ok.all():
+            acc.dropped += int((~ok).sum())
+            raw = raw.filter(pa.array(ok))
     start = raw.column("start_ns").to_numpy()
     if base_ns is not None:
         start = start + np.int64(base_ns)
@@ -631,13 +697,16 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
         events = events.set_column(events.schema.get_field_index("collective_id"),
                                    schema.EVENTS.field("collective_id"), coll_ids)
     meta = _meta(acc, members, members_after, base_ns)
+    diags.extend(Diagnostic(path, note) for note in acc.notes)
     complete = end.complete and (acc.window_end or "traceName" in members)
     if acc.dropped:
         diags.append(Diagnostic(path, f"{acc.dropped} events without a readable timestamp skipped"))
-    if acc.bad_records:
+    if acc.n_bad:
         first = acc.bad_records[0]
-        diags.append(Diagnostic(path, f"{len(acc.bad_records)} unreadable records skipped "
+        diags.append(Diagnostic(path, f"{acc.n_bad} unreadable records skipped "
                                 f"(first: {first[1]})", offset=first[0]))
+    if acc.repaired_utf8:
+        diags.append(Diagnostic(path, f"{acc.repaired_utf8} invalid UTF-8 bytes replaced by U+FFFD"))
     if acc.repaired_nonfinite:
         diags.append(Diagnostic(path, f"{acc.repaired_nonfinite} non-finite numbers (inf/nan) read as null"))
     if acc.repaired_names:
@@ -645,6 +714,9 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
     if acc.unknown_cats:
         shown = ", ".join(f"{k!r} ({v})" for k, v in sorted(acc.unknown_cats.items())[:5])
         diags.append(Diagnostic(path, f"unknown categories kept as annotations: {shown}"))
+    if end.skipped:
+        diags.append(Diagnostic(path, f"{end.skipped} records larger than {json_stream.MAX_RECORD_BYTES >> 20} MiB "
+                                      f"skipped ({end.skipped_bytes} bytes)", offset=end.skipped_offset))
     if not end.complete:
         what = end.reason or "document cut"
         diags.append(Diagnostic(path, f"truncated ({what}): kept {len(events)} complete events, "
@@ -653,6 +725,25 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
         diags.append(Diagnostic(path, "no 'Record Window End' marker: the capture may be incomplete"))
     return ParsedFile(path=path, format="kineto", events=events, collectives=collectives,
                       meta=meta, diagnostics=diags, bytes_lost=end.bytes_lost, complete=complete)
+
+
+def _base_ns(members: dict[str, Any], diags: list[Diagnostic], path: str) -> int | None:
+    """``baseTimeNanoseconds`` when it is an integer within ±:data:`MAX_NS` (else ignored, with a warning)."""
+    base = members.get("baseTimeNanoseconds")
+    if base is None:
+        return None
+    if isinstance(base, int) and not isinstance(base, bool) and -MAX_NS <= base <= MAX_NS:
+        return base
+    diags.append(Diagnostic(path, f"baseTimeNanoseconds {str(base)[:40]!r} is not a time; timestamps kept "
+                                  "as they are"))
+    return None
+
+
+def _in_range(start: np.ndarray, base_ns: int) -> np.ndarray:
+    """Rows whose ``start + base_ns`` stays within ±:data:`MAX_NS` (computed without overflowing)."""
+    lo = max(-MAX_NS - base_ns, -(2**63))
+    hi = min(MAX_NS - base_ns, 2**63 - 1)
+    return (start >= lo) & (start <= hi)
 
 
 def _append_begin_end(acc: _Accumulator, raw: pa.Table) -> pa.Table:
@@ -688,10 +779,15 @@ def _meta(acc: _Accumulator, members: dict[str, Any], members_after: set[str], b
     """What the file says about itself: rank, job, host, era."""
     info = members.get("distributedInfo") if isinstance(members.get("distributedInfo"), dict) else {}
     meta: dict[str, Any] = {}
-    rank = info.get("rank")
-    meta["rank"] = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
-    for key in ("world_size", "backend", "nccl_version", "pg_count"):
-        if key in info:
+    # only values of the right type and range: they become int32/string columns of the ranks table
+    meta["rank"] = _small_int(info.get("rank"), 0)
+    if info.get("rank") is not None and meta["rank"] is None:
+        acc.notes.append(f"distributedInfo.rank {str(info.get('rank'))[:40]!r} is not a rank; ignored")
+    for key in ("world_size", "pg_count"):
+        if _small_int(info.get(key), 1) is not None:
+            meta[key] = info[key]
+    for key in ("backend", "nccl_version"):
+        if isinstance(info.get(key), str):
             meta[key] = info[key]
     if isinstance(info.get("pg_config"), list):
         meta["pg_config"] = info["pg_config"]
@@ -712,6 +808,13 @@ def _meta(acc: _Accumulator, members: dict[str, Any], members_after: set[str], b
     meta["process_names"] = process_names
     meta["format_version"] = _era(acc, members, members_after, base_ns)
     return meta
+
+
+def _small_int(v: Any, lowest: int) -> int | None:
+    """``v`` if it is an int in ``[lowest, 2^31)`` (ranks, world sizes), else None."""
+    if isinstance(v, int) and not isinstance(v, bool) and lowest <= v < 2**31:
+        return v
+    return None
 
 
 def _era(acc: _Accumulator, members: dict[str, Any], members_after: set[str], base_ns: int | None) -> str:

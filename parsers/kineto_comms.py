@@ -54,7 +54,7 @@ _KERNEL_FUNC = re.compile(r"(?:ncclDevKernel|ncclSymkDevKernel|ncclKernel)_([A-Z
 
 def normalise_op(name: str | None) -> str | None:
     """``c10d::_allgather_base_``, ``nccl:all_reduce``, ``AllReduce``, kernel names → tracekit op."""
-    if not name:
+    if not name or not isinstance(name, str):
         return None
     m = _KERNEL_FUNC.search(name)
     if m:
@@ -69,15 +69,15 @@ def _elements(dims: Any) -> list[int]:
     out: list[int] = []
     if not isinstance(dims, list):
         return out
-    if dims and all(isinstance(d, int) for d in dims):
-        out.append(int(np.prod(dims)) if dims else 1)
+    if dims and all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        out.append(_prod(dims))
         return out
     for d in dims:
         if isinstance(d, list):
             if d and all(isinstance(x, list) for x in d):
-                out.append(sum(_elements(d)))
-            elif d and all(isinstance(x, int) for x in d):
-                out.append(int(np.prod(d)))
+                out.append(min(sum(_elements(d)), _MAX_INT))
+            elif d and all(isinstance(x, int) and not isinstance(x, bool) for x in d):
+                out.append(_prod(d))
             else:
                 out.append(0)
         else:
@@ -98,20 +98,52 @@ def _input_bytes(dims: Any, types: Any) -> tuple[int | None, str | None]:
         t = types[i] if i < len(types) else None
         size = _type_size(t)
         if size and c:
-            return c * size, t
+            return _fits(c * size), t
         if t == "TensorList" and c:
             return None, None  # a list of tensors: sizes but no type, use the inner op instead
     return None, None
 
 
+#: counts, sizes and ids beyond this are not real (and would overflow int64 columns)
+_MAX_INT = 1 << 62
+
+
 def _int(v: Any) -> int | None:
+    """An int from an int or a string of digits, None for anything else or out of range."""
     if isinstance(v, bool):
         return None
+    if isinstance(v, str) and len(v) < 24 and v.strip().lstrip("-").isdigit():
+        v = int(v)
     if isinstance(v, int):
-        return v
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
-        return int(v)
+        return v if -_MAX_INT <= v <= _MAX_INT else None
     return None
+
+
+def _fits(v: int | None) -> int | None:
+    """``v`` if it is a sane int64 value, else None."""
+    return v if v is not None and -_MAX_INT <= v <= _MAX_INT else None
+
+
+def _int32(v: Any) -> int | None:
+    """An int that fits the int32 columns (ranks, group sizes, peers), else None."""
+    i = _int(v)
+    return i if i is not None and -(2**31) <= i < 2**31 else None
+
+
+def _positive32(v: Any) -> int | None:
+    """A group size: an int in [1, 2^31), else None."""
+    i = _int32(v)
+    return i if i is not None and i > 0 else None
+
+
+def _prod(dims: list) -> int:
+    """Product of a shape's extents; 0 when it is out of range or negative (never an overflow)."""
+    n = 1
+    for d in dims:
+        n *= d
+        if n > _MAX_INT or n < 0:
+            return 0
+    return n
 
 
 def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
@@ -127,18 +159,18 @@ def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
         n_out = _int(row.get("out_size"))
     nbytes = None
     if size and (n_in is not None or n_out is not None):
-        nbytes = max(n_in or 0, n_out or 0) * size
+        nbytes = _fits(max(n_in or 0, n_out or 0) * size)
     dims = row.get("input_dims") if row.get("input_dims") is not None else row.get("input_dims_legacy")
     dims_bytes, dims_type = _input_bytes(dims, row.get("input_type"))
     pg = row.get("pg_name")
     if pg is None and row.get("pg_id") is not None:
         pg = str(row.get("pg_id"))
-    peer = _int(row.get("dst_rank"))
+    peer = _int32(row.get("dst_rank"))
     if peer is None:
-        peer = _int(row.get("src_rank"))
+        peer = _int32(row.get("src_rank"))
     return {
         "op": op, "dtype": dtype or dims_type, "bytes": nbytes, "dims_bytes": dims_bytes,
-        "elem": size or _type_size(dims_type), "nranks": _int(row.get("group_size")),
+        "elem": size or _type_size(dims_type), "nranks": _positive32(row.get("group_size")),
         "pg": None if pg is None else str(pg), "seq": _int(row.get("seq")), "peer": peer,
     }
 
@@ -146,7 +178,7 @@ def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
 def _bus_buffer_bytes(op: str | None, input_bytes: int, nranks: int | None) -> int:
     """S (the full buffer) from the bytes of an op's *input* tensor (FORMATS.md §4)."""
     if op == "allgather" and nranks:
-        return input_bytes * nranks
+        return _fits(input_bytes * nranks)
     return input_bytes
 
 
@@ -281,6 +313,6 @@ def _world_size(members: dict[str, Any]) -> int | None:
     info = members.get("distributedInfo")
     if isinstance(info, dict):
         ws = info.get("world_size")
-        if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0:
+        if isinstance(ws, int) and not isinstance(ws, bool) and 0 < ws < 2**31:
             return ws
     return None
