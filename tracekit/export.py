@@ -2,35 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracekit.atomic import atomic_write
 from tracekit.diagnostics import TraceError
 
-
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` for a temporary file beside ``path`` and rename it into place.
-
-    A crash or kill mid-write leaves any previous ``path`` intact and no partial file under its name.
-    """
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+__all__ = ["atomic_write", "export", "write_parquet"]
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
