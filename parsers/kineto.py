@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import io
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -145,12 +146,56 @@ def sniff(head: bytes) -> bool:
     return False
 
 
-class _Accumulator:
-    """Collects per-batch columns and the few facts the whole file contributes."""
+class _Strings:
+    """A dictionary of strings shared by every batch of a file: codes are assigned in order of first
+    appearance and never change, so per-batch dictionaries are unified as batches come, without ever
+    holding all batches."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self) -> None:
+        self.code: dict[str, int] = {}
+        self.values: list[str] = []
+
+    def encode(self, col: pa.Array) -> pa.Array:
+        """A string or dictionary column as int32 codes into this dictionary (nulls stay null)."""
+        arr = col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
+        local = arr.dictionary.to_pylist()
+        mapping = np.empty(len(local) + 1, dtype=np.int32)
+        for i, v in enumerate(local):
+            c = self.code.get(v)
+            if c is None:
+                c = self.code[v] = len(self.values)
+                self.values.append(v)
+            mapping[i] = c
+        mapping[-1] = -1
+        idx = pc.fill_null(arr.indices, len(local)).to_numpy(zero_copy_only=False)
+        codes = mapping[idx]
+        return pa.array(codes, mask=codes < 0)
+
+    def arrow(self) -> pa.Array:
+        return pa.array(self.values, pa.string())
+
+
+#: the raw columns of one batch, as spilled: strings are codes into the file's :class:`_Strings`
+RAW = pa.schema([("cat", pa.int32()), ("name", pa.int32()), ("start_ns", pa.int64()), ("dur_ns", pa.int64()),
+                 ("pid", pa.int64()), ("tid", pa.int64()), ("arg_device", pa.int64()), ("arg_stream", pa.int64()),
+                 ("correlation", pa.int64()), ("external_id", pa.int64()), ("bytes", pa.int64()),
+                 ("_index", pa.int64())])
+
+
+class _Accumulator:
+    """Collects per-batch columns and the few facts the whole file contributes.
+
+    Raw batches go to memory, or — when parsing with a spill directory — to an Arrow IPC file on disk
+    as they come, so that a file of any size is parsed in bounded memory (:func:`parse`)."""
+
+    def __init__(self, path: str, spill_dir: str | None = None) -> None:
         self.path = path
         self.batches: list[pa.RecordBatch] = []
+        self.cats = _Strings()
+        self.names = _Strings()
+        self.spill_path = os.path.join(spill_dir, "raw.arrow") if spill_dir else None
+        self._spill: Any = None
+        self.n_spilled_batches = 0
         self.comm_rows: list[dict[str, Any]] = []
         self.n = 0  # events kept so far
         self.dropped = 0
@@ -162,7 +207,6 @@ class _Accumulator:
         self.meta_records: list[tuple[str, Any, Any, Any]] = []  # (name, pid, tid, args.name/labels)
         self.window_end = False
         self.has_fraction = False
-        self.cats: set[str] = set()
         self.unknown_cats: dict[str, int] = {}
         self.be_events: list[Event] = []
         self.notes: list[str] = []  # warnings found while reading the file's own metadata
@@ -173,6 +217,40 @@ class _Accumulator:
         self.n_bad += 1
         if len(self.bad_records) < 10:
             self.bad_records.append((offset, what))
+
+    def add(self, rb: pa.RecordBatch) -> None:
+        """Keep one batch of raw columns: strings as codes into the file's dictionaries."""
+        cols = {f.name: rb.column(f.name) for f in RAW}
+        cols["cat"] = self.cats.encode(cols["cat"])
+        cols["name"] = self.names.encode(cols["name"])
+        out = pa.record_batch([cols[f.name] for f in RAW], schema=RAW)
+        if self.spill_path is None:
+            self.batches.append(out)
+            return
+        if self._spill is None:
+            self._sink = pa.OSFile(self.spill_path, "wb")
+            self._spill = pa.ipc.new_file(self._sink, RAW)
+        self._spill.write_batch(out)
+        self.n_spilled_batches += 1
+
+    def chunks(self) -> Iterator[pa.RecordBatch | pa.Table]:
+        """The raw batches, in order: one table in memory, or batch by batch from the spill file
+        (read, not memory-mapped, so that only one batch is resident at a time)."""
+        if self.spill_path is None:
+            yield pa.Table.from_batches(self.batches, schema=RAW).combine_chunks() if self.batches \
+                else RAW.empty_table()
+            return
+        if self._spill is None:
+            return
+        with pa.OSFile(self.spill_path, "rb") as f:
+            reader = pa.ipc.open_file(f)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+
+    def close_spill(self) -> None:
+        if self._spill is not None:
+            self._spill.close()
+            self._sink.close()
 
 
 @contextmanager
@@ -187,20 +265,27 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def parse(path: str) -> ParsedFile:
-    """Parse one Kineto trace (``.json``, ``.json.gz``, truncated or damaged) into a ParsedFile."""
+def parse(path: str, *, spill_dir: str | None = None) -> ParsedFile:
+    """Parse one Kineto trace (``.json``, ``.json.gz``, truncated or damaged) into a ParsedFile.
+
+    With ``spill_dir`` (an existing, empty directory the caller owns and removes) the file is parsed in
+    bounded memory whatever its size: batches are spilled to an Arrow IPC file as they come, the events
+    table is built from it batch by batch into ``spill_dir/events.arrow``, and the returned ParsedFile's
+    ``events`` is that file, memory-mapped (``events_file`` names it; read it in batches to stay
+    bounded). The tables are the same as without spilling.
+    """
     with _no_gc():
-        return _parse(path)
+        return _parse(path, spill_dir)
 
 
-def _parse(path: str) -> ParsedFile:
-    acc = _Accumulator(path)
+def _parse(path: str, spill_dir: str | None = None) -> ParsedFile:
+    acc = _Accumulator(path, spill_dir)
     members: dict[str, Any] = {}
     members_after: set[str] = set()
     end: End | None = None
     array_seen = False
     blocks = Blocks(path)
-    for item in stream_array(blocks):
+    for item in stream_array(blocks, batch_bytes=json_stream.BATCH_BYTES):
         if isinstance(item, Batch):
             array_seen = True
             _consume(acc, item)
@@ -228,7 +313,10 @@ def _parse(path: str) -> ParsedFile:
         if end.reason == "no JSON value":
             raise TraceError(path, "empty file (no JSON value)")
         raise TraceError(path, "not a PyTorch-profiler trace: no traceEvents array", offset=end.lost_offset)
-    return _finish(acc, members, members_after, end)
+    if acc.be_events:
+        _append_begin_end(acc)
+    acc.close_spill()
+    return _finish(acc, members, members_after, end, spill_dir)
 
 
 def _decode_batch(acc: _Accumulator, batch: Batch) -> list[Event]:
@@ -422,7 +510,7 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
             row = {f: getattr(a, f) for f in COMM_ARG_FIELDS}
             row["_index"] = int(index[j])
             acc.comm_rows.append(row)
-    acc.batches.append(rb)
+    acc.add(rb)
     acc.n += n
     return True
 
@@ -562,7 +650,7 @@ def _columns(acc: _Accumulator, xs: list[Event]) -> None:
             row = {f: getattr(a, f) for f in COMM_ARG_FIELDS}
             row["_index"] = int(index[j])
             acc.comm_rows.append(row)
-    acc.batches.append(rb)
+    acc.add(rb)
     acc.n += len(xs)
 
 
@@ -590,112 +678,231 @@ def _classify(cat: str | None, name: str | None) -> str:
     return "annotation"
 
 
-def _lane_table(device: np.ndarray, stream: np.ndarray, tid: np.ndarray, on_device: np.ndarray,
-                pid_valid: np.ndarray) -> pa.DictionaryArray:
-    """Lane names: ``gpu{device}/stream{stream}`` for device activity, ``cpu/tid {tid}`` on a CPU
-    thread, ``trace`` for the profiler's own spans (string pids)."""
+def _lane_keys(device: np.ndarray, stream: np.ndarray, tid: np.ndarray, on_device: np.ndarray,
+               pid_valid: np.ndarray) -> np.ndarray:
+    """One int64 key per lane: ``gpu{device}/stream{stream}`` for device activity, ``cpu/tid {tid}`` on a
+    CPU thread, ``trace`` for the profiler's own spans (string pids)."""
     code = np.where(on_device, 1, np.where(pid_valid, 0, 2)).astype(np.int64)
     value = np.where(on_device, stream, np.where(pid_valid, tid, 0)) & ((1 << 46) - 1)
-    key = (code << 62) | ((np.where(on_device, device, 0) & 0xFFFF) << 46) | value
-    encoded = pa.array(key).dictionary_encode()
-    labels = []
-    for k in encoded.dictionary.to_numpy().tolist():
-        c, d, v = k >> 62, (k >> 46) & 0xFFFF, k & ((1 << 46) - 1)
-        labels.append(f"gpu{d}/stream{v}" if c == 1 else f"cpu/tid {v}" if c == 0 else "trace")
-    return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(labels, pa.string()))
+    return (code << 62) | ((np.where(on_device, device, 0) & 0xFFFF) << 46) | value
 
 
-def _codes(col: pa.DictionaryArray) -> tuple[np.ndarray, list[str]]:
-    """Dictionary indices as int64 with nulls mapped to ``len(values)``, and the values."""
-    values = col.dictionary.to_pylist()
-    idx = pc.fill_null(col.indices, len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
-    return idx, values
+def _lane_label(k: int) -> str:
+    c, d, v = k >> 62, (k >> 46) & 0xFFFF, k & ((1 << 46) - 1)
+    return f"gpu{d}/stream{v}" if c == 1 else f"cpu/tid {v}" if c == 0 else "trace"
 
 
-def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str], end: End) -> ParsedFile:
+_COMM = schema.KINDS.index("comm")
+_RUNTIME = schema.KINDS.index("runtime")
+_KIND_DICT = pa.array(schema.KINDS, pa.string())
+
+
+class _Chunk:
+    """One raw chunk, classified: the rows kept, their absolute start, kind and lane codes."""
+
+    def __init__(self, raw: pa.Table, start: np.ndarray, kind: np.ndarray, lane: np.ndarray,
+                 on_device: np.ndarray, device: np.ndarray, stream: np.ndarray, cat_idx: np.ndarray) -> None:
+        self.raw, self.start, self.kind, self.lane = raw, start, kind, lane
+        self.on_device, self.device, self.stream, self.cat_idx = on_device, device, stream, cat_idx
+
+
+class _Finisher:
+    """Turns raw chunks into events tables that share one set of dictionaries (name, cat, kind, lane),
+    so chunks can be written one by one (bounded memory) or as one table, with the same result."""
+
+    def __init__(self, acc: _Accumulator, base_ns: int | None) -> None:
+        self.acc = acc
+        self.base_ns = base_ns
+        cats = acc.cats.values
+        self.cat_vals = [*cats, None]
+        self.name_vals = [*acc.names.values, None]
+        self.on_device_cat = np.array([c in DEVICE_CATS for c in self.cat_vals], dtype=bool)
+        self.span_cat = np.array([c == "Trace" for c in self.cat_vals], dtype=bool)
+        self.unknown_cat = np.array([c not in KNOWN_CATS for c in cats] + [False], dtype=bool)
+        self._kind_of: dict[int, int] = {}
+        self.lane_code: dict[int, int] = {}
+        self.lane_labels: list[str] = []
+        self.name_dict = acc.names.arrow()
+        self.cat_dict = acc.cats.arrow()
+        self._lane_dict: pa.Array | None = None
+
+    def _kinds(self, pair: np.ndarray) -> np.ndarray:
+        """Kind codes, classified once per unique (cat, name) pair of the whole file."""
+        width = len(self.name_vals)
+        uniq, inv = np.unique(pair, return_inverse=True)
+        codes = np.empty(uniq.size, dtype=np.int32)
+        for i, p in enumerate(uniq.tolist()):
+            k = self._kind_of.get(p)
+            if k is None:
+                k = self._kind_of[p] = schema.KINDS.index(_classify(self.cat_vals[p // width],
+                                                                    self.name_vals[p % width]))
+            codes[i] = k
+        return codes[inv.reshape(-1)]
+
+    def chunk(self, raw: pa.Table | pa.RecordBatch) -> tuple[_Chunk, int]:
+        """Classify one raw chunk; returns it and how many rows fell outside the time range."""
+        dropped = 0
+        start = raw.column("start_ns").to_numpy()
+        if self.base_ns is not None:
+            ok = _in_range(start, self.base_ns)
+            if not ok.all():
+                dropped = int((~ok).sum())
+                raw = raw.filter(pa.array(ok))
+                start = raw.column("start_ns").to_numpy()
+            start = start + np.int64(self.base_ns)
+        n_cat, n_name = len(self.cat_vals) - 1, len(self.name_vals) - 1
+        cat_idx = pc.fill_null(raw.column("cat"), n_cat).to_numpy(zero_copy_only=False).astype(np.int64)
+        name_idx = pc.fill_null(raw.column("name"), n_name).to_numpy(zero_copy_only=False).astype(np.int64)
+        kind = self._kinds(cat_idx * (n_name + 1) + name_idx) if len(raw) else np.zeros(0, np.int32)
+        on_device = self.on_device_cat[cat_idx]
+        pid = raw.column("pid")
+        tid = raw.column("tid")
+        tid_np = pc.fill_null(tid, -1).to_numpy(zero_copy_only=False)
+        dev = pc.fill_null(pc.coalesce(raw.column("arg_device"), pid), -1).to_numpy(zero_copy_only=False)
+        stream = pc.fill_null(pc.coalesce(raw.column("arg_stream"), tid), -1).to_numpy(zero_copy_only=False)
+        dev = np.where(on_device & (dev < 0), 0, dev)  # legacy lists name no device
+        # cuda_sync rows sit at tid = stream + 1e6 in 2026 writers; the stream arg is authoritative.
+        # The profiler's own spans (string pids like "Spans"/"Traces") get a lane of their own.
+        on_thread = ~self.span_cat[cat_idx] & (pc.is_valid(pid).to_numpy(zero_copy_only=False) |
+                                               pc.is_valid(tid).to_numpy(zero_copy_only=False))
+        keys = _lane_keys(dev, stream, tid_np, on_device, on_thread)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        mapping = np.empty(uniq.size, dtype=np.int32)
+        order = np.argsort(np.unique(inv.reshape(-1), return_index=True)[1]) if uniq.size else uniq
+        # assign new codes in order of first appearance (as a dictionary encoding of the rows would)
+        for j in order.tolist() if uniq.size else []:
+            k = int(uniq[j])
+            c = self.lane_code.get(k)
+            if c is None:
+                c = self.lane_code[k] = len(self.lane_labels)
+                self.lane_labels.append(_lane_label(k))
+                self._lane_dict = None
+            mapping[j] = c
+        lane = mapping[inv.reshape(-1)] if uniq.size else np.zeros(0, np.int32)
+        return _Chunk(raw, start, kind, lane, on_device, dev, stream, cat_idx), dropped
+
+    def events(self, ch: _Chunk, collective_id: pa.Array | None = None) -> pa.Table:
+        """The EVENTS table of a classified chunk (rank and iteration null)."""
+        if self._lane_dict is None:
+            self._lane_dict = pa.array(self.lane_labels, pa.string())
+        raw = ch.raw
+        n = len(raw)
+        dev_ok = ch.on_device & (ch.device >= -(2**31)) & (ch.device < 2**31)
+
+        def dictionary(codes: pa.Array | np.ndarray, values: pa.Array) -> pa.DictionaryArray:
+            idx = codes if isinstance(codes, pa.Array) else pa.array(codes, pa.int32())
+            return pa.DictionaryArray.from_arrays(idx, values)
+
+        cols = {
+            "rank": pa.nulls(n, pa.int32()),
+            "lane": dictionary(ch.lane, self._lane_dict),
+            "kind": dictionary(ch.kind, _KIND_DICT),
+            "name": dictionary(_chunk_array(raw.column("name")), self.name_dict),
+            "cat": dictionary(_chunk_array(raw.column("cat")), self.cat_dict),
+            "start_ns": pa.array(ch.start, pa.int64()),
+            "dur_ns": _chunk_array(raw.column("dur_ns")),
+            "pid": _chunk_array(raw.column("pid")),
+            "tid": _chunk_array(raw.column("tid")),
+            "device": pa.array(np.where(dev_ok, ch.device, 0).astype(np.int32), mask=~dev_ok),
+            "stream": pa.array(ch.stream, pa.int64(), mask=~ch.on_device),
+            "correlation": _chunk_array(raw.column("correlation")),
+            "external_id": _chunk_array(raw.column("external_id")),
+            "bytes": _chunk_array(raw.column("bytes")),
+            "iteration": pa.nulls(n, pa.int64()),
+            "collective_id": collective_id if collective_id is not None else pa.nulls(n, pa.int64()),
+        }
+        return pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
+
+
+def _chunk_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str], end: End,
+            spill_dir: str | None = None) -> ParsedFile:
     path = acc.path
     diags: list[Diagnostic] = []
-    if acc.batches:
-        raw = pa.Table.from_batches(acc.batches).unify_dictionaries().combine_chunks()
-    else:
-        raw = pa.table({"cat": pa.array([], schema.DICT_STR), "name": pa.array([], schema.DICT_STR),
-                        "start_ns": pa.array([], pa.int64()), "dur_ns": pa.array([], pa.int64()),
-                        "pid": pa.array([], pa.int64()), "tid": pa.array([], pa.int64()),
-                        "arg_device": pa.array([], pa.int64()), "arg_stream": pa.array([], pa.int64()),
-                        "correlation": pa.array([], pa.int64()), "external_id": pa.array([], pa.int64()),
-                        "bytes": pa.array([], pa.int64()), "_index": pa.array([], pa.int64())})
-    if acc.be_events:
-        raw = _append_begin_end(acc, raw)
     base_ns = _base_ns(members, diags, path)
-    if base_ns is not None:
-        ok = _in_range(raw.column("start_ns").to_numpy(), base_ns)
-        if not ok.all():
-            acc.dropped += int((~ok).sum())
-            raw = raw.filter(pa.array(ok))
-    start = raw.column("start_ns").to_numpy()
-    if base_ns is not None:
-        start = start + np.int64(base_ns)
-    # kinds, classified once per unique (cat, name)
-    cat_col = raw.column("cat").combine_chunks()
-    name_col = raw.column("name").combine_chunks()
-    cat_idx, cat_vals = _codes(cat_col)
-    name_idx, name_vals = _codes(name_col)
-    cat_vals_n = [*cat_vals, None]
-    name_vals_n = [*name_vals, None]
-    pair = pa.array(cat_idx.astype(np.int64) * (len(name_vals) + 1) + name_idx).dictionary_encode()
-    kind_dict = list(schema.KINDS)
-    kind_codes = np.array([kind_dict.index(_classify(cat_vals_n[p // (len(name_vals) + 1)],
-                                                     name_vals_n[p % (len(name_vals) + 1)]))
-                           for p in pair.dictionary.to_pylist()], dtype=np.int32)
-    codes = kind_codes[pair.indices.to_numpy(zero_copy_only=False)] if len(raw) else np.zeros(0, np.int32)
-    kind = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(kind_dict))
-    for c in cat_vals:
-        if c not in KNOWN_CATS:
-            acc.unknown_cats[c] = int((cat_idx == cat_vals.index(c)).sum())
-    # lanes
-    on_device_cat = np.array([c in DEVICE_CATS for c in cat_vals_n], dtype=bool)
-    on_device = on_device_cat[cat_idx]
-    pid = raw.column("pid")
-    tid = raw.column("tid")
-    tid_np = pc.fill_null(tid, -1).to_numpy()
-    dev = pc.fill_null(pc.coalesce(raw.column("arg_device"), pid), -1).to_numpy()
-    stream = pc.fill_null(pc.coalesce(raw.column("arg_stream"), tid), -1).to_numpy()
-    dev = np.where(on_device & (dev < 0), 0, dev)  # legacy lists name no device
-    # cuda_sync rows sit at tid = stream + 1e6 in 2026 writers; the stream arg is authoritative
-    # the profiler's own spans (string pids like "Spans"/"Traces") get a lane of their own
-    span_cat = np.array([c == "Trace" for c in cat_vals_n], dtype=bool)[cat_idx]
-    on_thread = ~span_cat & (pc.is_valid(pid).to_numpy(zero_copy_only=False) |
-                             pc.is_valid(tid).to_numpy(zero_copy_only=False))
-    lanes = _lane_table(dev, stream, tid_np, on_device, on_thread)
-    nbytes = raw.column("bytes")
-    events = schema.table(schema.EVENTS, {
-        "rank": pa.nulls(len(raw), pa.int32()),
-        "lane": lanes,
-        "kind": kind,
-        "name": name_col,
-        "cat": cat_col,
-        "start_ns": pa.array(start),
-        "dur_ns": raw.column("dur_ns"),
-        "pid": pid,
-        "tid": tid,
-        "device": pa.array(np.where(on_device, dev, -1)).cast(pa.int32()),
-        "stream": pa.array(np.where(on_device, stream, -1)),
-        "correlation": raw.column("correlation"),
-        "external_id": raw.column("external_id"),
-        "bytes": nbytes,
-    })
-    # device/stream null off the device
-    events = events.set_column(events.schema.get_field_index("device"), schema.EVENTS.field("device"),
-                               pc.if_else(pa.array(on_device), events.column("device"),
-                                          pa.scalar(None, pa.int32())))
-    events = events.set_column(events.schema.get_field_index("stream"), schema.EVENTS.field("stream"),
-                               pc.if_else(pa.array(on_device), events.column("stream"),
-                                          pa.scalar(None, pa.int64())))
-    index_col = raw.column("_index").to_numpy()
-    collectives, coll_ids = kineto_comms.collectives(events, index_col, acc.comm_rows, members)
-    if coll_ids is not None:
-        events = events.set_column(events.schema.get_field_index("collective_id"),
-                                   schema.EVENTS.field("collective_id"), coll_ids)
+    fin = _Finisher(acc, base_ns)
+    # pass 1: lanes and kinds of every row, the rows the collectives table needs (communication
+    # activity and the ops whose args describe it), and the correlation ids of communication
+    meta_index = np.unique(np.array([r["_index"] for r in acc.comm_rows], dtype=np.int64))
+    parts: list[pa.Table] = []
+    comm_corr: list[np.ndarray] = []
+    unknown = np.zeros(len(fin.cat_vals), dtype=np.int64)
+    for raw in acc.chunks():
+        ch, dropped = fin.chunk(raw)
+        acc.dropped += dropped
+        unknown += np.bincount(ch.cat_idx[fin.unknown_cat[ch.cat_idx]], minlength=len(fin.cat_vals))
+        is_comm = ch.kind == _COMM
+        keep = is_comm | np.isin(ch.raw.column("_index").to_numpy(), meta_index)
+        if keep.any():
+            parts.append(pa.table(ch.raw).filter(pa.array(keep)))
+        corr = pc.drop_null(pa.array(ch.raw.column("correlation")).filter(pa.array(is_comm)))
+        comm_corr.append(corr.to_numpy(zero_copy_only=False))
+    for i in np.flatnonzero(unknown):
+        acc.unknown_cats[fin.cat_vals[i]] = int(unknown[i])  # type: ignore[index]
+    # pass 2 (only with communication): the launches of communication kernels
+    corr_set = np.unique(np.concatenate(comm_corr)) if comm_corr else np.zeros(0, np.int64)
+    if corr_set.size:
+        for raw in acc.chunks():
+            ch, _ = fin.chunk(raw)
+            corr = pc.fill_null(ch.raw.column("correlation"), -1).to_numpy(zero_copy_only=False)
+            idx = ch.raw.column("_index").to_numpy()
+            launch = (ch.kind == _RUNTIME) & np.isin(corr, corr_set) & ~np.isin(idx, meta_index)
+            if launch.any():
+                parts.append(pa.table(ch.raw).filter(pa.array(launch)))
+    # the collectives table, from those few rows in file order
+    collectives = schema.empty(schema.COLLECTIVES)
+    coll_index = coll_ids = np.zeros(0, np.int64)
+    if parts:
+        reduced = pa.concat_tables(parts)
+        reduced = reduced.take(pa.array(np.argsort(reduced.column("_index").to_numpy(), kind="stable")))
+        rch, _ = fin.chunk(reduced)
+        r_index = rch.raw.column("_index").to_numpy()
+        collectives, ids = kineto_comms.collectives(fin.events(rch), r_index, acc.comm_rows, members)
+        if ids is not None:
+            valid = pc.is_valid(ids).to_numpy(zero_copy_only=False)
+            coll_index = r_index[valid]
+            coll_ids = pc.fill_null(ids, -1).to_numpy(zero_copy_only=False)[valid]
+    # pass 3: the events themselves, with their collective ids
+    events_file = os.path.join(spill_dir, "events.arrow") if spill_dir else None
+    tables: list[pa.Table] = []
+    writer = sink = None
+    n_events = 0
+    try:
+        for raw in acc.chunks():
+            ch, _ = fin.chunk(raw)
+            idx = ch.raw.column("_index").to_numpy()
+            cid = None
+            if coll_index.size:
+                pos = np.minimum(np.searchsorted(coll_index, idx), coll_index.size - 1)
+                hit = coll_index[pos] == idx
+                cid = pa.array(np.where(hit, coll_ids[pos], 0), pa.int64(), mask=~hit)
+            ev = fin.events(ch, cid)
+            n_events += ev.num_rows
+            if events_file is None:
+                tables.append(ev)
+                continue
+            if writer is None:
+                sink = pa.OSFile(events_file, "wb")
+                writer = pa.ipc.new_file(sink, schema.EVENTS)
+            writer.write_table(ev, max_chunksize=1 << 20)
+    finally:
+        if writer is not None:
+            writer.close()
+        if sink is not None:
+            sink.close()
+        if acc.spill_path and os.path.exists(acc.spill_path):
+            os.unlink(acc.spill_path)
+    if events_file is None:
+        events = pa.concat_tables(tables) if len(tables) > 1 else tables[0] if tables else schema.empty(schema.EVENTS)
+        events = events.combine_chunks() if events.num_rows else events
+    elif writer is None:
+        events = schema.empty(schema.EVENTS)
+        events_file = None
+    else:
+        events = pa.ipc.open_file(pa.memory_map(events_file, "r")).read_all()
     meta = _meta(acc, members, members_after, base_ns)
     diags.extend(Diagnostic(path, note) for note in acc.notes)
     complete = end.complete and (acc.window_end or "traceName" in members)
@@ -719,12 +926,13 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
                                       f"skipped ({end.skipped_bytes} bytes)", offset=end.skipped_offset))
     if not end.complete:
         what = end.reason or "document cut"
-        diags.append(Diagnostic(path, f"truncated ({what}): kept {len(events)} complete events, "
+        diags.append(Diagnostic(path, f"truncated ({what}): kept {n_events} complete events, "
                                 f"lost {end.bytes_lost} bytes", offset=end.lost_offset))
     elif not complete:
         diags.append(Diagnostic(path, "no 'Record Window End' marker: the capture may be incomplete"))
     return ParsedFile(path=path, format="kineto", events=events, collectives=collectives,
-                      meta=meta, diagnostics=diags, bytes_lost=end.bytes_lost, complete=complete)
+                      meta=meta, diagnostics=diags, bytes_lost=end.bytes_lost, complete=complete,
+                      events_file=events_file)
 
 
 def _base_ns(members: dict[str, Any], diags: list[Diagnostic], path: str) -> int | None:
@@ -746,13 +954,18 @@ def _in_range(start: np.ndarray, base_ns: int) -> np.ndarray:
     return (start >= lo) & (start <= hi)
 
 
-def _append_begin_end(acc: _Accumulator, raw: pa.Table) -> pa.Table:
-    """Pair B/E events (not Kineto's own, but accepted) per (pid, tid) into complete events."""
+def _append_begin_end(acc: _Accumulator) -> None:
+    """Pair B/E events (not Kineto's own, but accepted) per (pid, tid) into complete events, added
+    after every other batch."""
     stacks: dict[tuple[Any, Any], list[Event]] = {}
     rows: list[Event] = []
     ends: list[Any] = []
     for e in acc.be_events:
-        key = (e.pid, e.tid)
+        try:
+            key = (e.pid, e.tid)
+            hash(key)
+        except TypeError:  # lists or objects as pid/tid
+            key = (repr(e.pid), repr(e.tid))
         if e.ph == "B":
             stacks.setdefault(key, []).append(e)
         elif stacks.get(key):
@@ -760,18 +973,12 @@ def _append_begin_end(acc: _Accumulator, raw: pa.Table) -> pa.Table:
             rows.append(b)
             ends.append(e.ts)
     if not rows:
-        return raw
+        return
     s, _ = us_text_to_ns([r.ts for r in rows])
     t, _ = us_text_to_ns(ends)
-    mini = _Accumulator(acc.path)
-    mini.n = acc.n
     xs = [Event(ph="X", cat=r.cat or "user_annotation", name=r.name, pid=r.pid, tid=r.tid, ts=r.ts,
                 dur=float(max(0, int(b - a))) / 1000.0, args=r.args) for r, a, b in zip(rows, s, t, strict=True)]
-    _columns(mini, xs)
-    acc.comm_rows.extend(mini.comm_rows)
-    acc.n = mini.n
-    return pa.concat_tables([raw, pa.Table.from_batches(mini.batches)], promote_options="permissive"
-                            ).unify_dictionaries().combine_chunks()
+    _columns(acc, xs)
 
 
 def _meta(acc: _Accumulator, members: dict[str, Any], members_after: set[str], base_ns: int | None

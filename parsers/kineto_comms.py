@@ -200,8 +200,14 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
                schema.KINDS.index("comm")) if events.num_rows else np.zeros(0, bool)
     if not is_comm.any():
         return schema.empty(schema.COLLECTIVES), None
-    pos_of_index = np.full(int(index_col.max()) + 1, -1, dtype=np.int64)
-    pos_of_index[index_col] = np.arange(len(index_col))
+    # row of each metadata record: ``index_col`` (the events' positions in the file) is ascending
+    order = np.argsort(index_col, kind="stable")
+    sorted_index = index_col[order]
+
+    def row_of(i: int) -> int:
+        j = int(np.searchsorted(sorted_index, i))
+        return int(order[j]) if j < sorted_index.size and sorted_index[j] == i else -1
+
     ev = pl.from_arrow(events.select(["lane", "kind", "name", "start_ns", "dur_ns", "pid", "tid",
                                       "correlation", "external_id"]))
     assert isinstance(ev, pl.DataFrame)
@@ -211,8 +217,8 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
     comm = ev.filter(pl.Series(is_comm)).with_columns(
         (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
     # metadata rows (args of ops/kernels that carry collective information)
-    fields = [{**_row_fields(r), "row": int(pos_of_index[r["_index"]])} for r in comm_rows
-              if r["_index"] < len(pos_of_index) and pos_of_index[r["_index"]] >= 0]
+    rows_of = [(r, row_of(r["_index"])) for r in comm_rows]
+    fields = [{**_row_fields(r), "row": row} for r, row in rows_of if row >= 0]
     meta = pl.DataFrame(fields, schema={"op": pl.String, "dtype": pl.String, "bytes": pl.Int64,
                                         "dims_bytes": pl.Int64, "elem": pl.Int64, "nranks": pl.Int64,
                                         "pg": pl.String, "seq": pl.Int64, "peer": pl.Int64, "row": pl.Int64})
@@ -243,9 +249,10 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
     linked = out.filter(pl.col("t").is_not_null()).sort("t")
     for tag, g in groups.items():
         cols = ["op", "dtype", "bytes", "dims_bytes", "elem", "nranks", "pg", "seq", "peer", "name"]
+        # ties broken by file order, so the result never depends on how polars ordered a join
         right = (g.select([pl.col("pid").alias("lpid"), pl.col("tid").alias("ltid"),
-                           pl.col("start_ns").alias("m_start"), "m_end", *cols])
-                 .rename({c: f"{c}_{tag}" for c in cols}).sort("m_start"))
+                           pl.col("start_ns").alias("m_start"), "m_end", "row", *cols])
+                 .rename({c: f"{c}_{tag}" for c in cols}).sort(["m_start", "row"]).drop("row"))
         if right.height == 0:
             for c in cols:
                 out = out.with_columns(pl.lit(None, dtype=right.schema[f"{c}_{tag}"]).alias(f"{c}_{tag}"))
@@ -258,7 +265,8 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
     by_ext = (cpu_meta.filter(pl.col("external_id").is_not_null() & (pl.col("name") == "record_param_comms"))
               .select([pl.col("external_id"), *[pl.col(c).alias(f"{c}_ext") for c in
                                                 ("op", "dtype", "bytes", "elem", "nranks", "pg", "seq",
-                                                 "peer")]]).unique("external_id", keep="first"))
+                                                 "peer")], "row"]).sort("row")
+              .unique("external_id", keep="first", maintain_order=True).drop("row"))
     out = out.join(by_ext, on="external_id", how="left")
 
     def pick(col: str, order: tuple[str, ...] = ("", "_rpc", "_ext", "_ann", "_c10d")) -> pl.Expr:
@@ -275,7 +283,7 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
         pick("bytes", ("", "_rpc", "_ext")).alias("bytes_f"),
         pick("dims_bytes", ("", "_ann", "_rpc", "_c10d")).alias("dims_bytes_f"),
     )
-    pdf = out.sort("start_ns").select(["row", "lane", "name", "name_c10d", "name_ann", "start_ns", "end_ns",
+    pdf = out.sort(["start_ns", "row"]).select(["row", "lane", "name", "name_c10d", "name_ann", "start_ns", "end_ns",
                                        "op_meta", "dtype_f",
                                        "elem_f", "nranks_f", "pg_f", "seq_f", "peer_f", "bytes_f",
                                        "dims_bytes_f"]).to_dict(as_series=False)

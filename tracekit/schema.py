@@ -236,3 +236,6 @@ class ParsedFile:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     bytes_lost: int = 0
     complete: bool = True
+    #: set when the parser spilled to disk (bounded memory): ``events`` is this Arrow IPC file,
+    #: memory-mapped; read it batch by batch (``pa.ipc.open_file``) to stay within the memory bound
+    events_file: str | None = None
