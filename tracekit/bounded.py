@@ -132,9 +132,10 @@ class _Map:
 
 
 def analyse(events_file: str, rank: int, collectives: pa.Table, step_marker: str | None = None,
-            sink: Sink | None = None) -> tuple[pa.Table, pa.Table]:
+            sink: Sink | None = None, *, require_steps: bool = True) -> tuple[pa.Table, pa.Table]:
     """``(iterations, breakdown)`` of the one rank whose events are in ``events_file``; every events batch,
-    its iteration filled, goes to ``sink``."""
+    its iteration filled, goes to ``sink``. ``collectives`` must carry ``rank`` (for the bytes per window);
+    ``require_steps`` as in :func:`tracekit.iterations.assign`."""
     regex_text = step_marker or iterations.DEFAULT_STEP
     try:
         regex = re.compile(regex_text)
@@ -158,7 +159,7 @@ def analyse(events_file: str, rank: int, collectives: pa.Table, step_marker: str
     steps = iterations.step_annotations(mini, iterations._frame(mini), step_marker) if mini.num_rows else \
         iterations.step_annotations(schema.empty(schema.EVENTS), iterations._frame(schema.empty(schema.EVENTS)),
                                     step_marker)
-    if step_marker and steps.height == 0:
+    if step_marker and steps.height == 0 and require_steps:
         raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
     # pass 2: the iteration of every launching CPU call (External id, correlation)
     by_ext, by_corr = _Map(), _Map()

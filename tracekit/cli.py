@@ -35,6 +35,18 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="annotation name that marks iterations when there is no ProfilerStep#N "
                         "(a numeric group, if any, gives the iteration number)")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print warnings about the inputs")
+    g = p.add_argument_group("big jobs", "each file becomes a per-rank Parquet partition (events, collectives, "
+                             "iterations, breakdown) plus a small summary; the results are combined lazily")
+    g.add_argument("--engine", choices=("local", "dask"), default="local",
+                   help="where files are parsed and analysed: local processes (default) or a Dask cluster "
+                        "(a LocalCluster of --jobs workers unless --scheduler is given)")
+    g.add_argument("--scheduler", metavar="URL", help="Dask scheduler to run on, e.g. tcp://head-node:8786 "
+                   "(implies --engine dask; workers must see the inputs and --dataset at the same paths)")
+    g.add_argument("--dataset", metavar="DIR", help="keep the per-rank dataset here (default: in the cache, "
+                   "reused while the inputs are unchanged); on a cluster, a directory every worker can write")
+    g.add_argument("--rebuild", action="store_true", help="replace a --dataset DIR that holds other inputs")
+    g.add_argument("--memory-budget", metavar="SIZE", help="memory per file being read, e.g. 1G (default "
+                   "$TRACEKIT_MEMORY_BUDGET or 1G): bigger files are read in bounded memory through disk")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace, console: Console):
-    from tracekit import traceset
-    from tracekit.analysis import analyse
+    """Build (or reuse) the per-rank dataset of the inputs and open its results."""
+    from tracekit import dataset, engine, traceset
+    from tracekit.analysis import DatasetAnalysis
 
     files, _ = traceset.discover(args.paths)
     total = sum(os.path.getsize(f) for f in files)
@@ -83,16 +96,21 @@ def _load(args: argparse.Namespace, console: Console):
         def progress_cb(done: int, _total: int, _path: str) -> None:
             bar.update(task, completed=done)
 
+    if args.jobs is not None and args.jobs < 1:
+        raise TraceError(None, "--jobs must be at least 1")
+    eng = engine.make(args.engine, scheduler=args.scheduler, jobs=args.jobs, total_bytes=total)
     try:
-        ts = traceset.load(args.paths, use_cache=not args.no_cache, cache_dir=args.cache_dir,
-                           jobs=args.jobs, progress=progress_cb)
+        ds = dataset.build(args.paths, out=args.dataset, engine=eng, step_marker=args.step_marker,
+                           budget=args.memory_budget, use_cache=not args.no_cache, cache_dir=args.cache_dir,
+                           force=args.rebuild, progress=progress_cb)
     finally:
         if bar is not None:
             bar.stop()
-    if ts.events.num_rows == 0 and ts.collectives.num_rows == 0:
-        damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
+    if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0:
+        damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
+        ds.cleanup()
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
-    return analyse(ts, step_marker=args.step_marker)
+    return DatasetAnalysis(ds)
 
 
 def _warn(diags: Sequence[Diagnostic], console: Console, quiet: bool) -> None:
@@ -108,19 +126,22 @@ def _warn(diags: Sequence[Diagnostic], console: Console, quiet: bool) -> None:
 def cmd_summary(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     result = _load(args, err)
-    from tracekit import summary
+    try:
+        from tracekit import summary
 
-    if args.json:
-        payload = _summary_json(result, summary)
-        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
-        _warn(result.traces.diagnostics, err, args.quiet)
+        if args.json:
+            payload = _summary_json(result, summary)
+            sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+            _warn(result.diagnostics, err, args.quiet)
+            return 0
+        from tracekit.report import render_summary
+
+        out = Console() if sys.stdout.isatty() else Console(width=120)
+        render_summary(out, result)
+        _warn(result.diagnostics, err, args.quiet)
         return 0
-    from tracekit.report import render_summary
-
-    out = Console() if sys.stdout.isatty() else Console(width=120)
-    render_summary(out, result)
-    _warn(result.traces.diagnostics, err, args.quiet)
-    return 0
+    finally:
+        result.dataset.cleanup()
 
 
 def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
@@ -130,7 +151,7 @@ def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
         "iterations": summary.per_iteration(result.breakdown).to_dicts(),
         "breakdown": result.breakdown.to_pylist(),
         "notes": result.notes,
-        "diagnostics": [str(d) for d in result.traces.diagnostics],
+        "diagnostics": [str(d) for d in result.diagnostics],
     }
 
 
@@ -141,10 +162,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     if os.path.exists(args.output) and args.output.endswith(".parquet") and not args.force:
         raise TraceError(args.output, "already exists (use --force to overwrite)")
     result = _load(args, err)
-    written = export(result.tables(), args.output, force=args.force, table=args.table)
+    try:
+        written = export(result.tables(), args.output, force=args.force, table=args.table)
+    finally:
+        result.dataset.cleanup()
     for path in written:
         err.print(f"wrote {path}", highlight=False, soft_wrap=True)
-    _warn(result.traces.diagnostics, err, args.quiet)
+    _warn(result.diagnostics, err, args.quiet)
     return 0
 
 

@@ -82,14 +82,18 @@ def step_annotations(events: pa.Table, df: pl.DataFrame, step_marker: str | None
                         (pl.col("start_ns") + pl.col("dur_ns")).alias("s_end")]).sort(["rank", "s_start"])
 
 
-def assign(events: pa.Table, step_marker: str | None = None) -> tuple[pa.Table, pa.Table]:
-    """Return ``(events with the iteration column filled, iterations table)``."""
+def assign(events: pa.Table, step_marker: str | None = None, *, require_steps: bool = True
+           ) -> tuple[pa.Table, pa.Table]:
+    """Return ``(events with the iteration column filled, iterations table)``.
+
+    A ``step_marker`` that matches nothing is an error, unless ``require_steps`` is False (one rank of
+    many: the caller decides once it has seen them all)."""
     if events.num_rows == 0:
         return events, schema.empty(schema.ITERATIONS)
     df = _frame(events)
     steps = step_annotations(events, df, step_marker)
     method = "step-marker" if step_marker else "ProfilerStep"
-    if step_marker and steps.height == 0:
+    if step_marker and steps.height == 0 and require_steps:
         raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
     it, ok = step_of(df.get_column("rank").to_numpy(), df.get_column("start_ns").to_numpy(), steps)
     if steps.height:

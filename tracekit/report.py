@@ -12,7 +12,7 @@ from tracekit import summary
 from tracekit.schema import CLASSES
 
 if TYPE_CHECKING:
-    from tracekit.analysis import Analysis
+    from tracekit.analysis import Result
 
 CLASS_LABELS = {"compute": "compute", "overlapped": "overlapped", "exposed_comm": "exposed comm",
                 "memory": "memory", "idle": "idle"}
@@ -49,7 +49,7 @@ def fmt_share(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f} %"
 
 
-def render_summary(console: Console, result: Analysis) -> None:
+def render_summary(console: Console, result: Result) -> None:
     """The ``tracekit summary`` screen: ranks × classes, then the job's headline numbers."""
     pr = summary.per_rank(result.breakdown)
     job = summary.job(result.breakdown)
