@@ -118,9 +118,11 @@ class _Map:
 
     def freeze(self) -> None:
         keys = np.concatenate(self.keys) if self.keys else np.zeros(0, np.int64)
+        self.keys = []
         values = np.concatenate(self.values) if self.values else np.zeros(0, np.int64)
-        self.keys, self.values = [], []
+        self.values = []
         self.k, first = np.unique(keys, return_index=True)
+        del keys
         self.v = values[first]
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -211,22 +213,30 @@ def analyse(events_file: str, rank: int, collectives: pa.Table, step_marker: str
                 starts.append(c.start[mask])
                 ends.append(end[mask])
                 classes.append(np.full(int(mask.sum()), cls, np.int8))
-                cpu_lanes.append(c.lane[mask] if (not gpu and cls == attribution.COMPUTE) else
-                                 np.full(int(mask.sum()), -1, np.int64))
+                if not gpu:  # CPU operators may be dropped later, by lane
+                    cpu_lanes.append(c.lane[mask] if cls == attribution.COMPUTE else
+                                     np.full(int(mask.sum()), -1, np.int64))
     iters = _windows(aggs, steps, rank, gpu, method)
     if iters.num_rows == 0:
         return iters, schema.empty(schema.BREAKDOWN)
-    start = np.concatenate(starts) if starts else np.zeros(0, np.int64)
-    end = np.concatenate(ends) if ends else np.zeros(0, np.int64)
-    cls = np.concatenate(classes).astype(np.int64) if classes else np.zeros(0, np.int64)
+    # the compact arrays are the only per-event memory left: build each once, free the pieces at once
+    start = _concat(starts, np.int64)
+    end = _concat(ends, np.int64)
+    cls = _concat(classes, np.int8)
     if not gpu and comm_lanes:  # CPU operators on threads that communicate are not compute
-        lanes = np.concatenate(cpu_lanes)
-        keep = ~np.isin(lanes, np.array(sorted(comm_lanes)))
+        keep = ~np.isin(_concat(cpu_lanes, np.int64), np.array(sorted(comm_lanes)))
         start, end, cls = start[keep], end[keep], cls[keep]
     win = attribution.sorted_windows(iters)
     totals = sweep_in_slabs(start, end, cls, win.get_column("start_ns").to_numpy(),
-                            win.get_column("end_ns").to_numpy())
+                            win.get_column("end_ns").to_numpy(), in_place=True)
     return iters, attribution.table(win, totals, collectives)
+
+
+def _concat(pieces: list[np.ndarray], dtype: type) -> np.ndarray:
+    """Concatenate and empty ``pieces`` (so the pieces are freed as soon as the whole exists)."""
+    out = np.concatenate(pieces).astype(dtype, copy=False) if pieces else np.zeros(0, dtype)
+    pieces.clear()
+    return out
 
 
 def _windows(aggs: list[pl.DataFrame], steps: pl.DataFrame, rank: int, gpu: bool, method: str) -> pa.Table:
@@ -246,21 +256,29 @@ def _windows(aggs: list[pl.DataFrame], steps: pl.DataFrame, rank: int, gpu: bool
 
 
 def sweep_in_slabs(start: np.ndarray, end: np.ndarray, cls: np.ndarray, w_start: np.ndarray, w_end: np.ndarray,
-                   slab: int | None = None) -> dict[str, np.ndarray]:
+                   slab: int | None = None, in_place: bool = False) -> dict[str, np.ndarray]:
     """:func:`tracekit.attribution.window_totals` for one rank's sorted, disjoint windows, sweeping at most
     about ``slab`` intervals at a time.
 
     Windows are cut into pieces at every ``slab``-th interval start (time per class adds up over the
     pieces of a window exactly), consecutive pieces are grouped while their intervals stay under
-    ``slab``, and each group is swept with just the intervals that overlap it.
+    ``slab``, and each group is swept with just the intervals that overlap it. With ``in_place`` the
+    interval arrays are sorted in place (no copies: the caller gives them up).
     """
     slab = slab or SLAB
     m = len(w_start)
     totals = {k: np.zeros(m, dtype=np.int64) for k in attribution.TOTALS}
     if m == 0:
         return totals
+    if not in_place:  # the caller keeps its arrays: work on copies
+        start, end, cls = start.copy(), end.copy(), cls.copy()
+    # sort by start in place (one temporary at a time: memory stays ~3 words per interval)
     order = np.argsort(start, kind="stable")
-    s, e, c = start[order], np.maximum(end[order], start[order]), cls[order]
+    for a in (start, end, cls):
+        a[:] = a[order]
+    del order
+    np.maximum(end, start, out=end)
+    s, e, c = start, end, cls
     reach = np.maximum.accumulate(e) if e.size else e  # the latest end of any interval up to here
     # pieces of windows: (start, end, owning window)
     first = np.searchsorted(s, w_start, "left")
@@ -282,7 +300,7 @@ def sweep_in_slabs(start: np.ndarray, end: np.ndarray, cls: np.ndarray, w_start:
         sel = slice(int(lo[i]), int(hi[j - 1]))
         live = e[sel] > ps[i]
         part = attribution.window_totals(np.zeros(int(live.sum()), np.int64), s[sel][live], e[sel][live],
-                                         c[sel][live], np.zeros(j - i, np.int64), ps[i:j], pe[i:j])
+                                         c[sel][live].astype(np.int64), np.zeros(j - i, np.int64), ps[i:j], pe[i:j])
         for k in totals:
             np.add.at(totals[k], pw[i:j], part[k])
         i = j

@@ -122,23 +122,36 @@ class Unit:
 
 
 class _ParquetSink:
-    """Streams batches into one Parquet file (zstd, page checksums), dropping the rank column."""
+    """Streams batches into one Parquet file (zstd, page checksums), dropping the rank column; small
+    batches are gathered into row groups of about :data:`ROW_GROUP` rows (bounded buffering)."""
+
+    ROW_GROUP = 1 << 17
 
     def __init__(self, path: Path, sch: pa.Schema) -> None:
         self.path = path
         self.schema = _without_rank(sch)
         self.writer: pq.ParquetWriter | None = None
+        self.pending: list[pa.Table] = []
+        self.rows = 0
 
     def write(self, data: pa.Table | pa.RecordBatch) -> None:
+        t = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        self.pending.append(_drop_rank(t).cast(self.schema))
+        self.rows += t.num_rows
+        if self.rows >= self.ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
         if self.writer is None:
             self.writer = pq.ParquetWriter(str(self.path), self.schema, compression="zstd",
                                            write_page_checksum=True)
-        t = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-        self.writer.write_table(_drop_rank(t).cast(self.schema), row_group_size=1 << 20)
+        t = pa.concat_tables(self.pending) if self.pending else self.schema.empty_table()
+        self.writer.write_table(t, row_group_size=1 << 20)
+        self.pending, self.rows = [], 0
 
     def close(self) -> None:
-        if self.writer is None:
-            self.write(self.schema.empty_table())
+        if self.pending or self.writer is None:
+            self._flush()
         assert self.writer is not None
         self.writer.close()
 
