@@ -137,7 +137,7 @@ def main() -> None:
             print(f"generating one {args.rank_mb:.0f} MB rank trace ...", flush=True)
             write_trace(base, args.rank_mb, rank=None)
         for n in [int(x) for x in args.ranks.split(",") if x.strip()]:
-            d = work / f"ranks{n}"
+            d = work / f"ranks{n}_{int(args.rank_mb)}mb"
             d.mkdir(exist_ok=True)
             for r in range(n):
                 link = d / f"rank-{r}.json"

@@ -247,3 +247,36 @@ def test_killed_build_leaves_the_previous_dataset(tmp_path: Path) -> None:
     after = dataset.Dataset.open(out)
     assert after is not None and after.verify()
     assert after.manifest["key"] == before.manifest["key"]
+
+
+def test_sizes_budgets_and_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert dataset.parse_size("1G") == 1 << 30 and dataset.parse_size("512MiB") == 512 << 20
+    assert dataset.parse_size("2048") == 2048 and dataset.parse_size("1.5k") == 1536
+    for bad in ("lots", "-1G", "0"):
+        with pytest.raises(TraceError, match="not a size"):
+            dataset.parse_size(bad)
+    monkeypatch.setenv("TRACEKIT_MEMORY_BUDGET", "3M")
+    assert dataset.memory_budget() == 3 << 20 and dataset.memory_budget("1K") == 1024
+    p = kt.write(tmp_path / "t.json.gz", kt.gpu_job(2))
+    assert dataset.json_bytes(str(p)) == len(kt.write(tmp_path / "t.json", kt.gpu_job(2)).read_bytes())
+    assert isinstance(engine.make("dask", jobs=1), engine.DaskEngine)
+    assert isinstance(engine.make("local", scheduler="tcp://x:1"), engine.DaskEngine)
+    with pytest.raises(TraceError, match="unknown engine"):
+        engine.make("spark")
+
+
+def test_cli_memory_budget_reads_in_bounded_memory(job: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(job), "--json", "--memory-budget", "1K", "--dataset", str(tmp_path / "b")]) == 0
+    bounded_run = json.loads(capsys.readouterr().out)
+    ds = dataset.Dataset.open(tmp_path / "b")
+    assert ds is not None and all(s["spilled"] for s in ds.summaries if s["format"] == "kineto")
+    assert main(["summary", str(job), "--json", "--no-cache"]) == 0
+    assert bounded_run == json.loads(capsys.readouterr().out)
+    # the export streams every rank's events into one file with the events schema
+    out = tmp_path / "ev.parquet"
+    assert main(["export", str(job), "--dataset", str(tmp_path / "b"), "-o", str(out), "--table", "events"]) == 0
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(out)
+    assert t.schema.names == schema.EVENTS.names and t.num_rows == ds.manifest["events"]

@@ -187,6 +187,12 @@ def run_unit(u: Unit) -> dict[str, Any]:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     staging = Path(u.staging)
     part = staging / f"part-{u.index:06d}"
+    if not staging.is_dir():
+        raise TraceError(str(staging), f"the dataset directory is not visible on worker {socket.gethostname()}: "
+                         "give --dataset a path on a filesystem every worker shares")
+    if not os.path.exists(u.path):
+        raise TraceError(u.path, f"no such file on worker {socket.gethostname()} (workers must see the inputs "
+                         "at the same paths)")
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=staging))
     try:
         fmt = detect(u.path) if os.path.getsize(u.path) else None
