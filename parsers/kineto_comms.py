@@ -18,6 +18,7 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit import schema
+from tracekit.schema import clean_text
 
 #: element size in bytes of c10 ScalarType names (``dtype``), C++ type names (``Input type``) and
 #: common spellings of other writers
@@ -168,10 +169,10 @@ def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
     peer = _int32(row.get("dst_rank"))
     if peer is None:
         peer = _int32(row.get("src_rank"))
-    return {
-        "op": op, "dtype": dtype or dims_type, "bytes": nbytes, "dims_bytes": dims_bytes,
+    return {  # strings made encodable: a JSON "\ud800" would stop polars and Arrow
+        "op": clean_text(op), "dtype": clean_text(dtype or dims_type), "bytes": nbytes, "dims_bytes": dims_bytes,
         "elem": size or _type_size(dims_type), "nranks": _positive32(row.get("group_size")),
-        "pg": None if pg is None else str(pg), "seq": _int(row.get("seq")), "peer": peer,
+        "pg": None if pg is None else clean_text(str(pg)), "seq": _int(row.get("seq")), "peer": peer,
     }
 
 

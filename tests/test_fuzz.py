@@ -266,3 +266,23 @@ def test_trace_error_survives_pickling() -> None:
     err = pickle.loads(pickle.dumps(TraceError("a.json", "bad thing", offset=12)))
     assert isinstance(err, TraceError) and str(err) == "a.json: byte 12: bad thing"
     assert (err.path, err.message, err.offset, err.line) == ("a.json", "bad thing", 12, None)
+
+
+def test_lone_surrogate_in_collective_args(tmp_path: Path) -> None:
+    # found by benchmarks/fuzz.py (20 000 cases): polars refused the string when building collectives
+    p = _doc(tmp_path)
+    p.write_text(p.read_text().replace('"Process Group Name": "0"', '"Process Group Name": "\\ud800"'))
+    parsed = _parse_and_analyse(p)
+    assert parsed.collectives.column("pg").to_pylist() == ["?", "?"]
+
+
+def test_records_without_a_comma_between_them(tmp_path: Path) -> None:
+    # found by benchmarks/fuzz.py: Arrow read `{...} {...}` as two rows of one line, so rows and lines no
+    # longer lined up when fetching a record's collective metadata (IndexError, or another record's args)
+    ev = '{"ph": "X", "cat": "cpu_op", "name": "%s", "pid": 1, "tid": 1, "ts": %d, "dur": 1%s}'
+    rpc = ev % ("record_param_comms", 3, ', "args": {"Collective name": "allreduce"}')
+    p = tmp_path / "t.json"
+    p.write_text('{"traceEvents": [' + ev % ("a", 1, "") + " " + ev % ("b", 2, "") + ", " + rpc + "]}")
+    parsed = kineto.parse(str(p))
+    assert parsed.events.column("name").to_pylist() == ["record_param_comms"]
+    assert any("1 unreadable records skipped" in str(d) for d in parsed.diagnostics)
