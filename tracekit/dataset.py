@@ -301,8 +301,9 @@ class Dataset:
         return cls(root, manifest)
 
     def verify(self) -> bool:
-        """Every file is there with its size and CRC-32 (events: size only — Parquet page checksums guard
-        their content, and reading gigabytes on every reuse would defeat the reuse)."""
+        """Every file is there with its size and CRC-32 (events: size only — reading gigabytes on every
+        reuse would defeat the reuse; they are written with Parquet page checksums, which a reader can
+        verify with ``page_checksum_verification=True``, and their CRC-32 is in the manifest)."""
         files = self.manifest.get("files", {})
         small = {k: v for k, v in files.items() if not k.endswith("events.parquet")}
         big = {k: {**v} for k, v in files.items() if k.endswith("events.parquet")}
