@@ -55,10 +55,15 @@ def _us(ns: int) -> str:
     return f"{whole}.{frac:03d}"
 
 
-def write_trace(path: str | os.PathLike, target_mb: float, *, rank: int = 0, world: int = 8, seed: int = 0,
+def write_trace(path: str | os.PathLike, target_mb: float, *, rank: int | None = 0, world: int = 8, seed: int = 0,
                 gz: bool = False, ops_per_step: int = 2000) -> int:
-    """Write a trace of about ``target_mb`` MB of JSON text; returns the number of events."""
+    """Write a trace of about ``target_mb`` MB of JSON text; returns the number of events.
+
+    ``rank=None`` leaves ``rank`` out of ``distributedInfo`` (the reader then takes it from the file name,
+    so one trace can be hard-linked as ``rank-0.json``, ``rank-1.json``, ... for many-rank benchmarks)."""
     rng = random.Random(seed)
+    info_rank = "" if rank is None else f'"rank": {rank}, '
+    rank = rank or 0
     pid, tid, comm_tid = 40917 + rank, 41102 + rank, 41200 + rank
     t = BASE_NS + 4_458_676_416_788_066 % 10**12 + rank * 1357
     ext = corr = 1
@@ -68,7 +73,7 @@ def write_trace(path: str | os.PathLike, target_mb: float, *, rank: int = 0, wor
     opener = gzip.open if gz else open
     with opener(path, "wt") as f:
         head = ('{\n  "schemaVersion": 1,\n  "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],\n'
-                f'  "distributedInfo": {{"backend": "nccl", "rank": {rank}, "world_size": {world}, '
+                f'  "distributedInfo": {{"backend": "nccl", {info_rank}"world_size": {world}, '
                 '"nccl_version": "2.21.5"},\n  "displayTimeUnit": "ms",\n'
                 f'  "baseTimeNanoseconds": {BASE_NS},\n  "traceEvents": [\n')
         f.write(head)

@@ -5,6 +5,10 @@ top-level members. This module finds element boundaries with a vectorised struct
 unescaped quotes -> string mask -> bracket depth), never decoding anything itself, so the caller
 can decode each batch with a typed msgspec decoder in bounded memory. A document cut anywhere
 (killed job, ``.json.tmp``) yields every complete element and reports how many bytes were lost.
+
+Hostile input is bounded too: the structural index is incremental (every byte is indexed once, never
+re-scanned while a huge element accumulates), indexes at most :data:`SCAN_BYTES` at a time, and a
+record larger than :data:`MAX_RECORD_BYTES` is skipped and counted instead of buffered.
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ LBRACE, RBRACE, LBRACK, RBRACK, COMMA = 0x7B, 0x7D, 0x5B, 0x5D, 0x2C
 _WS = b" \t\r\n"
 #: emit a batch once this many bytes of complete elements are buffered
 BATCH_BYTES = 4 << 20
+#: the structural index looks at no more than this many bytes at once, so its arrays stay small
+SCAN_BYTES = 2 << 20
+#: an array element or top-level member larger than this is skipped (and counted), never buffered whole:
+#: memory stays bounded whatever a file holds (no real trace record comes near it)
+MAX_RECORD_BYTES = 64 << 20
+_WS_RUN = re.compile(rb"[ \t\r\n]*")
 
 
 @dataclass
@@ -40,12 +50,19 @@ class Batch:
     def bounds(self) -> np.ndarray:
         """Separator positions, found by the structural index on first use (only needed on damage)."""
         if self._bounds is None:
-            view = np.frombuffer(self.data, dtype=np.uint8)
-            p, ch, dep, _ = structure(view, 0)
-            keep = ((ch == COMMA) & (dep == 1)) | ((ch == LBRACK) & (dep == 1)) | ((ch == RBRACK) & (dep == 0))
-            self._bounds = p[keep]
-            if not self._bounds.size or self._bounds[-1] != len(self.data) - 1:
-                self._bounds = np.append(self._bounds, len(self.data) - 1)
+            st = _Scan(0, 0)
+            found = []
+            while st.pos < len(self.data):
+                before = st.pos
+                p, ch, dep = scan(self.data, st)
+                keep = ((ch == COMMA) & (dep == 1)) | ((ch == LBRACK) & (dep == 1)) | ((ch == RBRACK) & (dep == 0))
+                found.append(p[keep])
+                if st.pos == before:
+                    break
+            b = np.concatenate(found) if found else np.zeros(0, np.int64)
+            if not b.size or b[-1] != len(self.data) - 1:
+                b = np.append(b, len(self.data) - 1)
+            self._bounds = b
         return self._bounds
 
     def element(self, i: int) -> bytes:
@@ -70,7 +87,11 @@ class Member:
 
 @dataclass
 class End:
-    """The end of the stream: whether the document was complete and what was lost."""
+    """The end of the stream: whether the document was complete and what was lost.
+
+    ``skipped`` counts records (array elements or members) larger than :data:`MAX_RECORD_BYTES` that
+    were skipped without being buffered; ``skipped_bytes`` their size, ``skipped_offset`` the first one.
+    """
 
     complete: bool
     bytes_lost: int
@@ -78,10 +99,14 @@ class End:
     array_closed: bool
     array_found: bool
     reason: str = ""
+    skipped: int = 0
+    skipped_bytes: int = 0
+    skipped_offset: int | None = None
 
 
 def _unescaped_quotes(view: np.ndarray) -> np.ndarray:
-    """Positions of quotes not escaped by an odd run of backslashes."""
+    """Positions of quotes not escaped by an odd run of backslashes (the view must not start inside
+    an escape: its first byte is not escaped by what came before)."""
     q = np.flatnonzero(view == QUOTE)
     if not q.size:
         return q
@@ -99,17 +124,21 @@ def _unescaped_quotes(view: np.ndarray) -> np.ndarray:
     return np.setdiff1d(q, escaped, assume_unique=True)
 
 
-def structure(view: np.ndarray, depth0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Structural characters of ``view`` outside strings, assuming it starts outside a string.
+def structure(view: np.ndarray, depth0: int, in_string: bool = False
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Structural characters of ``view`` outside strings.
 
-    Returns ``(positions, chars, depth_after, quotes)``: for each ``{ } [ ] ,`` outside a string, its
-    position, byte and the nesting depth after it; and the unescaped quote positions.
+    ``depth0`` and ``in_string`` are the state at the start of the view. Returns ``(positions, chars,
+    depth_after, quotes)``: for each ``{ } [ ] ,`` outside a string, its position, byte and the nesting
+    depth after it; and the unescaped quote positions.
     """
     quotes = _unescaped_quotes(view)
     mask = (view == LBRACE) | (view == RBRACE) | (view == LBRACK) | (view == RBRACK) | (view == COMMA)
     pos = np.flatnonzero(mask)
     if quotes.size and pos.size:
-        pos = pos[(np.searchsorted(quotes, pos) & 1) == 0]
+        pos = pos[(np.searchsorted(quotes, pos) & 1) == int(in_string)]
+    elif in_string:
+        pos = pos[:0]
     chars = view[pos]
     delta = np.zeros(pos.size, dtype=np.int64)
     delta[(chars == LBRACE) | (chars == LBRACK)] = 1
@@ -118,11 +147,46 @@ def structure(view: np.ndarray, depth0: int) -> tuple[np.ndarray, np.ndarray, np
     return pos, chars, depth, quotes
 
 
+@dataclass
+class _Scan:
+    """Where an incremental structural scan of a buffer stands: bytes before ``pos`` are indexed, and
+    ``depth``/``in_string`` hold at ``pos``; no escape is pending at ``pos``. ``last`` is the last
+    structural character seen (0 if none)."""
+
+    pos: int
+    depth: int
+    in_string: bool = False
+    last: int = 0
+    last_pos: int = -1
+
+
+def scan(buf: bytes, st: _Scan, limit: int = SCAN_BYTES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Index ``buf[st.pos : st.pos + limit]`` and advance ``st``; returns the structural characters
+    found as ``(positions in buf, chars, depth after)``.
+
+    The scan stops before a trailing odd run of backslashes (whether it escapes the next byte is not
+    known yet), so a later call continues exactly where this one left off: every byte is indexed once.
+    """
+    end = min(len(buf), st.pos + limit)
+    view = np.frombuffer(buf, dtype=np.uint8)[st.pos : end]
+    p, ch, dep, q = structure(view, st.depth, st.in_string)
+    run = 0
+    if view.size and view[-1] == BSLASH:
+        nb = np.flatnonzero(view != BSLASH)
+        run = view.size - (int(nb[-1]) + 1 if nb.size else 0)
+    resume = view.size - (run & 1)
+    p = p + st.pos
+    if dep.size:
+        st.depth = int(dep[-1])
+        st.last = int(ch[-1])
+        st.last_pos = int(p[-1])
+    st.in_string = st.in_string ^ bool(q.size & 1)
+    st.pos += resume
+    return p, ch, dep
+
+
 def _skip_ws(buf: bytes, i: int) -> int:
-    n = len(buf)
-    while i < n and buf[i] in _WS:
-        i += 1
-    return i
+    return _WS_RUN.match(buf, i).end()  # type: ignore[union-attr]
 
 
 class _Stream:
@@ -165,6 +229,7 @@ def stream_array(
         i = _skip_ws(s.buf, 0)
         if i < len(s.buf):
             break
+        s.drop(i)  # leading whitespace is forgotten as it comes (a file of blanks is not buffered)
         if not s.more():
             yield End(False, 0, None, False, False, "no JSON value")
             return
@@ -179,21 +244,43 @@ def stream_array(
     yield from _object(s, array_key.encode(), batch_bytes)
 
 
+class _Skips:
+    """Records too large to buffer, skipped."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.bytes = 0
+        self.offset: int | None = None
+
+    def add(self, offset: int, size: int) -> None:
+        self.n += 1
+        self.bytes += size
+        if self.offset is None:
+            self.offset = offset
+
+    def end(self, end: End) -> End:
+        end.skipped, end.skipped_bytes, end.skipped_offset = self.n, self.bytes, self.offset
+        return end
+
+
 def _object(s: _Stream, key: bytes, batch_bytes: int) -> Iterator[Batch | Member | End]:
     """Walk the members of the top-level object at ``s.buf[0] == '{'``."""
     pos = 1  # just after '{' or after a member's comma
     found = False
     closed = False
+    skips = _Skips()
     while True:
         start = _skip_ws(s.buf, pos)
         while start >= len(s.buf):
+            s.drop(start)  # whitespace between members is not kept
+            pos = 0
             if not s.more():
-                yield End(False, len(s.buf[pos:].strip()), s.base + pos, closed, found, "document cut")
+                yield skips.end(End(False, 0, s.base, closed, found, "document cut"))
                 return
-            start = _skip_ws(s.buf, pos)
+            start = _skip_ws(s.buf, 0)
         c = s.buf[start]
         if c == RBRACE:
-            yield End(True, 0, None, closed or not found, found)
+            yield skips.end(End(True, 0, None, closed or not found, found))
             return
         if c == COMMA:
             pos = start + 1
@@ -204,7 +291,7 @@ def _object(s: _Stream, key: bytes, batch_bytes: int) -> Iterator[Batch | Member
         if quotes.size < 2:
             if len(s.buf) - start < 4096 and s.more():
                 continue
-            yield End(False, len(s.buf) - start, s.base + start, closed, found, "malformed member")
+            yield skips.end(End(False, len(s.buf) - start, s.base + start, closed, found, "malformed member"))
             return
         name = s.buf[start + int(quotes[0]) + 1 : start + int(quotes[1])]
         colon = _skip_ws(s.buf, start + int(quotes[1]) + 1)
@@ -212,7 +299,7 @@ def _object(s: _Stream, key: bytes, batch_bytes: int) -> Iterator[Batch | Member
         if vstart >= len(s.buf):
             if s.more():
                 continue
-            yield End(False, len(s.buf) - start, s.base + start, closed, found, "document cut")
+            yield skips.end(End(False, len(s.buf) - start, s.base + start, closed, found, "document cut"))
             return
         if name == key and s.buf[vstart] == LBRACK:
             found = True
@@ -224,29 +311,45 @@ def _object(s: _Stream, key: bytes, batch_bytes: int) -> Iterator[Batch | Member
                 else:
                     yield item
             assert end is not None
+            skips.n += end.skipped
+            skips.bytes += end.skipped_bytes
+            skips.offset = end.skipped_offset if skips.offset is None else skips.offset
             if not end.array_closed:
-                yield end
+                yield skips.end(end)
                 return
             closed = True
             pos = 0  # _array left s.buf just after the ']'
             continue
-        # an ordinary member: find its end (a comma at depth 1 or the closing brace) in a growing window
-        window = 1 << 16
+        # an ordinary member: find its end (a comma at depth 1 or the closing brace) incrementally
+        st = _Scan(vstart, 1)
+        vend = None
+        skipping = False
+        offset0 = s.base + vstart
         while True:
-            view = np.frombuffer(s.buf, dtype=np.uint8)[vstart : vstart + window]
-            p, ch, depth, _ = structure(view, 1)
-            stop = np.flatnonzero(((ch == COMMA) & (depth == 1)) | ((ch == RBRACE) & (depth == 0)))
-            if stop.size:
-                vend = vstart + int(p[stop[0]])
-                yield Member(name.decode("utf-8", "replace"), s.buf[vstart:vend].strip(), s.base + vstart)
-                pos = vend
+            while st.pos < len(s.buf):
+                before = st.pos
+                p, ch, depth = scan(s.buf, st)
+                stop = np.flatnonzero(((ch == COMMA) & (depth == 1)) | ((ch == RBRACE) & (depth == 0)))
+                if stop.size:
+                    vend = int(p[stop[0]])
+                    break
+                if st.pos == before:
+                    break
+            if vend is not None:
                 break
-            if vstart + window < len(s.buf):
-                window *= 4
-                continue
+            if not skipping and len(s.buf) - vstart > MAX_RECORD_BYTES:
+                skipping = True
+            if skipping:  # too large to keep: forget what is indexed, keep the scan state
+                s.drop(st.pos)
+                st.pos = vstart = 0
             if not s.more():
-                yield End(False, len(s.buf) - start, s.base + start, closed, found, "document cut")
+                yield skips.end(End(False, s.base + len(s.buf) - offset0, offset0, closed, found, "document cut"))
                 return
+        if skipping:
+            skips.add(offset0, s.base + vend - offset0)
+        else:
+            yield Member(name.decode("utf-8", "replace"), s.buf[vstart:vend].strip(), s.base + vstart)
+        pos = vend
 
 
 _CANDIDATE = re.compile(rb"\}\s*,\s*\{")
@@ -271,74 +374,128 @@ def _fast_cut(buf: bytes) -> int | None:
 def _valid(data: bytes) -> bool:
     try:
         _VALIDATE.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError):
         return False
     return True
+
+
+def _index(s: _Stream, st: _Scan, seps: list[np.ndarray], depth: int) -> tuple[int | None, int | None]:
+    """Index the bytes of ``s.buf`` not indexed yet; collect element separators into ``seps``.
+
+    Returns ``(close, broken)``: the position of the array's closing ``]`` or of the first bracket
+    that closes more than was opened, whichever comes first (the other is None); separators after it
+    are not collected."""
+    while st.pos < len(s.buf):
+        before = st.pos
+        p, ch, dep = scan(s.buf, st)
+        c = np.flatnonzero((ch == RBRACK) & (dep == depth - 1))
+        b = np.flatnonzero(dep < depth - 1)
+        close = int(p[c[0]]) if c.size else None
+        broken = int(p[b[0]]) if b.size else None
+        if close is not None or broken is not None:
+            if broken is not None and (close is None or broken < close):
+                close = None
+            else:
+                broken = None
+            stop = close if close is not None else broken
+            seps.append(p[(ch == COMMA) & (dep == depth) & (p < stop)])
+            return close, broken
+        seps.append(p[(ch == COMMA) & (dep == depth)])
+        if st.pos == before:
+            break
+    return None, None
 
 
 def _array(s: _Stream, depth: int, batch_bytes: int) -> Iterator[Batch | End]:
     """Stream the elements of the array whose ``[`` is ``s.buf[0]``; elements sit at ``depth``.
 
     Fast path: cut the buffer at the last ``}, {`` and check the batch is valid JSON (a cut inside an
-    element never is). Otherwise, and near the end of the array, use the exact structural index.
+    element never is). Otherwise, and near the end of the array, use the exact structural index,
+    incrementally: bytes already indexed are not indexed again when more arrive, so an element far
+    larger than a block costs linear time; one larger than :data:`MAX_RECORD_BYTES` is skipped.
     On return (after the End) ``s.buf`` starts just after the closing ``]`` if the array closed.
     """
     assert s.buf[0] == LBRACK
     s.drop(1)
+    skips = _Skips()
+    st = _Scan(0, depth)
+    seps: list[np.ndarray] = []
+    skipping = False  # inside an element too large to buffer, which started at stream offset skip_from
+    skip_from = 0
     while True:
-        while len(s.buf) < batch_bytes and s.more():
-            pass
-        cut = _fast_cut(s.buf)
-        if cut is not None:
-            data = b"[" + s.buf[:cut] + b"]"
-            if _valid(data):
-                yield Batch(s.base, data)
-                s.drop(cut + 1)
+        if st.pos == 0 and not skipping:
+            while len(s.buf) < batch_bytes and s.more():
+                pass
+            cut = _fast_cut(s.buf)
+            if cut is not None:
+                data = b"[" + s.buf[:cut] + b"]"
+                if _valid(data):
+                    yield Batch(s.base, data)
+                    s.drop(cut + 1)
+                    continue
+        close, broken = _index(s, st, seps, depth)
+        found = np.concatenate(seps) if seps else np.zeros(0, np.int64)
+        if skipping:
+            if found.size or close is not None or broken is not None:
+                # the oversized element ends at the first separator, or where the array ends
+                stop = int(found[0]) if found.size else close if close is not None else broken
+                assert stop is not None
+                skips.add(skip_from, s.base + stop - skip_from)
+                skipping = False
+                s.drop(stop + 1 if found.size else stop)
+            else:  # still inside it: forget what is indexed, keep the scan state
+                s.drop(st.pos)
+                st.pos = 0
+                seps = []
+                if not s.more():
+                    yield skips.end(End(False, s.base + len(s.buf) - skip_from, skip_from, False, True,
+                                        "last record cut"))
+                    return
                 continue
-        # exact path over the whole buffer
-        view = np.frombuffer(s.buf, dtype=np.uint8)
-        p, ch, dep, _q = structure(view, depth)
-        close = np.flatnonzero((ch == RBRACK) & (dep == depth - 1))
-        broken = np.flatnonzero(dep < depth - 1)
-        stop = int(p[close[0]]) if close.size else None
-        if broken.size and (stop is None or int(p[broken[0]]) < stop):
-            bad_at = int(p[broken[0]])
-            seps = p[(ch == COMMA) & (dep == depth) & (p < bad_at)]
-            if seps.size:
-                yield _batch(s, seps)
-            yield End(False, len(s.buf.strip()), s.base, False, True, "unbalanced brackets")
+            st, seps = _Scan(0, depth), []
+            continue
+        if broken is not None:
+            if found.size:
+                yield _batch(s, found)
+            yield skips.end(End(False, len(s.buf.strip()), s.base, False, True, "unbalanced brackets"))
             return
-        if stop is not None:
-            seps = p[(ch == COMMA) & (dep == depth) & (p < stop)]
-            after = s.base + stop + 1
-            body = s.buf[:stop].strip()
+        if close is not None:
+            after = s.base + close + 1
+            body = s.buf[:close].strip()
             if body and not body.endswith(b","):
-                yield _batch(s, np.append(seps, stop))
-            elif seps.size:  # a trailing comma before ']' is tolerated
-                yield _batch(s, seps)
+                yield _batch(s, np.append(found, close))
+            elif found.size:  # a trailing comma before ']' is tolerated
+                yield _batch(s, found)
             s.drop(after - s.base)
-            yield End(True, 0, None, True, True)
+            yield skips.end(End(True, 0, None, True, True))
             return
-        seps = p[(ch == COMMA) & (dep == depth)]
-        if seps.size and not s.eof:
-            yield _batch(s, seps)
+        if found.size and not s.eof:
+            yield _batch(s, found)
+            st, seps = _Scan(0, depth), []
+            continue
+        if not found.size and len(s.buf) > MAX_RECORD_BYTES:
+            skipping, skip_from = True, s.base
             continue
         if s.more():
             continue
         # end of input inside the array
-        if seps.size:
-            yield _batch(s, seps)
+        if found.size:
+            yield _batch(s, found)
         lost = len(s.buf.strip())
         if s.buf.strip().startswith((b"{", b"[")):
             # the last element may be complete but unterminated (no ',' and no ']')
-            v = np.frombuffer(s.buf, dtype=np.uint8)
-            p2, ch2, dep2, _ = structure(v, depth)
-            if p2.size and dep2[-1] == depth and ch2[-1] in (RBRACE, RBRACK):
-                yield _batch(s, np.array([int(p2[-1]) + 1], dtype=np.int64))
+            tail = _Scan(0, depth)
+            while tail.pos < len(s.buf):
+                before = tail.pos
+                scan(s.buf, tail)
+                if tail.pos == before:
+                    break
+            if tail.last in (RBRACE, RBRACK) and tail.depth == depth:
+                yield _batch(s, np.array([tail.last_pos + 1], dtype=np.int64))
                 lost = len(s.buf.strip())
         # the offset of the cut record itself, not of the whitespace before it
         lost_at = s.base + len(s.buf) - len(s.buf.lstrip()) if lost else None
-        yield End(False, lost, lost_at, False, True, "last record cut" if lost else "array not closed")
+        yield skips.end(End(False, lost, lost_at, False, True, "last record cut" if lost else "array not closed"))
         return
 
 

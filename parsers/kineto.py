@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import io
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,9 +26,9 @@ import pyarrow.json as pj
 
 from tracekit import schema
 from tracekit.diagnostics import Diagnostic, TraceError
-from tracekit.schema import ParsedFile
+from tracekit.schema import ParsedFile, clean_text
 
-from . import kineto_comms
+from . import json_stream, kineto_comms
 from .json_stream import Batch, End, Member, stream_array
 from .source import Blocks
 from .timestamps import us_text_to_ns
@@ -122,6 +123,13 @@ class Event(msgspec.Struct, gc=False):
 
 _DECODE = msgspec.json.Decoder(list[Event])
 _DECODE_ONE = msgspec.json.Decoder(Event)
+#: what decoding hostile input can raise: bad JSON, wrong types, invalid UTF-8, nesting too deep
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError, ValueError,
+                 TypeError)
+#: timestamps and durations beyond ±2^62 ns (146 years) are not times: they are dropped as unreadable,
+#: which also keeps every ``start + dur`` inside int64
+MAX_NS = 1 << 62
+MAX_DUR_NS = 1 << 61
 #: args copied for events that may carry collective metadata
 COMM_ARG_FIELDS = ("collective", "dtype", "in_nelems", "out_nelems", "in_size", "out_size", "group_size",
                    "pg_name", "pg_desc", "pg_id", "pg_ranks", "seq", "comms_id", "comm_rank", "src_rank",
@@ -132,31 +140,121 @@ def sniff(head: bytes) -> bool:
     """A Kineto trace: a JSON object with ``traceEvents``, or a legacy event array with categories."""
     text = head.lstrip()
     if text.startswith(b"{"):
-        return b'"traceEvents"' in head or (b'"schemaVersion"' in head and b'"ph"' in head)
+        # the header may outgrow the sniffed head (pg_config of thousands of ranks): its keys are enough
+        return any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"',
+                                       b'"deviceProperties"'))
     if text.startswith(b"["):
         return (b'"cat"' in head and b'"ph"' in head) or b'CPU functions' in head or \
             b'CUDA functions' in head
     return False
 
 
-class _Accumulator:
-    """Collects per-batch columns and the few facts the whole file contributes."""
+class _Strings:
+    """A dictionary of strings shared by every batch of a file: codes are assigned in order of first
+    appearance and never change, so per-batch dictionaries are unified as batches come, without ever
+    holding all batches."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self) -> None:
+        self.code: dict[str, int] = {}
+        self.values: list[str] = []
+
+    def encode(self, col: pa.Array) -> pa.Array:
+        """A string or dictionary column as int32 codes into this dictionary (nulls stay null)."""
+        arr = col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
+        local = arr.dictionary.to_pylist()
+        mapping = np.empty(len(local) + 1, dtype=np.int32)
+        for i, v in enumerate(local):
+            c = self.code.get(v)
+            if c is None:
+                c = self.code[v] = len(self.values)
+                self.values.append(v)
+            mapping[i] = c
+        mapping[-1] = -1
+        idx = pc.fill_null(arr.indices, len(local)).to_numpy(zero_copy_only=False)
+        codes = mapping[idx]
+        return pa.array(codes, mask=codes < 0)
+
+    def arrow(self) -> pa.Array:
+        return pa.array(self.values, pa.string())
+
+
+#: the raw columns of one batch, as spilled: strings are codes into the file's :class:`_Strings`
+RAW = pa.schema([("cat", pa.int32()), ("name", pa.int32()), ("start_ns", pa.int64()), ("dur_ns", pa.int64()),
+                 ("pid", pa.int64()), ("tid", pa.int64()), ("arg_device", pa.int64()), ("arg_stream", pa.int64()),
+                 ("correlation", pa.int64()), ("external_id", pa.int64()), ("bytes", pa.int64()),
+                 ("sync_stream", pa.int64()), ("sync_correlation", pa.int64()), ("_index", pa.int64())])
+
+
+class _Accumulator:
+    """Collects per-batch columns and the few facts the whole file contributes.
+
+    Raw batches go to memory, or — when parsing with a spill directory — to an Arrow IPC file on disk
+    as they come, so that a file of any size is parsed in bounded memory (:func:`parse`)."""
+
+    def __init__(self, path: str, spill_dir: str | None = None) -> None:
         self.path = path
         self.batches: list[pa.RecordBatch] = []
+        self.cats = _Strings()
+        self.names = _Strings()
+        self.spill_path = os.path.join(spill_dir, "raw.arrow") if spill_dir else None
+        self._spill: Any = None
+        self.n_spilled_batches = 0
         self.comm_rows: list[dict[str, Any]] = []
         self.n = 0  # events kept so far
         self.dropped = 0
-        self.bad_records: list[tuple[int, str]] = []
+        self.bad_records: list[tuple[int, str]] = []  # the first few, with where they were
+        self.n_bad = 0
         self.repaired_nonfinite = 0
+        self.repaired_utf8 = 0
         self.repaired_names = 0
         self.meta_records: list[tuple[str, Any, Any, Any]] = []  # (name, pid, tid, args.name/labels)
         self.window_end = False
         self.has_fraction = False
-        self.cats: set[str] = set()
         self.unknown_cats: dict[str, int] = {}
         self.be_events: list[Event] = []
+        self.notes: list[str] = []  # warnings found while reading the file's own metadata
+
+    def bad(self, offset: int, what: str) -> None:
+        """Count an unreadable record; remember where only the first few were (memory stays bounded
+        on a file of nothing but garbage)."""
+        self.n_bad += 1
+        if len(self.bad_records) < 10:
+            self.bad_records.append((offset, what))
+
+    def add(self, rb: pa.RecordBatch) -> None:
+        """Keep one batch of raw columns: strings as codes into the file's dictionaries."""
+        cols = {f.name: rb.column(f.name) if f.name in ("cat", "name") else rb.column(f.name).cast(f.type)
+                for f in RAW}
+        cols["cat"] = self.cats.encode(cols["cat"])
+        cols["name"] = self.names.encode(cols["name"])
+        out = pa.record_batch([cols[f.name] for f in RAW], schema=RAW)
+        if self.spill_path is None:
+            self.batches.append(out)
+            return
+        if self._spill is None:
+            self._sink = pa.OSFile(self.spill_path, "wb")
+            self._spill = pa.ipc.new_file(self._sink, RAW)
+        self._spill.write_batch(out)
+        self.n_spilled_batches += 1
+
+    def chunks(self) -> Iterator[pa.RecordBatch | pa.Table]:
+        """The raw batches, in order: one table in memory, or batch by batch from the spill file
+        (read, not memory-mapped, so that only one batch is resident at a time)."""
+        if self.spill_path is None:
+            yield pa.Table.from_batches(self.batches, schema=RAW).combine_chunks() if self.batches \
+                else RAW.empty_table()
+            return
+        if self._spill is None:
+            return
+        with pa.OSFile(self.spill_path, "rb") as f:
+            reader = pa.ipc.open_file(f)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+
+    def close_spill(self) -> None:
+        if self._spill is not None:
+            self._spill.close()
+            self._sink.close()
 
 
 @contextmanager
@@ -171,28 +269,39 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def parse(path: str) -> ParsedFile:
-    """Parse one Kineto trace (``.json``, ``.json.gz``, truncated or damaged) into a ParsedFile."""
+def parse(path: str, *, spill_dir: str | None = None) -> ParsedFile:
+    """Parse one Kineto trace (``.json``, ``.json.gz``, truncated or damaged) into a ParsedFile.
+
+    With ``spill_dir`` (an existing, empty directory the caller owns and removes) the file is parsed in
+    bounded memory whatever its size: batches are spilled to an Arrow IPC file as they come, the events
+    table is built from it batch by batch into ``spill_dir/events.arrow``, and the returned ParsedFile's
+    ``events`` is that file, memory-mapped (``events_file`` names it; read it in batches to stay
+    bounded). The tables are the same as without spilling.
+    """
     with _no_gc():
-        return _parse(path)
+        return _parse(path, spill_dir)
 
 
-def _parse(path: str) -> ParsedFile:
-    acc = _Accumulator(path)
+def _parse(path: str, spill_dir: str | None = None) -> ParsedFile:
+    acc = _Accumulator(path, spill_dir)
     members: dict[str, Any] = {}
     members_after: set[str] = set()
     end: End | None = None
     array_seen = False
     blocks = Blocks(path)
-    for item in stream_array(blocks):
+    for item in stream_array(blocks, batch_bytes=json_stream.BATCH_BYTES):
         if isinstance(item, Batch):
             array_seen = True
             _consume(acc, item)
         elif isinstance(item, Member):
             try:
                 members[item.key] = msgspec.json.decode(item.raw)
-            except msgspec.DecodeError:
-                acc.bad_records.append((item.offset, f"member {item.key!r} is not valid JSON"))
+            except DECODE_ERRORS:
+                try:  # invalid UTF-8 in a string: keep the member with U+FFFD for the bad bytes
+                    members[item.key] = msgspec.json.decode(item.raw.decode("utf-8", "replace").encode())
+                    acc.repaired_utf8 += 1
+                except DECODE_ERRORS:
+                    acc.bad(item.offset, f"member {item.key!r} is not valid JSON")
             if array_seen:
                 members_after.add(item.key)
         else:
@@ -202,19 +311,33 @@ def _parse(path: str) -> ParsedFile:
         if acc.n == 0:
             raise blocks.error
         end = End(False, end.bytes_lost, end.lost_offset, end.array_closed, True,
-                  f"{blocks.error.message} at compressed byte {blocks.error.offset}")
+                  f"{blocks.error.message} at compressed byte {blocks.error.offset}", end.skipped,
+                  end.skipped_bytes, end.skipped_offset)
     if not end.array_found:
         if end.reason == "no JSON value":
             raise TraceError(path, "empty file (no JSON value)")
         raise TraceError(path, "not a PyTorch-profiler trace: no traceEvents array", offset=end.lost_offset)
-    return _finish(acc, members, members_after, end)
+    if acc.be_events:
+        _append_begin_end(acc)
+    acc.close_spill()
+    return _finish(acc, members, members_after, end, spill_dir)
 
 
 def _decode_batch(acc: _Accumulator, batch: Batch) -> list[Event]:
     """Decode a batch; on damage, repair what can be repaired and skip (and count) the rest."""
     try:
         return _DECODE.decode(batch.data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except UnicodeDecodeError:
+        # invalid UTF-8: U+FFFD for every bad byte (never a structural character, so the element
+        # boundaries stay where they were)
+        fixed = batch.data.decode("utf-8", "replace")
+        acc.repaired_utf8 += fixed.count("\ufffd") - batch.data.count("\ufffd".encode())
+        batch = Batch(batch.offset, fixed.encode())
+        try:
+            return _DECODE.decode(batch.data)
+        except DECODE_ERRORS:
+            pass
+    except DECODE_ERRORS:
         pass
     data = batch.data
     if _NONFINITE.search(data):
@@ -223,16 +346,25 @@ def _decode_batch(acc: _Accumulator, batch: Batch) -> list[Event]:
             events = _DECODE.decode(data)
             acc.repaired_nonfinite += k
             return events
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except DECODE_ERRORS:
             pass
-    # element by element
+    # element by element; elements that are not even objects are counted in bulk, not one by one
     events: list[Event] = []
-    for i in range(len(batch)):
-        raw = batch.element(i)
-        ev = _decode_one(acc, raw)
+    bounds = batch.bounds
+    view = np.frombuffer(batch.data, dtype=np.uint8)
+    solid = np.flatnonzero((view != 0x20) & (view != 0x0A) & (view != 0x0D) & (view != 0x09))
+    at = np.searchsorted(solid, bounds[:-1] + 1)
+    first = solid[np.minimum(at, solid.size - 1)]
+    present = (at < solid.size) & (first < bounds[1:])
+    is_obj = present & (view[first] == 0x7B)
+    junk = np.flatnonzero(present & ~is_obj)
+    if junk.size:
+        acc.bad(batch.element_offset(int(junk[0])), "unreadable event skipped")
+        acc.n_bad += junk.size - 1
+    for i in np.flatnonzero(is_obj).tolist():
+        ev = _decode_one(acc, batch.element(i))
         if ev is None:
-            if raw.strip():
-                acc.bad_records.append((batch.element_offset(i), "unreadable event skipped"))
+            acc.bad(batch.element_offset(i), "unreadable event skipped")
         else:
             events.append(ev)
     return events
@@ -243,7 +375,7 @@ def _decode_one(acc: _Accumulator, raw: bytes) -> Event | None:
     control characters, invalid UTF-8, wrong types)."""
     try:
         return _DECODE_ONE.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         pass
     fixed = raw
     k = 0
@@ -258,13 +390,13 @@ def _decode_one(acc: _Accumulator, raw: bytes) -> Event | None:
         ev = _DECODE_ONE.decode(fixed)
         acc.repaired_nonfinite += k
         return ev
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         pass
     import json
 
     try:
         obj = json.loads(fixed.decode("utf-8", "replace"), strict=False)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
         return None
@@ -274,7 +406,7 @@ def _decode_one(acc: _Accumulator, raw: bytes) -> Event | None:
         return Event(ph=obj.get("ph", ""), cat=obj.get("cat"), name=obj.get("name"), pid=obj.get("pid"),
                      tid=obj.get("tid"), ts=msgspec.Raw(msgspec.json.encode(ts)) if ts is not None
                      else EMPTY_RAW, dur=obj.get("dur"), args=msgspec.convert(args, Args, strict=False))
-    except (msgspec.ValidationError, TypeError):
+    except DECODE_ERRORS:
         return None
 
 
@@ -292,10 +424,17 @@ _ARROW_READ = pj.ReadOptions(use_threads=False, block_size=16 << 20)
 _SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 
 
-def _decimal_ns(col: pa.Array) -> np.ndarray:
-    """µs as decimal128(·, 3) → int64 ns, exactly: the decimal's storage *is* the value × 1000."""
-    words = np.frombuffer(col.buffers()[1], dtype=np.int64)
-    return words[2 * col.offset : 2 * (col.offset + len(col)) : 2].copy()
+def _decimal_ns(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """µs as decimal128(·, 3) → int64 ns, exactly: the decimal's storage *is* the value × 1000.
+
+    Returns ``(ns, ok)``; ``ok`` is False for nulls and for values beyond ±:data:`MAX_NS` (the low
+    64-bit word alone would silently wrap them)."""
+    words = np.frombuffer(col.buffers()[1], dtype=np.int64)[2 * col.offset : 2 * (col.offset + len(col))]
+    low, high = words[0::2], words[1::2]
+    ok = (high == (low >> 63)) & (low <= MAX_NS) & (low >= -MAX_NS)
+    if col.null_count:
+        ok &= pc.is_valid(col).to_numpy(zero_copy_only=False)
+    return np.where(ok, low, 0), ok
 
 
 def _records(lines: bytes, n: int, batch: Batch):
@@ -322,15 +461,27 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
     m = _SEPARATOR.search(body, 0, 1 << 16)
     if m is not None:
         lines = body.replace(m.group(), b"}\n{")
+        if lines.count(b"}\n{") * 32 > len(lines):
+            return False  # millions of tiny records (no real event is this small): Arrow's per-row cost is high
         try:
             tbl = pj.read_json(io.BytesIO(lines), read_options=_ARROW_READ, parse_options=_ARROW_PARSE_NL)
+            tbl.validate(full=True)  # the reader does not check UTF-8; invalid text goes the repairing way
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            tbl = None
+        # two records with no comma between them read as two rows without a separator: rows and records
+        # would fall out of step, so that batch goes the exact way
+        if tbl is not None and tbl.num_rows != lines.count(b"}\n{") + 1:
             tbl = None
     if tbl is None:  # mixed separators: normalise every one
         lines = _SEPARATOR.sub(b"}\n{", body.replace(b"\n", b" "))
+        if lines.count(b"\n") * 32 > len(lines):
+            return False
         try:
             tbl = pj.read_json(io.BytesIO(lines), read_options=_ARROW_READ, parse_options=_ARROW_PARSE)
+            tbl.validate(full=True)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return False
+        if tbl.num_rows != lines.count(b"\n") + 1:
             return False
     if tbl.num_rows == 0:
         return True
@@ -341,7 +492,10 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
     if n_x != tbl.num_rows:
         if pc.any(pc.is_in(ph, pa.array(["B", "E"]))).as_py():
             return False
-        other = tbl.filter(pc.invert(pc.fill_null(is_x, False)))
+        # only metadata rows and the window-end marker matter among the others (flows, instants, ...)
+        wanted = pc.or_(pc.equal(ph, "M"), pc.and_(pc.equal(ph, "i"),
+                                                    pc.equal(tbl.column("name").chunk(0), "Record Window End")))
+        other = tbl.filter(pc.fill_null(wanted, False))
         for row in other.select(["ph", "name", "pid", "tid", "args"]).to_pylist():
             if row["ph"] == "M":
                 a = row["args"] or {}
@@ -351,12 +505,11 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
                 acc.window_end = True
     line_index = np.flatnonzero(pc.fill_null(is_x, False).to_numpy(zero_copy_only=False))
     x = tbl.take(pa.array(line_index)) if n_x != tbl.num_rows else tbl
-    ts = x.column("ts").chunk(0)
-    ts_ok = pc.is_valid(ts).to_numpy(zero_copy_only=False)
-    start = _decimal_ns(ts)
+    start, ts_ok = _decimal_ns(x.column("ts").chunk(0))
     if not acc.has_fraction:
         acc.has_fraction = bool((start[ts_ok] % 1000 != 0).any())
-    dur = _decimal_ns(pc.fill_null(x.column("dur").chunk(0), pa.scalar(0, pa.decimal128(24, 3))))
+    dur, dur_ok = _decimal_ns(x.column("dur").chunk(0))
+    dur = np.where(dur_ok & (dur <= MAX_DUR_NS), dur, 0)
     args = x.column("args").chunk(0)
     field = {f: pc.struct_field(args, f) for f in ("External id", "external id", "correlation", "device",
                                                    "stream", "bytes", "wait_on_stream",
@@ -391,11 +544,14 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
         record = _records(lines, tbl.num_rows, batch)
         index = rb.column("_index").to_numpy()
         for j in sel:
-            a = _DECODE_ONE.decode(record(int(line_index[j]))).args
+            ev = _decode_one(acc, record(int(line_index[j])))
+            if ev is None:
+                continue
+            a = ev.args
             row = {f: getattr(a, f) for f in COMM_ARG_FIELDS}
             row["_index"] = int(index[j])
             acc.comm_rows.append(row)
-    acc.batches.append(rb)
+    acc.add(rb)
     acc.n += n
     return True
 
@@ -448,21 +604,24 @@ def _as_int(v: Any) -> int | None:
 
 
 def _str_column(values: list) -> pa.Array:
+    """A string column; other JSON values become their text, lone surrogates become ``?``."""
     try:
         return pa.array(values, type=pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-        return pa.array([None if v is None else str(v) for v in values], type=pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, UnicodeEncodeError):
+        return pa.array([None if v is None else clean_text(v if isinstance(v, str) else str(v))
+                         for v in values], type=pa.string())
 
 
 def _dur_ns(values: list) -> tuple[np.ndarray, np.ndarray]:
-    """``dur`` in µs (int or float) → ns. Floats below 2^33 µs round-trip exactly to the ns."""
+    """``dur`` in µs (int or float) → ns. Floats below 2^33 µs round-trip exactly to the ns; anything
+    that is not a finite number within ±:data:`MAX_NS` ns is invalid."""
     try:
         arr = pa.array(values, type=pa.float64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-        arr = pa.array([v if isinstance(v, int | float) and not isinstance(v, bool) else None
-                        for v in values], type=pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        arr = pa.array([float(v) if isinstance(v, int | float) and not isinstance(v, bool) and abs(v) < 1e300
+                        else None for v in values], type=pa.float64())
     f = arr.to_numpy(zero_copy_only=False)
-    valid = np.isfinite(f)
+    valid = np.isfinite(f) & (np.abs(f) <= MAX_DUR_NS / 1000.0)
     ns = np.zeros(len(f), dtype=np.int64)
     ns[valid] = np.rint(f[valid] * 1000.0).astype(np.int64)
     return ns, valid
@@ -490,6 +649,7 @@ def _columns(acc: _Accumulator, xs: list[Event]) -> None:
         cat = [c if c is not None else _LEGACY_PID_CATS.get(p) if isinstance(p, str) else None
                for c, p in zip(cat, pid, strict=True)]
     start, ts_ok = us_text_to_ns(ts)
+    ts_ok &= (start <= MAX_NS) & (start >= -MAX_NS)
     if not acc.has_fraction:
         acc.has_fraction = any(b"." in bytes(t) for t in ts[:64])
     dur_ns, dur_ok = _dur_ns(dur)
@@ -535,7 +695,7 @@ def _columns(acc: _Accumulator, xs: list[Event]) -> None:
             row = {f: getattr(a, f) for f in COMM_ARG_FIELDS}
             row["_index"] = int(index[j])
             acc.comm_rows.append(row)
-    acc.batches.append(rb)
+    acc.add(rb)
     acc.n += len(xs)
 
 
@@ -563,120 +723,245 @@ def _classify(cat: str | None, name: str | None) -> str:
     return "annotation"
 
 
-def _lane_table(device: np.ndarray, stream: np.ndarray, tid: np.ndarray, on_device: np.ndarray,
-                pid_valid: np.ndarray) -> pa.DictionaryArray:
-    """Lane names: ``gpu{device}/stream{stream}`` for device activity, ``cpu/tid {tid}`` on a CPU
-    thread, ``trace`` for the profiler's own spans (string pids)."""
+def _lane_keys(device: np.ndarray, stream: np.ndarray, tid: np.ndarray, on_device: np.ndarray,
+               pid_valid: np.ndarray) -> np.ndarray:
+    """One int64 key per lane: ``gpu{device}/stream{stream}`` for device activity, ``cpu/tid {tid}`` on a
+    CPU thread, ``trace`` for the profiler's own spans (string pids)."""
     code = np.where(on_device, 1, np.where(pid_valid, 0, 2)).astype(np.int64)
     value = np.where(on_device, stream, np.where(pid_valid, tid, 0)) & ((1 << 46) - 1)
-    key = (code << 62) | ((np.where(on_device, device, 0) & 0xFFFF) << 46) | value
-    encoded = pa.array(key).dictionary_encode()
-    labels = []
-    for k in encoded.dictionary.to_numpy().tolist():
-        c, d, v = k >> 62, (k >> 46) & 0xFFFF, k & ((1 << 46) - 1)
-        v = v - (1 << 46) if v >= 1 << 45 else v  # negative ids (stream -1 of device-wide syncs)
-        labels.append(f"gpu{d}/stream{v}" if c == 1 else f"cpu/tid {v}" if c == 0 else "trace")
-    return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(labels, pa.string()))
+    return (code << 62) | ((np.where(on_device, device, 0) & 0xFFFF) << 46) | value
 
 
-def _codes(col: pa.DictionaryArray) -> tuple[np.ndarray, list[str]]:
-    """Dictionary indices as int64 with nulls mapped to ``len(values)``, and the values."""
-    values = col.dictionary.to_pylist()
-    idx = pc.fill_null(col.indices, len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
-    return idx, values
+def _lane_label(k: int) -> str:
+    c, d, v = k >> 62, (k >> 46) & 0xFFFF, k & ((1 << 46) - 1)
+    v = v - (1 << 46) if v >= 1 << 45 else v  # negative ids (stream -1 of device-wide syncs)
+    return f"gpu{d}/stream{v}" if c == 1 else f"cpu/tid {v}" if c == 0 else "trace"
 
 
-def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str], end: End) -> ParsedFile:
+_COMM = schema.KINDS.index("comm")
+_RUNTIME = schema.KINDS.index("runtime")
+_KIND_DICT = pa.array(schema.KINDS, pa.string())
+
+
+class _Chunk:
+    """One raw chunk, classified: the rows kept, their absolute start, kind and lane codes."""
+
+    def __init__(self, raw: pa.Table, start: np.ndarray, kind: np.ndarray, lane: np.ndarray,
+                 on_device: np.ndarray, device: np.ndarray, stream: np.ndarray, cat_idx: np.ndarray) -> None:
+        self.raw, self.start, self.kind, self.lane = raw, start, kind, lane
+        self.on_device, self.device, self.stream, self.cat_idx = on_device, device, stream, cat_idx
+
+
+class _Finisher:
+    """Turns raw chunks into events tables that share one set of dictionaries (name, cat, kind, lane),
+    so chunks can be written one by one (bounded memory) or as one table, with the same result."""
+
+    def __init__(self, acc: _Accumulator, base_ns: int | None) -> None:
+        self.acc = acc
+        self.base_ns = base_ns
+        cats = acc.cats.values
+        self.cat_vals = [*cats, None]
+        self.name_vals = [*acc.names.values, None]
+        self.on_device_cat = np.array([c in DEVICE_CATS for c in self.cat_vals], dtype=bool)
+        self.span_cat = np.array([c == "Trace" for c in self.cat_vals], dtype=bool)
+        self.unknown_cat = np.array([c not in KNOWN_CATS for c in cats] + [False], dtype=bool)
+        self._kind_of: dict[int, int] = {}
+        self.lane_code: dict[int, int] = {}
+        self.lane_labels: list[str] = []
+        self.name_dict = acc.names.arrow()
+        self.cat_dict = acc.cats.arrow()
+        self._lane_dict: pa.Array | None = None
+
+    def _kinds(self, pair: np.ndarray) -> np.ndarray:
+        """Kind codes, classified once per unique (cat, name) pair of the whole file."""
+        width = len(self.name_vals)
+        uniq, inv = np.unique(pair, return_inverse=True)
+        codes = np.empty(uniq.size, dtype=np.int32)
+        for i, p in enumerate(uniq.tolist()):
+            k = self._kind_of.get(p)
+            if k is None:
+                k = self._kind_of[p] = schema.KINDS.index(_classify(self.cat_vals[p // width],
+                                                                    self.name_vals[p % width]))
+            codes[i] = k
+        return codes[inv.reshape(-1)]
+
+    def chunk(self, raw: pa.Table | pa.RecordBatch) -> tuple[_Chunk, int]:
+        """Classify one raw chunk; returns it and how many rows fell outside the time range."""
+        dropped = 0
+        start = raw.column("start_ns").to_numpy()
+        if self.base_ns is not None:
+            ok = _in_range(start, self.base_ns)
+            if not ok.all():
+                dropped = int((~ok).sum())
+                raw = raw.filter(pa.array(ok))
+                start = raw.column("start_ns").to_numpy()
+            start = start + np.int64(self.base_ns)
+        n_cat, n_name = len(self.cat_vals) - 1, len(self.name_vals) - 1
+        cat_idx = pc.fill_null(raw.column("cat"), n_cat).to_numpy(zero_copy_only=False).astype(np.int64)
+        name_idx = pc.fill_null(raw.column("name"), n_name).to_numpy(zero_copy_only=False).astype(np.int64)
+        kind = self._kinds(cat_idx * (n_name + 1) + name_idx) if len(raw) else np.zeros(0, np.int32)
+        on_device = self.on_device_cat[cat_idx]
+        pid = raw.column("pid")
+        tid = raw.column("tid")
+        tid_np = pc.fill_null(tid, -1).to_numpy(zero_copy_only=False)
+        dev = pc.fill_null(pc.coalesce(raw.column("arg_device"), pid), -1).to_numpy(zero_copy_only=False)
+        stream = pc.fill_null(pc.coalesce(raw.column("arg_stream"), tid), -1).to_numpy(zero_copy_only=False)
+        dev = np.where(on_device & (dev < 0), 0, dev)  # legacy lists name no device
+        # cuda_sync rows sit at tid = stream + 1e6 in 2026 writers; the stream arg is authoritative.
+        # The profiler's own spans (string pids like "Spans"/"Traces") get a lane of their own.
+        on_thread = ~self.span_cat[cat_idx] & (pc.is_valid(pid).to_numpy(zero_copy_only=False) |
+                                               pc.is_valid(tid).to_numpy(zero_copy_only=False))
+        keys = _lane_keys(dev, stream, tid_np, on_device, on_thread)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        mapping = np.empty(uniq.size, dtype=np.int32)
+        order = np.argsort(np.unique(inv.reshape(-1), return_index=True)[1]) if uniq.size else uniq
+        # assign new codes in order of first appearance (as a dictionary encoding of the rows would)
+        for j in order.tolist() if uniq.size else []:
+            k = int(uniq[j])
+            c = self.lane_code.get(k)
+            if c is None:
+                c = self.lane_code[k] = len(self.lane_labels)
+                self.lane_labels.append(_lane_label(k))
+                self._lane_dict = None
+            mapping[j] = c
+        lane = mapping[inv.reshape(-1)] if uniq.size else np.zeros(0, np.int32)
+        return _Chunk(raw, start, kind, lane, on_device, dev, stream, cat_idx), dropped
+
+    def events(self, ch: _Chunk, collective_id: pa.Array | None = None) -> pa.Table:
+        """The EVENTS table of a classified chunk (rank and iteration null)."""
+        if self._lane_dict is None:
+            self._lane_dict = pa.array(self.lane_labels, pa.string())
+        raw = ch.raw
+        n = len(raw)
+        dev_ok = ch.on_device & (ch.device >= -(2**31)) & (ch.device < 2**31)
+
+        def dictionary(codes: pa.Array | np.ndarray, values: pa.Array) -> pa.DictionaryArray:
+            idx = codes if isinstance(codes, pa.Array) else pa.array(codes, pa.int32())
+            return pa.DictionaryArray.from_arrays(idx, values)
+
+        cols = {
+            "rank": pa.nulls(n, pa.int32()),
+            "lane": dictionary(ch.lane, self._lane_dict),
+            "kind": dictionary(ch.kind, _KIND_DICT),
+            "name": dictionary(_chunk_array(raw.column("name")), self.name_dict),
+            "cat": dictionary(_chunk_array(raw.column("cat")), self.cat_dict),
+            "start_ns": pa.array(ch.start, pa.int64()),
+            "dur_ns": _chunk_array(raw.column("dur_ns")),
+            "pid": _chunk_array(raw.column("pid")),
+            "tid": _chunk_array(raw.column("tid")),
+            "device": pa.array(np.where(dev_ok, ch.device, 0).astype(np.int32), mask=~dev_ok),
+            "stream": pa.array(ch.stream, pa.int64(), mask=~ch.on_device),
+            "correlation": _chunk_array(raw.column("correlation")),
+            "external_id": _chunk_array(raw.column("external_id")),
+            "bytes": _chunk_array(raw.column("bytes")),
+            "sync_stream": _chunk_array(raw.column("sync_stream")),
+            "sync_correlation": _chunk_array(raw.column("sync_correlation")),
+            "iteration": pa.nulls(n, pa.int64()),
+            "collective_id": collective_id if collective_id is not None else pa.nulls(n, pa.int64()),
+        }
+        return pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
+
+
+def _chunk_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str], end: End,
+            spill_dir: str | None = None) -> ParsedFile:
     path = acc.path
     diags: list[Diagnostic] = []
-    if acc.batches:
-        raw = pa.Table.from_batches(acc.batches).unify_dictionaries().combine_chunks()
+    base_ns = _base_ns(members, diags, path)
+    fin = _Finisher(acc, base_ns)
+    # pass 1: lanes and kinds of every row, the rows the collectives table needs (communication
+    # activity and the ops whose args describe it), and the correlation ids of communication
+    meta_index = np.unique(np.array([r["_index"] for r in acc.comm_rows], dtype=np.int64))
+    parts: list[pa.Table] = []
+    comm_corr: list[np.ndarray] = []
+    unknown = np.zeros(len(fin.cat_vals), dtype=np.int64)
+    for raw in acc.chunks():
+        ch, dropped = fin.chunk(raw)
+        acc.dropped += dropped
+        unknown += np.bincount(ch.cat_idx[fin.unknown_cat[ch.cat_idx]], minlength=len(fin.cat_vals))
+        is_comm = ch.kind == _COMM
+        keep = is_comm | np.isin(ch.raw.column("_index").to_numpy(), meta_index)
+        if keep.any():
+            parts.append(pa.table(ch.raw).filter(pa.array(keep)))
+        corr = pc.drop_null(pa.array(ch.raw.column("correlation")).filter(pa.array(is_comm)))
+        comm_corr.append(corr.to_numpy(zero_copy_only=False))
+    for i in np.flatnonzero(unknown):
+        acc.unknown_cats[fin.cat_vals[i]] = int(unknown[i])  # type: ignore[index]
+    # pass 2 (only with communication): the launches of communication kernels
+    corr_set = np.unique(np.concatenate(comm_corr)) if comm_corr else np.zeros(0, np.int64)
+    if corr_set.size:
+        for raw in acc.chunks():
+            ch, _ = fin.chunk(raw)
+            corr = pc.fill_null(ch.raw.column("correlation"), -1).to_numpy(zero_copy_only=False)
+            idx = ch.raw.column("_index").to_numpy()
+            launch = (ch.kind == _RUNTIME) & np.isin(corr, corr_set) & ~np.isin(idx, meta_index)
+            if launch.any():
+                parts.append(pa.table(ch.raw).filter(pa.array(launch)))
+    # the collectives table, from those few rows in file order
+    collectives = schema.empty(schema.COLLECTIVES)
+    coll_index = coll_ids = np.zeros(0, np.int64)
+    if parts:
+        reduced = pa.concat_tables(parts)
+        reduced = reduced.take(pa.array(np.argsort(reduced.column("_index").to_numpy(), kind="stable")))
+        rch, _ = fin.chunk(reduced)
+        r_index = rch.raw.column("_index").to_numpy()
+        collectives, ids = kineto_comms.collectives(fin.events(rch), r_index, acc.comm_rows, members)
+        if ids is not None:
+            valid = pc.is_valid(ids).to_numpy(zero_copy_only=False)
+            coll_index = r_index[valid]
+            coll_ids = pc.fill_null(ids, -1).to_numpy(zero_copy_only=False)[valid]
+    # pass 3: the events themselves, with their collective ids
+    events_file = os.path.join(spill_dir, "events.arrow") if spill_dir else None
+    tables: list[pa.Table] = []
+    writer = sink = None
+    n_events = 0
+    try:
+        for raw in acc.chunks():
+            ch, _ = fin.chunk(raw)
+            idx = ch.raw.column("_index").to_numpy()
+            cid = None
+            if coll_index.size:
+                pos = np.minimum(np.searchsorted(coll_index, idx), coll_index.size - 1)
+                hit = coll_index[pos] == idx
+                cid = pa.array(np.where(hit, coll_ids[pos], 0), pa.int64(), mask=~hit)
+            ev = fin.events(ch, cid)
+            n_events += ev.num_rows
+            if events_file is None:
+                tables.append(ev)
+                continue
+            if writer is None:
+                sink = pa.OSFile(events_file, "wb")
+                writer = pa.ipc.new_file(sink, schema.EVENTS)
+            writer.write_table(ev, max_chunksize=1 << 20)
+    finally:
+        if writer is not None:
+            writer.close()
+        if sink is not None:
+            sink.close()
+        if acc.spill_path and os.path.exists(acc.spill_path):
+            os.unlink(acc.spill_path)
+    if events_file is None:
+        events = pa.concat_tables(tables) if len(tables) > 1 else tables[0] if tables else schema.empty(schema.EVENTS)
+        events = events.combine_chunks() if events.num_rows else events
+    elif writer is None:
+        events = schema.empty(schema.EVENTS)
+        events_file = None
     else:
-        raw = pa.table({"cat": pa.array([], schema.DICT_STR), "name": pa.array([], schema.DICT_STR),
-                        "start_ns": pa.array([], pa.int64()), "dur_ns": pa.array([], pa.int64()),
-                        "pid": pa.array([], pa.int64()), "tid": pa.array([], pa.int64()),
-                        "arg_device": pa.array([], pa.int64()), "arg_stream": pa.array([], pa.int64()),
-                        "correlation": pa.array([], pa.int64()), "external_id": pa.array([], pa.int64()),
-                        "bytes": pa.array([], pa.int64()), "sync_stream": pa.array([], pa.int64()),
-                        "sync_correlation": pa.array([], pa.int64()), "_index": pa.array([], pa.int64())})
-    if acc.be_events:
-        raw = _append_begin_end(acc, raw)
-    base = members.get("baseTimeNanoseconds")
-    base_ns = base if isinstance(base, int) and not isinstance(base, bool) else None
-    start = raw.column("start_ns").to_numpy()
-    if base_ns is not None:
-        start = start + np.int64(base_ns)
-    # kinds, classified once per unique (cat, name)
-    cat_col = raw.column("cat").combine_chunks()
-    name_col = raw.column("name").combine_chunks()
-    cat_idx, cat_vals = _codes(cat_col)
-    name_idx, name_vals = _codes(name_col)
-    cat_vals_n = [*cat_vals, None]
-    name_vals_n = [*name_vals, None]
-    pair = pa.array(cat_idx.astype(np.int64) * (len(name_vals) + 1) + name_idx).dictionary_encode()
-    kind_dict = list(schema.KINDS)
-    kind_codes = np.array([kind_dict.index(_classify(cat_vals_n[p // (len(name_vals) + 1)],
-                                                     name_vals_n[p % (len(name_vals) + 1)]))
-                           for p in pair.dictionary.to_pylist()], dtype=np.int32)
-    codes = kind_codes[pair.indices.to_numpy(zero_copy_only=False)] if len(raw) else np.zeros(0, np.int32)
-    kind = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(kind_dict))
-    for c in cat_vals:
-        if c not in KNOWN_CATS:
-            acc.unknown_cats[c] = int((cat_idx == cat_vals.index(c)).sum())
-    # lanes
-    on_device_cat = np.array([c in DEVICE_CATS for c in cat_vals_n], dtype=bool)
-    on_device = on_device_cat[cat_idx]
-    pid = raw.column("pid")
-    tid = raw.column("tid")
-    tid_np = pc.fill_null(tid, -1).to_numpy()
-    dev = pc.fill_null(pc.coalesce(raw.column("arg_device"), pid), -1).to_numpy()
-    stream = pc.fill_null(pc.coalesce(raw.column("arg_stream"), tid), -1).to_numpy()
-    dev = np.where(on_device & (dev < 0), 0, dev)  # legacy lists name no device
-    # cuda_sync rows sit at tid = stream + 1e6 in 2026 writers; the stream arg is authoritative
-    # the profiler's own spans (string pids like "Spans"/"Traces") get a lane of their own
-    span_cat = np.array([c == "Trace" for c in cat_vals_n], dtype=bool)[cat_idx]
-    on_thread = ~span_cat & (pc.is_valid(pid).to_numpy(zero_copy_only=False) |
-                             pc.is_valid(tid).to_numpy(zero_copy_only=False))
-    lanes = _lane_table(dev, stream, tid_np, on_device, on_thread)
-    nbytes = raw.column("bytes")
-    events = schema.table(schema.EVENTS, {
-        "rank": pa.nulls(len(raw), pa.int32()),
-        "lane": lanes,
-        "kind": kind,
-        "name": name_col,
-        "cat": cat_col,
-        "start_ns": pa.array(start),
-        "dur_ns": raw.column("dur_ns"),
-        "pid": pid,
-        "tid": tid,
-        "device": pa.array(np.where(on_device, dev, -1)).cast(pa.int32()),
-        "stream": pa.array(np.where(on_device, stream, -1)),
-        "correlation": raw.column("correlation"),
-        "external_id": raw.column("external_id"),
-        "bytes": nbytes,
-        "sync_stream": raw.column("sync_stream"),
-        "sync_correlation": raw.column("sync_correlation"),
-    })
-    # device/stream null off the device
-    events = events.set_column(events.schema.get_field_index("device"), schema.EVENTS.field("device"),
-                               pc.if_else(pa.array(on_device), events.column("device"),
-                                          pa.scalar(None, pa.int32())))
-    events = events.set_column(events.schema.get_field_index("stream"), schema.EVENTS.field("stream"),
-                               pc.if_else(pa.array(on_device), events.column("stream"),
-                                          pa.scalar(None, pa.int64())))
-    index_col = raw.column("_index").to_numpy()
-    collectives, coll_ids = kineto_comms.collectives(events, index_col, acc.comm_rows, members)
-    if coll_ids is not None:
-        events = events.set_column(events.schema.get_field_index("collective_id"),
-                                   schema.EVENTS.field("collective_id"), coll_ids)
+        events = pa.ipc.open_file(pa.memory_map(events_file, "r")).read_all()
     meta = _meta(acc, members, members_after, base_ns)
+    diags.extend(Diagnostic(path, note) for note in acc.notes)
     complete = end.complete and (acc.window_end or "traceName" in members)
     if acc.dropped:
         diags.append(Diagnostic(path, f"{acc.dropped} events without a readable timestamp skipped"))
-    if acc.bad_records:
+    if acc.n_bad:
         first = acc.bad_records[0]
-        diags.append(Diagnostic(path, f"{len(acc.bad_records)} unreadable records skipped "
+        diags.append(Diagnostic(path, f"{acc.n_bad} unreadable records skipped "
                                 f"(first: {first[1]})", offset=first[0]))
+    if acc.repaired_utf8:
+        diags.append(Diagnostic(path, f"{acc.repaired_utf8} invalid UTF-8 bytes replaced by U+FFFD"))
     if acc.repaired_nonfinite:
         diags.append(Diagnostic(path, f"{acc.repaired_nonfinite} non-finite numbers (inf/nan) read as null"))
     if acc.repaired_names:
@@ -684,23 +969,51 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
     if acc.unknown_cats:
         shown = ", ".join(f"{k!r} ({v})" for k, v in sorted(acc.unknown_cats.items())[:5])
         diags.append(Diagnostic(path, f"unknown categories kept as annotations: {shown}"))
+    if end.skipped:
+        diags.append(Diagnostic(path, f"{end.skipped} records larger than {json_stream.MAX_RECORD_BYTES >> 20} MiB "
+                                      f"skipped ({end.skipped_bytes} bytes)", offset=end.skipped_offset))
     if not end.complete:
         what = end.reason or "document cut"
-        diags.append(Diagnostic(path, f"truncated ({what}): kept {len(events)} complete events, "
+        diags.append(Diagnostic(path, f"truncated ({what}): kept {n_events} complete events, "
                                 f"lost {end.bytes_lost} bytes", offset=end.lost_offset))
     elif not complete:
         diags.append(Diagnostic(path, "no 'Record Window End' marker: the capture may be incomplete"))
     return ParsedFile(path=path, format="kineto", events=events, collectives=collectives,
-                      meta=meta, diagnostics=diags, bytes_lost=end.bytes_lost, complete=complete)
+                      meta=meta, diagnostics=diags, bytes_lost=end.bytes_lost, complete=complete,
+                      events_file=events_file)
 
 
-def _append_begin_end(acc: _Accumulator, raw: pa.Table) -> pa.Table:
-    """Pair B/E events (not Kineto's own, but accepted) per (pid, tid) into complete events."""
+def _base_ns(members: dict[str, Any], diags: list[Diagnostic], path: str) -> int | None:
+    """``baseTimeNanoseconds`` when it is an integer within ±:data:`MAX_NS` (else ignored, with a warning)."""
+    base = members.get("baseTimeNanoseconds")
+    if base is None:
+        return None
+    if isinstance(base, int) and not isinstance(base, bool) and -MAX_NS <= base <= MAX_NS:
+        return base
+    diags.append(Diagnostic(path, f"baseTimeNanoseconds {str(base)[:40]!r} is not a time; timestamps kept "
+                                  "as they are"))
+    return None
+
+
+def _in_range(start: np.ndarray, base_ns: int) -> np.ndarray:
+    """Rows whose ``start + base_ns`` stays within ±:data:`MAX_NS` (computed without overflowing)."""
+    lo = max(-MAX_NS - base_ns, -(2**63))
+    hi = min(MAX_NS - base_ns, 2**63 - 1)
+    return (start >= lo) & (start <= hi)
+
+
+def _append_begin_end(acc: _Accumulator) -> None:
+    """Pair B/E events (not Kineto's own, but accepted) per (pid, tid) into complete events, added
+    after every other batch."""
     stacks: dict[tuple[Any, Any], list[Event]] = {}
     rows: list[Event] = []
     ends: list[Any] = []
     for e in acc.be_events:
-        key = (e.pid, e.tid)
+        try:
+            key = (e.pid, e.tid)
+            hash(key)
+        except TypeError:  # lists or objects as pid/tid
+            key = (repr(e.pid), repr(e.tid))
         if e.ph == "B":
             stacks.setdefault(key, []).append(e)
         elif stacks.get(key):
@@ -708,18 +1021,12 @@ def _append_begin_end(acc: _Accumulator, raw: pa.Table) -> pa.Table:
             rows.append(b)
             ends.append(e.ts)
     if not rows:
-        return raw
+        return
     s, _ = us_text_to_ns([r.ts for r in rows])
     t, _ = us_text_to_ns(ends)
-    mini = _Accumulator(acc.path)
-    mini.n = acc.n
     xs = [Event(ph="X", cat=r.cat or "user_annotation", name=r.name, pid=r.pid, tid=r.tid, ts=r.ts,
                 dur=float(max(0, int(b - a))) / 1000.0, args=r.args) for r, a, b in zip(rows, s, t, strict=True)]
-    _columns(mini, xs)
-    acc.comm_rows.extend(mini.comm_rows)
-    acc.n = mini.n
-    return pa.concat_tables([raw, pa.Table.from_batches(mini.batches)], promote_options="permissive"
-                            ).unify_dictionaries().combine_chunks()
+    _columns(acc, xs)
 
 
 def _meta(acc: _Accumulator, members: dict[str, Any], members_after: set[str], base_ns: int | None
@@ -727,10 +1034,15 @@ def _meta(acc: _Accumulator, members: dict[str, Any], members_after: set[str], b
     """What the file says about itself: rank, job, host, era."""
     info = members.get("distributedInfo") if isinstance(members.get("distributedInfo"), dict) else {}
     meta: dict[str, Any] = {}
-    rank = info.get("rank")
-    meta["rank"] = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
-    for key in ("world_size", "backend", "nccl_version", "pg_count"):
-        if key in info:
+    # only values of the right type and range: they become int32/string columns of the ranks table
+    meta["rank"] = _small_int(info.get("rank"), 0)
+    if info.get("rank") is not None and meta["rank"] is None:
+        acc.notes.append(f"distributedInfo.rank {str(info.get('rank'))[:40]!r} is not a rank; ignored")
+    for key in ("world_size", "pg_count"):
+        if _small_int(info.get(key), 1) is not None:
+            meta[key] = info[key]
+    for key in ("backend", "nccl_version"):
+        if isinstance(info.get(key), str):
             meta[key] = info[key]
     if isinstance(info.get("pg_config"), list):
         meta["pg_config"] = info["pg_config"]
@@ -751,6 +1063,13 @@ def _meta(acc: _Accumulator, members: dict[str, Any], members_after: set[str], b
     meta["process_names"] = process_names
     meta["format_version"] = _era(acc, members, members_after, base_ns)
     return meta
+
+
+def _small_int(v: Any, lowest: int) -> int | None:
+    """``v`` if it is an int in ``[lowest, 2^31)`` (ranks, world sizes), else None."""
+    if isinstance(v, int) and not isinstance(v, bool) and lowest <= v < 2**31:
+        return v
+    return None
 
 
 def _era(acc: _Accumulator, members: dict[str, Any], members_after: set[str], base_ns: int | None) -> str:

@@ -18,6 +18,7 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit import schema
+from tracekit.schema import clean_text
 
 #: element size in bytes of c10 ScalarType names (``dtype``), C++ type names (``Input type``) and
 #: common spellings of other writers
@@ -54,7 +55,7 @@ _KERNEL_FUNC = re.compile(r"(?:ncclDevKernel|ncclSymkDevKernel|ncclKernel)_([A-Z
 
 def normalise_op(name: str | None) -> str | None:
     """``c10d::_allgather_base_``, ``nccl:all_reduce``, ``AllReduce``, kernel names → tracekit op."""
-    if not name:
+    if not name or not isinstance(name, str):
         return None
     m = _KERNEL_FUNC.search(name)
     if m:
@@ -69,15 +70,15 @@ def _elements(dims: Any) -> list[int]:
     out: list[int] = []
     if not isinstance(dims, list):
         return out
-    if dims and all(isinstance(d, int) for d in dims):
-        out.append(int(np.prod(dims)) if dims else 1)
+    if dims and all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        out.append(_prod(dims))
         return out
     for d in dims:
         if isinstance(d, list):
             if d and all(isinstance(x, list) for x in d):
-                out.append(sum(_elements(d)))
-            elif d and all(isinstance(x, int) for x in d):
-                out.append(int(np.prod(d)))
+                out.append(min(sum(_elements(d)), _MAX_INT))
+            elif d and all(isinstance(x, int) and not isinstance(x, bool) for x in d):
+                out.append(_prod(d))
             else:
                 out.append(0)
         else:
@@ -98,20 +99,52 @@ def _input_bytes(dims: Any, types: Any) -> tuple[int | None, str | None]:
         t = types[i] if i < len(types) else None
         size = _type_size(t)
         if size and c:
-            return c * size, t
+            return _fits(c * size), t
         if t == "TensorList" and c:
             return None, None  # a list of tensors: sizes but no type, use the inner op instead
     return None, None
 
 
+#: counts, sizes and ids beyond this are not real (and would overflow int64 columns)
+_MAX_INT = 1 << 62
+
+
 def _int(v: Any) -> int | None:
+    """An int from an int or a string of digits, None for anything else or out of range."""
     if isinstance(v, bool):
         return None
+    if isinstance(v, str) and len(v) < 24 and v.strip().lstrip("-").isdigit():
+        v = int(v)
     if isinstance(v, int):
-        return v
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
-        return int(v)
+        return v if -_MAX_INT <= v <= _MAX_INT else None
     return None
+
+
+def _fits(v: int | None) -> int | None:
+    """``v`` if it is a sane int64 value, else None."""
+    return v if v is not None and -_MAX_INT <= v <= _MAX_INT else None
+
+
+def _int32(v: Any) -> int | None:
+    """An int that fits the int32 columns (ranks, group sizes, peers), else None."""
+    i = _int(v)
+    return i if i is not None and -(2**31) <= i < 2**31 else None
+
+
+def _positive32(v: Any) -> int | None:
+    """A group size: an int in [1, 2^31), else None."""
+    i = _int32(v)
+    return i if i is not None and i > 0 else None
+
+
+def _prod(dims: list) -> int:
+    """Product of a shape's extents; 0 when it is out of range or negative (never an overflow)."""
+    n = 1
+    for d in dims:
+        n *= d
+        if n > _MAX_INT or n < 0:
+            return 0
+    return n
 
 
 def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
@@ -127,26 +160,26 @@ def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
         n_out = _int(row.get("out_size"))
     nbytes = None
     if size and (n_in is not None or n_out is not None):
-        nbytes = max(n_in or 0, n_out or 0) * size
+        nbytes = _fits(max(n_in or 0, n_out or 0) * size)
     dims = row.get("input_dims") if row.get("input_dims") is not None else row.get("input_dims_legacy")
     dims_bytes, dims_type = _input_bytes(dims, row.get("input_type"))
     pg = row.get("pg_name")
     if pg is None and row.get("pg_id") is not None:
         pg = str(row.get("pg_id"))
-    peer = _int(row.get("dst_rank"))
+    peer = _int32(row.get("dst_rank"))
     if peer is None:
-        peer = _int(row.get("src_rank"))
-    return {
-        "op": op, "dtype": dtype or dims_type, "bytes": nbytes, "dims_bytes": dims_bytes,
-        "elem": size or _type_size(dims_type), "nranks": _int(row.get("group_size")),
-        "pg": None if pg is None else str(pg), "seq": _int(row.get("seq")), "peer": peer,
+        peer = _int32(row.get("src_rank"))
+    return {  # strings made encodable: a JSON "\ud800" would stop polars and Arrow
+        "op": clean_text(op), "dtype": clean_text(dtype or dims_type), "bytes": nbytes, "dims_bytes": dims_bytes,
+        "elem": size or _type_size(dims_type), "nranks": _positive32(row.get("group_size")),
+        "pg": None if pg is None else clean_text(str(pg)), "seq": _int(row.get("seq")), "peer": peer,
     }
 
 
 def _bus_buffer_bytes(op: str | None, input_bytes: int, nranks: int | None) -> int:
     """S (the full buffer) from the bytes of an op's *input* tensor (FORMATS.md §4)."""
     if op == "allgather" and nranks:
-        return input_bytes * nranks
+        return _fits(input_bytes * nranks)
     return input_bytes
 
 
@@ -168,8 +201,14 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
                schema.KINDS.index("comm")) if events.num_rows else np.zeros(0, bool)
     if not is_comm.any():
         return schema.empty(schema.COLLECTIVES), None
-    pos_of_index = np.full(int(index_col.max()) + 1, -1, dtype=np.int64)
-    pos_of_index[index_col] = np.arange(len(index_col))
+    # row of each metadata record: ``index_col`` (the events' positions in the file) is ascending
+    order = np.argsort(index_col, kind="stable")
+    sorted_index = index_col[order]
+
+    def row_of(i: int) -> int:
+        j = int(np.searchsorted(sorted_index, i))
+        return int(order[j]) if j < sorted_index.size and sorted_index[j] == i else -1
+
     ev = pl.from_arrow(events.select(["lane", "kind", "name", "start_ns", "dur_ns", "pid", "tid",
                                       "correlation", "external_id"]))
     assert isinstance(ev, pl.DataFrame)
@@ -179,8 +218,8 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
     comm = ev.filter(pl.Series(is_comm)).with_columns(
         (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
     # metadata rows (args of ops/kernels that carry collective information)
-    fields = [{**_row_fields(r), "row": int(pos_of_index[r["_index"]])} for r in comm_rows
-              if r["_index"] < len(pos_of_index) and pos_of_index[r["_index"]] >= 0]
+    rows_of = [(r, row_of(r["_index"])) for r in comm_rows]
+    fields = [{**_row_fields(r), "row": row} for r, row in rows_of if row >= 0]
     meta = pl.DataFrame(fields, schema={"op": pl.String, "dtype": pl.String, "bytes": pl.Int64,
                                         "dims_bytes": pl.Int64, "elem": pl.Int64, "nranks": pl.Int64,
                                         "pg": pl.String, "seq": pl.Int64, "peer": pl.Int64, "row": pl.Int64})
@@ -211,9 +250,10 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
     linked = out.filter(pl.col("t").is_not_null()).sort("t")
     for tag, g in groups.items():
         cols = ["op", "dtype", "bytes", "dims_bytes", "elem", "nranks", "pg", "seq", "peer", "name"]
+        # ties broken by file order, so the result never depends on how polars ordered a join
         right = (g.select([pl.col("pid").alias("lpid"), pl.col("tid").alias("ltid"),
-                           pl.col("start_ns").alias("m_start"), "m_end", *cols])
-                 .rename({c: f"{c}_{tag}" for c in cols}).sort("m_start"))
+                           pl.col("start_ns").alias("m_start"), "m_end", "row", *cols])
+                 .rename({c: f"{c}_{tag}" for c in cols}).sort(["m_start", "row"]).drop("row"))
         if right.height == 0:
             for c in cols:
                 out = out.with_columns(pl.lit(None, dtype=right.schema[f"{c}_{tag}"]).alias(f"{c}_{tag}"))
@@ -226,7 +266,8 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
     by_ext = (cpu_meta.filter(pl.col("external_id").is_not_null() & (pl.col("name") == "record_param_comms"))
               .select([pl.col("external_id"), *[pl.col(c).alias(f"{c}_ext") for c in
                                                 ("op", "dtype", "bytes", "elem", "nranks", "pg", "seq",
-                                                 "peer")]]).unique("external_id", keep="first"))
+                                                 "peer")], "row"]).sort("row")
+              .unique("external_id", keep="first", maintain_order=True).drop("row"))
     out = out.join(by_ext, on="external_id", how="left")
 
     def pick(col: str, order: tuple[str, ...] = ("", "_rpc", "_ext", "_ann", "_c10d")) -> pl.Expr:
@@ -243,7 +284,7 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
         pick("bytes", ("", "_rpc", "_ext")).alias("bytes_f"),
         pick("dims_bytes", ("", "_ann", "_rpc", "_c10d")).alias("dims_bytes_f"),
     )
-    pdf = out.sort("start_ns").select(["row", "lane", "name", "name_c10d", "name_ann", "start_ns", "end_ns",
+    pdf = out.sort(["start_ns", "row"]).select(["row", "lane", "name", "name_c10d", "name_ann", "start_ns", "end_ns",
                                        "op_meta", "dtype_f",
                                        "elem_f", "nranks_f", "pg_f", "seq_f", "peer_f", "bytes_f",
                                        "dims_bytes_f"]).to_dict(as_series=False)
@@ -281,6 +322,6 @@ def _world_size(members: dict[str, Any]) -> int | None:
     info = members.get("distributedInfo")
     if isinstance(info, dict):
         ws = info.get("world_size")
-        if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0:
+        if isinstance(ws, int) and not isinstance(ws, bool) and 0 < ws < 2**31:
             return ws
     return None

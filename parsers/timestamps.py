@@ -73,12 +73,17 @@ def _slow(text: bytes) -> int | None:
     t = text.strip().strip(b'"')
     if not t or t in (b"null",):
         return None
+    if len(t) > 64:  # no number of a real trace is that long; Decimal work grows with the digits
+        return None
     try:
         d = Decimal(t.decode("ascii"))
     except (InvalidOperation, UnicodeDecodeError, ValueError):
         return None
-    if not d.is_finite():
+    # a finite value with a sane exponent: 1e22011000 would overflow Decimal's context, 1e-400 is 0
+    if not d.is_finite() or d.adjusted() > 24:
         return None
+    if d.adjusted() < -24:
+        return 0
     ns = int(d * 1000)
     if abs(ns) >= 2**63:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +106,25 @@ def test_unchanged_replay_reproduces_the_trace(tmp_path: Path) -> None:
     *_, g = _analyse(tmp_path, kt.gloo_job(3, 3, loader_ns={1: 7 * MS}))
     times, _ = replay.replay(g, g.weight())
     assert np.array_equal(times, g.node_time)
+
+
+def test_replay_without_segment_offsets_gives_the_same_times(tmp_path: Path) -> None:
+    """Spans so long that segment offsets would overflow int64 take a per-segment running max: same times;
+    damaged timestamps years apart fall back to float64 instead of overflowing."""
+    *_, g = _analyse(tmp_path, kt.gloo_job(3, 3, loader_ns={1: 7 * MS}))
+    w = g.weight().copy()
+    w[g.etype == dag.EDGE_TYPES.index("own")] //= 2
+    expected, _ = replay.replay(g, w)
+    # a graph with many segments: push the last node years later, so the offsets no longer fit
+    far = dataclasses.replace(g, node_time=g.node_time.copy())
+    far.node_time[-1] += 1 << 55
+    assert replay.chains(far).seg.max() + 1 >= 4  # 32 * 2^55 * segments >= 2^62: no offsets
+    times, _ = replay.replay(far, w)
+    assert np.array_equal(times[:-1], expected[:-1])
+    huge = dataclasses.replace(g, node_time=g.node_time.copy())
+    huge.node_time[-1] += 1 << 60
+    times, _ = replay.replay(huge, w)
+    assert np.abs(times[:-1] - expected[:-1]).max() <= 1 << 10  # float64 over a 2^60 ns span
 
 
 @pytest.mark.parametrize("rel", ["kineto-legacy/hta_critical_path__cuda_event_sync.json.gz",

@@ -24,7 +24,7 @@ def test_rank_sources(tmp_path: Path) -> None:
 def test_cache_is_reused_and_invalidated(tmp_path: Path, _isolated_cache: Path) -> None:
     p = kt.write(tmp_path / "rank0.json", kt.gpu_job(2))
     ts1 = traceset.load([str(p)])
-    entries = list(_isolated_cache.iterdir())
+    entries = cache.entries(_isolated_cache)
     assert len(entries) == 1 and (entries[0] / "events.arrow").exists()
     ts2 = traceset.load([str(p)])
     assert ts2.events.equals(ts1.events)
@@ -33,13 +33,13 @@ def test_cache_is_reused_and_invalidated(tmp_path: Path, _isolated_cache: Path) 
     os.utime(p, ns=(1, 1))
     ts3 = traceset.load([str(p)])
     assert ts3.events.num_rows > ts1.events.num_rows
-    assert len(list(_isolated_cache.iterdir())) == 2
+    assert len(cache.entries(_isolated_cache)) == 2
 
 
 def test_corrupt_cache_entry_is_rebuilt(tmp_path: Path, _isolated_cache: Path) -> None:
     p = kt.write(tmp_path / "rank0.json", kt.gpu_job(2))
     n = traceset.load([str(p)]).events.num_rows
-    entry = next(_isolated_cache.iterdir())
+    entry = cache.entries(_isolated_cache)[0]
     (entry / "events.arrow").write_bytes(b"garbage")
     assert cache.load(entry) is None
     assert traceset.load([str(p)]).events.num_rows == n

@@ -3,15 +3,35 @@ the exporters and the TUI only read an :class:`Analysis`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import polars as pl
 import pyarrow as pa
 
-from tracekit import attribution, collectives, critical_path, dag, horovod, iterations, links, nccl_join, whatif
-from tracekit.diagnostics import Diagnostic
+from tracekit import attribution, collectives, critical_path, dag, horovod, iterations, links, nccl_join, schema, whatif
+from tracekit.diagnostics import Diagnostic, TraceError
 from tracekit.traceset import TraceSet
+
+if TYPE_CHECKING:
+    from tracekit.dataset import Dataset
+
+# what a job analysed rank by rank (--engine/--dataset, or too big for memory) does not have
+DATASET_NOTE = ("analysed rank by rank from a per-rank dataset: exposed communication is not split into waiting "
+                "and transfer, and the critical path and what-if need the whole job in memory")
+
+
+@dataclass
+class EventBatches:
+    """The events of every rank as a stream of batches (for exports that must not hold them all)."""
+
+    dataset: Dataset
+    schema: pa.Schema = schema.EVENTS
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        return self.dataset.event_batches()
 
 
 @dataclass
@@ -32,6 +52,7 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)  # the inputs' and the analysis' warnings
     horovod: horovod.Result | None = None  # Horovod timelines' tables (tracekit/horovod.py), None without one
+    dataset: Dataset | None = None  # set when analysed rank by rank: the events stay on disk (``events`` is empty)
 
     @property
     def horovod_only(self) -> bool:
@@ -41,6 +62,9 @@ class Analysis:
     @cached_property
     def graph(self) -> dag.Graph:
         """The dependency graph of the whole job (built on first use)."""
+        if self.dataset is not None:
+            raise TraceError(None, "the critical path and what-if need the whole job in memory: run without "
+                             "--engine, --scheduler, --dataset and --memory-budget")
         # Horovod's phases are a coordinator's per-tensor view, not a thread's program order: the graph (critical
         # path, what-if) is built from the profiler traces only
         events = self.events if self.horovod is None else horovod.without_timeline(self.events)
@@ -65,15 +89,15 @@ class Analysis:
     @cached_property
     def bottleneck(self) -> whatif.Bottleneck | None:
         """Is the network the bottleneck? None when the job has no communication."""
-        if self.horovod_only or self.whatif.comm.height == 0:
+        if self.horovod_only or self.dataset is not None or self.whatif.comm.height == 0:
             return None
         return whatif.bottleneck(self.whatif)
 
-    def tables(self) -> dict[str, pa.Table]:
-        """Every exportable table by name."""
-        out = {
+    def tables(self) -> dict[str, pa.Table | EventBatches]:
+        """Every exportable table by name (the events as a stream of batches when they stay on disk)."""
+        out: dict[str, pa.Table | EventBatches] = {
             "ranks": self.ranks,
-            "events": self.events,
+            "events": self.events if self.dataset is None else EventBatches(self.dataset),
             "iterations": self.iterations,
             "breakdown": self.breakdown,
             "collectives": self.collectives,
@@ -82,7 +106,7 @@ class Analysis:
         }
         if self.traces.topology.num_rows:
             out["topology"] = self.traces.topology
-        if not self.horovod_only:  # a timeline alone has no compute to follow a path through
+        if not self.horovod_only and self.dataset is None:  # a timeline alone has no compute to follow a path through
             out["critical_path"] = self.critical_path.to_arrow()
             out["critical_path_summary"] = self.critical_path_summary.to_arrow()
         if self.horovod is not None:
@@ -133,3 +157,28 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
                     diagnostics=[*traces.diagnostics, *join_notes, *matching.diagnostics,
                                  *(hvd.diagnostics if hvd is not None else [])],
                     horovod=hvd_result)
+
+
+def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_clocks: bool = True) -> Analysis:
+    """The results of a job whose ranks were parsed and attributed one by one (:mod:`tracekit.dataset`): the
+    per-rank breakdowns as written, then what needs every rank but not every event — collectives matched across
+    ranks (clocks, skew, stragglers; an instance's iteration from the events' ``collective_id`` column only) and
+    link figures. The events stay on disk."""
+    colls, join_notes = nccl_join.join(ds.table("collectives"))
+    comm_events = (ds.scan("events").filter(pl.col("collective_id").is_not_null())
+                   .select(["rank", "collective_id", "iteration"]).collect().to_arrow())
+    groups = collectives.groups_from_meta(s.get("meta") or {} for s in ds.summaries)
+    ranks = ds.ranks
+    matching = collectives.match(colls, ranks, groups=groups, events=comm_events, align=align_clocks)
+    topology = ds.table("topology")
+    rate, rate_source = links.line_rate(link_bw_bps, topology)
+    breakdown = links.window_links(ds.table("breakdown"), colls, rate)
+    instances = links.instance_links(matching.instances, rate)
+    ranks = collectives.apply_clocks(ranks, matching.clocks)
+    traces = TraceSet(ranks=ranks, events=schema.empty(schema.EVENTS), collectives=colls, topology=topology,
+                      diagnostics=ds.diagnostics)
+    return Analysis(traces=traces, events=traces.events, iterations=ds.table("iterations"), breakdown=breakdown,
+                    ranks=ranks, collectives=colls, instances=instances, members=matching.members,
+                    line_rate_bps=rate, line_rate_source=rate_source, matched=matching.matched,
+                    notes=[*ds.notes, DATASET_NOTE],
+                    diagnostics=[*ds.diagnostics, *join_notes, *matching.diagnostics], dataset=ds)

@@ -72,14 +72,32 @@ def breakdown(events: pa.Table, iterations: pa.Table, collectives: pa.Table | No
         act = pl.concat([act.filter(pl.col("cls") != TRANSFER).drop("row"),
                          comm_split.select(["rank", "start_ns", "end_ns", pl.col("cls").cast(pl.Int64)])],
                         how="vertical_relaxed")
+    win = sorted_windows(iterations)
+    totals = window_totals(act.get_column("rank").to_numpy().astype(np.int64), act.get_column("start_ns").to_numpy(),
+                           act.get_column("end_ns").to_numpy(), act.get_column("cls").to_numpy(),
+                           win.get_column("rank").to_numpy().astype(np.int64), win.get_column("start_ns").to_numpy(),
+                           win.get_column("end_ns").to_numpy())
+    return table(win, totals, collectives, split=comm_split is not None)
+
+
+def sorted_windows(iterations: pa.Table) -> pl.DataFrame:
+    """The iteration windows in the order of the breakdown rows (rank, then start)."""
     win = pl.from_arrow(iterations)
     assert isinstance(win, pl.DataFrame)
-    win = win.sort(["rank", "start_ns"])
-    w_rank = win.get_column("rank").to_numpy().astype(np.int64)
-    w_start = win.get_column("start_ns").to_numpy()
-    w_end = win.get_column("end_ns").to_numpy()
-    s = sweep(act.get_column("rank").to_numpy().astype(np.int64), act.get_column("start_ns").to_numpy(),
-              act.get_column("end_ns").to_numpy(), act.get_column("cls").to_numpy(), 5, w_rank, w_start, w_end)
+    return win.sort(["rank", "start_ns"])
+
+
+#: the per-window sums :func:`window_totals` returns
+TOTALS = ("compute", "overlapped", "exposed", "memory", "transfer", "unsplit", "link_active")
+
+
+def window_totals(rank: np.ndarray, start: np.ndarray, end: np.ndarray, cls: np.ndarray, w_rank: np.ndarray,
+                  w_start: np.ndarray, w_end: np.ndarray) -> dict[str, np.ndarray]:
+    """Time per class in each window (one sweep over the intervals): compute, overlapped, exposed, memory,
+    the transfer part of exposed, UNSPLIT communication, and the link's active time. Only intervals
+    overlapping a window matter, so windows can be swept in groups with just the intervals that reach
+    them (:mod:`tracekit.bounded`)."""
+    s = sweep(rank, start, end, cls, 5, w_rank, w_start, w_end)
     m = len(w_start)
     c = (s.state & _BIT[COMPUTE]) != 0
     t = (s.state & _BIT[TRANSFER]) != 0
@@ -87,18 +105,25 @@ def breakdown(events: pa.Table, iterations: pa.Table, collectives: pa.Table | No
     u = (s.state & _BIT[UNSPLIT]) != 0
     comm = t | wt | u
     mem = (s.state & _BIT[MEMORY]) != 0
-    compute = s.total(m, c & ~comm)
-    overlapped = s.total(m, c & comm)
-    exposed = s.total(m, ~c & comm)
-    memory = s.total(m, ~c & ~comm & mem)
+    return {"compute": s.total(m, c & ~comm), "overlapped": s.total(m, c & comm),
+            "exposed": s.total(m, ~c & comm), "memory": s.total(m, ~c & ~comm & mem),
+            "transfer": s.total(m, ~c & (t | u)), "unsplit": s.total(m, u), "link_active": s.total(m, t | u)}
+
+
+def table(win: pl.DataFrame, totals: dict[str, np.ndarray], collectives: pa.Table | None, *,
+          split: bool | None = None) -> pa.Table:
+    """The breakdown table from the sorted windows and their totals."""
+    w_rank = win.get_column("rank").to_numpy().astype(np.int64)
+    w_start = win.get_column("start_ns").to_numpy()
+    w_end = win.get_column("end_ns").to_numpy()
+    m = len(w_start)
+    compute, overlapped, exposed, memory = (totals[k] for k in ("compute", "overlapped", "exposed", "memory"))
     wall = w_end - w_start
     idle = wall - compute - overlapped - exposed - memory
-    link_active = s.total(m, t | u)
-    if comm_split is not None:
-        transfer = s.total(m, ~c & (t | u))
-        wait = exposed - transfer
-        unknown = s.total(m, u) > 0
-        wait_arr, transfer_arr = pa.array(wait, mask=unknown), pa.array(transfer, mask=unknown)
+    if split:
+        transfer = totals["transfer"]
+        unknown = totals["unsplit"] > 0
+        wait_arr, transfer_arr = pa.array(exposed - transfer, mask=unknown), pa.array(transfer, mask=unknown)
     else:
         wait_arr = transfer_arr = pa.nulls(m, pa.int64())
     comm_bytes = bytes_per_window(collectives, w_rank, w_start, w_end)
@@ -107,7 +132,7 @@ def breakdown(events: pa.Table, iterations: pa.Table, collectives: pa.Table | No
         "start_ns": w_start, "end_ns": w_end, "wall_ns": wall, "compute_ns": compute,
         "overlapped_ns": overlapped, "exposed_comm_ns": exposed, "memory_ns": memory, "idle_ns": idle,
         "wait_ns": wait_arr, "transfer_ns": transfer_arr, "comm_ns": overlapped + exposed,
-        "comm_bytes": comm_bytes, "link_active_ns": link_active,
+        "comm_bytes": comm_bytes, "link_active_ns": totals["link_active"],
     })
 
 

@@ -7,6 +7,7 @@ User mistakes and damaged inputs end in one line on stderr and a non-zero exit, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -40,6 +41,25 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="line rate of the links to compare with, e.g. 100Gbit, 25GB/s, 200mbit or 1e9 (bits/s)")
 
 
+def _big_jobs(p: argparse.ArgumentParser) -> None:
+    """Options of the rank-by-rank analysis (:mod:`tracekit.dataset`) for jobs too big to hold in memory."""
+    g = p.add_argument_group(
+        "big jobs", "analyse rank by rank: each file becomes a per-rank Parquet partition (events, collectives, "
+        "iterations, breakdown) plus a small summary, and only the small tables are combined. Chosen by any option "
+        "below, or by itself when the inputs would not fit in memory; exposed communication is then not split "
+        "into waiting and transfer (critical path and what-if need the whole job in memory)")
+    g.add_argument("--engine", choices=("local", "dask"), default=None,
+                   help="where files are parsed and analysed: local processes or a Dask cluster "
+                        "(a LocalCluster of --jobs workers unless --scheduler is given)")
+    g.add_argument("--scheduler", metavar="URL", help="Dask scheduler to run on, e.g. tcp://head-node:8786 "
+                   "(implies --engine dask; workers must see the inputs and --dataset at the same paths)")
+    g.add_argument("--dataset", metavar="DIR", help="keep the per-rank dataset here (default: in the cache, "
+                   "reused while the inputs are unchanged); on a cluster, a directory every worker can write")
+    g.add_argument("--rebuild", action="store_true", help="replace a --dataset DIR that holds other inputs")
+    g.add_argument("--memory-budget", metavar="SIZE", help="memory per file being read, e.g. 1G (default "
+                   "$TRACEKIT_MEMORY_BUDGET or 1G): bigger files are read in bounded memory through disk")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tracekit",
@@ -53,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print where each rank's iteration time went.")
     _common(p)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    _big_jobs(p)
     p.set_defaults(func=cmd_summary)
 
     p = sub.add_parser("collectives", help="per-collective table: op, bytes, ranks, skew, wait, transfer, bus "
@@ -63,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sort", choices=sorted(_sorts()), default="time",
                    help="order of the rows (time ascending, the others largest first; default time)")
     p.add_argument("--limit", type=int, default=40, metavar="N", help="show at most N rows (0: all; default 40)")
+    _big_jobs(p)
     p.set_defaults(func=cmd_collectives)
 
     p = sub.add_parser("tensors", help="per-tensor table of Horovod timelines: bytes, negotiation wait, "
@@ -127,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chrome", metavar="FILE", help="write a Chrome-trace JSON file of all ranks")
     p.add_argument("--table", metavar="NAME", help="export only this table")
     p.add_argument("--force", action="store_true", help="overwrite existing output files")
+    _big_jobs(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline)",
@@ -179,14 +202,26 @@ def _tensor_sorts() -> list[str]:
 
 
 def _load(args: argparse.Namespace, console: Console):
-    from tracekit import traceset
-    from tracekit.analysis import analyse
+    """Read and analyse the inputs: the whole job in memory, or rank by rank through a per-rank dataset when an
+    option of the big-jobs group asks for it or the job would not fit in memory."""
+    from tracekit import dataset, traceset
+    from tracekit.analysis import analyse, analyse_dataset
     from tracekit.units import parse_rate
 
     link_bw = parse_rate(args.link_bw) if args.link_bw else None
-
+    if args.jobs is not None and args.jobs < 1:
+        raise TraceError(None, "--jobs must be at least 1")
     files, _ = traceset.discover(args.paths)
     total = sum(os.path.getsize(f) for f in files)
+    by_rank = any(getattr(args, o, None) for o in ("engine", "scheduler", "dataset", "memory_budget"))
+    if not by_rank and hasattr(args, "engine"):
+        need, have = dataset.in_memory_need(files), dataset.available_memory()
+        if need > have:
+            by_rank = True
+            if not args.quiet:
+                console.print(f"[yellow]note[/]: analysing {len(files)} files rank by rank: in memory they would "
+                              f"need about {need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB is available",
+                              highlight=False)
     progress_cb = None
     bar = None
     if total >= PROGRESS_MIN_BYTES and console.is_terminal and not getattr(args, "json", False):
@@ -201,11 +236,25 @@ def _load(args: argparse.Namespace, console: Console):
             bar.update(task, completed=done)
 
     try:
-        ts = traceset.load(args.paths, use_cache=not args.no_cache, cache_dir=args.cache_dir,
-                           jobs=args.jobs, progress=progress_cb)
+        if by_rank:
+            from tracekit import engine
+
+            eng = engine.make(args.engine or "local", scheduler=args.scheduler, jobs=args.jobs, total_bytes=total)
+            ds = dataset.build(args.paths, out=args.dataset, engine=eng, step_marker=args.step_marker,
+                               budget=args.memory_budget, use_cache=not args.no_cache, cache_dir=args.cache_dir,
+                               force=args.rebuild, progress=progress_cb)
+            args.exit_stack.callback(ds.cleanup)
+        else:
+            ts = traceset.load(args.paths, use_cache=not args.no_cache, cache_dir=args.cache_dir,
+                               jobs=args.jobs, progress=progress_cb)
     finally:
         if bar is not None:
             bar.stop()
+    if by_rank:
+        if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0:
+            damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
+            raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
+        return analyse_dataset(ds, link_bw_bps=link_bw)
     if ts.events.num_rows == 0 and ts.collectives.num_rows == 0:
         damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
@@ -471,6 +520,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.chrome and os.path.exists(args.chrome) and not args.force:
         raise TraceError(args.chrome, "already exists (use --force to overwrite)")
     result = _load(args, err)
+    if args.chrome and result.dataset is not None:
+        raise TraceError(args.chrome, "a Chrome trace needs every event in memory: run without --engine, "
+                         "--scheduler, --dataset and --memory-budget")
     table = args.table
     if table is None and result.horovod_only and args.output and args.output.endswith(".parquet"):
         table = "horovod_breakdown"  # a timeline alone has no five-way breakdown
@@ -546,7 +598,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.func is cmd_record:
         args.stray, args.command = args.command, command
     try:
-        return int(args.func(args) or 0)
+        with contextlib.ExitStack() as args.exit_stack:  # what a command leaves to clean up (temporary datasets)
+            return int(args.func(args) or 0)
     except TraceError as exc:
         print(f"tracekit: {exc}", file=sys.stderr)
         return EXIT_INPUT

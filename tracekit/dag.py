@@ -200,10 +200,11 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     n = act.height
     start = act.get_column("start").to_numpy()
     end = act.get_column("end").to_numpy().copy()
-    srcs: list[np.ndarray] = []
-    dsts: list[np.ndarray] = []
-    lags: list[np.ndarray] = []
-    types: list[np.ndarray] = []
+    # a job with no activity has no edges: start each list with an empty array of its type
+    srcs: list[np.ndarray] = [np.zeros(0, np.int64)]
+    dsts: list[np.ndarray] = [np.zeros(0, np.int64)]
+    lags: list[np.ndarray] = [np.zeros(0, np.int64)]
+    types: list[np.ndarray] = [np.zeros(0, np.int8)]
 
     def add(s: np.ndarray, d: np.ndarray, lag: np.ndarray | int, etype: str) -> None:
         s = np.asarray(s, dtype=np.int64)
@@ -255,6 +256,10 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
         _collective_edges(add, act, instances, start, end, own)
     # own work
     add(2 * idx, 2 * idx + 1, own, "own")
+    if n == 0:  # a job with no activity: an empty graph
+        none = np.zeros(0, np.int64)
+        return Graph(act=act, src=none, dst=none, lag=none, etype=np.zeros(0, np.int8), node_time=node_time,
+                     binding=none, slack=none, violated={})
     src = np.concatenate(srcs)
     dst = np.concatenate(dsts)
     lag = np.concatenate(lags)

@@ -28,6 +28,15 @@ class TraceError(Exception):
         parts = [p for p in (self.path, _where(self.offset, self.line)) if p]
         return ": ".join([*parts, self.message])
 
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # errors travel pickled from worker processes (local pool, Dask); the default reduction would
+        # call __init__ with the formatted message only
+        return (_rebuild, (self.path, self.message, self.offset, self.line))
+
+
+def _rebuild(path: str | None, message: str, offset: int | None, line: int | None) -> TraceError:
+    return TraceError(path, message, offset=offset, line=line)
+
 
 @dataclass(frozen=True)
 class Diagnostic:

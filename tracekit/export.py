@@ -2,43 +2,43 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracekit.atomic import atomic_write
 from tracekit.diagnostics import TraceError
 
-
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` for a temporary file beside ``path`` and rename it into place.
-
-    A crash or kill mid-write leaves any previous ``path`` intact and no partial file under its name.
-    """
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+__all__ = ["atomic_write", "export", "write_parquet"]
 
 
-def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
-    """Write one table as Parquet (zstd), atomically."""
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+class Batches(Protocol):
+    """A table too big to hold: its schema and a stream of its batches."""
+
+    schema: pa.Schema
+
+    def batches(self) -> Iterator[pa.RecordBatch]: ...
 
 
-def export(tables: dict[str, pa.Table], out: str, *, force: bool = False, table: str | None = None
+def write_parquet(table: pa.Table | Batches, path: str | os.PathLike) -> None:
+    """Write one table as Parquet (zstd), atomically; a stream of batches is written batch by batch."""
+    if isinstance(table, pa.Table):
+        atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+        return
+
+    def stream(tmp: str) -> None:
+        with pq.ParquetWriter(tmp, table.schema, compression="zstd") as writer:
+            for b in table.batches():
+                writer.write_batch(b)
+
+    atomic_write(path, stream)
+
+
+def export(tables: Mapping[str, pa.Table | Batches], out: str, *, force: bool = False, table: str | None = None
            ) -> list[str]:
     """Write ``tables`` to ``out``: one Parquet file (``*.parquet``: the ``table`` chosen, breakdown by
     default) or a directory with one ``<name>.parquet`` per table. Returns the paths written."""

@@ -69,8 +69,10 @@ def step_annotations(events: pa.Table, df: pl.DataFrame, step_marker: str | None
     for nm in names:
         m = regex.search(nm)
         g = m.group(1) if m and m.groups() else None
-        numbers.append(int(g) if g is not None and g.isdigit() else None)
-    cand = df[rows].with_columns(pl.Series("number", numbers, dtype=pl.Int64)).sort(["rank", "start_ns"])
+        # a number beyond int64 is no step number: such steps are numbered by order like unnumbered ones
+        numbers.append(int(g) if g is not None and g.isdigit() and len(g) < 19 else None)
+    cand = df[rows].with_columns(pl.Series("number", numbers, dtype=pl.Int64)).sort(["rank", "start_ns"],
+                                                                                     maintain_order=True)
     # without a numeric group, number the matches in order per rank
     cand = cand.with_columns(pl.coalesce("number", pl.int_range(pl.len()).over("rank").cast(pl.Int64))
                              .alias("iteration"))
@@ -80,83 +82,117 @@ def step_annotations(events: pa.Table, df: pl.DataFrame, step_marker: str | None
                         (pl.col("start_ns") + pl.col("dur_ns")).alias("s_end")]).sort(["rank", "s_start"])
 
 
-def assign(events: pa.Table, step_marker: str | None = None) -> tuple[pa.Table, pa.Table]:
-    """Return ``(events with the iteration column filled, iterations table)``."""
+def assign(events: pa.Table, step_marker: str | None = None, *, require_steps: bool = True
+           ) -> tuple[pa.Table, pa.Table]:
+    """Return ``(events with the iteration column filled, iterations table)``.
+
+    A ``step_marker`` that matches nothing is an error, unless ``require_steps`` is False (one rank of
+    many: the caller decides once it has seen them all)."""
     if events.num_rows == 0:
         return events, schema.empty(schema.ITERATIONS)
     df = _frame(events)
     steps = step_annotations(events, df, step_marker)
     method = "step-marker" if step_marker else "ProfilerStep"
-    if step_marker and steps.height == 0:
+    if step_marker and steps.height == 0 and require_steps:
         raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
-    iteration = _by_time(df, steps)
+    it, ok = step_of(df.get_column("rank").to_numpy(), df.get_column("start_ns").to_numpy(), steps)
     if steps.height:
         # device activity: through the launching CPU call (External id first, then the CUPTI
         # correlation, which is 1:1 and overrides it); only the few rows involved are touched
-        by_time = df.select(["row", "rank", "correlation", "external_id"]).with_columns(iteration.alias("it"))
-        it = iteration.to_numpy().astype(np.float64)  # NaN = no iteration
+        by_time = df.select(["row", "rank", "correlation", "external_id"]).with_columns(
+            pl.Series("it", it.copy()).scatter(np.flatnonzero(~ok), None))
         for key, source, target in (
             ("external_id", pl.col("is_cpu") & pl.col("is_cpu_op"), pl.col("on_device")),
             ("correlation", pl.col("is_cpu") & pl.col("is_runtime"), pl.col("on_device")),
         ):
+            # the first source in file order wins (sorted explicitly: filters keep order, joins need not)
             src = (by_time.filter(df.select(source & pl.col(key).is_not_null()).to_series()
                                   & pl.col("it").is_not_null())
-                   .select(["rank", key, "it"]).unique(["rank", key], keep="first"))
+                   .select(["rank", key, "it"]).unique(["rank", key], keep="first", maintain_order=True))
             dst = by_time.filter(df.select(target & pl.col(key).is_not_null()).to_series()).select(["row", "rank", key])
             hit = dst.join(src, on=["rank", key], how="inner")
-            it[hit.get_column("row").to_numpy()] = hit.get_column("it").to_numpy()
-        iteration = pl.Series("iteration", it, nan_to_null=True).cast(pl.Int64)
+            rows = hit.get_column("row").to_numpy()
+            it[rows] = hit.get_column("it").to_numpy()
+            ok[rows] = True
+    iteration = pa.array(it, pa.int64(), mask=~ok)
     events = events.set_column(events.schema.get_field_index("iteration"), schema.EVENTS.field("iteration"),
-                               iteration.to_arrow().cast(pa.int64()))
-    windows = _windows(df.with_columns(iteration.alias("iteration")), steps, method)
+                               iteration)
+    windows = _windows(df.with_columns(pl.Series("iteration", iteration)), steps, method)
     return events, windows
 
 
-def _by_time(df: pl.DataFrame, steps: pl.DataFrame) -> pl.Series:
-    """Iteration of each event by time: the step (on its rank) whose interval contains its start."""
-    if steps.height == 0:
-        return pl.Series("iteration", [None] * df.height, dtype=pl.Int64)
-    rank = df.get_column("rank").to_numpy().astype(np.int64)
-    start = df.get_column("start_ns").to_numpy()
+def step_of(rank: np.ndarray, start: np.ndarray, steps: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Iteration of each event by time: the step on its rank whose interval contains its start.
+
+    Returns ``(iteration int64, found bool)``. Exact for any int64 times (a search per rank that has
+    steps, no combined keys); among steps starting at the same instant the highest number wins. An
+    elementwise function of each event, so it gives the same answer batch by batch as on a whole table.
+    """
+    n = len(start)
+    out = np.zeros(n, dtype=np.int64)
+    found = np.zeros(n, dtype=bool)
+    if steps.height == 0 or n == 0:
+        return out, found
     s_rank = steps.get_column("rank").to_numpy().astype(np.int64)
     s_start = steps.get_column("s_start").to_numpy()
     s_end = steps.get_column("s_end").to_numpy()
     s_it = steps.get_column("iteration").to_numpy()
-    # one sorted key per (rank, time): steps are searched once for all events, no sort of the events
-    t0 = int(min(start.min(), s_start.min()))
-    span = int(max(start.max(), s_end.max())) - t0
-    bits = max(1, span.bit_length())
-    if bits + int(max(rank.max(), s_rank.max())).bit_length() < 63:
-        key = (rank << bits) | (start - t0)
-        s_key = (s_rank << bits) | (s_start - t0)
-    else:  # astronomically long traces: compare as (rank, time) pairs via float keys per rank
-        order_r = np.unique(np.concatenate([rank, s_rank]), return_inverse=True)[1]
-        key = order_r[: rank.size] * 2.0**62 + (start - t0)
-        s_key = order_r[rank.size :] * 2.0**62 + (s_start - t0)
-    order = np.argsort(s_key, kind="stable")
-    pos = np.searchsorted(s_key[order], key, side="right") - 1
-    j = order[np.maximum(pos, 0)]
-    inside = (pos >= 0) & (s_rank[j] == rank) & (start < s_end[j])
-    values = np.where(inside, s_it[j], 0)
-    return pl.Series("iteration", values, dtype=pl.Int64).scatter(np.flatnonzero(~inside), None)
+    so = np.lexsort((s_it, s_start, s_rank))
+    s_rank, s_start, s_end, s_it = s_rank[so], s_start[so], s_end[so], s_it[so]
+    rank = np.asarray(rank).astype(np.int64)
+    ranks = np.unique(s_rank)
+    if ranks.size == 1:
+        segments = [(int(ranks[0]), np.flatnonzero(rank == ranks[0]))]
+    else:
+        eo = np.argsort(rank, kind="stable")
+        r_sorted = rank[eo]
+        segments = [(int(r), eo[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")])
+                    for r in ranks]
+    for r, idx in segments:
+        if not idx.size:
+            continue
+        lo, hi = np.searchsorted(s_rank, r, "left"), np.searchsorted(s_rank, r, "right")
+        t = start[idx]
+        pos = np.searchsorted(s_start[lo:hi], t, side="right") - 1
+        j = lo + np.maximum(pos, 0)
+        inside = (pos >= 0) & (t < s_end[j])
+        out[idx] = np.where(inside, s_it[j], 0)
+        found[idx] = inside
+    return out, found
 
 
-def _windows(df: pl.DataFrame, steps: pl.DataFrame, method: str) -> pa.Table:
-    """Iteration windows per rank from the activity that belongs to each iteration."""
-    gpu_ranks = df.filter(pl.col("on_device") & pl.col("is_activity")).get_column("rank").unique()
+def activity_mask(df: pl.DataFrame, gpu_ranks: pl.Series) -> pl.Expr:
+    """Rows that open and close iteration windows: device activity on ranks that have it, CPU work
+    (activity or operators) on CPU-only ranks — the lanes attribution looks at."""
     is_gpu = pl.col("rank").is_in(gpu_ranks.implode())
-    activity = df.filter(
-        (is_gpu & pl.col("on_device") & pl.col("is_activity"))
-        | (~is_gpu & (pl.col("is_activity") | pl.col("is_cpu_op"))))
-    if steps.height == 0:
-        whole = activity.group_by("rank").agg(pl.col("start_ns").min().alias("start_ns"),
-                                              (pl.col("start_ns") + pl.col("dur_ns")).max().alias("end_ns"))
-        return schema.table(schema.ITERATIONS, {
-            "rank": whole.get_column("rank").to_arrow(), "iteration": [0] * whole.height,
-            "start_ns": whole.get_column("start_ns").to_arrow(), "end_ns": whole.get_column("end_ns").to_arrow(),
-            "method": ["whole-trace"] * whole.height}).sort_by([("rank", "ascending")])
-    act = activity.filter(pl.col("iteration").is_not_null()).group_by(["rank", "iteration"]).agg(
+    return ((is_gpu & pl.col("on_device") & pl.col("is_activity"))
+            | (~is_gpu & (pl.col("is_activity") | pl.col("is_cpu_op"))))
+
+
+def aggregate(activity: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, iteration): first start and last end of the activity (partial aggregates of batches
+    combine by min/max)."""
+    return activity.filter(pl.col("iteration").is_not_null()).group_by(["rank", "iteration"]).agg(
         pl.col("start_ns").min().alias("first"), (pl.col("start_ns") + pl.col("dur_ns")).max().alias("last"))
+
+
+def aggregate_whole(activity: pl.DataFrame) -> pl.DataFrame:
+    """Per rank: first start and last end of the activity (for the whole-trace window)."""
+    return activity.group_by("rank").agg(pl.col("start_ns").min().alias("start_ns"),
+                                         (pl.col("start_ns") + pl.col("dur_ns")).max().alias("end_ns"))
+
+
+def whole_trace_windows(whole: pl.DataFrame) -> pa.Table:
+    """One window per rank over all its activity, when there are no steps."""
+    whole = whole.sort("rank")
+    return schema.table(schema.ITERATIONS, {
+        "rank": whole.get_column("rank").to_arrow(), "iteration": [0] * whole.height,
+        "start_ns": whole.get_column("start_ns").to_arrow(), "end_ns": whole.get_column("end_ns").to_arrow(),
+        "method": ["whole-trace"] * whole.height})
+
+
+def windows_from(act: pl.DataFrame, steps: pl.DataFrame, gpu_ranks: pl.Series, method: str) -> pa.Table:
+    """Iteration windows from the per-(rank, iteration) activity aggregates."""
     # CPU-only ranks: the step annotation itself opens the iteration
     cpu_steps = steps.filter(~pl.col("rank").is_in(gpu_ranks.implode())).select(
         ["rank", "iteration", pl.col("s_start").alias("first_s")])
@@ -172,3 +208,12 @@ def _windows(df: pl.DataFrame, steps: pl.DataFrame, method: str) -> pa.Table:
         "rank": act.get_column("rank").to_arrow(), "iteration": act.get_column("iteration").to_arrow(),
         "start_ns": act.get_column("first").to_arrow(), "end_ns": act.get_column("end").to_arrow(),
         "method": [method] * act.height})
+
+
+def _windows(df: pl.DataFrame, steps: pl.DataFrame, method: str) -> pa.Table:
+    """Iteration windows per rank from the activity that belongs to each iteration."""
+    gpu_ranks = df.filter(pl.col("on_device") & pl.col("is_activity")).get_column("rank").unique()
+    activity = df.filter(activity_mask(df, gpu_ranks))
+    if steps.height == 0:
+        return whole_trace_windows(aggregate_whole(activity))
+    return windows_from(aggregate(activity), steps, gpu_ranks, method)

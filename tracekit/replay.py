@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
 
 from tracekit.dag import EDGE_TYPES, Graph
 
@@ -86,22 +87,35 @@ def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_round
     # a[m]: sum of the chain weights from the first node of m's lane up to m
     a = csum - csum[seg_first][ch.seg]
     scale = int(max(span, int(np.abs(a).max()) if a.size else 0, int(weight.max()) if weight.size else 0)) + 1
-    neg = -8 * scale  # "no constraint", far below any real time (relative to t0)
+    n_seg = int(ch.seg.max()) + 1 if ch.seg.size else 1
+    # exact int64 arithmetic while every value stays far from overflow; damaged timestamps spanning years
+    # fall back to float64 (the replay of such a trace is not worth nanoseconds)
+    exact = 64 * scale < 1 << 62
+    dt = np.int64 if exact else np.float64
+    neg = -8 * scale if exact else -8.0 * scale  # "no constraint", far below any real time (relative to t0)
+    # segments are separated in one running max by offsets, when those fit; else a per-segment cummax
     big = 32 * scale  # separates segments in the running max
-    seg_off = ch.seg.astype(np.int64) * big
-    x = np.full(n, neg, dtype=np.int64)
-    x[ch.sources] = t_meas[ch.sources] - t0
-    times = np.full(n, neg, dtype=np.int64)
+    offsets = exact and big * (n_seg + 1) < 1 << 62
+    seg_off = ch.seg.astype(np.int64) * big if offsets else None
+    a = a.astype(dt)
+    t_rel = (t_meas - t0).astype(dt)
+    x = np.full(n, neg, dtype=dt)
+    x[ch.sources] = t_rel[ch.sources]
+    times = np.full(n, neg, dtype=dt)
     all_src = graph.src if extra is None else np.concatenate([graph.src, extra[0]])
     all_w = weight if extra is None else np.concatenate([weight, extra[2]])
     src = all_src[ch.cross]
-    w = all_w[ch.cross]
+    w = all_w[ch.cross].astype(dt)
     rounds = 0
     while rounds < max_rounds:
         rounds += 1
         # chain scan: T = A + segmented cummax(X - A)
-        v = np.maximum(x - a, neg) + seg_off
-        new = np.maximum.accumulate(v) - seg_off + a
+        v = np.maximum(x - a, neg)
+        if seg_off is not None:
+            new = np.maximum.accumulate(v + seg_off) - seg_off + a
+        else:
+            new = pl.DataFrame({"s": ch.seg, "v": v}).select(pl.col("v").cum_max().over("s")).to_series().to_numpy()
+            new = new + a
         new = np.where(new < neg // 2, neg, new)
         if np.array_equal(new, times):
             break
@@ -110,7 +124,9 @@ def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_round
         if ch.cross.size:
             vals = np.where(times[src] <= neg // 2, neg, times[src] + w)
             best = np.maximum.reduceat(vals, ch.cross_dst_bounds)
-            x = np.full(n, neg, dtype=np.int64)
+            x = np.full(n, neg, dtype=dt)
             x[ch.cross_dsts] = best
-            x[ch.sources] = t_meas[ch.sources] - t0
+            x[ch.sources] = t_rel[ch.sources]
+    if not exact:
+        times = np.rint(times).astype(np.int64)
     return times + t0, rounds

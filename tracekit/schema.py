@@ -225,7 +225,7 @@ def table(schema: pa.Schema, columns: Mapping[str, Sequence[Any] | pa.Array]) ->
         if value is None:
             arrays.append(pa.nulls(n, f.type))
             continue
-        arr = value if isinstance(value, pa.Array | pa.ChunkedArray) else pa.array(value)
+        arr = value if isinstance(value, pa.Array | pa.ChunkedArray) else _to_arrow(value)
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks()
         if arr.type != f.type:
@@ -240,6 +240,23 @@ def table(schema: pa.Schema, columns: Mapping[str, Sequence[Any] | pa.Array]) ->
     if unknown:
         raise KeyError(f"columns not in schema: {sorted(unknown)}")
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def clean_text(v: Any) -> Any:
+    """A string with lone surrogates (JSON ``"\\ud800"``) made encodable; other values unchanged."""
+    if isinstance(v, str):
+        return v.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(v, list):
+        return [clean_text(x) for x in v]
+    return v
+
+
+def _to_arrow(values: Sequence[Any]) -> pa.Array:
+    """``pa.array(values)``; strings that UTF-8 cannot encode are repaired rather than fatal."""
+    try:
+        return pa.array(values)
+    except UnicodeEncodeError:
+        return pa.array([clean_text(v) for v in values])
 
 
 def conform(tbl: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -282,3 +299,6 @@ class ParsedFile:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     bytes_lost: int = 0
     complete: bool = True
+    #: set when the parser spilled to disk (bounded memory): ``events`` is this Arrow IPC file,
+    #: memory-mapped; read it batch by batch (``pa.ipc.open_file``) to stay within the memory bound
+    events_file: str | None = None

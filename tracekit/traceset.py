@@ -167,39 +167,56 @@ def _rank_from_name(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def assemble(files: list[ParsedFile], notes: list[Diagnostic] | None = None) -> TraceSet:
-    """Assign ranks and concatenate the tables of parsed files."""
-    diags = list(notes or [])
-    for f in files:
-        diags.extend(f.diagnostics)
-    # ranks of per-rank traces (Kineto): file content, then file name, then order
-    traced = [f for f in files if f.format == "kineto"]
+def assign_ranks(claims: list[tuple[str, int | None]]) -> tuple[list[int], list[str], list[Diagnostic]]:
+    """Ranks of per-rank traces from ``(path, rank the file claims)`` in input order: what the file says
+    (``distributedInfo``), else the file name (``rank-3``, ``worker3``), else the order given.
+
+    Returns ``(ranks, sources, diagnostics)``; a rank claimed twice is kept by the first file only.
+    """
+    diags: list[Diagnostic] = []
     assigned: dict[int, int] = {}
     source: dict[int, str] = {}
     taken: set[int] = set()
-    for i, f in enumerate(traced):
-        r = f.meta.get("rank")
+    for i, (path, r) in enumerate(claims):
         if r is not None and r not in taken:
             assigned[i], source[i] = r, "distributedInfo"
             taken.add(r)
         elif r is not None:
-            diags.append(Diagnostic(f.path, f"rank {r} is claimed by another file too; "
-                                            "are these traces from the same job?"))
-    for i, f in enumerate(traced):
+            diags.append(Diagnostic(path, f"rank {r} is claimed by another file too; "
+                                          "are these traces from the same job?"))
+    for i, (path, _) in enumerate(claims):
         if i in assigned:
             continue
-        r = _rank_from_name(f.path)
+        r = _rank_from_name(path)
         if r is not None and r not in taken:
             assigned[i], source[i] = r, "file name"
             taken.add(r)
     nxt = 0
-    for i, _ in enumerate(traced):
+    for i in range(len(claims)):
         if i in assigned:
             continue
         while nxt in taken:
             nxt += 1
         assigned[i], source[i] = nxt, "order"
         taken.add(nxt)
+    return [assigned[i] for i in range(len(claims))], [source[i] for i in range(len(claims))], diags
+
+
+#: formats with one file per rank that does not know its global rank in its tables
+PER_RANK_FORMATS = frozenset({"kineto"})
+
+
+def assemble(files: list[ParsedFile], notes: list[Diagnostic] | None = None) -> TraceSet:
+    """Assign ranks and concatenate the tables of parsed files."""
+    diags = list(notes or [])
+    for f in files:
+        diags.extend(f.diagnostics)
+    # ranks of per-rank traces (Kineto): file content, then file name, then order
+    traced = [f for f in files if f.format in PER_RANK_FORMATS]
+    rank_list, source_list, rank_diags = assign_ranks([(f.path, f.meta.get("rank")) for f in traced])
+    diags.extend(rank_diags)
+    assigned = dict(enumerate(rank_list))
+    source = dict(enumerate(source_list))
     events, colls, topo = [], [], []
     rank_rows: list[dict] = []
     extra: dict[str, list[pa.Table]] = {}
@@ -210,7 +227,7 @@ def assemble(files: list[ParsedFile], notes: list[Diagnostic] | None = None) -> 
         topo.append(f.topology)
         rank_rows.append(_rank_row(f, r, source[i]))
     for f in files:
-        if f.format == "kineto":
+        if f.format in PER_RANK_FORMATS:
             for k, t in f.tables.items():
                 extra.setdefault(k, []).append(t)
             continue
@@ -249,23 +266,49 @@ def _concat(tables: list[pa.Table], sch: pa.Schema) -> pa.Table:
     return pa.concat_tables(tables).unify_dictionaries()
 
 
-def _mode(arr: pa.ChunkedArray) -> int | None:
-    vals = pc.drop_null(arr)
-    if len(vals) == 0:
-        return None
-    counts = pc.value_counts(vals)
-    best = int(np.argmax(counts.field("counts").to_numpy()))
-    return counts.field("values")[best].as_py()
+class RankFacts:
+    """The ``ranks`` row facts that need the events (most common CPU pid and device), gathered batch by
+    batch: counts per value in order of first appearance, so the mode equals the whole table's."""
+
+    def __init__(self) -> None:
+        self.pids: dict[int, int] = {}
+        self.devices: dict[int, int] = {}
+        self.events = 0
+
+    def add(self, ev: pa.Table | pa.RecordBatch) -> None:
+        self.events += ev.num_rows
+        if not ev.num_rows:
+            return
+        lane = ev.column("lane")
+        cpu = ev.filter(pc.starts_with(lane.cast(pa.string()), "cpu"))
+        for target, col in ((self.pids, cpu.column("pid")), (self.devices, ev.column("device"))):
+            vals = pc.drop_null(col)
+            if len(vals):
+                counts = pc.value_counts(vals)
+                for v, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(),
+                                strict=True):
+                    target[v] = target.get(v, 0) + n
+
+    @staticmethod
+    def _best(counts: dict[int, int]) -> int | None:
+        best = None
+        for v, n in counts.items():
+            if best is None or n > counts[best]:
+                best = v
+        return best
+
+    def row(self, f: ParsedFile, rank: int, rank_source: str) -> dict:
+        """A ``ranks`` row (schema.RANKS) for the rank read from ``f``."""
+        return {
+            "rank": rank, "rank_source": rank_source, "host": f.meta.get("host"),
+            "pid": self._best(self.pids), "device": self._best(self.devices),
+            "world_size": f.meta.get("world_size"), "backend": f.meta.get("backend"),
+            "source_files": [f.path], "format": f.format, "format_version": f.meta.get("format_version"),
+            "clock_offset_ns": 0, "events": self.events, "bytes_lost": f.bytes_lost, "complete": f.complete,
+        }
 
 
 def _rank_row(f: ParsedFile, rank: int, rank_source: str) -> dict:
-    ev = f.events
-    cpu = ev.filter(pc.starts_with(ev.column("lane").cast(pa.string()), "cpu")) if ev.num_rows else ev
-    return {
-        "rank": rank, "rank_source": rank_source, "host": f.meta.get("host"),
-        "pid": _mode(cpu.column("pid")) if cpu.num_rows else None,
-        "device": _mode(ev.column("device")) if ev.num_rows else None,
-        "world_size": f.meta.get("world_size"), "backend": f.meta.get("backend"),
-        "source_files": [f.path], "format": f.format, "format_version": f.meta.get("format_version"),
-        "clock_offset_ns": 0, "events": ev.num_rows, "bytes_lost": f.bytes_lost, "complete": f.complete,
-    }
+    facts = RankFacts()
+    facts.add(f.events)
+    return facts.row(f, rank, rank_source)

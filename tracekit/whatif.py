@@ -227,14 +227,18 @@ def iteration_time(model: Model, times: np.ndarray) -> int:
     """Median time between consecutive iteration starts (one iteration: its span)."""
     it = model.iteration_of
     valid = it > -(1 << 61)
+    if times.size == 0:
+        return 0
     if not valid.any():
         return int(times.max() - times.min())
     starts = pl.DataFrame({"it": it[valid], "s": times[0::2][valid], "e": times[1::2][valid]}).group_by("it").agg(
         pl.col("s").min(), pl.col("e").max()).sort("it")
     s = starts.get_column("s").to_numpy()
-    if s.size == 1:
-        return int(starts.get_column("e")[0] - s[0])
-    return int(np.median(np.diff(s)))
+    gaps = np.diff(s)
+    gaps = gaps[gaps > 0]  # ranks from unrelated runs can put iteration k+1 no later than k: not a period
+    if gaps.size == 0:
+        return int(np.median(starts.get_column("e").to_numpy() - s))
+    return int(np.median(gaps))
 
 
 def sweep(model: Model, scenarios: list[Scenario]) -> pl.DataFrame:
@@ -272,12 +276,15 @@ class Bottleneck:
     text: str
 
 
-def bottleneck(model: Model, target: float = 0.9) -> Bottleneck:
-    """Measured vs full-utilisation vs infinite-bandwidth predictions, and what would reach ``target``."""
+def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
+    """Measured vs full-utilisation vs infinite-bandwidth predictions, and what would reach ``target``; None
+    when the replay predicts no iteration time to compare."""
     from tracekit.units import format_rate
 
     free = predict(model, Scenario(free=True))
     measured = predict(model, Scenario())
+    if free <= 0 or measured <= 0:
+        return None
     sf_measured = free / measured if measured else 1.0
     rate = model.line_rate_bps
     if rate is None:
