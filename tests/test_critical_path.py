@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -121,3 +122,24 @@ def test_real_traces(shared_data: Path, rel: str) -> None:
     assert (summ["path_ns"] == summ["iteration_ns"]).all()
     if "cuda_event_sync" in rel:
         assert int((g.etype == dag.EDGE_TYPES.index("sync")).sum()) == 3
+
+
+def test_runs_merge_consecutive_segments_as_a_person_reads_the_path(tmp_path: Path) -> None:
+    ts, _, it, g = _analyse(tmp_path, kt.gloo_job(4, 2, loader_ns={3: 30 * MS}))
+    segs = critical_path.paths(g, it, ts.ranks)
+    runs = critical_path.runs(segs)
+    assert runs.height <= segs.height
+    assert runs["segments"].sum() == segs.height
+    for i in (0, 1):
+        r = runs.filter(pl.col("iteration") == i)
+        s = segs.filter(pl.col("iteration") == i)
+        assert r["dur_ns"].sum() == s["dur_ns"].sum()  # nothing lost or counted twice
+        assert r["start_ns"].to_list() == sorted(r["start_ns"].to_list())
+        # neighbours always differ in rank, what or activity
+        rows = r.to_dicts()
+        assert all((a["rank"], a["what"], a["name"]) != (b["rank"], b["what"], b["name"])
+                   for a, b in itertools.pairwise(rows))
+        waiting = r.filter(pl.col("label") == "waiting")
+        assert waiting["what"].unique().to_list() == ["waiting on rank 3"]
+        assert waiting["dur_ns"].sum() == 29 * MS
+    assert critical_path.runs(segs.head(0)).height == 0

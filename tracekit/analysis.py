@@ -69,8 +69,9 @@ class Analysis:
             return None
         return whatif.bottleneck(self.whatif)
 
-    def tables(self) -> dict[str, pa.Table]:
-        """Every exportable table by name."""
+    def tables(self, *, paths: bool = True) -> dict[str, pa.Table]:
+        """Every exportable table by name; ``paths=False`` leaves out the critical-path tables, which build
+        the job's dependency graph on first use (the TUI asks without them until a worker has built it)."""
         out = {
             "ranks": self.ranks,
             "events": self.events,
@@ -82,7 +83,7 @@ class Analysis:
         }
         if self.traces.topology.num_rows:
             out["topology"] = self.traces.topology
-        if not self.horovod_only:  # a timeline alone has no compute to follow a path through
+        if paths and not self.horovod_only:  # a timeline alone has no compute to follow a path through
             out["critical_path"] = self.critical_path.to_arrow()
             out["critical_path_summary"] = self.critical_path_summary.to_arrow()
         if self.horovod is not None:

@@ -476,9 +476,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         table = "horovod_breakdown"  # a timeline alone has no five-way breakdown
     written = export(result.tables(), args.output, force=args.force, table=table) if args.output else []
     if args.chrome:
-        from tracekit.chrome import write_chrome_trace
+        from tracekit.chrome import critical_path_flows, write_chrome_trace
 
-        write_chrome_trace(result, args.chrome, force=args.force)
+        write_chrome_trace(result, args.chrome, force=args.force, flows=critical_path_flows(result))
         written.append(args.chrome)
     for path in written:
         err.print(f"wrote {path}", highlight=False, soft_wrap=True)
