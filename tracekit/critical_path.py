@@ -250,7 +250,7 @@ def runs(segments: pl.DataFrame) -> pl.DataFrame:
 
 def summary(segments: pl.DataFrame, iterations: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     """Per iteration: path length (= iteration time), share of the path per label, the ranks it crosses
-    and the rank most waited on."""
+    and the rank most waited on (the longest in all; null when the path never waits)."""
     if segments.height == 0:
         return pl.DataFrame()
     spans = iteration_spans(iterations, ranks)
@@ -261,8 +261,13 @@ def summary(segments: pl.DataFrame, iterations: pa.Table, ranks: pa.Table | None
     agg = base.group_by("iteration").agg(
         pl.col("dur_ns").sum().alias("path_ns"),
         pl.col("rank").unique().sort().alias("ranks"),
-        pl.col("waiting_on").drop_nulls().mode().first().alias("most_waited_on"),
     )
+    # the rank the path waited on longest (the lowest on a tie: the same answer on every run)
+    waited = (base.filter(pl.col("waiting_on").is_not_null()).group_by(["iteration", "waiting_on"])
+              .agg(pl.col("dur_ns").sum().alias("_waited"))
+              .sort(["iteration", "_waited", "waiting_on"], descending=[False, True, False])
+              .group_by("iteration", maintain_order=True).agg(pl.col("waiting_on").first().alias("most_waited_on")))
+    agg = agg.join(waited, on="iteration", how="left")
     out = agg.join(per, on="iteration").join(spans.rename({"start_ns": "span_start_ns", "end_ns": "span_end_ns"}),
                                              on="iteration")
     out = out.with_columns((pl.col("span_end_ns") - pl.col("span_start_ns")).alias("iteration_ns"))

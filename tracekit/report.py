@@ -23,9 +23,9 @@ CLASS_STYLES = {"compute": "green", "overlapped": "cyan", "exposed_comm": "red",
 KIND_STYLES = {"compute": "green", "comm": "magenta", "memory": "yellow", "cpu_op": "dodger_blue2",
                "runtime": "medium_purple1", "wait": "red", "queue": "dark_orange", "annotation": "grey50"}
 #: colours of the critical path's labels (tracekit.critical_path.LABELS), those of the event kinds they are
-#: spent in (transfer: comm, launch: runtime, CPU: cpu_op); waiting on a rank stands out in bold red
+#: spent in (transfer: comm, launch: runtime, CPU: cpu_op); waiting on a rank stands out in bold pure red
 PATH_STYLES = {"compute": "green", "transfer": "magenta", "memory": "yellow", "idle": "grey50",
-               "launch": "medium_purple1", "CPU": "dodger_blue2", "waiting": "bold red"}
+               "launch": "medium_purple1", "CPU": "dodger_blue2", "waiting": "bold red1"}
 
 
 def fmt_ns(ns: float | int | None) -> str:

@@ -214,7 +214,7 @@ class Marks:
     #: what each mark is, for a details panel (e.g. a critical-path segment's label); None if nothing
     label: np.ndarray | None = None
     _per_lane: dict[int, Intervals] = field(default_factory=dict, repr=False)
-    _lane_order: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    _lane_order: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         order = np.lexsort((self.lane, self.start))
@@ -245,12 +245,18 @@ class Marks:
     def at(self, lane: int, t0: int, t1: int) -> int | None:
         """The mark of ``lane`` that overlaps ``[t0, t1)`` the most (a zero-length mark inside counts),
         or None."""
-        idx = self._lane_order.get(lane)
-        if idx is None:
-            idx = np.flatnonzero(self.lane == lane)
-            self._lane_order[lane] = idx
-        if not idx.size:
+        got = self._lane_order.get(lane)
+        if got is None:
+            idx = np.flatnonzero(self.lane == lane)  # sorted by start, as the marks are
+            got = (idx, np.maximum.accumulate(self.end[idx]) if idx.size else idx)
+            self._lane_order[lane] = got
+        idx, reach = got
+        # only marks that start before t1 and whose lane has reached past t0 by then can overlap
+        lo = int(np.searchsorted(reach, t0, side="left"))
+        hi = int(np.searchsorted(self.start[idx], t1, side="left"))
+        if hi <= lo:
             return None
+        idx = idx[lo:hi]
         s, e = self.start[idx], self.end[idx]
         overlap = np.minimum(e, t1) - np.maximum(s, t0)
         ok = (overlap > 0) | ((e == s) & (s >= t0) & (s < t1))
