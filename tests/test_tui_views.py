@@ -185,18 +185,19 @@ async def test_collectives_sort_filter_and_enter(data: JobData) -> None:
                           ("utilisation", "link_utilisation")):
             view.sort_by(name)
             assert listed(col) == sorted(listed(col), reverse=True)
-        # filter: / focuses the box, typing filters as it goes, escape clears
-        await pilot.press("slash")
+        # filter: / shows and focuses the box, typing filters as it goes, escape clears and hides it
         box = app.query_one("#coll-filter", Input)
-        assert app.focused is box
+        assert not box.display  # hidden, it takes no keys meant for the app
+        await pilot.press("slash")
+        assert app.focused is box and box.display
         await pilot.press(*"ALLRED")
         assert view.table.row_count == 40
         await pilot.press(*"x")
         assert view.table.row_count == 0 and "filter 'ALLREDx': 0 match" in text_of(app, "#coll-help")
         await pilot.press("backspace", "enter")
-        assert view.table.row_count == 40 and app.focused is view.table
+        assert view.table.row_count == 40 and app.focused is view.table and box.display  # the filter in sight
         await pilot.press("slash", *"broadcast", "escape")
-        assert box.value == "" and view.table.row_count == 40 and app.focused is view.table
+        assert box.value == "" and view.table.row_count == 40 and app.focused is view.table and not box.display
         # enter: the instance on the timeline, on its straggler's communication lane, cursor at its arrival
         view.sort_by("wait")
         await pilot.pause()

@@ -22,6 +22,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, ProgressBar, Static, TabbedContent, TabPane
+from textual.worker import get_current_worker
 
 from tracekit.diagnostics import TraceError
 from tracekit.tui.data import JobData, LoadCallbacks, LoadOptions, cached_summary, complete, load_job
@@ -159,9 +160,12 @@ class InspectApp(App[int]):
         self._painted.set()
 
     def _later_phases(self) -> dict[str, Any]:
-        """Callbacks of the phases after the analysis (timeline, critical path, what-if)."""
-        return {phase: (lambda data, phase=phase: self._ui(self._phase, phase, data))
-                for phase in ("timeline", "critical_path", "whatif")}
+        """Callbacks of the phases after the analysis (timeline, critical path, what-if), to be made in a
+        worker thread, which then stops at the next phase once the app is closing."""
+        worker = get_current_worker()
+        phases: dict[str, Any] = {phase: (lambda data, phase=phase: self._ui(self._phase, phase, data))
+                                  for phase in ("timeline", "critical_path", "whatif")}
+        return {**phases, "cancelled": lambda: worker.is_cancelled}
 
     @work(thread=True, exclusive=True, group="load")
     def _complete(self, data: JobData) -> None:

@@ -66,10 +66,14 @@ class CollectivesView(View):
 
     def compose(self) -> ComposeResult:
         yield Static(id="coll-help", classes="hint")
-        yield Input(placeholder="/ filter by op or process group (enter: back to the table, escape: clear)",
-                    id="coll-filter", compact=True)
         yield CollectivesTable(id="coll-table", cursor_type="row", zebra_stripes=True,
                                cursor_foreground_priority="renderable")
+        # shown by /, and while a filter is set; hidden, it can take no keys meant for the app
+        yield Input(placeholder="filter by op or process group (enter: back to the table, escape: clear)",
+                    id="coll-filter")
+
+    def on_mount(self) -> None:  # View.on_mount then shows the data
+        self.query_one("#coll-filter", Input).display = False
 
     def focus_main(self) -> None:
         self.table.focus()
@@ -199,12 +203,15 @@ class CollectivesView(View):
         self.sort_by(name, (not self.descending) if name == self.sort else None)
 
     def action_filter(self) -> None:
-        self.query_one("#coll-filter", Input).focus()
+        box = self.query_one("#coll-filter", Input)
+        box.display = True
+        box.focus()
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#coll-filter", Input)
         if box.value:
             box.value = ""  # Input.Changed refills the table
+        box.display = False
         self.table.focus()
 
     def set_filter(self, text: str) -> None:
@@ -218,6 +225,7 @@ class CollectivesView(View):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
+        event.input.display = bool(event.value.strip())  # a filter in force stays in sight
         self.table.focus()
 
     # ----------------------------------------------------------------- the jump

@@ -133,6 +133,11 @@ class LoadCallbacks:
     timeline: Callable[[JobData], None] | None = None
     critical_path: Callable[[JobData], None] | None = None
     whatif: Callable[[JobData], None] | None = None
+    #: True once the caller no longer wants the rest (the app is closing): later phases are skipped
+    cancelled: Callable[[], bool] | None = None
+
+    def stop(self) -> bool:
+        return bool(self.cancelled and self.cancelled())
 
     def say(self, what: str, fraction: float | None = None) -> None:
         if self.progress:
@@ -212,7 +217,8 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
 
 def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
     """Phases 3–5 for ``data`` whose analysis exists: each is computed unless it was already, and
-    reported in order."""
+    reported in order; none is started once ``callbacks.cancelled()`` says so (a worker thread cannot be
+    interrupted, and an app that quits waits for it)."""
     from tracekit.timeline import TimelineModel
 
     analysis = data.analysis
@@ -222,6 +228,8 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
         data.timeline = TimelineModel.build(analysis)
     if callbacks.timeline:
         callbacks.timeline(data)
+    if callbacks.stop():
+        return data
     if not data.paths_ready:
         if not analysis.horovod_only:  # a Horovod timeline alone has no graph to follow
             callbacks.say("following the critical path of every iteration", None)
@@ -231,6 +239,8 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
         data.tables()  # the tables converted here too, not on the UI thread
     if callbacks.critical_path:
         callbacks.critical_path(data)
+    if callbacks.stop():
+        return data
     if not data.whatif_ready:
         callbacks.say("what-if: replaying the job with free communication and at the line rate", None)
         data.bottleneck = analysis.bottleneck
