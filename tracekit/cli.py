@@ -129,10 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite existing output files")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline)",
+    p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline, "
+                       "critical path, collectives, what-if)",
                        description="Open the traces in an interactive terminal app: the verdict, per-rank "
-                                   "breakdown, iterations table and a zoomable timeline of every rank. "
-                                   "Press ? inside for the keys.")
+                                   "breakdown, iterations table, a zoomable timeline of every rank with the "
+                                   "critical path drawn over it, the critical path, the collectives and a "
+                                   "what-if calculator. Press ? inside for the keys.")
     _common(p)
     p.set_defaults(func=cmd_inspect)
 
