@@ -407,3 +407,11 @@ def test_no_textual_import_outside_the_tui() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
+
+
+def test_key_map_columns_are_as_even_as_the_sections_allow() -> None:
+    from tracekit.tui.dialogs import split_columns
+
+    assert split_columns([6, 3, 4, 4, 29, 4, 6, 7, 6, 7], 3) == [4, 1, 5]  # the long timeline alone in the middle
+    assert split_columns([5, 5], 3) == [1, 1]
+    assert split_columns([1, 1, 1, 1], 2) == [2, 2]

@@ -312,3 +312,45 @@ async def test_overview_shows_the_whatif_verdict(data: JobData) -> None:
         verdict = " ".join(text_of(app, "#verdict").split())
         assert "what-if: The link is the bottleneck" in verdict
         assert " ".join(data.bottleneck.text.split()) in verdict
+
+
+# ----------------------------------------------------------------------------- Horovod tensors
+
+
+async def test_tensors_view_of_a_horovod_timeline() -> None:
+    """A Horovod timeline alone: a Tensors tab (7) as ``tracekit tensors`` lists them, sortable and
+    filterable; no critical path or what-if tab (a timeline has no graph to follow)."""
+    from textual.widgets import Tab
+
+    from tracekit.tui.tensors_view import TensorsView
+
+    path = str(sc.ROOT / "tests" / "data" / "horovod" / "timeline_gloo_2rank.json.gz")
+    data = load_job([path], LoadOptions(use_cache=False), LoadCallbacks())
+    assert data.analysis is not None and data.analysis.horovod is not None
+    tensors = pl.from_arrow(data.analysis.horovod.tensors)
+    assert isinstance(tensors, pl.DataFrame)
+    app = InspectApp([path], data=data)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        labels = [str(t.label) for t in app.query_one("#views", TabbedContent).query(Tab)]
+        assert labels == ["1 Overview", "3 Timeline", "5 Collectives", "7 Tensors"]
+        await pilot.press("7")
+        assert on(app) == "tensors"
+        view = app.query_one(TensorsView)
+        assert app.focused is view.table and view.table.row_count == tensors.height == 27
+        assert "27 tensors" in text_of(app, "#tensors-help") and "last to ask" in text_of(app, "#tensors-totals")
+
+        def listed(col: str) -> list:
+            assert view._rows is not None
+            return view._rows.get_column(col).to_list()
+
+        assert listed("transfer_ns") == sorted(listed("transfer_ns"), reverse=True)  # as tracekit tensors
+        await pilot.press("s")
+        assert view.sort == "negotiation" and listed("negotiate_ns") == sorted(listed("negotiate_ns"), reverse=True)
+        view.sort_by("name")
+        assert listed("tensor") == sorted(listed("tensor"))
+        await pilot.press("slash", *"fc1")
+        want = tensors.filter(pl.col("tensor").str.contains("fc1")).height
+        assert 0 < want < 27 and view.table.row_count == want
+        await pilot.press("escape")
+        assert view.table.row_count == 27 and app.focused is view.table

@@ -74,7 +74,7 @@ class HelpScreen(ModalScreen[None]):
 
     def _table(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> Table:
         table = Table(box=None, show_header=False, pad_edge=False, expand=True)
-        table.add_column("key", style="bold", no_wrap=True, width=14)
+        table.add_column("key", style="bold", no_wrap=True, width=17)
         table.add_column("what")
         for i, (title, rows) in enumerate(sections):
             if i:

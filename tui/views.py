@@ -115,7 +115,8 @@ def view_classes() -> list[type[View]]:
     from tracekit.tui.critical_path_view import CriticalPathView
     from tracekit.tui.iterations import IterationsView
     from tracekit.tui.overview import OverviewView
+    from tracekit.tui.tensors_view import TensorsView
     from tracekit.tui.timeline_view import TimelineView
     from tracekit.tui.whatif_view import WhatIfView
 
-    return [OverviewView, IterationsView, TimelineView, CriticalPathView, CollectivesView, WhatIfView]
+    return [OverviewView, IterationsView, TimelineView, CriticalPathView, CollectivesView, WhatIfView, TensorsView]
