@@ -4,6 +4,7 @@ chrome://tracing open) with every rank as a process, every lane as a named threa
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from decimal import Decimal
 from pathlib import Path
@@ -95,3 +96,44 @@ def test_flows_become_arrow_pairs(tmp_path: Path, sample: Analysis) -> None:
 def test_export_needs_an_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", SAMPLE]) == 1
     assert "-o OUT" in capsys.readouterr().err
+
+
+def test_the_critical_path_becomes_flow_arrows_at_its_hand_overs(tmp_path: Path, sample: Analysis) -> None:
+    """``export --chrome`` draws one arrow per hand-over of the critical path: from the last nanosecond of a
+    segment to the start of the next one of the same iteration on another lane or rank; an end in a gap
+    before its segment's activity (idle, waiting) moves into that activity, so that it binds to its slice."""
+    out = tmp_path / "merged.json"
+    assert main(["export", SAMPLE, "--chrome", str(out)]) == 0
+    doc = _read(out)
+    t0 = doc["otherData"]["t0_ns"]
+    arrows = [e for e in doc["traceEvents"] if e["ph"] in ("s", "f")]
+    starts = {e["id"]: e for e in arrows if e["ph"] == "s"}
+    ends = {e["id"]: e for e in arrows if e["ph"] == "f"}
+    assert starts and starts.keys() == ends.keys() and len(arrows) == 2 * len(starts)
+    assert all(e["cat"] == "critical_path" and e["name"].startswith("critical path: ") for e in arrows)
+    assert all(e["bp"] == "e" for e in ends.values())
+    tids = {(r["rank"], r["lane"]): r["tid"] for r in lane_table(sample).to_pylist()}
+    events = sample.events.select(["start_ns", "dur_ns"]).to_pylist()  # the sample's clock offsets are 0
+
+    def clamp(t: int, row: int | None) -> int:
+        if row is None:
+            return t
+        lo = events[row]["start_ns"]
+        return min(max(t, lo), lo + max(events[row]["dur_ns"] - 1, 0))
+
+    segs = sample.critical_path.sort(["iteration", "start_ns"]).to_dicts()
+    expected = []
+    for a, b in itertools.pairwise(segs):
+        if a["iteration"] == b["iteration"] and (a["rank"], a["lane"]) != (b["rank"], b["lane"]):
+            s_ns, f_ns = clamp(a["end_ns"] - 1, a["event_row"]), clamp(b["start_ns"], b["event_row"])
+            expected.append(((a["rank"], tids[(a["rank"], a["lane"])], Decimal(s_ns - t0) / 1000),
+                             (b["rank"], tids[(b["rank"], b["lane"])], Decimal(f_ns - t0) / 1000)))
+    got = [((starts[i]["pid"], starts[i]["tid"], starts[i]["ts"]), (ends[i]["pid"], ends[i]["tid"], ends[i]["ts"]))
+           for i in sorted(starts)]
+    assert got == expected
+    assert any(s[0] != f[0] for s, f in got)  # the path crosses ranks (at the all-reduces)
+    # every end lies inside a slice of its thread, which is what a viewer binds the arrow to
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "iteration"]
+    for end in (p for pair in got for p in pair):
+        assert any(e["pid"] == end[0] and e["tid"] == end[1] and e["ts"] <= end[2] <= e["ts"] + e["dur"]
+                   for e in slices), end

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +142,41 @@ def test_real_traces(shared_data: Path, rel: str) -> None:
     assert (summ["path_ns"] == summ["iteration_ns"]).all()
     if "cuda_event_sync" in rel:
         assert int((g.etype == dag.EDGE_TYPES.index("sync")).sum()) == 3
+
+
+def test_runs_merge_consecutive_segments_as_a_person_reads_the_path(tmp_path: Path) -> None:
+    ts, _, it, g = _analyse(tmp_path, kt.gloo_job(4, 2, loader_ns={3: 30 * MS}))
+    segs = critical_path.paths(g, it, ts.ranks)
+    runs = critical_path.runs(segs)
+    assert runs.height <= segs.height
+    assert runs["segments"].sum() == segs.height
+    for i in (0, 1):
+        r = runs.filter(pl.col("iteration") == i)
+        s = segs.filter(pl.col("iteration") == i)
+        assert r["dur_ns"].sum() == s["dur_ns"].sum()  # nothing lost or counted twice
+        assert r["start_ns"].to_list() == sorted(r["start_ns"].to_list())
+        # neighbours always differ in rank, what or activity
+        rows = r.to_dicts()
+        assert all((a["rank"], a["what"], a["name"]) != (b["rank"], b["what"], b["name"])
+                   for a, b in itertools.pairwise(rows))
+        waiting = r.filter(pl.col("label") == "waiting")
+        assert waiting["what"].unique().to_list() == ["waiting on rank 3"]
+        assert waiting["dur_ns"].sum() == 29 * MS
+    assert critical_path.runs(segs.head(0)).height == 0
+
+
+def test_most_waited_on_is_the_longest_wait_and_the_lowest_rank_on_a_tie() -> None:
+    import pyarrow as pa
+
+    def seg(it: int, start: int, dur: int, label: str, waiting_on: int | None) -> dict:
+        return {"iteration": it, "step": 0, "rank": 0, "lane": "cpu", "start_ns": start, "end_ns": start + dur,
+                "dur_ns": dur, "label": label, "waiting_on": waiting_on, "name": None, "event_row": None, "edge": "own"}
+
+    segs = pl.DataFrame([seg(0, 0, 10, "waiting", 2), seg(0, 10, 3, "waiting", 1), seg(0, 13, 3, "waiting", 1),
+                         seg(0, 16, 3, "waiting", 1), seg(1, 100, 5, "waiting", 3), seg(1, 105, 5, "waiting", 1),
+                         seg(2, 200, 5, "compute", None)], schema=critical_path.SEGMENT_SCHEMA)
+    its = pa.table({"rank": pa.array([0, 0, 0], pa.int32()), "iteration": [0, 1, 2], "start_ns": [0, 100, 200],
+                    "end_ns": [19, 110, 205]})
+    summ = critical_path.summary(segs, its)
+    # rank 2 was waited on for 10 ns once, rank 1 for 9 ns in three pieces: rank 2; a tie goes to rank 1
+    assert summ["most_waited_on"].to_list() == [2, 1, None]

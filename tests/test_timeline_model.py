@@ -179,6 +179,28 @@ def test_marks_from_an_analysis_table(sample: tuple[Analysis, TimelineModel]) ->
     assert set(marks.lane.tolist()) == {lane.index, model.lane_index(lane.rank, CLASSES_LANE)}
 
 
+def test_marks_on_the_job_clock_with_labels(sample: tuple[Analysis, TimelineModel]) -> None:
+    """The critical path's segments are on the job clock already and carry what each one is; the details
+    panel asks which mark covers the cursor's cell."""
+    _, model = sample
+    lane = model.lanes[1]
+    s = int(model.ev_start[lane.ev_lo])
+    table = pa.table({"rank": [lane.rank] * 3, "lane": [lane.name] * 3, "start_ns": [s + 20, s, s + 10],
+                      "end_ns": [s + 30, s + 10, s + 12], "label": ["c", "a", "b"]})
+    model.clock_offsets[lane.rank] = 1_000  # a rank-clock table would move; a job-clock one does not
+    try:
+        moved = model.marks_from_table("t", table)
+        marks = model.marks_from_table("t", table, job_clock=True, label="label")
+    finally:
+        model.clock_offsets[lane.rank] = 0
+    assert moved.start.tolist() == [s + 1_000, s + 1_010, s + 1_020]
+    assert marks.start.tolist() == [s, s + 10, s + 20] and marks.label is not None
+    assert marks.label.tolist() == ["a", "b", "c"]  # sorted along with the times
+    assert marks.at(lane.index, s + 9, s + 13) == 1  # overlaps a by 1 ns, b by 2 ns
+    assert marks.at(lane.index, s + 12, s + 20) is None
+    assert marks.at(lane.index + 1, s, s + 40) is None
+
+
 def test_labels_name_wide_spans(sample: tuple[Analysis, TimelineModel]) -> None:
     _, model = sample
     comm = next(ln for ln in model.lanes if ln.kinds == ("comm",))

@@ -5,6 +5,7 @@ palette, errors, and the results cache."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +14,14 @@ import pyarrow.parquet as pq
 import pytest
 from textual import events
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Static, TabbedContent
+from textual.widgets import DataTable, Static, Tab, TabbedContent
 
 from tracekit.timeline import CLASSES_LANE, cell_ns
-from tracekit.tui.app import InspectApp
+from tracekit.tui.app import LAST_PHASE, InspectApp
 from tracekit.tui.data import JobData, LoadCallbacks, LoadOptions, load_job
 from tracekit.tui.dialogs import ExportScreen, HelpScreen
 from tracekit.tui.iterations import IterationsView
-from tracekit.tui.timeline_view import TimelineCanvas, TimelineView, _instance
+from tracekit.tui.timeline_view import TimelineCanvas, TimelineView, matched_instance
 from tracekit.tui.views import View
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ def app_on(data: JobData) -> InspectApp:
     return InspectApp([SAMPLE], data=data)
 
 
-async def loaded(pilot: Pilot, phase: str = "timeline", timeout: float = 30.0) -> None:
+async def loaded(pilot: Pilot, phase: str = LAST_PHASE, timeout: float = 30.0) -> None:
     """Wait until the app has displayed ``phase`` (or failed)."""
     app = pilot.app
     assert isinstance(app, InspectApp)
@@ -88,9 +89,13 @@ async def test_every_view(tmp_path: Path) -> None:
         assert len(c.model.lanes) == 8
         await pilot.press("1")
         assert tabs.active == "overview"
-        # every view is a registered View; no view for an analysis that is not there
-        ids = {pane.id for pane in tabs.query("TabPane")}
-        assert ids == {"overview", "iterations", "timeline"}
+        # every view is a registered View, in key order; the what-if view needs --link-bw for nothing but its
+        # measured-efficiency sweeps, so it is there too
+        labels = [str(tab.label) for tab in tabs.query(Tab)]
+        assert labels == ["1 Overview", "2 Iterations", "3 Timeline", "4 Critical path", "5 Collectives", "6 What-if"]
+        for key, view in zip("456", ["critical_path", "collectives", "whatif"], strict=True):
+            await pilot.press(key)
+            assert tabs.active == view
 
 
 async def test_timeline_zoom_pan_and_mouse(sample: JobData) -> None:
@@ -316,14 +321,17 @@ def test_phases_and_results_cache(tmp_path: Path) -> None:
     seen: list[str] = []
     cb = LoadCallbacks(progress=lambda what, frac: seen.append("progress"),
                        summary=lambda d: seen.append("summary"), analysis=lambda d: seen.append("analysis"),
-                       timeline=lambda d: seen.append("timeline"))
+                       timeline=lambda d: seen.append("timeline"), critical_path=lambda d: seen.append("critical_path"),
+                       whatif=lambda d: seen.append("whatif"))
     opts = LoadOptions(cache_dir=str(tmp_path / "cache"))
     cold = load_job([SAMPLE], opts, cb)
     phases = [s for s in seen if s != "progress"]
-    assert phases == ["summary", "analysis", "timeline"] and "progress" in seen
+    assert phases == ["summary", "analysis", "timeline", "critical_path", "whatif"] and "progress" in seen
     assert not cold.from_cache
     warm = load_job([SAMPLE], opts, LoadCallbacks())
     assert warm.from_cache
+    # the what-if verdict is not cached: the warm load computes it too, after the first screen
+    assert warm.bottleneck is not None and cold.bottleneck is not None and warm.bottleneck.text == cold.bottleneck.text
     assert warm.breakdown.equals(cold.breakdown) and warm.iterations.equals(cold.iterations)
     assert warm.analysis is not None and cold.analysis is not None
     assert warm.analysis.events.column("iteration").equals(cold.analysis.events.column("iteration"))
@@ -343,18 +351,51 @@ def test_views_appear_only_with_their_tables() -> None:
     assert not NeedsSomething.available(data)
     assert data.analysis is not None
     tables = data.analysis.tables()
-    data.analysis.tables = lambda: {**tables, "something_not_computed": pa.table({"pg": ["0"]})}  # type: ignore[method-assign]
+    data.analysis.tables = lambda **_: {**tables, "something_not_computed": pa.table({"pg": ["0"]})}  # type: ignore[method-assign]
+    data = JobData.from_analysis(data.analysis)
     assert NeedsSomething.available(data)
     assert TimelineView.available(data)
 
 
+def test_the_graph_is_built_in_the_loading_worker_not_when_views_ask() -> None:
+    """Until phase 4 has computed the critical path, asking which views can show (the UI thread does, at
+    every phase) never builds the job's dependency graph; from phase 4 on the tables are listed."""
+    from tracekit.tui.critical_path_view import CriticalPathView
+    from tracekit.tui.whatif_view import WhatIfView
+
+    seen: dict[str, tuple[bool, bool, bool, bool]] = {}
+
+    def look(phase: str) -> Callable[[JobData], None]:
+        def at(data: JobData) -> None:
+            assert data.analysis is not None
+            views = (CriticalPathView.available(data), WhatIfView.available(data))
+            seen[phase] = (*views, "graph" in vars(data.analysis), data.bottleneck is not None)
+        return at
+
+    load_job([SAMPLE], LoadOptions(use_cache=False), LoadCallbacks(
+        analysis=look("analysis"), timeline=look("timeline"), critical_path=look("critical_path"),
+        whatif=look("whatif")))
+    assert seen == {"analysis": (False, False, False, False), "timeline": (False, False, False, False),
+                    "critical_path": (True, False, True, False), "whatif": (True, True, True, True)}
+
+
 def test_matched_instance_details() -> None:
-    instances = pa.table({"pg": ["0", "0"], "seq": [1, 2], "op": ["allreduce"] * 2, "bytes": [8, 8],
-                          "ranks": [[0, 1], [0, 1]], "skew_ns": [1_500, 2_000_000], "transfer_ns": [10, 20],
-                          "straggler_rank": [1, 0]})
-    text = str(_instance(instances, "0", 2))
-    assert "ranks [0, 1]" in text and "skew 2 ms" in text and "straggler rank 0" in text
-    assert str(_instance(instances, "0", 9)) == ""
+    """The details panel finds an event's instance through ``collective_members`` (rank, collective_id),
+    whatever the matching went by, and lists the members relative to the first arrival."""
+    instances = pa.table({"instance": [0, 1], "pg": ["0", "0"], "seq": [None, None], "matched_by": ["order"] * 2,
+                          "op": ["allreduce"] * 2, "bytes": [8, 8], "nranks": [2, 2], "ranks": [[0, 1], [0, 1]],
+                          "partial": [False, False], "consistent": [True, True], "sizes_agree": [True, False],
+                          "skew_ns": [1_500, 2_000_000], "transfer_ns": [10, 20], "straggler_rank": [1, 0]})
+    members = pa.table({"instance": [0, 0, 1, 1], "rank": pa.array([0, 1, 0, 1], pa.int32()),
+                        "collective_id": [0, 0, 1, 1], "start_ns": [100, 1_600, 7_000_000, 5_000_000],
+                        "end_ns": [1_610, 1_610, 7_000_020, 7_000_020], "wait_ns": [1_500, 0, 0, 2_000_000],
+                        "straggler": [False, True, True, False]})
+    text = str(matched_instance(members, instances, 1, 1))
+    assert "matched instance #1 (order) on 2/2 ranks" in text and "skew 2 ms" in text
+    assert "straggler rank 0" in text and "sizes differ" in text
+    # rank 1 arrived first and waited for rank 0
+    assert "rank 1 (here) +0 ns→+2 ms waited 2 ms · rank 0 +2 ms→+2 ms last" in text
+    assert str(matched_instance(members, instances, 1, 9)) == ""
 
 
 def test_no_textual_import_outside_the_tui() -> None:
@@ -366,3 +407,11 @@ def test_no_textual_import_outside_the_tui() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
+
+
+def test_key_map_columns_are_as_even_as_the_sections_allow() -> None:
+    from tracekit.tui.dialogs import split_columns
+
+    assert split_columns([6, 3, 4, 4, 29, 4, 6, 7, 6, 7], 3) == [4, 1, 5]  # the long timeline alone in the middle
+    assert split_columns([5, 5], 3) == [1, 1]
+    assert split_columns([1, 1, 1, 1], 2) == [2, 2]

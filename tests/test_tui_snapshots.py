@@ -21,4 +21,4 @@ def data() -> JobData:
 @pytest.mark.parametrize("name", list(sc.SCENARIOS))
 def test_screen(name: str, data: JobData, snap_compare: Callable[..., Any]) -> None:
     keys, _ = sc.SCENARIOS[name]
-    assert snap_compare(sc.app(data), press=keys, terminal_size=sc.SIZE, run_before=sc.settle)
+    assert snap_compare(sc.app(data), terminal_size=sc.SIZE, run_before=sc.run_scenario(keys))

@@ -66,6 +66,15 @@ def test_inspect_in_a_real_terminal(session: str) -> None:
     assert "/cell" in screen and "Details" in screen
     _tmux("send-keys", "-t", session, "c")
     _wait_for(session, "gloo:all_reduce")
+    _wait_for(session, "6 What-if")  # the critical path and the what-if model are computed after the timeline
+    _tmux("send-keys", "-t", session, "p")
+    _wait_for(session, "on the critical path")
+    _tmux("send-keys", "-t", session, "4")
+    _wait_for(session, "the critical path, 271 ms")
+    _tmux("send-keys", "-t", session, "5")
+    _wait_for(session, "40 collectives")
+    _tmux("send-keys", "-t", session, "6")
+    _wait_for(session, "scaling factor")
     _tmux("send-keys", "-t", session, "q")
     screen = _wait_for(session, "EXIT=0")
     assert "Traceback" not in screen

@@ -93,8 +93,10 @@ class Analysis:
             return None
         return whatif.bottleneck(self.whatif)
 
-    def tables(self) -> dict[str, pa.Table | EventBatches]:
-        """Every exportable table by name (the events as a stream of batches when they stay on disk)."""
+    def tables(self, *, paths: bool = True) -> dict[str, pa.Table | EventBatches]:
+        """Every exportable table by name (the events as a stream of batches when they stay on disk);
+        ``paths=False`` leaves out the critical-path tables, which build the job's dependency graph on first
+        use (the TUI asks without them until a worker has built it)."""
         out: dict[str, pa.Table | EventBatches] = {
             "ranks": self.ranks,
             "events": self.events if self.dataset is None else EventBatches(self.dataset),
@@ -106,7 +108,8 @@ class Analysis:
         }
         if self.traces.topology.num_rows:
             out["topology"] = self.traces.topology
-        if not self.horovod_only and self.dataset is None:  # a timeline alone has no compute to follow a path through
+        # a timeline alone has no compute to follow a path through; rank by rank there is no graph
+        if paths and not self.horovod_only and self.dataset is None:
             out["critical_path"] = self.critical_path.to_arrow()
             out["critical_path_summary"] = self.critical_path_summary.to_arrow()
         if self.horovod is not None:

@@ -9,8 +9,8 @@ rank times plus ``ranks.clock_offset_ns``, minus the job's first instant, writte
 nanosecond decimals (integer arithmetic, never a float).
 
 :class:`Flow` arrows (``ph: "s"`` / ``"f"`` pairs bound to the enclosing slices) are written for
-whatever the caller passes: the critical path's hand-overs between lanes and ranks, once that
-analysis exists, are a list of flows.
+whatever the caller passes; :func:`critical_path_flows` gives the critical path's hand-overs between
+lanes and ranks (what ``tracekit export --chrome`` and the app's export draw).
 
 Formatting is columnar (polars string expressions) and streamed in chunks, so a multi-million-event
 job exports in seconds without holding the file's text in memory.
@@ -51,6 +51,48 @@ class Flow:
     to_lane: str
     to_ns: int
     cat: str = "flow"
+
+
+def critical_path_flows(analysis: Analysis) -> list[Flow]:
+    """One arrow per hand-over of the critical path: wherever two consecutive segments of an iteration's
+    path lie on different lanes or ranks, from the first's last nanosecond to the second's start. A
+    viewer binds an arrow's ends to the slices around them, so an end that falls outside its segment's
+    own activity (an idle or waiting gap before it) is moved to the nearest instant of that activity.
+    Builds the critical path if it was not yet; none for a Horovod timeline alone (it has no path)."""
+    if analysis.horovod_only:
+        return []
+    segs = analysis.critical_path
+    if segs.height < 2:
+        return []
+    ev = pl.from_arrow(analysis.events.select(["rank", "start_ns", "dur_ns"]))
+    off = pl.from_arrow(analysis.ranks.select(["rank", "clock_offset_ns"]))
+    assert isinstance(ev, pl.DataFrame) and isinstance(off, pl.DataFrame)
+    # each activity's extent on the job clock, [ev_lo, ev_hi]: where an arrow end can bind
+    extent = (ev.with_row_index("event_row").join(off, on="rank", how="left", maintain_order="left")
+              .select(pl.col("event_row").cast(pl.Int64),
+                      (pl.col("start_ns") + pl.col("clock_offset_ns").fill_null(0)).alias("ev_lo"),
+                      (pl.col("start_ns") + pl.col("clock_offset_ns").fill_null(0)
+                       + (pl.col("dur_ns").fill_null(0) - 1).clip(0, None)).alias("ev_hi")))
+    what = pl.when(pl.col("label") == "waiting").then(
+        pl.concat_str(pl.lit("waiting on rank "), pl.col("waiting_on").cast(pl.String))).otherwise(pl.col("label"))
+    cols = ("rank", "lane", "start_ns", "end_ns", "what", "ev_lo", "ev_hi")
+    prev = [pl.col(c).shift(1).over("iteration", order_by="start_ns").alias(f"prev_{c}") for c in cols]
+    hand = (segs.join(extent, on="event_row", how="left").sort(["iteration", "start_ns"])
+            .with_columns(what.alias("what")).with_columns(prev)
+            .filter(pl.col("prev_rank").is_not_null()
+                    & ((pl.col("rank") != pl.col("prev_rank")) | (pl.col("lane") != pl.col("prev_lane")))))
+
+    def inside(t: int, lo: int | None, hi: int | None) -> int:
+        return t if lo is None or hi is None else min(max(t, lo), hi)
+
+    flows = []
+    for i, row in enumerate(hand.iter_rows(named=True)):
+        flows.append(Flow(id=i + 1, name=f"critical path: {row['prev_what']} → {row['what']}",
+                          from_rank=int(row["prev_rank"]), from_lane=str(row["prev_lane"]),
+                          from_ns=inside(int(row["prev_end_ns"]) - 1, row["prev_ev_lo"], row["prev_ev_hi"]),
+                          to_rank=int(row["rank"]), to_lane=str(row["lane"]),
+                          to_ns=inside(int(row["start_ns"]), row["ev_lo"], row["ev_hi"]), cat="critical_path"))
+    return flows
 
 
 def _us(ns: pl.Expr) -> pl.Expr:

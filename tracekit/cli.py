@@ -152,10 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     _big_jobs(p)
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline)",
+    p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline, "
+                       "critical path, collectives, what-if)",
                        description="Open the traces in an interactive terminal app: the verdict, per-rank "
-                                   "breakdown, iterations table and a zoomable timeline of every rank. "
-                                   "Press ? inside for the keys.")
+                                   "breakdown, iterations table, a zoomable timeline of every rank with the "
+                                   "critical path drawn over it, the critical path, the collectives and a "
+                                   "what-if calculator. Press ? inside for the keys.")
     _common(p)
     p.set_defaults(func=cmd_inspect)
 
@@ -528,9 +530,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         table = "horovod_breakdown"  # a timeline alone has no five-way breakdown
     written = export(result.tables(), args.output, force=args.force, table=table) if args.output else []
     if args.chrome:
-        from tracekit.chrome import write_chrome_trace
+        from tracekit.chrome import critical_path_flows, write_chrome_trace
 
-        write_chrome_trace(result, args.chrome, force=args.force)
+        write_chrome_trace(result, args.chrome, force=args.force, flows=critical_path_flows(result))
         written.append(args.chrome)
     for path in written:
         err.print(f"wrote {path}", highlight=False, soft_wrap=True)

@@ -223,9 +223,34 @@ def _waiting_labels(df: pl.DataFrame, graph: Graph, segs: list[tuple], a_rank: n
     return out.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).sort("start_ns")
 
 
+def runs(segments: pl.DataFrame) -> pl.DataFrame:
+    """Consecutive segments (in time order) of one iteration with the same rank, label and activity merged
+    into one run, as a person reads a path: ``iteration, start_ns, end_ns, dur_ns, rank, lane, label,
+    waiting_on, what, name, segments``. ``what`` is the label, with waiting spelled ``waiting on rank k``;
+    ``lane`` is the run's first segment's; ``name`` is "" for segments without an activity (idle)."""
+    if segments.height == 0:
+        return pl.DataFrame(schema={"iteration": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                    "dur_ns": pl.Int64, "rank": pl.Int32, "lane": pl.String, "label": pl.String,
+                                    "waiting_on": pl.Int32, "what": pl.String, "name": pl.String,
+                                    "segments": pl.UInt32})
+    what = pl.when(pl.col("label") == "waiting").then(
+        pl.concat_str(pl.lit("waiting on rank "), pl.col("waiting_on").cast(pl.String))).otherwise(pl.col("label"))
+    changed = ((pl.col("what") != pl.col("what").shift(1)) | (pl.col("rank") != pl.col("rank").shift(1))
+               | (pl.col("name") != pl.col("name").shift(1))
+               | (pl.col("iteration") != pl.col("iteration").shift(1))).fill_null(True)
+    return (segments.sort(["iteration", "start_ns"]).with_columns(what.alias("what"), pl.col("name").fill_null(""))
+            .with_columns(changed.cum_sum().alias("_run"))
+            .group_by("_run", maintain_order=True)
+            .agg(pl.col("iteration").first(), pl.col("start_ns").first(), pl.col("end_ns").max(),
+                 pl.col("dur_ns").sum(), pl.col("rank").first(), pl.col("lane").first(), pl.col("label").first(),
+                 pl.col("waiting_on").first(), pl.col("what").first(), pl.col("name").first(),
+                 pl.len().alias("segments"))
+            .drop("_run"))
+
+
 def summary(segments: pl.DataFrame, iterations: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     """Per iteration: path length (= iteration time), share of the path per label, the ranks it crosses
-    and the rank most waited on."""
+    and the rank most waited on (the longest in all; null when the path never waits)."""
     if segments.height == 0:
         return pl.DataFrame()
     spans = iteration_spans(iterations, ranks)
@@ -236,8 +261,13 @@ def summary(segments: pl.DataFrame, iterations: pa.Table, ranks: pa.Table | None
     agg = base.group_by("iteration").agg(
         pl.col("dur_ns").sum().alias("path_ns"),
         pl.col("rank").unique().sort().alias("ranks"),
-        pl.col("waiting_on").drop_nulls().mode().first().alias("most_waited_on"),
     )
+    # the rank the path waited on longest (the lowest on a tie: the same answer on every run)
+    waited = (base.filter(pl.col("waiting_on").is_not_null()).group_by(["iteration", "waiting_on"])
+              .agg(pl.col("dur_ns").sum().alias("_waited"))
+              .sort(["iteration", "_waited", "waiting_on"], descending=[False, True, False])
+              .group_by("iteration", maintain_order=True).agg(pl.col("waiting_on").first().alias("most_waited_on")))
+    agg = agg.join(waited, on="iteration", how="left")
     out = agg.join(per, on="iteration").join(spans.rename({"start_ns": "span_start_ns", "end_ns": "span_end_ns"}),
                                              on="iteration")
     out = out.with_columns((pl.col("span_end_ns") - pl.col("span_start_ns")).alias("iteration_ns"))

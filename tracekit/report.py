@@ -22,6 +22,10 @@ CLASS_STYLES = {"compute": "green", "overlapped": "cyan", "exposed_comm": "red",
 #: colours of event kinds on the timeline; kinds that are also classes keep the class colour
 KIND_STYLES = {"compute": "green", "comm": "magenta", "memory": "yellow", "cpu_op": "dodger_blue2",
                "runtime": "medium_purple1", "wait": "red", "queue": "dark_orange", "annotation": "grey50"}
+#: colours of the critical path's labels (tracekit.critical_path.LABELS), those of the event kinds they are
+#: spent in (transfer: comm, launch: runtime, CPU: cpu_op); waiting on a rank stands out in bold pure red
+PATH_STYLES = {"compute": "green", "transfer": "magenta", "memory": "yellow", "idle": "grey50",
+               "launch": "medium_purple1", "CPU": "dodger_blue2", "waiting": "bold red1"}
 
 
 def fmt_ns(ns: float | int | None) -> str:
@@ -265,14 +269,9 @@ def render_critical_path(console: Console, summ: object, segs: object, iteration
     total = int(segs.get_column("dur_ns").sum()) if segs.height else 0
     if not total:
         return
-    label = pl.when(pl.col("label") == "waiting").then(
-        pl.concat_str(pl.lit("waiting on rank "), pl.col("waiting_on").cast(pl.String))).otherwise(pl.col("label"))
-    runs = (segs.sort("start_ns").with_columns(label.alias("what"), pl.col("name").fill_null(""))
-            .with_columns(((pl.col("what") != pl.col("what").shift(1)) | (pl.col("rank") != pl.col("rank").shift(1))
-                           | (pl.col("name") != pl.col("name").shift(1))).fill_null(True).cum_sum().alias("run"))
-            .group_by("run", maintain_order=True)
-            .agg(pl.col("start_ns").first(), pl.col("dur_ns").sum(), pl.col("rank").first(), pl.col("lane").first(),
-                 pl.col("what").first(), pl.col("name").first()))
+    from tracekit.critical_path import runs as path_runs
+
+    runs = path_runs(segs)
     t0 = int(segs.get_column("start_ns").min())  # type: ignore[arg-type]
     shown = runs.filter(pl.col("dur_ns") >= min_share * total)
     path = Table(title=f"iteration {iteration}: the critical path ({runs.height} runs, {shown.height} of at least "
@@ -281,10 +280,8 @@ def render_critical_path(console: Console, summ: object, segs: object, iteration
     for col, just in (("at", "right"), ("for", "right"), ("rank", "right"), ("lane", "left"), ("what", "left"),
                       ("activity", "left")):
         path.add_column(col, justify=just)  # type: ignore[arg-type]
-    styles = {"compute": "green", "transfer": "red", "memory": "yellow", "idle": "grey50", "launch": "magenta",
-              "CPU": "blue"}
     for row in shown.iter_rows(named=True):
-        style = "bold red" if row["what"].startswith("waiting") else styles.get(row["what"], "")
+        style = PATH_STYLES["waiting"] if row["what"].startswith("waiting") else PATH_STYLES.get(row["what"], "")
         path.add_row(fmt_ns(row["start_ns"] - t0), fmt_ns(row["dur_ns"]), str(row["rank"]), row["lane"],
                      f"[{style}]{row['what']}[/]" if style else row["what"], (row["name"] or "")[:60])
     console.print()

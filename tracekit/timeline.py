@@ -211,12 +211,17 @@ class Marks:
     start: np.ndarray  # int64 job-clock ns
     end: np.ndarray
     event: np.ndarray  # index into the model's sorted event arrays, -1 if none
+    #: what each mark is, for a details panel (e.g. a critical-path segment's label); None if nothing
+    label: np.ndarray | None = None
     _per_lane: dict[int, Intervals] = field(default_factory=dict, repr=False)
+    _lane_order: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         order = np.lexsort((self.lane, self.start))
         self.lane, self.start = self.lane[order], self.start[order]
         self.end, self.event = self.end[order], self.event[order]
+        if self.label is not None:
+            self.label = self.label[order]
 
     def __len__(self) -> int:
         return int(self.start.size)
@@ -236,6 +241,29 @@ class Marks:
             return i - 1 if i > 0 else None
         hit = np.flatnonzero(np.isin(self.lane[:i], lanes))
         return int(hit[-1]) if hit.size else None
+
+    def at(self, lane: int, t0: int, t1: int) -> int | None:
+        """The mark of ``lane`` that overlaps ``[t0, t1)`` the most (a zero-length mark inside counts),
+        or None."""
+        got = self._lane_order.get(lane)
+        if got is None:
+            idx = np.flatnonzero(self.lane == lane)  # sorted by start, as the marks are
+            got = (idx, np.maximum.accumulate(self.end[idx]) if idx.size else idx)
+            self._lane_order[lane] = got
+        idx, reach = got
+        # only marks that start before t1 and whose lane has reached past t0 by then can overlap
+        lo = int(np.searchsorted(reach, t0, side="left"))
+        hi = int(np.searchsorted(self.start[idx], t1, side="left"))
+        if hi <= lo:
+            return None
+        idx = idx[lo:hi]
+        s, e = self.start[idx], self.end[idx]
+        overlap = np.minimum(e, t1) - np.maximum(s, t0)
+        ok = (overlap > 0) | ((e == s) & (s >= t0) & (s < t1))
+        if not ok.any():
+            return None
+        cand = np.flatnonzero(ok)
+        return int(idx[cand[int(np.argmax(overlap[cand]))]])
 
     def on_lane(self, lane: int) -> Intervals:
         """The marks of one lane as a union of intervals (for highlighting cells)."""
@@ -639,27 +667,42 @@ class TimelineModel:
                 return ln.index
         return None
 
-    def marks_from_table(self, name: str, table: pa.Table) -> Marks:
+    def marks_from_table(self, name: str, table: pa.Table, *, job_clock: bool = False,
+                         label: str | None = None) -> Marks:
         """Marks from an analysis table with ``rank, lane, start_ns, end_ns`` columns (times on the
-        rank's own clock, as every analysis table has them); rows on unknown lanes go to the rank's
-        classes lane. This is how result tables such as a critical path become an overlay."""
-        ranks = table.column("rank").to_pylist()
-        lanes = table.column("lane").to_pylist()
-        idx, keep = [], []
-        for i, (r, n) in enumerate(zip(ranks, lanes, strict=True)):
-            li = self.lane_index(r, n) if n is not None else None
-            li = li if li is not None else self.lane_index(r, CLASSES_LANE)
-            if li is not None:
-                idx.append(li)
-                keep.append(i)
+        rank's own clock, as most analysis tables have them, or already on the job clock with
+        ``job_clock``, as the critical path's are); rows on unknown lanes go to the rank's classes lane.
+        ``label`` names a column that says what each row is (shown in the details panel). This is how
+        result tables such as a critical path become an overlay."""
+        import polars as pl
+
+        known = pl.DataFrame({"rank": [ln.rank for ln in self.lanes], "lane": [ln.name for ln in self.lanes],
+                              "li": [ln.index for ln in self.lanes]},
+                             schema={"rank": pl.Int64, "lane": pl.String, "li": pl.Int64})
+        classes = known.filter(pl.col("lane") == CLASSES_LANE).select("rank", pl.col("li").alias("li_classes"))
+        rows = pl.DataFrame({
+            "rank": pl.Series(table.column("rank").to_numpy(zero_copy_only=False)).cast(pl.Int64),
+            "lane": pl.Series(table.column("lane").cast(pa.string()).to_pylist(), dtype=pl.String),
+        }).with_row_index("row")
+        rows = (rows.join(known, on=["rank", "lane"], how="left", maintain_order="left")
+                .join(classes, on="rank", how="left", maintain_order="left")
+                .with_columns(pl.coalesce("li", "li_classes").alias("li"))
+                .filter(pl.col("li").is_not_null()))
+        keep = rows.get_column("row").to_numpy().astype(np.int64)
+        idx = rows.get_column("li").to_numpy()
         sel = pa.array(keep, type=pa.int64())
-        off = np.array([self._offset_of_rank(ranks[i]) for i in keep], dtype=np.int64)
+        off = np.zeros(keep.size, dtype=np.int64)
+        if not job_clock and self.clock_offsets:
+            offsets = pl.DataFrame({"rank": list(self.clock_offsets), "off": list(self.clock_offsets.values())},
+                                   schema={"rank": pl.Int64, "off": pl.Int64})
+            off = (rows.join(offsets, on="rank", how="left", maintain_order="left").get_column("off")
+                   .fill_null(0).to_numpy().astype(np.int64))
         start = table.column("start_ns").take(sel).to_numpy().astype(np.int64) + off
         end = table.column("end_ns").take(sel).to_numpy().astype(np.int64) + off
-        return Marks(name, np.array(idx, dtype=np.int32), start, end, np.full(len(keep), -1, np.int64))
-
-    def _offset_of_rank(self, rank: int) -> int:
-        return self.clock_offsets.get(rank, 0)
+        labels = None
+        if label is not None:
+            labels = np.array(table.column(label).take(sel).to_pylist(), dtype=object)
+        return Marks(name, idx.astype(np.int32), start, end, np.full(keep.size, -1, np.int64), labels)
 
     def iteration_at(self, rank: int, t: int) -> int | None:
         """The iteration of ``rank`` whose window contains ``t``."""

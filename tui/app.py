@@ -22,13 +22,16 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, ProgressBar, Static, TabbedContent, TabPane
+from textual.worker import get_current_worker
 
 from tracekit.diagnostics import TraceError
-from tracekit.tui.data import JobData, LoadCallbacks, LoadOptions, cached_summary, load_job
+from tracekit.tui.data import JobData, LoadCallbacks, LoadOptions, cached_summary, complete, load_job
 from tracekit.tui.dialogs import ExportScreen, HelpScreen
 from tracekit.tui.timeline_view import TimelineCanvas, TimelineView
 from tracekit.tui.views import ShowInTimeline, View, view_classes
 
+#: the phase after which loading is over (tui/data.py)
+LAST_PHASE = "whatif"
 MOUSE_HELP = [("click", "move the cursor there"), ("wheel", "zoom in / out around the pointer"),
               ("shift+wheel, horizontal wheel", "pan"), ("drag", "pan"),
               ("wheel over the lane names", "scroll lanes")]
@@ -50,7 +53,8 @@ class InspectApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "tracekit inspect"
     BINDINGS: ClassVar[list[BindingType]] = [
-        *[Binding(v.KEY, f"show_view('{v.VIEW_ID}')", v.TITLE) for v in view_classes()],
+        # the tabs show their keys already ("1 Overview"): the footer keeps its room for the view's own keys
+        *[Binding(v.KEY, f"show_view('{v.VIEW_ID}')", v.TITLE, show=False) for v in view_classes()],
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("e", "export_parquet", "Export"),
         Binding("q", "quit", "Quit"),
@@ -125,7 +129,7 @@ class InspectApp(App[int]):
             progress=lambda what, frac: self._ui(self._progress, what, frac),
             summary=self._summary_from_thread,
             analysis=lambda data: self._ui(self._phase, "analysis", data),
-            timeline=lambda data: self._ui(self._phase, "timeline", data),
+            **self._later_phases(),
         )
         try:
             load_job(self.paths, self.options, callbacks, start=self._start)
@@ -155,23 +159,26 @@ class InspectApp(App[int]):
         self.phases.add("painted")
         self._painted.set()
 
-    @work(thread=True, exclusive=True, group="load")
-    def _build_timeline(self, data: JobData) -> None:
-        from tracekit.timeline import TimelineModel
+    def _later_phases(self) -> dict[str, Any]:
+        """Callbacks of the phases after the analysis (timeline, critical path, what-if), to be made in a
+        worker thread, which then stops at the next phase once the app is closing."""
+        worker = get_current_worker()
+        phases: dict[str, Any] = {phase: (lambda data, phase=phase: self._ui(self._phase, phase, data))
+                                  for phase in ("timeline", "critical_path", "whatif")}
+        return {**phases, "cancelled": lambda: worker.is_cancelled}
 
-        assert data.analysis is not None
-        data.timeline = TimelineModel.build(data.analysis)
-        self._ui(self._phase, "timeline", data)
+    @work(thread=True, exclusive=True, group="load")
+    def _complete(self, data: JobData) -> None:
+        """The phases a preloaded job has not been through yet (computed off the UI thread)."""
+        callbacks = LoadCallbacks(progress=lambda what, frac: self._ui(self._progress, what, frac),
+                                  **self._later_phases())
+        complete(data, callbacks)
 
     def _load_preloaded(self, data: JobData) -> None:
         self._phase("summary", data)
         if data.analysis is not None:
             self._phase("analysis", data)
-            if data.timeline is not None:
-                self._phase("timeline", data)
-            else:
-                self._progress("building the timeline", None)
-                self._build_timeline(data)
+            self._complete(data)
 
     def _progress(self, what: str, fraction: float | None) -> None:
         if not self.screen.query("#statusbar"):
@@ -191,22 +198,25 @@ class InspectApp(App[int]):
             self.query_one("#views").display = True
             self.query_one("#statusbar").display = True
         tabs = self.query_one("#views", TabbedContent)
+        order = [cls.VIEW_ID for cls in view_classes()]
         for cls in view_classes():
             if not cls.available(data):
                 continue
             view = self.views.get(cls.VIEW_ID)
             if view is None:
                 view = self.views[cls.VIEW_ID] = cls(data, id=f"view-{cls.VIEW_ID}")
-                tabs.add_pane(TabPane(f"{cls.KEY} {cls.TITLE}", view, id=cls.VIEW_ID))
+                # in key order, whichever phase brought the view: before the first later view shown
+                later = next((v for v in order[order.index(cls.VIEW_ID) + 1:] if v in self.views), None)
+                tabs.add_pane(TabPane(f"{cls.KEY} {cls.TITLE}", view, id=cls.VIEW_ID), before=later)
             else:
                 view.update_data(data)
         if first:
             self.call_after_refresh(self._focus_active)
-        if phase == "timeline":
+        if phase == LAST_PHASE:
             self.query_one("#statusbar").display = False
-            if self._pending_jump is not None:
-                jump, self._pending_jump = self._pending_jump, None
-                self.call_after_refresh(self.on_show_in_timeline, jump)
+        if phase == "timeline" and self._pending_jump is not None:
+            jump, self._pending_jump = self._pending_jump, None
+            self.call_after_refresh(self.on_show_in_timeline, jump)
         self.phases.add(phase)
 
     def _failed(self, message: str) -> None:
@@ -249,7 +259,7 @@ class InspectApp(App[int]):
             return
         tabs.active = "timeline"
         view = self.query_one(TimelineView)
-        if not view.show(message.rank, message.start_ns, message.end_ns, message.lane):
+        if not view.show(message.rank, message.start_ns, message.end_ns, message.lane, message.cursor_ns):
             self._pending_jump = message
             self.notify("the timeline is still loading; it will open there when ready", timeout=3)
             return
@@ -260,7 +270,11 @@ class InspectApp(App[int]):
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
             return
-        sections: list[tuple[str, Iterable[BindingType]]] = [("Everywhere", self.BINDINGS),
+        classes = view_classes()
+        views = Binding(f"{classes[0].KEY}…{classes[-1].KEY}", "", "the views (each tab shows its key)")
+        everywhere = [views, *(b for b in self.BINDINGS
+                               if isinstance(b, Binding) and not b.action.startswith("show_view"))]
+        sections: list[tuple[str, Iterable[BindingType]]] = [("Everywhere", everywhere),
                                                             ("Command palette", [Binding("ctrl+p", "", "commands")])]
         for cls in view_classes():
             items = list(cls.BINDINGS)
@@ -305,9 +319,9 @@ class InspectApp(App[int]):
                 message = f"wrote {len(written)} Parquet files to {target}" if len(written) > 1 else \
                     f"wrote {written[0]}"
             else:
-                from tracekit.chrome import write_chrome_trace
+                from tracekit.chrome import critical_path_flows, write_chrome_trace
 
-                n = write_chrome_trace(data.analysis, target, force=force)
+                n = write_chrome_trace(data.analysis, target, force=force, flows=critical_path_flows(data.analysis))
                 message = f"wrote {n:,} trace events to {target}"
         except (TraceError, OSError) as exc:
             self.call_from_thread(self.notify, f"export failed: {exc}", severity="error", timeout=6)

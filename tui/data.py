@@ -7,10 +7,16 @@ Loading a big job takes seconds, so the app shows each result as soon as it exis
 2. ``analysis`` — the parsed events and the full :class:`~tracekit.analysis.Analysis` (from the parse
    cache when warm; analysed now, or rebuilt from the results cache): export works, and views that
    need other analysis tables appear;
-3. ``timeline`` — the :class:`~tracekit.timeline.TimelineModel` with its levels of detail.
+3. ``timeline`` — the :class:`~tracekit.timeline.TimelineModel` with its levels of detail;
+4. ``critical_path`` — the job's dependency graph and the critical path of every iteration
+   (``Analysis.critical_path`` / ``critical_path_summary``, cached properties that compute on first
+   access) with its marks on the timeline: the critical-path view and the timeline overlay appear;
+5. ``whatif`` — the what-if model and the bottleneck verdict (``Analysis.bottleneck``: a few replays of
+   the graph): the overview's what-if answer and the what-if view appear.
 
 :func:`load_job` runs the phases in order and reports each through callbacks; the app runs it in a
-worker thread. Nothing here computes anything the CLI cannot: it calls the same tracekit functions.
+worker thread, so views only read what a phase computed and the UI thread never builds a graph.
+Nothing here computes anything the CLI cannot: it calls the same tracekit functions.
 """
 
 from __future__ import annotations
@@ -27,8 +33,14 @@ from tracekit import results_cache
 from tracekit.diagnostics import Diagnostic, TraceError
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from tracekit.analysis import Analysis
-    from tracekit.timeline import TimelineModel
+    from tracekit.timeline import Marks, TimelineModel
+    from tracekit.whatif import Bottleneck
+
+#: name of the critical path's marks on the timeline (``TimelineCanvas.marks``)
+PATH_MARKS = "critical_path"
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,15 @@ class JobData:
     timeline: TimelineModel | None = None
     #: :func:`tracekit.results_cache.figures` of the breakdown (from the cache, or computed when asked)
     figures: dict[str, Any] | None = None
+    #: phase 4 is done: the critical-path tables are computed and :meth:`tables` lists them
+    paths_ready: bool = False
+    #: the critical path as labelled timeline marks (None before phase 4 or without a path)
+    path_marks: Marks | None = None
+    #: phase 5 is done: ``analysis.whatif`` is built and :attr:`bottleneck` is its verdict
+    whatif_ready: bool = False
+    #: "is the network the bottleneck?" (None before phase 5, or for a job without communication)
+    bottleneck: Bottleneck | None = None
+    _tables: tuple[tuple[int, bool], dict[str, pa.Table]] | None = field(default=None, repr=False)
 
     @classmethod
     def from_analysis(cls, analysis: Analysis, files: list[str] | None = None) -> JobData:
@@ -68,10 +89,14 @@ class JobData:
                    analysis=analysis)
 
     def tables(self) -> dict[str, pa.Table]:
-        """Every result table there is so far, by its public name (views check for theirs here)."""
-        if self.analysis is not None:
-            return self.analysis.tables()
-        return {"ranks": self.ranks, "iterations": self.iterations, "breakdown": self.breakdown}
+        """Every result table there is so far, by its public name (views check for theirs here). Never
+        computes an analysis: the critical-path tables are listed once phase 4 has computed them."""
+        if self.analysis is None:
+            return {"ranks": self.ranks, "iterations": self.iterations, "breakdown": self.breakdown}
+        key = (id(self.analysis), self.paths_ready)
+        if self._tables is None or self._tables[0] != key:
+            self._tables = (key, self.analysis.tables(paths=self.paths_ready))
+        return self._tables[1]
 
     def _figures(self) -> dict[str, Any]:
         if self.figures is None:
@@ -106,6 +131,13 @@ class LoadCallbacks:
     summary: Callable[[JobData], None] | None = None
     analysis: Callable[[JobData], None] | None = None
     timeline: Callable[[JobData], None] | None = None
+    critical_path: Callable[[JobData], None] | None = None
+    whatif: Callable[[JobData], None] | None = None
+    #: True once the caller no longer wants the rest (the app is closing): later phases are skipped
+    cancelled: Callable[[], bool] | None = None
+
+    def stop(self) -> bool:
+        return bool(self.cancelled and self.cancelled())
 
     def say(self, what: str, fraction: float | None = None) -> None:
         if self.progress:
@@ -160,7 +192,6 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         damage = "; ".join(str(d) for d in traces.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
     from tracekit.analysis import analyse
-    from tracekit.timeline import TimelineModel
 
     analysis = results_cache.analysis_from(traces, cached) if cached is not None else None
     if analysis is None:
@@ -181,9 +212,52 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         data.diagnostics = list(traces.diagnostics)
     if callbacks.analysis:
         callbacks.analysis(data)
-    callbacks.say(f"building the timeline of {analysis.events.num_rows:,} events", None)
-    data.timeline = TimelineModel.build(analysis)
+    return complete(data, callbacks)
+
+
+def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
+    """Phases 3–5 for ``data`` whose analysis exists: each is computed unless it was already, and
+    reported in order; none is started once ``callbacks.cancelled()`` says so (a worker thread cannot be
+    interrupted, and an app that quits waits for it)."""
+    from tracekit.timeline import TimelineModel
+
+    analysis = data.analysis
+    assert analysis is not None
+    if data.timeline is None:
+        callbacks.say(f"building the timeline of {analysis.events.num_rows:,} events", None)
+        data.timeline = TimelineModel.build(analysis)
     if callbacks.timeline:
         callbacks.timeline(data)
+    if callbacks.stop():
+        return data
+    if not data.paths_ready:
+        if not analysis.horovod_only:  # a Horovod timeline alone has no graph to follow
+            callbacks.say("following the critical path of every iteration", None)
+            data.path_marks = critical_path_marks(data.timeline, analysis.critical_path)
+            analysis.critical_path_summary  # noqa: B018  (computed here, in the worker)
+        data.paths_ready = True
+        data.tables()  # the tables converted here too, not on the UI thread
+    if callbacks.critical_path:
+        callbacks.critical_path(data)
+    if callbacks.stop():
+        return data
+    if not data.whatif_ready:
+        callbacks.say("what-if: replaying the job with free communication and at the line rate", None)
+        data.bottleneck = analysis.bottleneck
+        data.whatif_ready = True
+    if callbacks.whatif:
+        callbacks.whatif(data)
     callbacks.say("ready", 1.0)
     return data
+
+
+def critical_path_marks(model: TimelineModel, segments: pl.DataFrame) -> Marks:
+    """The critical-path segments (job clock) as timeline marks labelled ``of iteration #N: what``, where
+    ``what`` is the segment's label, waiting spelled ``waiting on rank k``."""
+    import polars as pl
+
+    what = pl.when(pl.col("label") == "waiting").then(
+        pl.concat_str(pl.lit("waiting on rank "), pl.col("waiting_on").cast(pl.String))).otherwise(pl.col("label"))
+    label = pl.concat_str(pl.lit("of iteration #"), pl.col("iteration").cast(pl.String), pl.lit(": "), what)
+    table = segments.select("rank", "lane", "start_ns", "end_ns", label.alias("label")).to_arrow()
+    return model.marks_from_table(PATH_MARKS, table, job_clock=True, label="label")

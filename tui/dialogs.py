@@ -35,6 +35,33 @@ def _bindings(items: Iterable[BindingType]) -> list[Binding]:
     return out
 
 
+def split_columns(heights: list[int], columns: int) -> list[int]:
+    """How many of the sections (of ``heights`` rows, in order) go into each of at most ``columns``
+    columns so that the tallest column is as short as it can be."""
+    n = len(heights)
+    if n <= columns:
+        return [1] * n
+    best: tuple[int, list[int]] | None = None
+
+    def place(start: int, left: int, counts: list[int]) -> None:
+        nonlocal best
+        if left == 1:
+            counts = [*counts, n - start]
+            tallest, k = 0, 0
+            for c in counts:
+                tallest = max(tallest, sum(heights[k:k + c]))
+                k += c
+            if best is None or tallest < best[0]:
+                best = (tallest, counts)
+            return
+        for c in range(1, n - start - left + 2):
+            place(start + c, left - 1, [*counts, c])
+
+    place(0, columns, [])
+    assert best is not None
+    return best[1]
+
+
 class HelpScreen(ModalScreen[None]):
     """Every key of the app, by view, generated from the bindings themselves."""
 
@@ -47,7 +74,7 @@ class HelpScreen(ModalScreen[None]):
 
     def _table(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> Table:
         table = Table(box=None, show_header=False, pad_edge=False, expand=True)
-        table.add_column("key", style="bold", no_wrap=True, width=14)
+        table.add_column("key", style="bold", no_wrap=True, width=17)
         table.add_column("what")
         for i, (title, rows) in enumerate(sections):
             if i:
@@ -63,20 +90,14 @@ class HelpScreen(ModalScreen[None]):
         sections = [(t, rows) for t, rows in sections if rows]
         if self.mouse:
             sections.append(("Mouse (timeline)", list(self.mouse)))
-        # two columns, the sections in order, split where the rows are about even
-        total = sum(len(rows) + 2 for _, rows in sections)
-        left: list[tuple[str, list[tuple[str, str]]]] = []
-        count = 0
-        for title, rows in sections:
-            if count >= total / 2 and left:
-                break
-            left.append((title, rows))
-            count += len(rows) + 2
-        right = sections[len(left):]
+        columns = split_columns([len(rows) + 2 for _, rows in sections], 3)
         with Vertical(id="help-box"):
             with VerticalScroll(), Horizontal(id="help-columns"):
-                yield Static(self._table(left), id="help-keys", classes="help-column")
-                yield Static(self._table(right), id="help-keys-2", classes="help-column")
+                start = 0
+                for i, n in enumerate(columns):
+                    yield Static(self._table(sections[start:start + n]), id=f"help-keys-{i + 1}",
+                                 classes="help-column")
+                    start += n
             yield Label("esc, q or ?: close", classes="hint")
 
     def on_mount(self) -> None:

@@ -1,5 +1,6 @@
-"""Overview: the job at a glance — the verdict, where each rank's time goes (stacked bars of the five
-attribution classes), iteration times, the most exposed rank and the worst iteration."""
+"""Overview: the job at a glance — the verdict (with the what-if replay's answer once it is computed),
+where each rank's time goes (stacked bars of the five attribution classes), iteration times, the most
+exposed rank and the worst iteration."""
 
 from __future__ import annotations
 
@@ -128,14 +129,18 @@ class OverviewView(View):
         job = data.job
         per_rank = data.per_rank
         headline, kind = verdict(job)
-        answer = Text(headline, style=VERDICT_STYLES[kind])
+        answer = Text()
+        answer.append(headline, style=VERDICT_STYLES[kind])
         facts = [f"{job.get('ranks', 0)} ranks", f"{job.get('iterations', 0)} iterations"]
         if job.get("ranks"):
             facts.append(f"median iteration {fmt_ns(job['median_iteration_ns'])}")
             if job.get("comm_bytes_per_iteration") is not None:
                 facts.append(f"{fmt_bytes(job['comm_bytes_per_iteration'])} communicated per iteration")
         facts += data.notes
-        answer.append("\n" + " · ".join(facts), style="default")
+        answer.append("\n" + " · ".join(facts))
+        if data.bottleneck is not None:  # the what-if replay's answer, once phase 5 has computed it
+            answer.append("\nwhat-if: ", style="bold")
+            answer.append(data.bottleneck.text)
         self.query_one("#verdict", Static).update(answer)
         self.query_one("#ranks", Static).update(self._rank_bars(job, per_rank))
         self.query_one("#iteration-times", Static).update(self._iteration_bars(job, data.per_iteration))

@@ -1,6 +1,7 @@
 """Timeline: one row per lane (each rank's attribution classes, then its device streams and CPU threads),
-coloured by kind, with zoom, pan, a cursor, jumps (next communication, next search hit), search and a
-details panel for the event under the cursor.
+coloured by kind, with zoom, pan, a cursor, jumps (next communication, critical-path segment or search
+hit), search, the critical path drawn over the lanes, and a details panel for the event under the cursor
+(with the collective instance it belongs to on every rank).
 
 The canvas uses Textual's Line API: :meth:`TimelineCanvas.render_line` draws one row from
 :meth:`tracekit.timeline.TimelineModel.cells` — as many cells as the row has, whatever the trace size —
@@ -30,12 +31,17 @@ from textual.widgets import Input, Static
 
 from tracekit.report import CLASS_LABELS, CLASS_STYLES, KIND_STYLES, fmt_bytes, fmt_ns
 from tracekit.timeline import Marks, TimelineModel, cell_ns, ticks
-from tracekit.tui.data import JobData
+from tracekit.tui.data import PATH_MARKS, JobData
 from tracekit.tui.views import View
 
 GLYPHS = " ▁▂▃▄▅▆▇"
-#: how marks of each overlay are highlighted (background of the marked cells)
-MARK_STYLES = {"search": Style(bgcolor="bright_white")}
+#: how marks of each overlay are highlighted: search hits get a white background; the critical path is a
+#: bold white line through the cells it crosses (over their kind colour; names stay, in bold white)
+MARK_STYLES = {"search": Style(bgcolor="bright_white"), PATH_MARKS: Style(color="bright_white", bold=True)}
+#: the character an overlay draws in its cells (where no name is written); none: the cell's own
+MARK_GLYPHS = {PATH_MARKS: "━"}
+#: what to call each overlay in messages
+MARK_NAMES = {"search": "search hit", PATH_MARKS: "critical-path segment"}
 ZOOM_KEY_STEPS = 2  # one key press: two of the four zoom steps per doubling (about ×1.4)
 
 
@@ -82,6 +88,9 @@ class TimelineCanvas(Widget, can_focus=True):
         Binding("C", "jump_kind('comm', 0)", "Previous comm", show=False),
         Binding("n", "jump_mark('search', 1)", "Next search hit", show=False),
         Binding("N", "jump_mark('search', 0)", "Previous search hit", show=False),
+        Binding("p", f"jump_mark('{PATH_MARKS}', 1)", "Next path segment"),
+        Binding("P", f"jump_mark('{PATH_MARKS}', 0)", "Previous path segment", show=False),
+        Binding("u", f"toggle_marks('{PATH_MARKS}')", "Critical path drawn / hidden", show=False),
     ]
 
     class CursorMoved(Message):
@@ -96,11 +105,12 @@ class TimelineCanvas(Widget, can_focus=True):
         self.cursor_t = 0  # job-clock ns; the cursor is the cell that contains it
         self.top_lane = 0  # first visible lane
         self.marks: dict[str, Marks] = {}
+        self.hidden_marks: set[str] = set()  # overlays not drawn (still jumped to)
         self._lines: LRUCache[tuple[int, int, int, int, Style], tuple[list[str], list[Style], Strip]] = \
             LRUCache(4096)
         self._drag: tuple[int, int] | None = None
         self._dragged = False
-        self._pending: tuple[int, int, int] | None = None  # (lane, start, end) to show once sized
+        self._pending: tuple[int, int, int, int | None] | None = None  # show_span's arguments, once sized
         self._fit_pending = False  # fit the job once the canvas has its size
         self._base: tuple[tuple[str, bool], Style] | None = None
         self._palettes: dict[tuple[bool, tuple[str, ...], Style], tuple[list[Style], list[Style]]] = {}
@@ -197,12 +207,13 @@ class TimelineCanvas(Widget, can_focus=True):
         self._keep_cursor_visible()
         self._changed()
 
-    def show_span(self, lane: int, start: int, end: int) -> None:
-        """Zoom to show job-clock ``start .. end`` on ``lane``, with the cursor at ``start``."""
+    def show_span(self, lane: int, start: int, end: int, cursor: int | None = None) -> None:
+        """Zoom to show job-clock ``start .. end`` on ``lane``, with the cursor at ``cursor`` (default
+        ``start``)."""
         if self.model is None:
             return
         if self.size.width <= self.LABEL_WIDTH:
-            self._pending = (lane, start, end)
+            self._pending = (lane, start, end, cursor)
             return
         self._pending = None
         w = self.track_width
@@ -212,7 +223,7 @@ class TimelineCanvas(Widget, can_focus=True):
         self.first_cell = (start - self.model.t0) // self.cell - max((w - span_cells) // 2, 0)
         self._clamp_offset()
         self.cursor_lane = lane
-        self.cursor_t = start
+        self.cursor_t = start if cursor is None else min(max(cursor, self.model.t0), self.model.t1 - 1)
         self.top_lane = lane - min(2, self.lane_rows // 2)
         self._keep_cursor_visible()
         self._changed()
@@ -229,10 +240,21 @@ class TimelineCanvas(Widget, can_focus=True):
         self._changed()
 
     def set_marks(self, name: str, marks: Marks | None) -> None:
+        """Show (or, with None, remove) the overlay ``name``; :data:`MARK_STYLES` says how it looks."""
         if marks is None:
             self.marks.pop(name, None)
         else:
             self.marks[name] = marks
+        self._changed()
+
+    def action_toggle_marks(self, name: str) -> None:
+        """Draw the overlay ``name`` or stop drawing it (its jump keys keep working)."""
+        if name not in self.marks:
+            self.notify(f"no {MARK_NAMES.get(name, name)}s to show", timeout=2)
+            return
+        self.hidden_marks ^= {name}
+        self.notify(f"{MARK_NAMES.get(name, name)}s {'hidden' if name in self.hidden_marks else 'shown'}",
+                    timeout=2)
         self._changed()
 
     # ----------------------------------------------------------------- actions
@@ -311,7 +333,8 @@ class TimelineCanvas(Widget, can_focus=True):
             return
         marks = self.marks.get(name)
         if marks is None or not len(marks):
-            self.notify("nothing to jump to: search first (/)" if name == "search" else f"no {name}", timeout=2)
+            self.notify("nothing to jump to: search first (/)" if name == "search" else
+                        f"no {MARK_NAMES.get(name, name)}s (yet)", timeout=2)
             return
         t = self.cursor_t + (self.cell - 1 if forward else 0)
         i = marks.next_after(t) if forward else marks.prev_before(self.cursor_t)
@@ -495,18 +518,23 @@ class TimelineCanvas(Widget, can_focus=True):
         if self.marks:
             edges = self.model.t0 + (np.arange(w + 1, dtype=np.int64) + self.first_cell) * self.cell
             for name, marks in self.marks.items():
+                if name in self.hidden_marks:
+                    continue
                 iv = marks.on_lane(lane)
                 if len(iv):
                     hit = np.flatnonzero(iv.coverage(edges) > 0)
                     if hit.size:
-                        overlays.append((hit.tolist(), MARK_STYLES.get(name, Style(bgcolor="white"))))
+                        overlays.append((hit.tolist(), MARK_STYLES.get(name, Style(bgcolor="white")),
+                                         MARK_GLYPHS.get(name)))
         col = self.cursor_cell - self.first_cell if lane == self.cursor_lane else -1
         if not overlays and not 0 <= col < w:
             return strip
         chars, styles = list(chars), list(styles)
-        for cols, style in overlays:
+        for cols, style, glyph in overlays:
             for c in cols:
-                styles[c] = styles[c] + style
+                styles[c] = styles[c] + style  # Style's sum is cached: equal cells share one object
+                if glyph is not None and chars[c] in GLYPHS:  # blank or a fill level, not a name
+                    chars[c] = glyph
         if 0 <= col < w:
             styles[col] = styles[col] + Style(reverse=True, bold=True)
             if chars[col] == " ":
@@ -609,15 +637,21 @@ class TimelineView(View):
         self.canvas.focus()
 
     def show_data(self, data: JobData) -> None:
+        """Show the timeline model once it exists, and the critical path over it once that does."""
         self._data = data
-        if data.timeline is None or self.canvas.model is data.timeline:
+        if data.timeline is None:
             return
-        self.query_one("#timeline-wait", Static).display = False
-        self.canvas.display = True
-        self.canvas.set_model(data.timeline)
+        canvas = self.canvas
+        if canvas.model is not data.timeline:
+            self.query_one("#timeline-wait", Static).display = False
+            canvas.display = True
+            canvas.set_model(data.timeline)
+        if data.path_marks is not None and canvas.marks.get(PATH_MARKS) is not data.path_marks:
+            canvas.set_marks(PATH_MARKS, data.path_marks)
 
-    def show(self, rank: int, start_ns: int, end_ns: int, lane: str | None) -> bool:
-        """Show a span given on ``rank``'s own clock; False when the timeline is not ready."""
+    def show(self, rank: int, start_ns: int, end_ns: int, lane: str | None, cursor_ns: int | None = None) -> bool:
+        """Show a span given on ``rank``'s own clock (the cursor at ``cursor_ns``, default the start);
+        False when the timeline is not ready."""
         model = self.canvas.model
         if model is None:
             return False
@@ -627,7 +661,7 @@ class TimelineView(View):
         if li is None:
             lanes = model.lanes_of_rank(rank)
             li = lanes[0] if lanes else 0
-        self.canvas.show_span(li, start_ns + off, end_ns + off)
+        self.canvas.show_span(li, start_ns + off, end_ns + off, None if cursor_ns is None else cursor_ns + off)
         return True
 
     # ----------------------------------------------------------------- search
@@ -686,11 +720,28 @@ class TimelineView(View):
         c1 = c0 + canvas.cell
         details = self.query_one("#timeline-details", Static)
         if lane.is_classes:
-            details.update(self._classes_details(model, canvas, lane.index, c0))
+            text = self._classes_details(model, canvas, lane.index, c0)
         else:
             i = model.event_at(lane.index, c0, c1)
-            details.update(self._event_details(model, i, lane.rank, lane.name, c0))
+            text = self._event_details(model, i, lane.rank, lane.name, c0)
+        path = self._on_path(canvas, lane.index, c0, c1)
+        if path is not None:  # at the end of the first line
+            lines = text.split("\n", allow_blank=True)
+            lines[0].append_text(path)
+            text = Text("\n").join(lines)
+        details.update(text)
         self.query_one("#timeline-status", Static).update(self._status(model, canvas))
+
+    @staticmethod
+    def _on_path(canvas: TimelineCanvas, lane: int, c0: int, c1: int) -> Text | None:
+        """"on the critical path …" when the cursor's cell holds a critical-path segment."""
+        marks = canvas.marks.get(PATH_MARKS)
+        if marks is None or marks.label is None:
+            return None
+        i = marks.at(lane, c0, c1)
+        if i is None:
+            return None
+        return Text.assemble("   ◆ on the critical path ", (str(marks.label[i]), "bold"), " (p/P: next/previous)")
 
     def _status(self, model: TimelineModel, canvas: TimelineCanvas) -> Text:
         v0 = canvas.first_cell * canvas.cell
@@ -702,6 +753,11 @@ class TimelineView(View):
         if self._search is not None:
             n = len(canvas.marks.get("search", []))
             t.append(f"  search {self._search!r}: {n:,} hits (n/N)", style="black on bright_white")
+        if PATH_MARKS in canvas.marks:
+            t.append("  ")
+            shown = PATH_MARKS not in canvas.hidden_marks
+            t.append(f"{MARK_GLYPHS[PATH_MARKS] * 2} critical path", style=MARK_STYLES[PATH_MARKS] if shown else "dim")
+            t.append(" (p/P" + (", u: hide)" if shown else "; hidden, u: show)"))
         t.append("   ")
         for k in ("compute", "comm", "memory", "cpu_op", "runtime"):
             t.append("■", style=KIND_STYLES[k])
@@ -766,7 +822,8 @@ class TimelineView(View):
         return t
 
     def _collective(self, rank: int, collective_id: int) -> Text:
-        """This rank's collective call, and the matched instance across ranks when that table exists."""
+        """This rank's collective call, and the instance it was matched into across ranks when the
+        ``collective_members`` / ``collective_instances`` tables have it."""
         assert self._data is not None
         tables = self._data.tables()
         colls = tables.get("collectives")
@@ -786,22 +843,59 @@ class TimelineView(View):
             if c.get(key) is not None:
                 parts.append(f"{key} {c[key]}")
         t.append(" · ".join(parts))
-        instances = tables.get("collective_instances")
-        if instances is not None and c.get("pg") is not None and c.get("seq") is not None:
-            t.append_text(_instance(instances, str(c["pg"]), int(c["seq"])))
+        members, instances = tables.get("collective_members"), tables.get("collective_instances")
+        if members is not None and instances is not None:
+            t.append_text(matched_instance(members, instances, rank, collective_id))
         return t
 
 
-def _instance(instances: pa.Table, pg: str, seq: int) -> Text:
-    """The matched instance of a collective on all its ranks (``collective_instances``, DESIGN.md)."""
-    mask = np.asarray(instances.column("pg").cast(pa.string()).to_numpy(zero_copy_only=False) == pg) & \
-        np.asarray(instances.column("seq").to_numpy(zero_copy_only=False) == seq)
-    hit = np.flatnonzero(mask)
+#: members listed by name in the details panel; beyond this, this rank, the first and the last to arrive
+MEMBERS_LISTED = 4
+
+
+def matched_instance(members: pa.Table, instances: pa.Table, rank: int, collective_id: int) -> Text:
+    """The instance that ``rank``'s collective call ``collective_id`` was matched into (through
+    ``collective_members``), and when each member arrived, ended and waited, relative to the first
+    arrival (member times are on the job clock, so ranks compare directly). Empty if it was not matched."""
+    m_rank = np.asarray(members.column("rank").to_numpy(zero_copy_only=False))
+    m_cid = np.asarray(members.column("collective_id").to_numpy(zero_copy_only=False))
+    hit = np.flatnonzero((m_rank == rank) & (m_cid == collective_id))
     if not hit.size:
         return Text()
-    r = instances.slice(int(hit[0]), 1).to_pylist()[0]
-    t = Text("\nmatched on ranks ", style="bold")
-    t.append(f"{r.get('ranks')} · skew {fmt_ns(r.get('skew_ns'))} · transfer {fmt_ns(r.get('transfer_ns'))}")
+    instance = int(members.column("instance")[int(hit[0])].as_py())
+    i_id = np.asarray(instances.column("instance").to_numpy(zero_copy_only=False))
+    row_i = np.flatnonzero(i_id == instance)
+    if not row_i.size:
+        return Text()
+    r = instances.slice(int(row_i[0]), 1).to_pylist()[0]
+    rows = members.take(pa.array(np.flatnonzero(np.asarray(members.column("instance").to_numpy(
+        zero_copy_only=False)) == instance))).to_pylist()
+    rows.sort(key=lambda m: (m["start_ns"], m["rank"]))
+    t = Text(f"\nmatched instance #{instance}", style="bold")
+    seen = len(r.get("ranks") or [])
+    t.append(f" ({r.get('matched_by')}) on {seen}/{r.get('nranks') or '?'} ranks · skew {fmt_ns(r.get('skew_ns'))}"
+             f" · transfer {fmt_ns(r.get('transfer_ns'))}")
     if r.get("straggler_rank") is not None:
         t.append(f" · straggler rank {r['straggler_rank']}", style="red")
+    flags = [say for say, bad in (("partial", r.get("partial")), ("inconsistent", r.get("consistent") is False),
+                                  ("sizes differ", r.get("sizes_agree") is False)) if bad]
+    if flags:
+        t.append(" · " + ", ".join(flags), style="yellow")
+    first = rows[0]["start_ns"]
+    shown = rows
+    if len(rows) > MEMBERS_LISTED:
+        shown = [m for k, m in enumerate(rows) if k == 0 or m["straggler"] or m["rank"] == rank]
+    t.append("\n")
+    for k, m in enumerate(shown):
+        if k:
+            t.append(" · ")
+        who = f"rank {m['rank']}" + (" (here)" if m["rank"] == rank else "")
+        t.append(who, style="bold" if m["rank"] == rank else "")
+        t.append(f" +{fmt_ns(m['start_ns'] - first)}→+{fmt_ns(m['end_ns'] - first)}")
+        if m["wait_ns"]:
+            t.append(f" waited {fmt_ns(m['wait_ns'])}")
+        if m["straggler"]:
+            t.append(" last", style="red")
+    if len(shown) < len(rows):
+        t.append(f" · {len(rows) - len(shown)} more", style="dim")
     return t

@@ -4,7 +4,8 @@ A view is a widget class derived from :class:`View` that declares, as class vari
 title, the key that shows it, and the analysis tables it needs (``REQUIRES``, names as in
 ``Analysis.tables()``). The app shows a view only when all of its tables exist and have rows — a view
 for an analysis that is not built yet never appears as an empty stub — and it adds views while the
-job loads, as their tables arrive. To add a screen (critical path, collectives, what-if):
+job loads, as their tables arrive (a view may narrow :meth:`View.available` further, e.g. to a loading
+phase being done). To add a screen:
 
 1. write ``tui/<name>.py`` with ``class XView(View)`` setting ``VIEW_ID``, ``TITLE``, ``KEY``,
    ``REQUIRES`` and implementing :meth:`View.show_data` (called with the :class:`JobData` once the view
@@ -12,7 +13,10 @@ job loads, as their tables arrive. To add a screen (critical path, collectives, 
 2. add the class to :func:`view_classes` in display order.
 
 A view that wants to show something on the timeline posts :class:`ShowInTimeline` (rank-clock times,
-as every analysis table has them); the app switches to the timeline and moves its cursor there.
+as the events and breakdown have them; :func:`rank_clock` converts the job-clock times of the
+critical path and the collective instances); the app switches to the timeline and moves its cursor
+there. Views that compute in the background say so with :attr:`View.busy` (tests and screenshots
+wait until no view is busy).
 """
 
 from __future__ import annotations
@@ -74,23 +78,45 @@ class View(Widget):
         """Give the keyboard to the view's main widget."""
         self.focus()
 
+    @property
+    def busy(self) -> bool:
+        """True while the view computes something in the background (a prediction, say)."""
+        return False
+
 
 class ShowInTimeline(Message):
     """Ask the app to show a span on the timeline: ``rank``'s time ``start_ns .. end_ns`` (the rank's
-    own clock), on lane ``lane`` (a lane name of that rank, None for its classes lane)."""
+    own clock), on lane ``lane`` (a lane name of that rank, None for its classes lane), with the cursor
+    at ``cursor_ns`` (default: the start)."""
 
-    def __init__(self, rank: int, start_ns: int, end_ns: int, lane: str | None = None) -> None:
+    def __init__(self, rank: int, start_ns: int, end_ns: int, lane: str | None = None,
+                 cursor_ns: int | None = None) -> None:
         super().__init__()
         self.rank = rank
         self.start_ns = start_ns
         self.end_ns = end_ns
         self.lane = lane
+        self.cursor_ns = cursor_ns
+
+
+def rank_clock(data: JobData, rank: int, job_ns: int) -> int:
+    """A job-clock time (critical path, collective instances) on ``rank``'s own clock, as
+    :class:`ShowInTimeline` takes it: minus the rank's ``ranks.clock_offset_ns``."""
+    ranks = data.analysis.ranks if data.analysis is not None else data.ranks
+    for r, off in zip(ranks.column("rank").to_pylist(), ranks.column("clock_offset_ns").to_pylist(), strict=True):
+        if r == rank:
+            return job_ns - int(off or 0)
+    return job_ns
 
 
 def view_classes() -> list[type[View]]:
     """Every view, in tab order (imported here so that each view module stays independent)."""
+    from tracekit.tui.collectives_view import CollectivesView
+    from tracekit.tui.critical_path_view import CriticalPathView
     from tracekit.tui.iterations import IterationsView
     from tracekit.tui.overview import OverviewView
+    from tracekit.tui.tensors_view import TensorsView
     from tracekit.tui.timeline_view import TimelineView
+    from tracekit.tui.whatif_view import WhatIfView
 
-    return [OverviewView, IterationsView, TimelineView]
+    return [OverviewView, IterationsView, TimelineView, CriticalPathView, CollectivesView, WhatIfView, TensorsView]

@@ -19,12 +19,11 @@ from tests import tui_scenarios as sc  # noqa: E402
 async def render(name: str, keys: tuple[str, ...], data: sc.JobData) -> str:
     app = sc.app(data)
     async with app.run_test(size=sc.SIZE) as pilot:
-        await sc.settle(pilot)
-        await pilot.press(*keys)
+        await sc.run_scenario(keys)(pilot)
         await pilot.pause()
         await pilot.wait_for_scheduled_animations()
         await pilot.pause()
-        return app.export_screenshot(title=f"tracekit inspect samples/ddp-gloo — {name}")
+        return app.export_screenshot(title=f"{sc.COMMAND} — {name}")
 
 
 def main() -> None:

@@ -1,0 +1,346 @@
+"""What-if: the job replayed with another line rate, compression ratio, number of workers or link
+efficiency (:mod:`tracekit.whatif`, as ``tracekit whatif`` does). The predicted iteration time, speed-up
+and scaling factor follow the inputs as they change, with a sweep of line rates around the chosen one
+and the bottleneck verdict.
+
+The what-if model and the verdict were built by the loading worker (phase 5, ``tui/data.py``); each new
+prediction runs :func:`tracekit.whatif.predict` in a thread worker (exclusive, after a short pause in the
+typing), because one replay takes milliseconds on a small job and up to a second on a big one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.timer import Timer
+from textual.widgets import Input, Label, RadioButton, RadioSet, Static
+from textual.worker import get_current_worker
+
+from tracekit.diagnostics import TraceError
+from tracekit.report import fmt_ns
+from tracekit.tui.data import JobData
+from tracekit.tui.views import View
+
+if TYPE_CHECKING:
+    from tracekit.whatif import Model, Scenario
+
+#: line rates of the sweep, as multiples of the chosen one
+SWEEP = (0.5, 1.0, 2.0, 4.0, 10.0)
+#: seconds of quiet typing before a prediction starts
+DEBOUNCE_S = 0.25
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The what-if inputs as typed."""
+
+    rate: str = ""
+    compression: str = "1"
+    workers: str = ""
+    efficiency: str = "measured"  # or "full"
+
+
+def scenario(inputs: Inputs, line_rate_bps: float | None) -> Scenario:
+    """The :class:`tracekit.whatif.Scenario` of ``inputs`` for a job that ran on ``line_rate_bps`` (None
+    if unknown); raises ValueError with the message to show under the inputs."""
+    from tracekit.units import parse_rate
+    from tracekit.whatif import Scenario
+
+    rate = None
+    if inputs.rate.strip():
+        try:
+            rate = parse_rate(inputs.rate, option="line rate")
+        except TraceError as exc:
+            raise ValueError(str(exc)) from None
+    try:
+        compression = float(inputs.compression) if inputs.compression.strip() else 1.0
+    except ValueError:
+        raise ValueError(f"compression {inputs.compression!r}: a ratio such as 1 (none) or 4") from None
+    if not math.isfinite(compression) or compression < 1:
+        raise ValueError(f"compression {inputs.compression!r}: a ratio of at least 1 (1 = none, 4 = a quarter "
+                         "of the bytes)")
+    workers = None
+    if inputs.workers.strip():
+        try:
+            workers = int(inputs.workers)
+        except ValueError:
+            raise ValueError(f"workers {inputs.workers!r}: a whole number such as 8") from None
+        if workers < 2:
+            raise ValueError(f"workers {inputs.workers!r}: at least 2 (a single worker communicates nothing)")
+    if inputs.efficiency == "measured" and rate is not None and line_rate_bps is None:
+        raise ValueError("measured efficiency scales the bandwidth this job achieved with the line rate, so it "
+                         "needs the rate the job ran on: start tracekit inspect with --link-bw, or choose full")
+    if inputs.efficiency == "full" and rate is None and line_rate_bps is None:
+        raise ValueError("full utilisation of which link? type a line rate (e.g. 10gbit)")
+    return Scenario(bandwidth_bps=rate, compression=compression, workers=workers, efficiency=inputs.efficiency)
+
+
+@dataclass
+class Prediction:
+    """What one set of inputs predicts (ns; the sweep's rows are ``(rate, iteration_ns)``)."""
+
+    scenario: Scenario
+    iteration_ns: int
+    measured_ns: int
+    free_ns: int
+    sweep: list[tuple[float, int]]
+    base_rate: float | None  # the rate the sweep multiplies (None: no sweep)
+
+    @property
+    def speedup(self) -> float:
+        return self.measured_ns / self.iteration_ns if self.iteration_ns else math.inf
+
+    def scaling(self, iteration_ns: int) -> float:
+        """Iteration time with free communication over ``iteration_ns`` (1.0 = communication is free)."""
+        return self.free_ns / iteration_ns if iteration_ns else 1.0
+
+
+def predict_all(model: Model, sc: Scenario, free_ns: int, line_rate_bps: float | None,
+                cancelled: Any = lambda: False) -> Prediction | None:
+    """The prediction for ``sc`` and its sweep of line rates (None if ``cancelled()`` turned true)."""
+    from tracekit.whatif import predict
+
+    t = predict(model, sc)
+    base = sc.bandwidth_bps or line_rate_bps
+    sweep: list[tuple[float, int]] = []
+    if base is not None:
+        for m in SWEEP:
+            if cancelled():
+                return None
+            sweep.append((base * m, t if m == 1.0 else predict(model, replace(sc, bandwidth_bps=base * m))))
+    return Prediction(sc, t, model.measured_iteration_ns, free_ns, sweep, base)
+
+
+class WhatIfView(View, can_focus=True):
+    """The sixth tab."""
+
+    VIEW_ID = "whatif"
+    TITLE = "What-if"
+    KEY = "6"
+    REQUIRES = ("collective_instances",)  # communication; available() also wants the model (phase 5)
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("r", "edit('rate')", "Line rate"),
+        Binding("c", "edit('compression')", "Compression"),
+        Binding("w", "edit('workers')", "Workers"),
+        Binding("f", "toggle_efficiency", "Efficiency full/measured"),
+        Binding("escape", "leave_input", "Back from an input", show=False),
+    ]
+
+    def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
+        super().__init__(data, **kwargs)
+        self._data: JobData | None = None
+        self._shown: int | None = None
+        self._timer: Timer | None = None
+        self._asked = 0  # inputs changed this many times
+        self._answered = 0  # the prediction for this change is shown
+        self.prediction: Prediction | None = None
+        self.error: str | None = None
+
+    @classmethod
+    def available(cls, data: JobData) -> bool:
+        """The job has communication to re-cost and phase 5 has built the what-if model."""
+        return (super().available(data) and data.whatif_ready and data.analysis is not None
+                and not data.analysis.horovod_only and data.analysis.whatif.comm.height > 0)
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            with Horizontal(id="wi-inputs", classes="card"):
+                yield Label("line rate", classes="wi-label")
+                yield Input(placeholder="as the job ran", id="wi-rate", compact=True)
+                yield Label("compression", classes="wi-label")
+                yield Input("1", id="wi-compression", restrict=r"[0-9.eE+]*", compact=True)
+                yield Label("workers", classes="wi-label")
+                yield Input(id="wi-workers", restrict=r"[0-9]*", compact=True)
+                yield Label("efficiency", classes="wi-label")
+                with RadioSet(id="wi-efficiency", compact=True):
+                    yield RadioButton("measured", value=True, id="wi-measured", compact=True)
+                    yield RadioButton("full", id="wi-full", compact=True)
+            yield Static(id="wi-error")
+            yield Static(id="wi-prediction", classes="card")
+            yield Static(id="wi-sweep", classes="card")
+            yield Static(id="wi-verdict", classes="card")
+            yield Static(id="wi-help", classes="hint")
+
+    def on_mount(self) -> None:  # View.on_mount then shows the data
+        for wid, title in (("wi-inputs", "What if …"), ("wi-prediction", "Predicted"),
+                           ("wi-sweep", "Line rates around it"), ("wi-verdict", "Is the network the bottleneck?")):
+            self.query_one(f"#{wid}").border_title = title
+        self.query_one("#wi-help", Static).update(Text(
+            "r, c, w: edit the line rate, compression, workers (enter or escape: back) · f: full ↔ measured "
+            "efficiency · tab: next input. Line rates as 10gbit, 25GB/s or 1e9 (bits/s); measured efficiency keeps "
+            "what this job achieved on its link (scaled with the rate), full assumes the whole line rate; workers "
+            "change the bus bytes of each op with the per-worker work unchanged; compression costs 0.15 ns per "
+            "byte to encode and decode.", style="dim"))
+
+    def focus_main(self) -> None:
+        self.focus()  # not an input: the digits keep switching views
+
+    @property
+    def busy(self) -> bool:
+        return self._answered != self._asked
+
+    # ----------------------------------------------------------------- data
+
+    def show_data(self, data: JobData) -> None:
+        self._data = data
+        if not self.available(data) or data.analysis is None or self._shown == id(data.analysis):
+            return
+        self._shown = id(data.analysis)
+        from tracekit.units import format_rate
+
+        analysis = data.analysis
+        rate = analysis.line_rate_bps
+        box = self.query_one("#wi-rate", Input)
+        with box.prevent(Input.Changed):
+            box.value = "" if rate is None else format_rate(rate).replace(" ", "")
+        workers = self.query_one("#wi-workers", Input)
+        with workers.prevent(Input.Changed):
+            workers.value = str(analysis.whatif.workers)
+        verdict = Text(data.bottleneck.text) if data.bottleneck is not None else Text("–")
+        self.query_one("#wi-verdict", Static).update(verdict)
+        self._changed(at_once=True)
+
+    def inputs(self) -> Inputs:
+        """The inputs as they are typed now."""
+        return Inputs(rate=self.query_one("#wi-rate", Input).value,
+                      compression=self.query_one("#wi-compression", Input).value,
+                      workers=self.query_one("#wi-workers", Input).value,
+                      efficiency="full" if self.query_one("#wi-full", RadioButton).value else "measured")
+
+    def _changed(self, at_once: bool = False) -> None:
+        """Inputs changed: show a mistake now, predict after a pause in the typing."""
+        data = self._data
+        if data is None or data.analysis is None:
+            return
+        self._asked += 1
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        try:
+            sc = scenario(self.inputs(), data.analysis.line_rate_bps)
+        except ValueError as exc:
+            self._say_error(str(exc))
+            self._show(None)
+            self._answered = self._asked
+            return
+        self._say_error(None)
+        asked = self._asked
+        if at_once:
+            self._predict(sc, asked)
+        else:
+            self._timer = self.set_timer(DEBOUNCE_S, lambda: self._predict(sc, asked))
+
+    @work(thread=True, exclusive=True, group="whatif")
+    def _predict(self, sc: Scenario, asked: int) -> None:
+        data = self._data
+        assert data is not None and data.analysis is not None
+        worker = get_current_worker()
+        model = data.analysis.whatif
+        free = data.bottleneck.free_ns if data.bottleneck is not None else None
+        if free is None:
+            from tracekit.whatif import Scenario, predict
+
+            free = predict(model, Scenario(free=True))
+        try:
+            result = predict_all(model, sc, free, data.analysis.line_rate_bps,
+                                 cancelled=lambda: worker.is_cancelled or asked != self._asked)
+        except ValueError as exc:  # a scenario tracekit.whatif refuses
+            self.app.call_from_thread(self._refused, str(exc), asked)
+            return
+        if result is not None and not worker.is_cancelled:
+            self.app.call_from_thread(self._answer, result, asked)
+
+    def _refused(self, message: str, asked: int) -> None:
+        if asked == self._asked:
+            self._say_error(message)
+            self._show(None)
+            self._answered = asked
+
+    def _answer(self, result: Prediction, asked: int) -> None:
+        if asked != self._asked:
+            return  # the inputs changed meanwhile; their own prediction follows
+        self._show(result)
+        self._answered = asked
+
+    # ----------------------------------------------------------------- display
+
+    def _say_error(self, message: str | None) -> None:
+        """Show what is wrong with the inputs right under them (or nothing)."""
+        self.error = message
+        box = self.query_one("#wi-error", Static)
+        box.update(Text(f"✗ {message}", style="bold red") if message else "")
+        box.display = message is not None
+
+    def _show(self, p: Prediction | None) -> None:
+        from tracekit.units import format_rate
+
+        self.prediction = p
+        pred = self.query_one("#wi-prediction", Static)
+        sweep = self.query_one("#wi-sweep", Static)
+        if p is None:
+            pred.update(Text("fix the inputs above to predict", style="dim"))
+            sweep.update("")
+            return
+        sc = p.scenario
+        table = Table(box=None, show_header=False, pad_edge=False)
+        table.add_column("what", style="bold", no_wrap=True)
+        table.add_column("value", justify="right", no_wrap=True)
+        table.add_column("note", style="dim")
+        table.add_row("iteration time", Text(fmt_ns(p.iteration_ns), style="bold"),
+                      f"measured {fmt_ns(p.measured_ns)}; with free communication {fmt_ns(p.free_ns)}")
+        table.add_row("speed-up", Text(f"{p.speedup:.2f}x", style="bold green" if p.speedup > 1.005 else
+                                       "bold red" if p.speedup < 0.995 else "bold"), "measured / predicted")
+        sf = p.scaling(p.iteration_ns)
+        table.add_row("scaling factor", Text(f"{sf:.2f}", style="bold green" if sf >= 0.9 else "bold yellow"),
+                      "free communication / predicted (1.00: communication costs nothing)")
+        rate = format_rate(sc.bandwidth_bps) if sc.bandwidth_bps else "the job's own link"
+        workers = sc.workers or (self._data.analysis.whatif.workers if self._data and self._data.analysis else "?")
+        table.add_row("scenario", "", f"{rate} · {sc.compression:g}x compression · {workers} workers · "
+                                      f"{sc.efficiency} efficiency")
+        pred.update(table)
+        if not p.sweep:
+            sweep.update(Text("a sweep of line rates needs one: type a line rate, or start tracekit inspect with "
+                              "--link-bw (the rate the job ran on)", style="dim"))
+            return
+        st = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, show_edge=False)
+        for col in ("line rate", "×", "iteration", "speed-up", "scaling"):
+            st.add_column(col, justify="right")
+        for (r, t), m in zip(p.sweep, SWEEP, strict=True):
+            style = "bold reverse" if m == 1.0 else ""
+            st.add_row(format_rate(r), f"{m:g}", fmt_ns(t), f"{p.measured_ns / t:.2f}x" if t else "–",
+                       f"{p.scaling(t):.2f}", style=style)
+        sweep.update(st)
+
+    # ----------------------------------------------------------------- input events
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self._changed()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.focus()
+
+    def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
+        event.stop()
+        self._changed()
+
+    def action_edit(self, which: str) -> None:
+        self.query_one(f"#wi-{which}", Input).focus()
+
+    def action_leave_input(self) -> None:
+        self.focus()
+
+    def action_toggle_efficiency(self) -> None:
+        full = self.query_one("#wi-full", RadioButton)
+        target = self.query_one("#wi-measured", RadioButton) if full.value else full
+        target.value = True
