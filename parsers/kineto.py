@@ -461,7 +461,8 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
     m = _SEPARATOR.search(body, 0, 1 << 16)
     if m is not None:
         lines = body.replace(m.group(), b"}\n{")
-        if lines.count(b"}\n{") * 32 > len(lines):
+        n_sep = lines.count(b"}\n{")
+        if n_sep * 32 > len(lines):
             return False  # millions of tiny records (no real event is this small): Arrow's per-row cost is high
         try:
             tbl = pj.read_json(io.BytesIO(lines), read_options=_ARROW_READ, parse_options=_ARROW_PARSE_NL)
@@ -470,7 +471,7 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
             tbl = None
         # two records with no comma between them read as two rows without a separator: rows and records
         # would fall out of step, so that batch goes the exact way
-        if tbl is not None and tbl.num_rows != lines.count(b"}\n{") + 1:
+        if tbl is not None and tbl.num_rows != n_sep + 1:
             tbl = None
     if tbl is None:  # mixed separators: normalise every one
         lines = _SEPARATOR.sub(b"}\n{", body.replace(b"\n", b" "))
@@ -878,8 +879,20 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
     parts: list[pa.Table] = []
     comm_corr: list[np.ndarray] = []
     unknown = np.zeros(len(fin.cat_vals), dtype=np.int64)
+    # in memory, the classified chunks of pass 1 serve passes 2 and 3 too; spilled, each pass re-reads them
+    kept: list[_Chunk] | None = [] if acc.spill_path is None else None
+
+    def classified() -> Iterator[_Chunk]:
+        if kept is not None:
+            yield from kept
+            return
+        for raw in acc.chunks():
+            yield fin.chunk(raw)[0]
+
     for raw in acc.chunks():
         ch, dropped = fin.chunk(raw)
+        if kept is not None:
+            kept.append(ch)
         acc.dropped += dropped
         unknown += np.bincount(ch.cat_idx[fin.unknown_cat[ch.cat_idx]], minlength=len(fin.cat_vals))
         is_comm = ch.kind == _COMM
@@ -893,8 +906,7 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
     # pass 2 (only with communication): the launches of communication kernels
     corr_set = np.unique(np.concatenate(comm_corr)) if comm_corr else np.zeros(0, np.int64)
     if corr_set.size:
-        for raw in acc.chunks():
-            ch, _ = fin.chunk(raw)
+        for ch in classified():
             corr = pc.fill_null(ch.raw.column("correlation"), -1).to_numpy(zero_copy_only=False)
             idx = ch.raw.column("_index").to_numpy()
             launch = (ch.kind == _RUNTIME) & np.isin(corr, corr_set) & ~np.isin(idx, meta_index)
@@ -919,8 +931,7 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
     writer = sink = None
     n_events = 0
     try:
-        for raw in acc.chunks():
-            ch, _ = fin.chunk(raw)
+        for ch in classified():
             idx = ch.raw.column("_index").to_numpy()
             cid = None
             if coll_index.size:
