@@ -460,8 +460,10 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
     # lines (pretty-printed), which the reader is told about
     m = _SEPARATOR.search(body, 0, 1 << 16)
     if m is not None:
-        lines = body.replace(m.group(), b"}\n{")
-        n_sep = lines.count(b"}\n{")
+        sep = m.group()
+        lines = body.replace(sep, b"}\n{")
+        # a separator with spacing is longer than its replacement, so the shrinkage counts them for free
+        n_sep = (len(body) - len(lines)) // (len(sep) - 3) if len(sep) > 3 else lines.count(b"}\n{")
         if n_sep * 32 > len(lines):
             return False  # millions of tiny records (no real event is this small): Arrow's per-row cost is high
         try:
@@ -470,7 +472,7 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             tbl = None
         # two records with no comma between them read as two rows without a separator: rows and records
-        # would fall out of step, so that batch goes the exact way
+        # would fall out of step, so that batch goes the exact way (as does a record holding the separator)
         if tbl is not None and tbl.num_rows != n_sep + 1:
             tbl = None
     if tbl is None:  # mixed separators: normalise every one
