@@ -15,54 +15,40 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Input, Static
 
 from tracekit.report import SORTS, fmt_bytes, fmt_gbps, fmt_ns, fmt_share
 from tracekit.tui.data import JobData
 from tracekit.tui.iterations import Cell
-from tracekit.tui.views import ShowInTimeline, View, rank_clock
+from tracekit.tui.table_view import MAX_ROWS, TableView
+from tracekit.tui.views import ShowInTimeline, rank_clock
 
 if TYPE_CHECKING:
     import polars as pl
-
-#: rows listed at most (the first of the sort order); the hint says how many matched
-MAX_ROWS = 1000
-#: sort names in the order ``s`` cycles through them (tracekit.report.SORTS: column, largest first)
-SORT_ORDER = ("time", "skew", "wait", "transfer", "bytes", "busbw", "utilisation")
-#: table column key → sort name, for a click on a header
-COLUMN_SORTS = {"at": "time", "skew": "skew", "wait": "wait", "transfer": "transfer", "bytes": "bytes",
-                "busbw": "busbw", "util": "utilisation"}
 
 
 class CollectivesTable(DataTable[Any]):
     """The instances; Enter shows the highlighted one on the timeline."""
 
 
-class CollectivesView(View):
+class CollectivesView(TableView):
     """The fifth tab."""
 
     VIEW_ID = "collectives"
     TITLE = "Collectives"
     KEY = "5"
     REQUIRES = ("collective_instances",)
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("s", "sort_next", "Sort by next column"),
-        Binding("S", "sort_reverse", "Reverse sort"),
-        Binding("slash", "filter", "Filter", key_display="/"),
-        Binding("escape", "clear_filter", "Clear the filter", show=False),
-    ]
+    SORTS = SORTS
+    SORT_ORDER = ("time", "skew", "wait", "transfer", "bytes", "busbw", "utilisation")
+    COLUMN_SORTS: ClassVar[dict[str, str]] = {
+        "at": "time", "skew": "skew", "wait": "wait", "transfer": "transfer", "bytes": "bytes", "busbw": "busbw",
+        "util": "utilisation"}
+    FILTER_ID = "coll-filter"
+    DEFAULT_SORT = "time"
 
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
-        self._pending: JobData | None = None
-        self._data: JobData | None = None
-        self._shown: int | None = None
         self._inst: pl.DataFrame | None = None
-        self._rows: pl.DataFrame | None = None  # the listed instances, in table order
-        self.sort = "time"
-        self.descending = False
-        self.filter_text = ""
 
     def compose(self) -> ComposeResult:
         yield Static(id="coll-help", classes="hint")
@@ -71,25 +57,6 @@ class CollectivesView(View):
         # shown by /, and while a filter is set; hidden, it can take no keys meant for the app
         yield Input(placeholder="filter by op or process group (enter: back to the table, escape: clear)",
                     id="coll-filter")
-
-    def on_mount(self) -> None:  # View.on_mount then shows the data
-        self.query_one("#coll-filter", Input).display = False
-
-    def focus_main(self) -> None:
-        self.table.focus()
-
-    @property
-    def table(self) -> CollectivesTable:
-        return self.query_one(CollectivesTable)
-
-    def show_data(self, data: JobData) -> None:
-        """Fill the table when the tab is first shown (a big job has many thousands of instances)."""
-        self._pending = data
-        if self.display and self.region.width:
-            self._load()
-
-    def on_show(self) -> None:
-        self._load()
 
     def _load(self) -> None:
         import polars as pl
@@ -108,21 +75,12 @@ class CollectivesView(View):
 
     def refresh_rows(self) -> None:
         """Filter, sort and list the instances (the first :data:`MAX_ROWS`)."""
-        import polars as pl
-
         inst, data = self._inst, self._data
         if inst is None or data is None or data.analysis is None:
             return
         rate = data.analysis.line_rate_bps
         t0 = int(inst.get_column("first_start_ns").min() or 0)  # type: ignore[arg-type]
-        rows = inst
-        if self.filter_text.strip():
-            rows = rows.filter(pl.col("_text").str.contains(self.filter_text.strip().lower(), literal=True))
-        col, _ = SORTS[self.sort]
-        rows = rows.sort(col, descending=self.descending, nulls_last=True, maintain_order=True)
-        matched = rows.height
-        rows = rows.head(MAX_ROWS)
-        self._rows = rows
+        rows, matched = self.select_rows(inst)
         table = self.table
         table.clear(columns=True)
         columns = [("instance", "#"), ("at", "at"), ("iteration", "iter"), ("op", "op"), ("pg", "group"),
@@ -132,7 +90,7 @@ class CollectivesView(View):
             columns.append(("util", "util"))
         columns += [("straggler", "straggler"), ("flags", "")]
         for key, label in columns:
-            sorted_here = COLUMN_SORTS.get(key) == self.sort
+            sorted_here = self.COLUMN_SORTS.get(key) == self.sort
             title = label + ((" ↓" if self.descending else " ↑") if sorted_here else "")
             table.add_column(Text(title, style="bold" if sorted_here else "",
                                   justify="left" if key in ("op", "pg", "flags") else "right"), key=key)
@@ -177,56 +135,6 @@ class CollectivesView(View):
                  "members; transfer = median over members of end − last arrival; busbw = bus bytes / transfer",
                  style="dim")
         self.query_one("#coll-help", Static).update(t)
-
-    # ----------------------------------------------------------------- sorting and filtering
-
-    def sort_by(self, name: str, descending: bool | None = None) -> None:
-        """Sort by ``name`` (a key of :data:`tracekit.report.SORTS`): time ascending, the others largest
-        first unless ``descending`` says otherwise."""
-        if name not in SORTS:
-            return
-        self.sort = name
-        self.descending = SORTS[name][1] if descending is None else descending
-        self.refresh_rows()
-
-    def action_sort_next(self) -> None:
-        self.sort_by(SORT_ORDER[(SORT_ORDER.index(self.sort) + 1) % len(SORT_ORDER)])
-
-    def action_sort_reverse(self) -> None:
-        self.sort_by(self.sort, not self.descending)
-
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        event.stop()
-        name = COLUMN_SORTS.get(str(event.column_key.value))
-        if name is None:
-            return
-        self.sort_by(name, (not self.descending) if name == self.sort else None)
-
-    def action_filter(self) -> None:
-        box = self.query_one("#coll-filter", Input)
-        box.display = True
-        box.focus()
-
-    def action_clear_filter(self) -> None:
-        box = self.query_one("#coll-filter", Input)
-        if box.value:
-            box.value = ""  # Input.Changed refills the table
-        box.display = False
-        self.table.focus()
-
-    def set_filter(self, text: str) -> None:
-        """List only the instances whose op or process group contains ``text`` (case-insensitive)."""
-        self.filter_text = text
-        self.refresh_rows()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        event.stop()
-        self.set_filter(event.value)
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        event.input.display = bool(event.value.strip())  # a filter in force stays in sight
-        self.table.focus()
 
     # ----------------------------------------------------------------- the jump
 

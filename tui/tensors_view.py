@@ -12,54 +12,38 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Input, Static
 
 from tracekit.report import TENSOR_SORTS, fmt_bytes, fmt_gbps, fmt_ns, fmt_share
 from tracekit.tui.data import JobData
 from tracekit.tui.iterations import Cell
-from tracekit.tui.views import View
+from tracekit.tui.table_view import MAX_ROWS, TableView
 
 if TYPE_CHECKING:
     import polars as pl
-
-#: rows listed at most (the first of the sort order)
-MAX_ROWS = 1000
-#: sort names in the order ``s`` cycles through them (tracekit.report.TENSOR_SORTS)
-SORT_ORDER = ("transfer", "negotiation", "bytes", "busbw", "instances", "name")
-#: table column key → sort name, for a click on a header
-COLUMN_SORTS = {"tensor": "name", "bytes": "bytes", "instances": "instances", "negotiation": "negotiation",
-                "transfer": "transfer", "busbw": "busbw"}
-
 
 class TensorsTable(DataTable[Any]):
     """The tensors."""
 
 
-class TensorsView(View):
+class TensorsView(TableView):
     """The seventh tab (Horovod jobs only)."""
 
     VIEW_ID = "tensors"
     TITLE = "Tensors"
     KEY = "7"
     REQUIRES = ("horovod_tensors",)
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("s", "sort_next", "Sort by next column"),
-        Binding("S", "sort_reverse", "Reverse sort"),
-        Binding("slash", "filter", "Filter", key_display="/"),
-        Binding("escape", "clear_filter", "Clear the filter", show=False),
-    ]
+    SORTS = TENSOR_SORTS
+    SORT_ORDER = ("transfer", "negotiation", "bytes", "busbw", "instances", "name")
+    COLUMN_SORTS: ClassVar[dict[str, str]] = {
+        "tensor": "name", "bytes": "bytes", "instances": "instances", "negotiation": "negotiation",
+        "transfer": "transfer", "busbw": "busbw"}
+    FILTER_ID = "tensors-filter"
+    DEFAULT_SORT = "transfer"
 
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
-        self._pending: JobData | None = None
-        self._data: JobData | None = None
-        self._shown: int | None = None
         self._tensors: pl.DataFrame | None = None
-        self._rows: pl.DataFrame | None = None
-        self.sort = "transfer"
-        self.descending = True
-        self.filter_text = ""
 
     def compose(self) -> ComposeResult:
         yield Static(id="tensors-help", classes="hint")
@@ -67,24 +51,6 @@ class TensorsView(View):
         yield Input(placeholder="filter by tensor name or op (enter: back to the table, escape: clear)",
                     id="tensors-filter")
         yield Static(id="tensors-totals", classes="hint")
-
-    def on_mount(self) -> None:  # View.on_mount then shows the data
-        self.query_one("#tensors-filter", Input).display = False
-
-    def focus_main(self) -> None:
-        self.table.focus()
-
-    @property
-    def table(self) -> TensorsTable:
-        return self.query_one(TensorsTable)
-
-    def show_data(self, data: JobData) -> None:
-        self._pending = data
-        if self.display and self.region.width:
-            self._load()
-
-    def on_show(self) -> None:
-        self._load()
 
     def _load(self) -> None:
         import polars as pl
@@ -126,20 +92,11 @@ class TensorsView(View):
 
     def refresh_rows(self) -> None:
         """Filter, sort and list the tensors (the first :data:`MAX_ROWS`)."""
-        import polars as pl
-
         tensors, data = self._tensors, self._data
         if tensors is None or data is None or data.analysis is None or data.analysis.horovod is None:
             return
         rate = data.analysis.line_rate_bps
-        rows = tensors
-        if self.filter_text.strip():
-            rows = rows.filter(pl.col("_text").str.contains(self.filter_text.strip().lower(), literal=True))
-        col, _ = TENSOR_SORTS[self.sort]
-        rows = rows.sort(col, descending=self.descending, nulls_last=True, maintain_order=True)
-        matched = rows.height
-        rows = rows.head(MAX_ROWS)
-        self._rows = rows
+        rows, matched = self.select_rows(tensors)
         table = self.table
         table.clear(columns=True)
         columns = [("tensor", "tensor"), ("op", "op"), ("dtype", "dtype"), ("shape", "shape"), ("bytes", "bytes"),
@@ -149,7 +106,7 @@ class TensorsView(View):
             columns.append(("util", "util"))
         columns += [("fused", "fused"), ("last", "last")]
         for key, label in columns:
-            here = COLUMN_SORTS.get(key) == self.sort
+            here = self.COLUMN_SORTS.get(key) == self.sort
             table.add_column(Text(label + ((" ↓" if self.descending else " ↑") if here else ""),
                                   style="bold" if here else "",
                                   justify="left" if key in ("tensor", "op", "dtype", "shape", "last") else "right"),
@@ -196,46 +153,3 @@ class TensorsView(View):
                  "other ranks; transfer = the whole transfer of the fused responses it travelled in (shared: never "
                  "add the rows up); last = how often each rank asked last", style="dim")
         self.query_one("#tensors-help", Static).update(t)
-
-    def sort_by(self, name: str, descending: bool | None = None) -> None:
-        """Sort by ``name`` (a key of :data:`tracekit.report.TENSOR_SORTS`): the name ascending, the
-        others largest first unless ``descending`` says otherwise."""
-        if name not in TENSOR_SORTS:
-            return
-        self.sort = name
-        self.descending = TENSOR_SORTS[name][1] if descending is None else descending
-        self.refresh_rows()
-
-    def action_sort_next(self) -> None:
-        self.sort_by(SORT_ORDER[(SORT_ORDER.index(self.sort) + 1) % len(SORT_ORDER)])
-
-    def action_sort_reverse(self) -> None:
-        self.sort_by(self.sort, not self.descending)
-
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        event.stop()
-        name = COLUMN_SORTS.get(str(event.column_key.value))
-        if name is not None:
-            self.sort_by(name, (not self.descending) if name == self.sort else None)
-
-    def action_filter(self) -> None:
-        box = self.query_one("#tensors-filter", Input)
-        box.display = True
-        box.focus()
-
-    def action_clear_filter(self) -> None:
-        box = self.query_one("#tensors-filter", Input)
-        if box.value:
-            box.value = ""
-        box.display = False
-        self.table.focus()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        event.stop()
-        self.filter_text = event.value
-        self.refresh_rows()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        event.input.display = bool(event.value.strip())
-        self.table.focus()
