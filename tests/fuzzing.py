@@ -97,16 +97,47 @@ def register(target: Target) -> None:
     TARGETS[target.name] = target
 
 
+def nccl_log_seeds() -> list[bytes]:
+    """NCCL debug logs of ``tests/nccl_logs.py``: old and new grammar eras, launcher prefixes, timestamps,
+    interleaved processes with widowed lines and garbage."""
+    from tests import nccl_logs as nl
+
+    out = []
+    for i, (era, launcher, ts) in enumerate([("2.4.8", None, None), ("2.12.12", "torchrun", "all"),
+                                             ("2.18.5", "srun", None), ("2.21.5", "openmpi", "all"),
+                                             (nl.ERAS[-1], "ray", None)]):
+        job = nl.make_job(era, nranks=4, seed=i)
+        out.append(nl.render(job, launcher=launcher, timestamps=ts, seed=i, widows=2 if launcher is None else 0,
+                             garbage=0.05).encode())
+    return out
+
+
+def horovod_seeds(prefix_bytes: int = 48 << 10) -> list[bytes]:
+    """Horovod timelines of ``tests/horovod_timelines.py`` (both eras, in and out of time order), the real
+    recordings committed in ``tests/data/horovod`` and the ones in ../shared/data/horovod (prefixes)."""
+    from tests.horovod_timelines import make_timeline
+
+    out = [make_timeline(era=era, iterations=2, tensors=["a", "b", "c"], interleave_seed=seed).data
+           for era in ("new", "old") for seed in (None, 9)]
+    real = sorted((Path(__file__).parent / "data" / "horovod").glob("timeline_*.json.gz"))
+    shared = shared_data_dir() / "horovod"
+    if shared.is_dir():
+        real += sorted(shared.glob("*.json"))
+    for p in real:
+        with (gzip.open(p, "rb") if p.suffix == ".gz" else open(p, "rb")) as f:
+            out.append(f.read(prefix_bytes))
+    return out
+
+
 def _register_defaults() -> None:
     from tracekit import parsers
-    from tracekit.parsers import kineto
+    from tracekit.parsers import horovod, kineto, nccl_log
 
     register(Target("kineto", kineto.parse, kineto_seeds))
+    register(Target("nccl-log", nccl_log.parse, nccl_log_seeds, json_seeds=False))
+    register(Target("horovod", horovod.parse, horovod_seeds))
     # the dispatching entry point: sniffing, gzip, empty files, then whichever parser claims the file
-    register(Target("any-format", parsers.parse, kineto_seeds))
-    # parsers on other branches join here, one line each, e.g.:
-    # register(Target("nccl-log", nccl_log.parse, nccl_log_seeds, json_seeds=False))
-    # register(Target("horovod", horovod.parse, horovod_seeds))
+    register(Target("any-format", parsers.parse, lambda: kineto_seeds() + nccl_log_seeds()[:2] + horovod_seeds()[:2]))
 
 
 _register_defaults()
