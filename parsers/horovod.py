@@ -157,7 +157,7 @@ from tracekit.schema import table as schema_table
 from .json_stream import Batch, End, stream_array
 from .source import iter_blocks
 
-PARSER_VERSION = "1"
+PARSER_VERSION = "2"
 FORMAT = "horovod"
 #: transfer intervals closer than this belong to one fusion group
 FUSION_TOL_NS = 2_000
@@ -434,6 +434,8 @@ class _PhCodes(dict):
 _PH_LOOKUP = _PhCodes(_PH_CODES)
 _LOOSE = msgspec.json.Decoder(list[_LooseRec])
 _LOOSE_ONE = msgspec.json.Decoder(_LooseRec)
+#: what a damaged batch or record raises in the decoders
+_DAMAGE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
 def _loose_int(v: Any) -> int | None:
@@ -602,7 +604,7 @@ class _Parser:
         self.counts: dict[str, int] = {
             "e_without_b": 0, "x_without_b": 0, "no_pid": 0, "no_ts": 0, "unknown_ph": 0,
             "unknown_instants": 0, "skipped_records": 0, "bogus_dur": 0, "pair_anomalies": 0,
-            "name_conflicts": 0, "header_conflicts": 0, "bad_rank": 0,
+            "name_conflicts": 0, "header_conflicts": 0, "bad_rank": 0, "repaired_utf8": 0,
         }
         self.pid_table = np.full(1024, -1, np.int64)  # Horovod pid -> code, for small pids
         # per-pid state (indexed by pid code)
@@ -653,22 +655,25 @@ class _Parser:
     def decode(self, batch: Batch, to_input: Any) -> _Columns:
         """Columns of one batch: the typed decoder, else the lenient one, else record by record."""
         try:
-            recs = _FAST.decode(batch.data)
-        except msgspec.ValidationError:
-            recs = None
-        except msgspec.DecodeError:
-            recs = None
-        if recs is not None:
-            return self._columns_fast(recs)
+            return self._columns_fast(_FAST.decode(batch.data))
+        # damage (bad JSON, wrong types, invalid UTF-8, nesting deeper than the decoder's stack, integers
+        # beyond int64) sends the batch the lenient way
+        except (*_DAMAGE, OverflowError):
+            pass
         try:
             loose = _LOOSE.decode(batch.data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except _DAMAGE:
             loose = []
             for i in range(len(batch)):  # only for a damaged batch: record by record
                 raw = batch.element(i)
                 try:
-                    loose.append(_LOOSE_ONE.decode(raw))
-                except (msgspec.DecodeError, msgspec.ValidationError):
+                    try:
+                        loose.append(_LOOSE_ONE.decode(raw))
+                    except UnicodeDecodeError:
+                        fixed = raw.decode("utf-8", "replace").encode()
+                        loose.append(_LOOSE_ONE.decode(fixed))
+                        self.counts["repaired_utf8"] += 1
+                except _DAMAGE:
                     text = raw.strip()
                     if not text:
                         continue
@@ -1440,6 +1445,7 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
         ("pair_anomalies", "E record(s) that could not be paired (dropped)"),
         ("name_conflicts", "pid(s) named twice with different tensor names (first kept)"),
         ("header_conflicts", "extra epoch header(s) with another start time (first kept)"),
+        ("repaired_utf8", "record(s) with invalid UTF-8 (the bad bytes read as U+FFFD)"),
     ]
     for key, text in msgs:
         if c[key]:

@@ -286,3 +286,49 @@ def test_records_without_a_comma_between_them(tmp_path: Path) -> None:
     parsed = kineto.parse(str(p))
     assert parsed.events.column("name").to_pylist() == ["record_param_comms"]
     assert any("1 unreadable records skipped" in str(d) for d in parsed.diagnostics)
+
+
+# --- Horovod timelines (found when the Horovod parser joined the registry) ---------------------------
+
+
+def _horovod_timeline() -> bytes:
+    from tests.horovod_timelines import make_timeline
+
+    return make_timeline(era="new", iterations=2, tensors=["a", "b", "c"]).data
+
+
+def test_horovod_invalid_utf8_is_repaired_and_counted(tmp_path: Path) -> None:
+    # a flipped byte inside a tensor name raised UnicodeDecodeError out of the record-by-record decoder
+    data = _horovod_timeline()
+    i = data.index(b'"name": "') + len(b'"name": "')
+    p = tmp_path / "timeline.json"
+    p.write_bytes(data[:i] + b"\xaa" + data[i:])
+    parsed = parse(str(p))
+    assert parsed.format == "horovod" and parsed.events.num_rows > 0
+    assert any("invalid UTF-8" in str(d) for d in parsed.diagnostics)
+
+
+def test_horovod_deep_nesting_is_no_recursion_error(tmp_path: Path) -> None:
+    data = _horovod_timeline()
+    i = data.index(b"{", 1)
+    p = tmp_path / "timeline.json"
+    p.write_bytes(data[:i] + b"[" * 100_000 + b"]" * 100_000 + b", " + data[i:])
+    try:
+        parsed = parse(str(p))
+    except TraceError as exc:
+        assert str(p) in str(exc)
+    else:
+        assert parsed.events.num_rows > 0
+
+
+@pytest.mark.parametrize("value", [str(2**63), str(2**64 + 5), str(-(2**63) - 1)])
+def test_horovod_timestamps_beyond_int64(tmp_path: Path, value: str) -> None:
+    # the typed decoder gave Python ints that numpy could not hold (OverflowError)
+    data = _horovod_timeline().decode()
+    i = data.index('"ts": ', data.index('"ph": "B"')) + len('"ts": ')
+    j = i + len(data[i:].split(",", 1)[0].split("}", 1)[0])
+    p = tmp_path / "timeline.json"
+    p.write_text(data[:i] + value + data[j:])
+    parsed = parse(str(p))
+    assert parsed.format == "horovod"
+    assert any("without a usable ts" in str(d) for d in parsed.diagnostics)
