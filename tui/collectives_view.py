@@ -58,7 +58,7 @@ class CollectivesView(TableView):
         yield Input(placeholder="filter by op or process group (enter: back to the table, escape: clear)",
                     id="coll-filter")
 
-    def _load(self) -> None:
+    def _fill(self) -> None:
         import polars as pl
 
         data = self._pending

@@ -20,7 +20,7 @@ from tracekit.report import PATH_STYLES, fmt_ns, fmt_share
 from tracekit.tui.data import JobData
 from tracekit.tui.iterations import Cell
 from tracekit.tui.overview import split_cells
-from tracekit.tui.views import ShowInTimeline, View, rank_clock
+from tracekit.tui.views import DeferredView, ShowInTimeline, rank_clock
 
 if TYPE_CHECKING:
     import polars as pl
@@ -55,7 +55,7 @@ class PathRuns(DataTable[Any]):
     """The selected iteration's path as runs; Enter shows a run on the timeline."""
 
 
-class CriticalPathView(View):
+class CriticalPathView(DeferredView):
     """The fourth tab."""
 
     VIEW_ID = "critical_path"
@@ -69,7 +69,6 @@ class CriticalPathView(View):
 
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
-        self._pending: JobData | None = None
         self._shown: int | None = None
         self._data: JobData | None = None
         self.iteration: int | None = None  # the iteration whose path is listed
@@ -95,15 +94,6 @@ class CriticalPathView(View):
     @property
     def runs_table(self) -> PathRuns:
         return self.query_one(PathRuns)
-
-    def show_data(self, data: JobData) -> None:
-        """Fill the tables when the tab is first shown (a big job's paths are long)."""
-        self._pending = data
-        if self.display and self.region.width:
-            self._fill()
-
-    def on_show(self) -> None:
-        self._fill()
 
     def _fill(self) -> None:
         data = self._pending

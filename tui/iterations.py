@@ -14,7 +14,7 @@ from tracekit.report import CLASS_STYLES, SHORT_LABELS, fmt_bytes, fmt_ns
 from tracekit.schema import CLASSES
 from tracekit.tui.data import JobData
 from tracekit.tui.overview import split_cells
-from tracekit.tui.views import ShowInTimeline, View
+from tracekit.tui.views import DeferredView, ShowInTimeline
 
 
 class Cell(Text):
@@ -41,7 +41,7 @@ class IterationsTable(DataTable[Any]):
     """The table itself (Enter selects a row: the view shows it on the timeline)."""
 
 
-class IterationsView(View):
+class IterationsView(DeferredView):
     """The second tab."""
 
     VIEW_ID = "iterations"
@@ -56,7 +56,6 @@ class IterationsView(View):
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
         self._shown: int | None = None
-        self._pending: JobData | None = None
         self._sorted: tuple[str, bool] | None = None
         self._t0 = 0
         self._columns: list[str] = []
@@ -71,16 +70,6 @@ class IterationsView(View):
     @property
     def table(self) -> IterationsTable:
         return self.query_one(IterationsTable)
-
-    def show_data(self, data: JobData) -> None:
-        """Fill the table, or note the data to fill it with once the tab is first shown (a big job has
-        thousands of windows: no reason to delay the first screen with them)."""
-        self._pending = data
-        if self.display and self.region.width:
-            self._fill()
-
-    def on_show(self) -> None:
-        self._fill()
 
     def _fill(self) -> None:
         data = self._pending

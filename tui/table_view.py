@@ -13,7 +13,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Input
 
 from tracekit.tui.data import JobData
-from tracekit.tui.views import View
+from tracekit.tui.views import DeferredView
 
 if TYPE_CHECKING:
     import polars as pl
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 MAX_ROWS = 1000
 
 
-class TableView(View):
+class TableView(DeferredView):
     """Base of the sortable, filterable table tabs; the rows come from :meth:`refresh_rows`."""
 
     #: sort name → (column, largest first by default)
@@ -44,7 +44,6 @@ class TableView(View):
 
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
-        self._pending: JobData | None = None
         self._data: JobData | None = None
         self._shown: int | None = None
         self._rows: pl.DataFrame | None = None  # the listed rows, in table order
@@ -63,20 +62,9 @@ class TableView(View):
     def table(self) -> DataTable[Any]:
         return self.query_one(DataTable)
 
-    def show_data(self, data: JobData) -> None:
-        """Fill the table when the tab is first shown (a big job has many thousands of rows)."""
-        self._pending = data
-        if self.display and self.region.width:
-            self._load()
-
-    def on_show(self) -> None:
-        self._load()
-
-    def _load(self) -> None:
-        """Take the pending data's table (once per table) and list it."""
-
     def refresh_rows(self) -> None:
-        """Filter, sort and list the rows."""
+        """Filter, sort and list the rows (with :meth:`select_rows`)."""
+        raise NotImplementedError
 
     def select_rows(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         """``frame`` filtered by its ``_text`` column and sorted as chosen: the first :data:`MAX_ROWS`

@@ -52,7 +52,7 @@ class TensorsView(TableView):
                     id="tensors-filter")
         yield Static(id="tensors-totals", classes="hint")
 
-    def _load(self) -> None:
+    def _fill(self) -> None:
         import polars as pl
 
         data = self._pending

@@ -84,6 +84,27 @@ class View(Widget):
         return False
 
 
+class DeferredView(View):
+    """A view whose content is built when its tab is first shown, and again when shown with new data: a
+    big job has thousands of rows, no reason to delay the first screen with them."""
+
+    def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
+        super().__init__(data, **kwargs)
+        self._pending: JobData | None = None
+
+    def show_data(self, data: JobData) -> None:
+        self._pending = data
+        if self.display and self.region.width:
+            self._fill()
+
+    def on_show(self) -> None:
+        self._fill()
+
+    def _fill(self) -> None:
+        """Build the content from ``self._pending`` (cheap when it is already shown)."""
+        raise NotImplementedError
+
+
 class ShowInTimeline(Message):
     """Ask the app to show a span on the timeline: ``rank``'s time ``start_ns .. end_ns`` (the rank's
     own clock), on lane ``lane`` (a lane name of that rank, None for its classes lane), with the cursor
