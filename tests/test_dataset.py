@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import dataset, engine, schema, traceset
+from tracekit import analysis, dataset, engine, schema, traceset
 from tracekit.analysis import DATASET_NOTE, analyse, analyse_dataset
 from tracekit.cli import main
 from tracekit.diagnostics import TraceError
@@ -53,11 +53,8 @@ def _reference(paths: list[str]):
 def _assert_same_as_reference(ds: dataset.Dataset, paths: list[str]) -> None:
     ref = _reference(paths)
     res = analyse_dataset(ds)
-    # rank by rank, exposed communication is not split into waiting and transfer; all else is the same
-    split = ["wait_ns", "transfer_ns"]
-    assert _sorted(res.breakdown.drop_columns(split), ["rank", "start_ns"]).equals(
-        _sorted(ref.breakdown.drop_columns(split), ["rank", "start_ns"]))
-    assert all(res.breakdown.column(c).null_count == res.breakdown.num_rows for c in split)
+    # rank by rank, the breakdown is the whole job's, waiting and transfer included
+    assert _sorted(res.breakdown, ["rank", "start_ns"]).equals(_sorted(ref.breakdown, ["rank", "start_ns"]))
     assert ref.breakdown.column("transfer_ns").null_count < ref.breakdown.num_rows  # the reference did split
     assert res.instances.num_rows == ref.instances.num_rows
     assert res.members.equals(ref.members) and res.ranks.equals(ref.ranks)  # matching and clocks as in memory
@@ -88,6 +85,26 @@ def test_local_engine_equals_the_whole_job_analysis(job: Path, tmp_path: Path) -
     rank_sources = dict(zip(ds.ranks.column("rank").to_pylist(), ds.ranks.column("rank_source").to_pylist(),
                             strict=True))
     assert rank_sources == {0: "distributedInfo", 2: "distributedInfo", 1: "distributedInfo", 7: "file name"}
+
+
+def test_the_split_skips_only_the_ranks_over_the_budget(job: Path, tmp_path: Path) -> None:
+    ds = dataset.build([str(job)], out=tmp_path / "ds", engine=engine.LocalEngine(jobs=1))
+    counts = ds.rank_event_counts()
+    biggest = max(counts, key=counts.__getitem__)
+    budget = (counts[biggest] - 1) * analysis.SPLIT_BYTES_PER_EVENT  # every rank fits but the biggest
+    assert all(n < counts[biggest] for r, n in counts.items() if r != biggest)
+    res = analyse_dataset(ds, memory_budget=budget)
+    ref = _reference([str(job)])
+    bd, want = pl.from_arrow(res.breakdown), pl.from_arrow(ref.breakdown)
+    assert isinstance(bd, pl.DataFrame) and isinstance(want, pl.DataFrame)
+    skipped = bd.filter(pl.col("rank") == biggest)
+    assert skipped.height and skipped.get_column("transfer_ns").null_count() == skipped.height
+    split = want.filter(pl.col("transfer_ns").is_not_null()).get_column("rank").unique().to_list()
+    assert set(split) - {biggest}
+    for r in set(split) - {biggest}:  # the others split exactly as in memory
+        cols = ["start_ns", "wait_ns", "transfer_ns", "exposed_comm_ns"]
+        assert bd.filter(pl.col("rank") == r).select(cols).equals(want.filter(pl.col("rank") == r).select(cols))
+    assert any(f"rank {biggest} not split into waiting and transfer" in n for n in res.notes)
 
 
 def test_dask_local_cluster_gives_identical_results(job: Path, tmp_path: Path) -> None:
@@ -278,12 +295,17 @@ def test_sizes_budgets_and_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         engine.make("spark")
 
 
-def test_cli_memory_budget_reads_in_bounded_memory(job: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_memory_budget_reads_in_bounded_memory(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["summary", str(job), "--json", "--memory-budget", "1K", "--dataset", str(tmp_path / "b")]) == 0
     bounded_run = json.loads(capsys.readouterr().out)
     ds = dataset.Dataset.open(tmp_path / "b")
     assert ds is not None and all(s["spilled"] for s in ds.summaries if s["format"] == "kineto")
+    # no rank fits 1 KiB: exposed communication stays unsplit, and the notes say which ranks
+    assert all(w["wait_ns"] is None and w["transfer_ns"] is None for w in bounded_run["breakdown"])
+    assert any("not split into waiting and transfer" in n for n in bounded_run["notes"])
+    # the same job read whole, with the split also left out, gives the same figures
+    monkeypatch.setattr(analysis, "SPLIT_BYTES_PER_EVENT", 1 << 40)
     assert main(["summary", str(job), "--json", "--engine", "local", "--no-cache"]) == 0
     assert bounded_run == json.loads(capsys.readouterr().out)
     # the export streams every rank's events into one file with the events schema

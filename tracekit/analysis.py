@@ -19,8 +19,50 @@ if TYPE_CHECKING:
     from tracekit.dataset import Dataset
 
 # what a job analysed rank by rank (--engine/--dataset, or too big for memory) does not have
-DATASET_NOTE = ("analysed rank by rank from a per-rank dataset: exposed communication is not split into waiting "
-                "and transfer, and the critical path and what-if need the whole job in memory")
+DATASET_NOTE = ("analysed rank by rank from a per-rank dataset: the critical path and what-if need the whole job "
+                "in memory")
+#: memory one event takes while its rank's exposed communication is split (events table + attribution sweep)
+SPLIT_BYTES_PER_EVENT = 400
+
+
+def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matching,
+                        budget: str | int | None) -> tuple[pa.Table, list[str]]:
+    """The breakdown again, rank by rank, with exposed communication split into waiting and transfer (the
+    split needs the cross-rank matching, which the per-rank units ran before); returns it and a note naming
+    the ranks left unsplit because their events exceed ``budget``."""
+    from tracekit.dataset import memory_budget
+
+    budget = memory_budget(budget)
+    written = ds.table("breakdown")
+    iters = pl.from_arrow(ds.table("iterations"))
+    coll = pl.from_arrow(colls)
+    assert isinstance(iters, pl.DataFrame) and isinstance(coll, pl.DataFrame)
+    parts: list[pa.Table] = []
+    done: list[int] = []
+    too_big: list[int] = []
+    for rank, n in sorted(ds.rank_event_counts().items()):
+        if n * SPLIT_BYTES_PER_EVENT > budget:
+            too_big.append(rank)
+            continue
+        events = ds.rank_events(rank)
+        it = iters.filter(pl.col("rank") == rank).to_arrow()
+        split = collectives.comm_split(events, matching)
+        parts.append(attribution.breakdown(events, it, coll.filter(pl.col("rank") == rank).to_arrow(),
+                                           comm_split=split))
+        done.append(rank)
+        del events
+    kept = pl.from_arrow(written)
+    assert isinstance(kept, pl.DataFrame)
+    parts.append(kept.filter(~pl.col("rank").is_in(done)).to_arrow())
+    out = pa.concat_tables([schema.conform(p, schema.BREAKDOWN) for p in parts])
+    out = out.sort_by([("rank", "ascending"), ("start_ns", "ascending")]) if out.num_rows else out
+    notes = [f"exposed communication of rank{'s' if len(too_big) > 1 else ''} {_ranks_text(too_big)} not split "
+             "into waiting and transfer: its events exceed the memory budget (--memory-budget)"] if too_big else []
+    return out, notes
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
 @dataclass
@@ -162,11 +204,14 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
                     horovod=hvd_result)
 
 
-def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_clocks: bool = True) -> Analysis:
+def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_clocks: bool = True,
+                    memory_budget: str | int | None = None) -> Analysis:
     """The results of a job whose ranks were parsed and attributed one by one (:mod:`tracekit.dataset`): the
     per-rank breakdowns as written, then what needs every rank but not every event — collectives matched across
     ranks (clocks, skew, stragglers; an instance's iteration from the events' ``collective_id`` column only) and
-    link figures. The events stay on disk."""
+    link figures — and, one rank at a time, exposed communication split into waiting and transfer.
+    ``memory_budget`` (bytes; default :func:`tracekit.dataset.memory_budget`) bounds the rank held at once: a
+    rank with more events keeps its split unknown, and a note says so."""
     colls, join_notes = nccl_join.join(ds.table("collectives"))
     comm_events = (ds.scan("events").filter(pl.col("collective_id").is_not_null())
                    .select(["rank", "collective_id", "iteration"]).collect().to_arrow())
@@ -175,7 +220,9 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
     matching = collectives.match(colls, ranks, groups=groups, events=comm_events, align=align_clocks)
     topology = ds.table("topology")
     rate, rate_source = links.line_rate(link_bw_bps, topology)
-    breakdown = links.window_links(ds.table("breakdown"), colls, rate)
+    breakdown, unsplit = _split_rank_by_rank(ds, colls, matching, memory_budget) if matching.matched else \
+        (ds.table("breakdown"), [])
+    breakdown = links.window_links(breakdown, colls, rate)
     instances = links.instance_links(matching.instances, rate)
     ranks = collectives.apply_clocks(ranks, matching.clocks)
     traces = TraceSet(ranks=ranks, events=schema.empty(schema.EVENTS), collectives=colls, topology=topology,
@@ -183,5 +230,5 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
     return Analysis(traces=traces, events=traces.events, iterations=ds.table("iterations"), breakdown=breakdown,
                     ranks=ranks, collectives=colls, instances=instances, members=matching.members,
                     line_rate_bps=rate, line_rate_source=rate_source, matched=matching.matched,
-                    notes=[*ds.notes, DATASET_NOTE],
+                    notes=[*ds.notes, DATASET_NOTE, *unsplit],
                     diagnostics=[*ds.diagnostics, *join_notes, *matching.diagnostics], dataset=ds)

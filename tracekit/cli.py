@@ -46,8 +46,9 @@ def _big_jobs(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "big jobs", "analyse rank by rank: each file becomes a per-rank Parquet partition (events, collectives, "
         "iterations, breakdown) plus a small summary, and only the small tables are combined. Chosen by any option "
-        "below, or by itself when the inputs would not fit in memory; exposed communication is then not split "
-        "into waiting and transfer (critical path and what-if need the whole job in memory)")
+        "below, or by itself when the inputs would not fit in memory (critical path and what-if need the whole "
+        "job in memory; so does the split of exposed communication into waiting and transfer for a rank whose "
+        "events exceed --memory-budget)")
     g.add_argument("--engine", choices=("local", "dask"), default=None,
                    help="where files are parsed and analysed: local processes or a Dask cluster "
                         "(a LocalCluster of --jobs workers unless --scheduler is given)")
@@ -256,7 +257,7 @@ def _load(args: argparse.Namespace, console: Console):
         if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0:
             damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
             raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
-        return analyse_dataset(ds, link_bw_bps=link_bw)
+        return analyse_dataset(ds, link_bw_bps=link_bw, memory_budget=getattr(args, "memory_budget", None))
     if ts.events.num_rows == 0 and ts.collectives.num_rows == 0:
         damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))

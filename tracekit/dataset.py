@@ -379,6 +379,26 @@ class Dataset:
             self._cache[name] = t
         return self._cache[name]
 
+    def rank_event_counts(self) -> dict[int, int]:
+        """Events per rank of the per-rank parts (from the Parquet footers: nothing else is read)."""
+        out: dict[int, int] = {}
+        for d, r in self.parts:
+            p = self.root / d / "events.parquet"
+            if r is not None and p.exists():
+                out[r] = out.get(r, 0) + pq.ParquetFile(str(p)).metadata.num_rows
+        return out
+
+    def rank_events(self, rank: int) -> pa.Table:
+        """Every event of one rank (of its per-rank parts), as one EVENTS table."""
+        parts = []
+        for d, r in self.parts:
+            p = self.root / d / "events.parquet"
+            if r == rank and p.exists():
+                t = pq.read_table(str(p))
+                t = t.append_column(schema.EVENTS.field("rank"), pa.array(np.full(t.num_rows, rank, np.int32)))
+                parts.append(schema.conform(t, schema.EVENTS))
+        return pa.concat_tables(parts).unify_dictionaries() if parts else schema.empty(schema.EVENTS)
+
     def event_batches(self) -> Iterator[pa.RecordBatch]:
         """Every rank's events as EVENTS batches, one row group at a time (bounded memory)."""
         for d, r in self.parts:
