@@ -25,46 +25,6 @@ DATASET_NOTE = ("analysed rank by rank from a per-rank dataset: the critical pat
 SPLIT_BYTES_PER_EVENT = 400
 
 
-def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matching,
-                        budget: str | int | None) -> tuple[pa.Table, list[str]]:
-    """The breakdown again, rank by rank, with exposed communication split into waiting and transfer (the
-    split needs the cross-rank matching, which the per-rank units ran before); returns it and a note naming
-    the ranks left unsplit because their events exceed ``budget``."""
-    from tracekit.dataset import memory_budget
-
-    budget = memory_budget(budget)
-    written = ds.table("breakdown")
-    iters = pl.from_arrow(ds.table("iterations"))
-    coll = pl.from_arrow(colls)
-    assert isinstance(iters, pl.DataFrame) and isinstance(coll, pl.DataFrame)
-    parts: list[pa.Table] = []
-    done: list[int] = []
-    too_big: list[int] = []
-    for rank, n in sorted(ds.rank_event_counts().items()):
-        if n * SPLIT_BYTES_PER_EVENT > budget:
-            too_big.append(rank)
-            continue
-        events = ds.rank_events(rank)
-        it = iters.filter(pl.col("rank") == rank).to_arrow()
-        split = collectives.comm_split(events, matching)
-        parts.append(attribution.breakdown(events, it, coll.filter(pl.col("rank") == rank).to_arrow(),
-                                           comm_split=split))
-        done.append(rank)
-        del events
-    kept = pl.from_arrow(written)
-    assert isinstance(kept, pl.DataFrame)
-    parts.append(kept.filter(~pl.col("rank").is_in(done)).to_arrow())
-    out = pa.concat_tables([schema.conform(p, schema.BREAKDOWN) for p in parts])
-    out = out.sort_by([("rank", "ascending"), ("start_ns", "ascending")]) if out.num_rows else out
-    notes = [f"exposed communication of rank{'s' if len(too_big) > 1 else ''} {_ranks_text(too_big)} not split "
-             "into waiting and transfer: its events exceed the memory budget (--memory-budget)"] if too_big else []
-    return out, notes
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
-
-
 @dataclass
 class EventBatches:
     """The events of every rank as a stream of batches (for exports that must not hold them all)."""
@@ -232,3 +192,43 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
                     line_rate_bps=rate, line_rate_source=rate_source, matched=matching.matched,
                     notes=[*ds.notes, DATASET_NOTE, *unsplit],
                     diagnostics=[*ds.diagnostics, *join_notes, *matching.diagnostics], dataset=ds)
+
+
+def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matching,
+                        budget: str | int | None) -> tuple[pa.Table, list[str]]:
+    """The breakdown again, rank by rank, with exposed communication split into waiting and transfer (the
+    split needs the cross-rank matching, which the per-rank units ran before); returns it and a note naming
+    the ranks left unsplit because their events exceed ``budget``."""
+    from tracekit.dataset import memory_budget
+
+    budget = memory_budget(budget)
+    written = ds.table("breakdown")
+    iters = pl.from_arrow(ds.table("iterations"))
+    coll = pl.from_arrow(colls)
+    assert isinstance(iters, pl.DataFrame) and isinstance(coll, pl.DataFrame)
+    parts: list[pa.Table] = []
+    done: list[int] = []
+    too_big: list[int] = []
+    for rank, n in sorted(ds.rank_event_counts().items()):
+        if n * SPLIT_BYTES_PER_EVENT > budget:
+            too_big.append(rank)
+            continue
+        events = ds.rank_events(rank)
+        it = iters.filter(pl.col("rank") == rank).to_arrow()
+        split = collectives.comm_split(events, matching)
+        parts.append(attribution.breakdown(events, it, coll.filter(pl.col("rank") == rank).to_arrow(),
+                                           comm_split=split))
+        done.append(rank)
+        del events
+    kept = pl.from_arrow(written)
+    assert isinstance(kept, pl.DataFrame)
+    parts.append(kept.filter(~pl.col("rank").is_in(done)).to_arrow())
+    out = pa.concat_tables([schema.conform(p, schema.BREAKDOWN) for p in parts])
+    out = out.sort_by([("rank", "ascending"), ("start_ns", "ascending")]) if out.num_rows else out
+    notes = [f"exposed communication of rank{'s' if len(too_big) > 1 else ''} {_ranks_text(too_big)} not split "
+             "into waiting and transfer: its events exceed the memory budget (--memory-budget)"] if too_big else []
+    return out, notes
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
