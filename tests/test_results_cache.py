@@ -64,3 +64,29 @@ def test_damaged_entries_are_misses(tmp_path: Path) -> None:
     (root / key / "manifest.json").write_text("{")
     assert results_cache.load(root, key) is None
     assert results_cache.load(root, "no-such-entry") is None
+
+
+def test_critical_path_tables_join_the_entry(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    analysis = analyse(load([str(job)], use_cache=False))
+    key = results_cache.key([str(job)], None)
+    assert key is not None
+    root = tmp_path / "results"
+    results_cache.store_paths(root, key, analysis)  # no entry yet: nothing written
+    assert not (root / key).exists() and "graph" not in analysis.__dict__
+    results_cache.store(root, key, analysis)
+    hit = results_cache.load(root, key)
+    assert hit is not None and hit.critical_path is None  # not computed by any session yet
+    results_cache.store_paths(root, key, analysis)
+    hit = results_cache.load(root, key)
+    assert hit is not None and hit.critical_path is not None
+    rebuilt = results_cache.analysis_from(load([str(job)], use_cache=False), hit)
+    assert rebuilt is not None
+    assert rebuilt.critical_path.equals(analysis.critical_path)
+    assert rebuilt.critical_path_summary.equals(analysis.critical_path_summary)
+    assert "graph" not in rebuilt.__dict__  # the path came from the entry: no graph was built
+    # a damaged path file is a miss of the path alone: the entry still serves the rest
+    (root / key / "critical_path.arrow").write_bytes(b"not arrow")
+    hit = results_cache.load(root, key)
+    assert hit is not None and hit.critical_path is None and hit.breakdown.equals(analysis.breakdown)
+    assert not [p.name for p in (root / key).iterdir() if p.name.endswith(".tmp")]

@@ -328,8 +328,15 @@ def test_phases_and_results_cache(tmp_path: Path) -> None:
     phases = [s for s in seen if s != "progress"]
     assert phases == ["summary", "analysis", "timeline", "critical_path", "whatif"] and "progress" in seen
     assert not cold.from_cache
-    warm = load_job([SAMPLE], opts, LoadCallbacks())
+    graph_built: list[bool] = []
+    warm = load_job([SAMPLE], opts, LoadCallbacks(
+        critical_path=lambda d: graph_built.append(d.analysis is not None and "graph" in d.analysis.__dict__)))
     assert warm.from_cache
+    # the critical path the cold load computed is reused, not followed again: no graph by phase 4
+    assert graph_built == [False]
+    assert warm.analysis is not None and cold.analysis is not None
+    assert warm.analysis.critical_path.equals(cold.analysis.critical_path)
+    assert warm.path_marks is not None and cold.path_marks is not None
     # the what-if verdict is not cached: the warm load computes it too, after the first screen
     assert warm.bottleneck is not None and cold.bottleneck is not None and warm.bottleneck.text == cold.bottleneck.text
     assert warm.breakdown.equals(cold.breakdown) and warm.iterations.equals(cold.iterations)

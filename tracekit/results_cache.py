@@ -3,7 +3,8 @@ once: ``tracekit inspect`` paints the overview from here before it has read a si
 
 An entry holds the result tables that are not inputs (``iterations``, ``breakdown``), the ``ranks``
 table, the analysis notes and input diagnostics, and the events' ``iteration`` column (so the full
-:class:`~tracekit.analysis.Analysis` is rebuilt from the parsed events without analysing again).
+:class:`~tracekit.analysis.Analysis` is rebuilt from the parsed events without analysing again); the
+critical-path tables join it once a session has computed them (:func:`store_paths`).
 
 The manifest also holds the summary figures (the job's shares, per rank, per iteration) as JSON, so a
 view can show them without importing polars.
@@ -16,6 +17,7 @@ a temporary directory and renamed into place; a damaged or stale entry reads as 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -109,6 +111,9 @@ class Results:
     line_rate_bps: float | None = None
     line_rate_source: str | None = None
     matched: bool = False
+    #: the critical-path tables, once a session has computed them (:func:`store_paths`)
+    critical_path: pa.Table | None = None
+    critical_path_summary: pa.Table | None = None
 
 
 def figures(breakdown: pa.Table) -> dict[str, Any]:
@@ -176,11 +181,35 @@ def load(root: str | os.PathLike, entry_key: str) -> Results | None:
         diagnostics = [Diagnostic(**d) for d in manifest.get("diagnostics", [])]
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid):
         return None
+    try:  # optional: missing until a session computed them; damaged, they are computed again
+        paths = _read(entry / "critical_path.arrow"), _read(entry / "critical_path_summary.arrow")
+    except (OSError, ValueError, pa.ArrowInvalid):
+        paths = (None, None)
     return Results(ranks=ranks, iterations=iterations, breakdown=breakdown, notes=list(manifest.get("notes", [])),
                    diagnostics=diagnostics, event_iteration=event_iteration, events=int(manifest.get("events", 0)),
                    figures=manifest.get("figures"), files=list(manifest.get("files", [])), collectives=collectives,
                    instances=instances, members=members, line_rate_bps=manifest.get("line_rate_bps"),
-                   line_rate_source=manifest.get("line_rate_source"), matched=bool(manifest.get("matched")))
+                   line_rate_source=manifest.get("line_rate_source"), matched=bool(manifest.get("matched")),
+                   critical_path=paths[0], critical_path_summary=paths[1])
+
+
+def store_paths(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> None:
+    """Add the critical-path tables of ``analysis`` (computed: this builds the job's graph) to the existing
+    entry ``entry_key``, each file written whole under a temporary name and renamed; no entry, no-op."""
+    entry = Path(root) / entry_key
+    if not (entry / "manifest.json").exists():
+        return
+    for name, frame in (("critical_path", analysis.critical_path),
+                        ("critical_path_summary", analysis.critical_path_summary)):
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".tmp", dir=entry)
+        os.close(fd)
+        try:
+            _write(frame.to_arrow(), Path(tmp))
+            os.replace(tmp, entry / f"{name}.arrow")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
 
 def analysis_from(traces: TraceSet, results: Results) -> Analysis | None:
@@ -192,8 +221,15 @@ def analysis_from(traces: TraceSet, results: Results) -> Analysis | None:
         return None
     i = traces.events.schema.get_field_index("iteration")
     events = traces.events.set_column(i, schema.EVENTS.field("iteration"), col.cast(pa.int64()))
-    return Analysis(traces=traces, events=events, iterations=results.iterations, breakdown=results.breakdown,
+    analysis = Analysis(traces=traces, events=events, iterations=results.iterations, breakdown=results.breakdown,
                     ranks=results.ranks, collectives=results.collectives, instances=results.instances,
                     members=results.members, line_rate_bps=results.line_rate_bps,
                     line_rate_source=results.line_rate_source, matched=results.matched, notes=list(results.notes),
                     diagnostics=list(results.diagnostics))
+    if results.critical_path is not None and results.critical_path_summary is not None:
+        import polars as pl
+
+        # the cached properties, filled: the job's graph is built only if what-if asks for it
+        analysis.__dict__["critical_path"] = pl.from_arrow(results.critical_path)
+        analysis.__dict__["critical_path_summary"] = pl.from_arrow(results.critical_path_summary)
+    return analysis

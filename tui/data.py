@@ -10,7 +10,8 @@ Loading a big job takes seconds, so the app shows each result as soon as it exis
 3. ``timeline`` — the :class:`~tracekit.timeline.TimelineModel` with its levels of detail;
 4. ``critical_path`` — the job's dependency graph and the critical path of every iteration
    (``Analysis.critical_path`` / ``critical_path_summary``, cached properties that compute on first
-   access) with its marks on the timeline: the critical-path view and the timeline overlay appear;
+   access, or come from the results cache when an earlier launch stored them) with its marks on the
+   timeline: the critical-path view and the timeline overlay appear;
 5. ``whatif`` — the what-if model and the bottleneck verdict (``Analysis.bottleneck``: a few replays of
    the graph): the overview's what-if answer and the what-if view appear.
 
@@ -78,6 +79,8 @@ class JobData:
     whatif_ready: bool = False
     #: "is the network the bottleneck?" (None before phase 5, or for a job without communication)
     bottleneck: Bottleneck | None = None
+    #: ``(root, key)`` of the job's results-cache entry, where phase 4 adds the critical path it computes
+    results_entry: tuple[str, str] | None = None
     _tables: tuple[tuple[int, bool], dict[str, pa.Table]] | None = field(default=None, repr=False)
 
     @classmethod
@@ -194,10 +197,10 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     from tracekit.analysis import analyse
 
     analysis = results_cache.analysis_from(traces, cached) if cached is not None else None
+    key = results_cache.key(paths, options.step_marker, options.link_bw_bps) if options.use_cache else None
     if analysis is None:
         callbacks.say("analysing", None)
         analysis = analyse(traces, step_marker=options.step_marker, link_bw_bps=options.link_bw_bps)
-        key = results_cache.key(paths, options.step_marker, options.link_bw_bps) if options.use_cache else None
         if key:
             with contextlib.suppress(OSError):  # an unwritable cache never stops the inspection
                 results_cache.store(_results_root(options), key, analysis)
@@ -210,6 +213,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         data.analysis = analysis
         data.files = files
         data.diagnostics = list(traces.diagnostics)
+    data.results_entry = (_results_root(options), key) if key else None
     if callbacks.analysis:
         callbacks.analysis(data)
     return complete(data, callbacks)
@@ -232,9 +236,13 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
         return data
     if not data.paths_ready:
         if not analysis.horovod_only:  # a Horovod timeline alone has no graph to follow
+            cached = "critical_path" in analysis.__dict__  # from the results cache: no graph to build
             callbacks.say("following the critical path of every iteration", None)
             data.path_marks = critical_path_marks(data.timeline, analysis.critical_path)
             analysis.critical_path_summary  # noqa: B018  (computed here, in the worker)
+            if not cached and data.results_entry is not None:
+                with contextlib.suppress(OSError):  # the next launch shows them at once
+                    results_cache.store_paths(*data.results_entry, analysis)
         data.paths_ready = True
         data.tables()  # the tables converted here too, not on the UI thread
     if callbacks.critical_path:
