@@ -90,3 +90,38 @@ def test_critical_path_tables_join_the_entry(tmp_path: Path) -> None:
     hit = results_cache.load(root, key)
     assert hit is not None and hit.critical_path is None and hit.breakdown.equals(analysis.breakdown)
     assert not [p.name for p in (root / key).iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_graph_joins_the_entry_and_replays_the_same(tmp_path: Path) -> None:
+    import numpy as np
+
+    from tracekit import whatif
+
+    job = _job(tmp_path)
+    analysis = analyse(load([str(job)], use_cache=False), link_bw_bps=500e6)
+    key = results_cache.key([str(job)], None, 500e6)
+    assert key is not None
+    root = tmp_path / "results"
+    results_cache.store(root, key, analysis)
+    results_cache.store_graph(root, key, analysis.graph)
+    results_cache.store_graph(root, key, analysis.graph)  # already there: left alone
+    hit = results_cache.load(root, key)
+    assert hit is not None and hit.graph_dir is not None
+    rebuilt = results_cache.analysis_from(load([str(job)], use_cache=False), hit)
+    assert rebuilt is not None and "graph" in rebuilt.__dict__
+    g, h = analysis.graph, rebuilt.graph
+    assert g.act.equals(h.act) and g.violated == h.violated
+    for name in ("src", "dst", "lag", "etype", "slack", "node_time", "binding"):
+        a, b = getattr(g, name), getattr(h, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    # what-if from the stored graph predicts exactly what the built one does
+    sc = [whatif.Scenario(bandwidth_bps=r) for r in (100e6, 1e9, 10e9)]
+    assert whatif.sweep(rebuilt.whatif, sc).equals(whatif.sweep(analysis.whatif, sc))
+    assert rebuilt.critical_path.equals(analysis.critical_path)
+    # a damaged graph is rebuilt, never an error
+    (root / key / "graph" / "edges.arrow").write_bytes(b"not arrow")
+    hit = results_cache.load(root, key)
+    assert hit is not None
+    again = results_cache.analysis_from(load([str(job)], use_cache=False), hit)
+    assert again is not None and "graph" not in again.__dict__
+    assert again.critical_path.equals(analysis.critical_path)

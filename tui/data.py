@@ -227,6 +227,7 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
 
     analysis = data.analysis
     assert analysis is not None
+    graph_cached = "graph" in analysis.__dict__  # from the results cache
     if data.timeline is None:
         callbacks.say(f"building the timeline of {analysis.events.num_rows:,} events", None)
         data.timeline = TimelineModel.build(analysis)
@@ -253,6 +254,9 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
         callbacks.say("what-if: replaying the job with free communication and at the line rate", None)
         data.bottleneck = analysis.bottleneck
         data.whatif_ready = True
+        if not graph_cached and "graph" in analysis.__dict__ and data.results_entry is not None:
+            with contextlib.suppress(OSError):  # the next launch skips building it
+                results_cache.store_graph(*data.results_entry, analysis.graph)
     if callbacks.whatif:
         callbacks.whatif(data)
     callbacks.say("ready", 1.0)
