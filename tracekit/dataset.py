@@ -191,6 +191,11 @@ def _drop_rank(t: pa.Table) -> pa.Table:
     return t.drop_columns(["rank"]) if "rank" in t.column_names else t
 
 
+def _add_rank(t: pa.Table, rank: int) -> pa.Table:
+    """A per-rank part's table (stored without its rank: the partition key says it) with ``rank`` added."""
+    return t.append_column(schema.EVENTS.field("rank"), pa.array(np.full(t.num_rows, rank, np.int32)))
+
+
 def _with_rank(t: pa.Table, rank: int) -> pa.Table:
     i = t.schema.get_field_index("rank")
     return t.set_column(i, t.schema.field(i), pa.array(np.full(t.num_rows, rank, dtype=np.int32)))
@@ -371,7 +376,7 @@ class Dataset:
                     continue
                 t = pq.read_table(str(p))
                 if r is not None:
-                    t = t.append_column(schema.EVENTS.field("rank"), pa.array(np.full(t.num_rows, r, np.int32)))
+                    t = _add_rank(t, r)
                 parts.append(schema.conform(t, SCHEMAS[name]))
             t = pa.concat_tables(parts) if parts else schema.empty(SCHEMAS[name])
             if name in ("iterations", "breakdown") and t.num_rows:
@@ -395,7 +400,7 @@ class Dataset:
             p = self.root / d / "events.parquet"
             if r == rank and p.exists():
                 t = pq.read_table(str(p))
-                t = t.append_column(schema.EVENTS.field("rank"), pa.array(np.full(t.num_rows, rank, np.int32)))
+                t = _add_rank(t, rank)
                 parts.append(schema.conform(t, schema.EVENTS))
         return pa.concat_tables(parts).unify_dictionaries() if parts else schema.empty(schema.EVENTS)
 
@@ -409,7 +414,7 @@ class Dataset:
             for b in f.iter_batches(batch_size=1 << 20):
                 t = pa.Table.from_batches([b])
                 if r is not None:
-                    t = t.append_column(schema.EVENTS.field("rank"), pa.array(np.full(t.num_rows, r, np.int32)))
+                    t = _add_rank(t, r)
                 yield from schema.conform(t, schema.EVENTS).to_batches()
 
     @property
