@@ -18,7 +18,6 @@ a temporary directory and renamed into place; a damaged or stale entry reads as 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -33,6 +32,7 @@ import pyarrow as pa
 
 from tracekit import cache as parse_cache
 from tracekit import schema
+from tracekit.atomic import atomic_write
 from tracekit.diagnostics import Diagnostic
 
 if TYPE_CHECKING:
@@ -207,15 +207,8 @@ def store_paths(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> 
         return
     for name, frame in (("critical_path", analysis.critical_path),
                         ("critical_path_summary", analysis.critical_path_summary)):
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".tmp", dir=entry)
-        os.close(fd)
-        try:
-            _write(frame.to_arrow(), Path(tmp))
-            os.replace(tmp, entry / f"{name}.arrow")
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        table = frame.to_arrow()
+        atomic_write(entry / f"{name}.arrow", lambda tmp, t=table: _write(t, Path(tmp)))
 
 
 def store_graph(root: str | os.PathLike, entry_key: str, graph: Graph) -> None:
