@@ -137,7 +137,8 @@ def _register_defaults() -> None:
     register(Target("nccl-log", nccl_log.parse, nccl_log_seeds, json_seeds=False))
     register(Target("horovod", horovod.parse, horovod_seeds))
     # the dispatching entry point: sniffing, gzip, empty files, then whichever parser claims the file
-    register(Target("any-format", parsers.parse, lambda: kineto_seeds() + nccl_log_seeds()[:2] + horovod_seeds()[:2]))
+    register(Target("any-format", parsers.parse, lambda: [
+        *TARGETS["kineto"].corpus(), *TARGETS["nccl-log"].corpus()[:2], *TARGETS["horovod"].corpus()[:2]]))
 
 
 _register_defaults()
