@@ -157,7 +157,7 @@ from tracekit.schema import table as schema_table
 from .json_stream import Batch, End, stream_array
 from .source import iter_blocks
 
-PARSER_VERSION = "2"
+PARSER_VERSION = "3"
 FORMAT = "horovod"
 #: transfer intervals closer than this belong to one fusion group
 FUSION_TOL_NS = 2_000
@@ -1355,6 +1355,7 @@ def _finish(p: _Parser, repair: _NameRepair, end: End) -> ParsedFile:
         "end_ns": _masked(tr_end[ci], has_tr[ci], pa.int64()),
         "lane": _dict_array(i_pid[ci], lane_of_code).cast(pa.string()),
         "source": _dict_array(np.zeros(ci.size, np.int32), [FORMAT]).cast(pa.string()),
+        "size_source": pa.array(np.full(ci.size, FORMAT, dtype=object), pa.string(), mask=c_bytes < 0),
     })
     iterations = schema_table(ITERATIONS, {
         "rank": pa.array(np.zeros(iter_starts.size, np.int32)),

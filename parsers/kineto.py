@@ -33,7 +33,7 @@ from .json_stream import Batch, End, Member, stream_array
 from .source import Blocks
 from .timestamps import us_text_to_ns
 
-PARSER_VERSION = "kineto-2"
+PARSER_VERSION = "kineto-3"
 
 #: categories of activity recorded on a device (classify by category, never by pid: pids collide)
 DEVICE_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset",

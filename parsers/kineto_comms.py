@@ -289,7 +289,7 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
                                        "elem_f", "nranks_f", "pg_f", "seq_f", "peer_f", "bytes_f",
                                        "dims_bytes_f"]).to_dict(as_series=False)
     world = _world_size(members)
-    ops, nbytes, counts, nranks = [], [], [], []
+    ops, nbytes, counts, nranks, size_src = [], [], [], [], []
     for i in range(len(pdf["row"])):
         # the launching op names the collective better than the kernel (NCCL runs all-to-all,
         # gathers and p2p as SendRecv kernels)
@@ -297,8 +297,11 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
               or normalise_op(pdf["name"][i]))
         n = pdf["nranks_f"][i] or world
         b = pdf["bytes_f"][i]
+        src = None if b is None else "args"
         if b is None and pdf["dims_bytes_f"][i] is not None:
             b = _bus_buffer_bytes(op, pdf["dims_bytes_f"][i], n)
+            src = "shapes"
+        size_src.append(src)
         ops.append(op)
         nbytes.append(b)
         nranks.append(n)
@@ -311,11 +314,52 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
         "bytes": nbytes, "nranks": nranks, "peer": pdf["peer_f"],
         "start_ns": pdf["start_ns"], "end_ns": pdf["end_ns"], "lane": pdf["lane"],
         "source": ["gloo" if (nm or "").startswith("gloo:") else "kineto-kernel" for nm in pdf["name"]],
+        "size_source": size_src,
     })
+    table = _gloo_groups(table, members)
     ids = np.full(events.num_rows, -1, dtype=np.int64)
     ids[np.asarray(pdf["row"], dtype=np.int64)] = np.arange(n_coll)
     coll_ids = pa.array(ids, mask=ids < 0)
     return table, coll_ids
+
+
+#: worker threads of a ProcessGroupGloo (``ProcessGroupGloo.Options._threads``, 2 by default)
+GLOO_THREADS_PER_GROUP = 2
+
+
+def _gloo_groups(table: pa.Table, members: dict[str, Any]) -> pa.Table:
+    """Give gloo work its process group when the rank is in several: gloo writes no group, but every
+    ``ProcessGroupGloo`` runs its work on its own :data:`GLOO_THREADS_PER_GROUP` worker threads, created with
+    the group, and ``pg_config`` lists the rank's groups in creation order. The worker threads sorted by id are
+    taken two by two as the groups in order; groups with no work in the profiled window are the earliest (the
+    default group, used for start-up). Left alone when the threads do not split evenly or outnumber the groups.
+    Point-to-point work runs on the caller's thread and is not assigned."""
+    info = members.get("distributedInfo")
+    rank = info.get("rank") if isinstance(info, dict) else None
+    pgs = [e for e in (info.get("pg_config") or []) if isinstance(e, dict) and isinstance(e.get("ranks"), list)
+           and (rank is None or rank in e["ranks"]) and e.get("pg_name") is not None] if isinstance(info, dict) else []
+    if len(pgs) < 2 or table.num_rows == 0:
+        return table
+    c = pl.from_arrow(table.select(["source", "op", "pg", "lane"]))
+    assert isinstance(c, pl.DataFrame)
+    work = (pl.col("source") == "gloo") & ~pl.col("op").is_in(["send", "recv"]) & pl.col("pg").is_null()
+    lanes = c.filter(work).get_column("lane").unique().to_list()
+    tids = sorted((int(t), lane) for lane in lanes if (t := lane.rsplit(" ", 1)[-1]).lstrip("-").isdigit())
+    k = GLOO_THREADS_PER_GROUP
+    if not tids or len(tids) != len(lanes) or len(tids) % k or len(tids) // k > len(pgs):
+        return table
+    used = pgs[len(pgs) - len(tids) // k:]
+    lane_pg = {lane: used[i // k] for i, (_, lane) in enumerate(tids)}
+    names = pl.DataFrame({"lane": list(lane_pg), "_pg": [str(e["pg_name"]) for e in lane_pg.values()],
+                          "_n": [len(e["ranks"]) for e in lane_pg.values()]},
+                         schema={"lane": pl.String, "_pg": pl.String, "_n": pl.Int32})
+    full = pl.from_arrow(table)
+    assert isinstance(full, pl.DataFrame)
+    full = full.with_row_index("_i").join(names, on="lane", how="left").sort("_i").with_columns(
+        pl.when(work).then(pl.col("_pg")).otherwise(pl.col("pg")).alias("pg"),
+        pl.when(work & pl.col("_n").is_not_null()).then(pl.col("_n")).otherwise(pl.col("nranks")).alias("nranks"),
+    ).drop("_i", "_pg", "_n")
+    return schema.conform(full.to_arrow(), schema.COLLECTIVES)
 
 
 def _world_size(members: dict[str, Any]) -> int | None:

@@ -134,7 +134,7 @@ from tracekit.schema import COLLECTIVES, TOPOLOGY, ParsedFile, table
 
 from .source import iter_blocks
 
-PARSER_VERSION = "1"
+PARSER_VERSION = "2"
 FORMAT = "nccl-log"
 
 #: Decompressed bytes per block: big enough to amortise the per-block kernels, small enough to keep
@@ -1257,6 +1257,8 @@ def _finish(st: _Parser, damage: _Damage) -> ParsedFile:
         "lane": coll.select(lane.alias("lane"))["lane"].to_arrow(),
         "source": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([FORMAT]))
         .cast(pa.string()),
+        "size_source": coll.select(pl.when(pl.col("bytes").is_not_null()).then(pl.lit(FORMAT))
+                                   .alias("s"))["s"].to_arrow(),
     })
     calls = coll.select(list(_CALLS_SCHEMA)).to_arrow()
     comm_rows = _comms_table(comms, coll)

@@ -1,4 +1,11 @@
-"""Record a real multi-process PyTorch DDP job (gloo, CPU) under torch.profiler: one Kineto trace per rank.
+"""Record a real multi-process PyTorch training job (gloo, CPU) under torch.profiler: one Kineto trace per rank.
+
+``--parallel`` picks how the model is spread: ``ddp`` (DistributedDataParallel, the default), ``fsdp``
+(FSDP2 ``fully_shard`` per layer: parameter all-gathers in forward and backward, gradient reduce-scatter —
+an all-reduce on gloo), ``pipeline`` (``torch.distributed.pipelining`` GPipe, one stage per rank: send/recv
+of activations and gradients, bubbles) or ``dp-tp`` (Megatron-style tensor-parallel pairs inside a host and
+DDP across hosts: two process groups at once). ``--accumulate K`` runs K micro-steps per iteration and
+synchronises gradients on the last only (``no_sync`` / ``set_requires_gradient_sync``).
 
 The job is launched with torchrun (``python -m torch.distributed.run``). Without ``--link-rate`` all ranks
 run on this machine over loopback. With ``--link-rate 200mbit`` (root + iproute2) every rank runs in its
@@ -14,6 +21,8 @@ bundled sample samples/ddp-gloo, recorded with ``--link-rate 500mbit``. Examples
 
     python samples/record_ddp.py --out /tmp/ddp
     sudo python samples/record_ddp.py --out /tmp/ddp-200m --link-rate 200mbit --force
+    sudo python samples/record_ddp.py --out /tmp/fsdp --parallel fsdp --link-rate 1gbit --no-record-shapes
+    sudo python samples/record_ddp.py --out /tmp/dptp --parallel dp-tp --nproc 4 --link-rate 300mbit
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ from shaped_link import (
 )
 
 SCRIPT = Path(__file__).resolve()
+#: how the model is spread over the ranks (see ``build_job``)
+PARALLEL = ("ddp", "fsdp", "pipeline", "dp-tp")
 TRACE_GLOB = "rank*.pt.trace.json*"
 MASTER_PORT = 29500  # inside our own namespaces every port is free
 
@@ -78,6 +89,11 @@ class RecordConfig:
     gzip: bool = True
     seed: int = 0
     threads: int = 1
+    record_shapes: bool = True
+    parallel: str = "ddp"
+    accumulate: int = 1
+    microbatches: int = 4
+    nodes: int | None = None
     force: bool = False
     timeout_s: float = 900.0
 
@@ -94,6 +110,25 @@ class RecordConfig:
                 raise ValueError(f"--{name} must be >= 1")
         if self.bucket_mb <= 0:
             raise ValueError("--bucket-mb must be > 0")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"unknown --parallel {self.parallel!r} ({', '.join(PARALLEL)})")
+        if self.accumulate < 1 or self.microbatches < 1:
+            raise ValueError("--accumulate and --microbatches must be >= 1")
+        if self.parallel == "pipeline" and self.accumulate != 1:
+            raise ValueError("--accumulate applies to ddp, fsdp and dp-tp (a pipeline has --microbatches)")
+        if self.parallel == "pipeline" and self.layers < self.nproc:
+            raise ValueError("a pipeline needs at least one layer per stage (--layers >= --nproc)")
+        if self.parallel == "dp-tp" and (self.nproc % 2 or self.nproc < 4):
+            raise ValueError("dp-tp needs an even --nproc of at least 4 (tensor-parallel pairs)")
+        if self.parallel == "dp-tp" and self.model != "mlp":
+            raise ValueError("dp-tp shards MLP layers: use --model mlp")
+        if self.hosts < 2 or self.nproc % self.hosts:
+            raise ValueError("--nodes must be >= 2 and divide --nproc")
+
+    @property
+    def hosts(self) -> int:
+        """Namespaces ("hosts") of a shaped run: one per rank unless --nodes says otherwise."""
+        return self.nodes or (self.nproc // 2 if self.parallel == "dp-tp" else self.nproc)
 
     @property
     def shaped(self) -> bool:
@@ -135,13 +170,133 @@ def input_shape(cfg: RecordConfig) -> tuple[int, ...]:
     return (cfg.batch, 3, cfg.image, cfg.image)
 
 
+class _TensorParallelBlock:
+    """Factory of a Megatron-style MLP block sharded over a tensor-parallel group (built lazily: torch is
+    imported only in the workers)."""
+
+    @staticmethod
+    def make(hidden: int, tp: int, tp_rank: int, group: Any) -> Any:
+        import torch
+        import torch.distributed.nn.functional as dist_fn
+        from torch import nn
+
+        class Block(nn.Module):
+            """Column-parallel Linear(h, h) + ReLU, row-parallel Linear(h, h), all-reduce over the group."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.up = nn.Linear(hidden, hidden // tp)
+                self.down = nn.Linear(hidden // tp, hidden, bias=tp_rank == 0)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                out = self.down(torch.relu(self.up(x)))
+                return torch.relu(dist_fn.all_reduce(out, group=group))
+
+        return Block()
+
+
+def build_job(cfg: RecordConfig, rank: int, world: int) -> tuple[Any, Any, Any]:
+    """The model as ``cfg.parallel`` spreads it, its optimizer and one training iteration ``step(batches)``
+    (``cfg.accumulate`` micro-steps, gradients synchronised on the last; a pipeline runs
+    ``cfg.microbatches`` micro-batches through its stages). Returns (module, optimizer, step)."""
+    import contextlib as ctx
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    loss_fn = nn.CrossEntropyLoss()
+    if cfg.parallel == "pipeline":
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        mods = list(build_model(cfg).children())
+        blocks = [mods[i : i + 2] for i in range(0, 2 * cfg.layers, 2)]  # (layer, activation) pairs
+        per = [len(b) for b in _split(blocks, world)]
+        lo = sum(per[:rank])
+        stage_mods = [m for b in blocks[lo : lo + per[rank]] for m in b] + (mods[2 * cfg.layers :] if rank == world - 1 else [])
+        module = nn.Sequential(*stage_mods)
+        sched = ScheduleGPipe(PipelineStage(module, rank, world, torch.device("cpu")), n_microbatches=cfg.microbatches,
+                              loss_fn=loss_fn)
+        opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+
+        def step(batches: list[tuple[Any, Any]]) -> float:
+            x, y = batches[0]
+            if rank == 0:
+                sched.step(x)
+                return 0.0
+            if rank == world - 1:
+                losses: list[Any] = []
+                sched.step(target=y, losses=losses)
+                return float(torch.stack(losses).mean())
+            sched.step()
+            return 0.0
+
+        return module, opt, step
+    if cfg.parallel == "dp-tp":
+        tp = 2
+        # every rank makes every group; pg_config then names them "tp" and "dp" (tracekit whatif --bandwidth dp=...)
+        groups = [dist.new_group([a, a + 1], group_desc="tp") for a in range(0, world, tp)]
+        dp_groups = [dist.new_group(list(range(k, world, tp)), group_desc="dp") for k in range(tp)]
+        torch.manual_seed(cfg.seed * 7919 + rank % tp)  # a TP pair holds different shards
+        blocks = [_TensorParallelBlock.make(cfg.hidden, tp, rank % tp, groups[rank // tp])
+                  for _ in range(max(cfg.layers // 2, 1))]
+        torch.manual_seed(cfg.seed)
+        module = DDP(nn.Sequential(*blocks, nn.Linear(cfg.hidden, 10)), process_group=dp_groups[rank % tp],
+                     bucket_cap_mb=cfg.bucket_mb)
+        sync = module.no_sync
+    elif cfg.parallel == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        module = build_model(cfg)
+        mesh = init_device_mesh("cpu", (world,))
+        for m in module.children():
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                fully_shard(m, mesh=mesh)
+        fully_shard(module, mesh=mesh)
+
+        @ctx.contextmanager
+        def sync() -> Iterator[None]:
+            module.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                module.set_requires_gradient_sync(True)
+    else:
+        module = DDP(build_model(cfg), bucket_cap_mb=cfg.bucket_mb)
+        sync = module.no_sync
+    opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+
+    def step(batches: list[tuple[Any, Any]]) -> float:
+        loss = None
+        for k in range(cfg.accumulate):
+            x, y = batches[k % len(batches)]
+            with sync() if k < cfg.accumulate - 1 else ctx.nullcontext():
+                loss = loss_fn(module(x), y) / cfg.accumulate
+                loss.backward()
+        return float(loss) * cfg.accumulate
+
+    return module, opt, step
+
+
+def _split(items: list[Any], parts: int) -> list[list[Any]]:
+    """``items`` in ``parts`` consecutive runs whose lengths differ by at most one."""
+    q, r = divmod(len(items), parts)
+    out, i = [], 0
+    for k in range(parts):
+        n = q + (k < r)
+        out.append(items[i : i + n])
+        i += n
+    return out
+
+
 def train_worker(cfg: RecordConfig, workdir: Path) -> None:
-    """One rank of the DDP job. Reads RANK/WORLD_SIZE/MASTER_* from the environment (env:// rendezvous),
+    """One rank of the job. Reads RANK/WORLD_SIZE/MASTER_* from the environment (env:// rendezvous),
     trains ``wait + warmup + steps`` iterations under torch.profiler and writes, into ``workdir``,
     ``rank{r}.pt.trace.json`` (uncompressed Kineto export) and ``rank{r}.steps.json`` (wall times)."""
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.profiler import ProfilerActivity
 
     import tracekit.torch
@@ -150,10 +305,10 @@ def train_worker(cfg: RecordConfig, workdir: Path) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP broadcasts them anyway)
-    model = DDP(build_model(cfg), bucket_cap_mb=cfg.bucket_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1)  # each rank its own data shard
+    model, opt, train_step = build_job(cfg, rank, world)
+    # each data-parallel replica its own data shard (a tensor-parallel pair and a pipeline share theirs)
+    shard = rank // 2 if cfg.parallel == "dp-tp" else 0 if cfg.parallel == "pipeline" else rank
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + shard + 1)
     batches = [
         (torch.randn(input_shape(cfg), generator=gen), torch.randint(0, 10, (cfg.batch,), generator=gen))
         for _ in range(2)
@@ -171,19 +326,17 @@ def train_worker(cfg: RecordConfig, workdir: Path) -> None:
         warmup=cfg.warmup,
         active=cfg.steps,
         repeat=1,
-        record_shapes=True,
+        record_shapes=cfg.record_shapes,
         with_stack=False,
         activities=[ProfilerActivity.CPU],
         rank=rank,
         gzip=False,
     ) as prof:
         for i in range(total):
-            x, y = batches[i % len(batches)]
             start_ns = time.time_ns()
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
+            loss = train_step(batches[i % 2 :] + batches[: i % 2])
             opt.step()
             wall = time.perf_counter() - t0
             steps.append(
@@ -192,7 +345,7 @@ def train_worker(cfg: RecordConfig, workdir: Path) -> None:
                     "phase": phases[i],
                     "start_unix_ns": start_ns,
                     "wall_s": wall,
-                    "loss": float(loss),
+                    "loss": loss,
                 }
             )
             prof.step()
@@ -360,7 +513,7 @@ def _network(cfg: RecordConfig) -> Iterator[ShapedNetwork | None]:
         yield None
         return
     require_netns()
-    with ShapedNetwork(cfg.nproc, cfg.link_rate_bps, cfg.link_delay_us) as net:
+    with ShapedNetwork(cfg.hosts, cfg.link_rate_bps, cfg.link_delay_us) as net:
         yield net
 
 
@@ -429,8 +582,8 @@ def _record_into(cfg: RecordConfig, out: Path, argv: Sequence[str] | None, log: 
                 env["GLOO_SOCKET_IFNAME"] = net.hosts[0].ifname
                 addr = net.hosts[0].address
                 argvs = [
-                    net.exec_argv(i, _torchrun(cfg.nproc, i, 1, addr, MASTER_PORT, cfg_path))
-                    for i in range(cfg.nproc)
+                    net.exec_argv(i, _torchrun(cfg.hosts, i, cfg.nproc // cfg.hosts, addr, MASTER_PORT, cfg_path))
+                    for i in range(cfg.hosts)
                 ]
             print(
                 f"running {cfg.nproc} ranks: {cfg.wait} wait + {cfg.warmup} warmup"
@@ -463,6 +616,14 @@ def _record_into(cfg: RecordConfig, out: Path, argv: Sequence[str] | None, log: 
         "launcher": "torchrun (torch.distributed.run), env:// rendezvous",
         "backend": "gloo",
         "world_size": cfg.nproc,
+        "parallel": {
+            "kind": cfg.parallel,
+            "accumulate": cfg.accumulate,
+            **({"microbatches": cfg.microbatches} if cfg.parallel == "pipeline" else {}),
+            **({"tp_groups": [[a, a + 1] for a in range(0, cfg.nproc, 2)],
+                "dp_groups": [list(range(k, cfg.nproc, 2)) for k in range(2)]} if cfg.parallel == "dp-tp" else {}),
+            "hosts": cfg.hosts if cfg.shaped else 1,
+        },
         "threads_per_rank": cfg.threads,
         "seed": cfg.seed,
         "model": {
@@ -477,7 +638,7 @@ def _record_into(cfg: RecordConfig, out: Path, argv: Sequence[str] | None, log: 
         "optimizer": "SGD(lr=0.01, momentum=0.9)",
         "profiler": {
             "activities": ["CPU"],
-            "record_shapes": True,
+            "record_shapes": cfg.record_shapes,
             "with_stack": False,
             "schedule": {"wait": cfg.wait, "warmup": cfg.warmup, "active": cfg.steps, "repeat": 1},
             "profiled_steps": list(range(first_active, first_active + cfg.steps)),
@@ -579,6 +740,30 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="write rank{r}.pt.trace.json.gz (default) or plain .json",
+    )
+    p.add_argument(
+        "--parallel",
+        choices=PARALLEL,
+        default=d.parallel,
+        help="ddp (default), fsdp (FSDP2 fully_shard per layer), pipeline (GPipe over the ranks, send/recv), "
+        "dp-tp (tensor-parallel pairs inside a host, DDP across hosts: two process groups)",
+    )
+    p.add_argument(
+        "--accumulate", type=int, default=d.accumulate, help="gradient-accumulation micro-steps per iteration, "
+        "synchronised on the last (default %(default)s)"
+    )
+    p.add_argument(
+        "--microbatches", type=int, default=d.microbatches, help="pipeline micro-batches (default %(default)s)"
+    )
+    p.add_argument(
+        "--nodes", type=int, default=None, help="namespaces (hosts) of a shaped run, ranks spread evenly "
+        "(default: one per rank; dp-tp: one per pair)"
+    )
+    p.add_argument(
+        "--record-shapes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="profile with record_shapes (default); --no-record-shapes records as torch.profiler's defaults do",
     )
     p.add_argument("--seed", type=int, default=d.seed, help="seed of weights and data (default %(default)s)")
     p.add_argument(

@@ -11,7 +11,19 @@ from typing import TYPE_CHECKING
 import polars as pl
 import pyarrow as pa
 
-from tracekit import attribution, collectives, critical_path, dag, horovod, iterations, links, nccl_join, schema, whatif
+from tracekit import (
+    attribution,
+    collectives,
+    critical_path,
+    dag,
+    horovod,
+    iterations,
+    links,
+    nccl_join,
+    schema,
+    summary,
+    whatif,
+)
 from tracekit.diagnostics import Diagnostic, TraceError
 from tracekit.traceset import TraceSet
 
@@ -50,6 +62,8 @@ class Analysis:
     members: pa.Table  # collective_members: one row per (instance, rank)
     line_rate_bps: float | None = None
     line_rate_source: str | None = None  # "given", "topology" or None
+    #: line rates of some links only, by selector (process group name or description, ``intra``, ``inter``)
+    line_rates: dict[str, float] = field(default_factory=dict)
     matched: bool = False  # whether collectives were matched across ranks (wait/transfer known)
     notes: list[str] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)  # the inputs' and the analysis' warnings
@@ -82,11 +96,17 @@ class Analysis:
         """Per iteration: path length, share of each label, ranks crossed, most waited-on rank."""
         return critical_path.summary(self.critical_path, self.iterations, self.ranks)
 
+    @property
+    def pg_desc(self) -> dict[str, str]:
+        """Process group name -> description, from the traces' ``pg_config``."""
+        return collectives.group_descs(f.meta for f in self.traces.files)
+
     @cached_property
     def whatif(self) -> whatif.Model:
         """The what-if model of the job (its graph with re-costable transfers)."""
         return whatif.build(self.events, self.collectives, self.ranks, self.members, self.instances,
-                            line_rate_bps=self.line_rate_bps, graph=self.graph)
+                            line_rate_bps=self.line_rate_bps, graph=self.graph, line_rates=self.line_rates,
+                            pg_desc=self.pg_desc)
 
     @cached_property
     def bottleneck(self) -> whatif.Bottleneck | None:
@@ -120,9 +140,10 @@ class Analysis:
 
 
 def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: float | None = None,
-            align_clocks: bool = True) -> Analysis:
+            align_clocks: bool = True, line_rates: dict[str, float] | None = None) -> Analysis:
     """Iterations, cross-rank matching and clocks, attribution (with wait/transfer where matched) and link
-    figures for every rank of ``traces``. ``link_bw_bps`` is the line rate (bits/s) to compare with."""
+    figures for every rank of ``traces``. ``link_bw_bps`` is the line rate (bits/s) to compare with;
+    ``line_rates`` that of some links only (the what-if's, by selector: :func:`tracekit.whatif.selects`)."""
     hvd = horovod.prepare(traces, step_marker)  # None without a Horovod timeline
     if hvd is not None:  # Horovod's collectives on the clock its timeline was aligned to
         traces = replace(traces, collectives=hvd.collectives)
@@ -134,6 +155,7 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     attr_events = events if hvd is None else hvd.attribution_events(events)
     groups = collectives.groups_from_meta(f.meta for f in traces.files)
     matching = collectives.match(colls, traces.ranks, groups=groups, events=events, align=align_clocks)
+    colls = collectives.fill_sizes(colls, matching)
     split = collectives.comm_split(attr_events, matching) if matching.matched else None
     breakdown = attribution.breakdown(attr_events, iters, colls, comm_split=split)
     if hvd is not None:
@@ -143,6 +165,9 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     instances = links.instance_links(matching.instances, rate)
     ranks = collectives.apply_clocks(traces.ranks, matching.clocks)
     notes = []
+    sizes_note = summary.transfer_sizes(colls)["note"]
+    if sizes_note:
+        notes.append(sizes_note)
     methods = sorted(set(iters.column("method").to_pylist())) if iters.num_rows else []
     if methods:
         notes.append("iterations from " + ", ".join(methods))
@@ -158,7 +183,8 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
         hvd_result = horovod.result(hvd, iters, rate)
     return Analysis(traces=traces, events=events, iterations=iters, breakdown=breakdown, ranks=ranks,
                     collectives=colls, instances=instances, members=matching.members, line_rate_bps=rate,
-                    line_rate_source=rate_source, matched=matching.matched, notes=notes,
+                    line_rate_source=rate_source, line_rates=dict(line_rates or {}), matched=matching.matched,
+                    notes=notes,
                     diagnostics=[*traces.diagnostics, *join_notes, *matching.diagnostics,
                                  *(hvd.diagnostics if hvd is not None else [])],
                     horovod=hvd_result)
@@ -178,6 +204,7 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
     groups = collectives.groups_from_meta(s.get("meta") or {} for s in ds.summaries)
     ranks = ds.ranks
     matching = collectives.match(colls, ranks, groups=groups, events=comm_events, align=align_clocks)
+    colls = collectives.fill_sizes(colls, matching)
     topology = ds.table("topology")
     rate, rate_source = links.line_rate(link_bw_bps, topology)
     breakdown, unsplit = _split_rank_by_rank(ds, colls, matching, memory_budget) if matching.matched else \

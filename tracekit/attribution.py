@@ -139,27 +139,30 @@ def table(win: pl.DataFrame, totals: dict[str, np.ndarray], collectives: pa.Tabl
 def bytes_per_window(collectives: pa.Table | pl.DataFrame | None, w_rank: np.ndarray, w_start: np.ndarray,
                      w_end: np.ndarray, column: str = "bytes") -> pa.Array:
     """Sum of ``column`` (payload bytes S by default) over the collectives that start inside each window;
-    collectives of unknown size count as 0, and a window whose collectives all have unknown sizes is
-    null."""
+    null for a window with a collective of unknown size (an unknown is never counted as zero: a partial sum
+    would understate the traffic and every figure built on it)."""
     m = len(w_start)
     if collectives is None or (collectives.num_rows if isinstance(collectives, pa.Table)
                                else collectives.height) == 0:
         return pa.array(np.zeros(m, dtype=np.int64))
-    c = pl.from_arrow(collectives.select(["rank", "start_ns", column])) if isinstance(collectives, pa.Table) \
-        else collectives.select(["rank", "start_ns", column])
+    names = collectives.column_names if isinstance(collectives, pa.Table) else collectives.columns
+    cols = ["rank", "start_ns", column, *(["op"] if "op" in names and column != "op" else [])]
+    c = pl.from_arrow(collectives.select(cols)) if isinstance(collectives, pa.Table) else collectives.select(cols)
     assert isinstance(c, pl.DataFrame)
     c = c.rename({column: "bytes"}).filter(pl.col("start_ns").is_not_null())
+    if "op" in c.columns:  # a barrier moves no payload, whatever its (unknown) size
+        c = c.with_columns(pl.when(pl.col("op") == "barrier").then(pl.lit(0, pl.Int64)).otherwise("bytes")
+                           .alias("bytes"))
     win = pl.DataFrame({"rank": w_rank.astype(np.int32), "w_start": w_start, "w_end": w_end,
                         "w": np.arange(m)}).sort("w_start")
     j = (c.with_columns(pl.col("rank").cast(pl.Int32)).sort("start_ns")
          .join_asof(win, left_on="start_ns", right_on="w_start", by="rank", strategy="backward",
                     check_sortedness=False)
          .filter(pl.col("start_ns") < pl.col("w_end")))
-    agg = j.group_by("w").agg(pl.col("bytes").sum().alias("b"), pl.col("bytes").is_not_null().any().alias("known"))
+    agg = j.group_by("w").agg(pl.col("bytes").sum().alias("b"), pl.col("bytes").is_not_null().all().alias("known"))
     out = np.zeros(m, dtype=np.int64)
     unknown = np.zeros(m, dtype=bool)
     w = agg.get_column("w").to_numpy()
     out[w] = agg.get_column("b").to_numpy()
     unknown[w] = ~agg.get_column("known").to_numpy()
-    # null when the window has collectives but none of known size (old traces without shapes)
     return pa.array(out, mask=unknown)

@@ -38,7 +38,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "(a numeric group, if any, gives the iteration number)")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print warnings about the inputs")
     p.add_argument("--link-bw", metavar="RATE",
-                   help="line rate of the links to compare with, e.g. 100Gbit, 25GB/s, 200mbit or 1e9 (bits/s)")
+                   help="line rate of the links to compare with, e.g. 100Gbit, 25GB/s, 200mbit or 1e9 (bits/s); "
+                        "per process group or link class for the what-if: dp=25Gbit,tp=900GB/s (a group's name or "
+                        "description, intra or inter)")
 
 
 def _big_jobs(p: argparse.ArgumentParser) -> None:
@@ -119,10 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "job with free communication). Comma lists sweep every combination.",
                        epilog="examples:\n  tracekit whatif RUN --link-bw 10Gbit --bandwidth 10Gbit,25Gbit,100Gbit"
                               "\n  tracekit whatif RUN --link-bw 10Gbit --compression 1,2,4 --workers 64 "
-                              "--efficiency full", formatter_class=argparse.RawDescriptionHelpFormatter)
+                              "--efficiency full"
+                              "\n  tracekit whatif RUN --link-bw dp=10Gbit,tp=100Gbit --bandwidth dp=25Gbit,dp=100Gbit",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--bandwidth", metavar="RATES", help="line rates to predict for, e.g. 10Gbit,25Gbit "
-                   "(default: the rate the job ran on, --link-bw)")
+    p.add_argument("--bandwidth", metavar="RATES", help="line rates to predict for, e.g. 10Gbit,25Gbit; the links "
+                   "of one process group or link class alone with SEL=RATE (dp=100Gbit; several in one scenario "
+                   "joined by +: dp=100Gbit+tp=900GB/s) (default: the rate the job ran on, --link-bw)")
     p.add_argument("--compression", default="1", metavar="RATIOS", help="gradient compression ratios, e.g. 1,4 "
                    "(encode/decode costed with --codec-cost; default 1)")
     p.add_argument("--workers", metavar="NS", help="numbers of workers, e.g. 8,64 (default: as the job ran)")
@@ -209,9 +214,9 @@ def _load(args: argparse.Namespace, console: Console):
     option of the big-jobs group asks for it or the job would not fit in memory."""
     from tracekit import dataset, traceset
     from tracekit.analysis import analyse, analyse_dataset
-    from tracekit.units import parse_rate
+    from tracekit.units import parse_link_rates
 
-    link_bw = parse_rate(args.link_bw) if args.link_bw else None
+    link_bw, line_rates = parse_link_rates(args.link_bw) if args.link_bw else (None, {})
     if args.jobs is not None and args.jobs < 1:
         raise TraceError(None, "--jobs must be at least 1")
     files, _ = traceset.discover(args.paths)
@@ -261,7 +266,7 @@ def _load(args: argparse.Namespace, console: Console):
     if ts.events.num_rows == 0 and ts.collectives.num_rows == 0:
         damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
-    return analyse(ts, step_marker=args.step_marker, link_bw_bps=link_bw)
+    return analyse(ts, step_marker=args.step_marker, link_bw_bps=link_bw, line_rates=line_rates)
 
 
 def _warn(diags: Sequence[Diagnostic], console: Console, quiet: bool) -> None:
@@ -336,10 +341,12 @@ def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
         "line_rate_source": result.line_rate_source,
         "clocks": _clocks(result),
         "collectives": overview,
+        "transfer_sizes": summary.transfer_sizes(result.collectives),
         "stragglers": strag.to_dicts(),
         "verdict": extra["horovod"]["text"] if result.horovod_only else
         verdict.paragraph(job, strag, overview, line_rate_bps=result.line_rate_bps,
-                          line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows),
+                          line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows,
+                          sizes=summary.transfer_sizes(result.collectives)),
         "bottleneck": _bottleneck_json(result),
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
         "notes": result.notes,
@@ -355,7 +362,8 @@ def _bottleneck_json(result: Any) -> dict[str, Any] | None:
     return {"measured_iteration_ns": b.measured_ns, "free_comm_iteration_ns": b.free_ns,
             "scaling_factor_measured": b.scaling_measured, "scaling_factor_full_utilisation": b.scaling_full,
             "line_rate_bps": b.line_rate_bps, "compression_needed": b.compression_needed,
-            "bandwidth_needed_bps": b.bandwidth_needed_bps, "target": b.target, "text": b.text}
+            "bandwidth_needed_bps": b.bandwidth_needed_bps, "bandwidth_needed_factor": b.bandwidth_needed_factor,
+            "target": b.target, "text": b.text, "sizes": b.sizes, "assumption": b.assumption}
 
 
 def _clocks(result: Any) -> list[dict[str, Any]]:
@@ -462,12 +470,25 @@ def _numbers(text: str | None, kind: type, option: str) -> list:
     return out
 
 
+def _bandwidth_scenarios(text: str | None) -> list[tuple[float | None, tuple[tuple[str, float], ...]]]:
+    """``--bandwidth``: comma-separated scenarios, each a rate for every link and/or ``SEL=RATE`` for some links,
+    joined by ``+`` (``10Gbit,25Gbit``; ``dp=10Gbit,dp=25Gbit``; ``dp=10Gbit+tp=100Gbit``)."""
+    from tracekit.units import parse_link_rates
+
+    if not text:
+        return [(None, ())]
+    out = []
+    for item in text.split(","):
+        default, named = parse_link_rates(item.replace("+", ","), option="--bandwidth")
+        out.append((default, tuple(named.items())))
+    return out
+
+
 def cmd_whatif(args: argparse.Namespace) -> int:
     from tracekit import whatif
-    from tracekit.units import parse_duration, parse_rate
+    from tracekit.units import parse_duration
 
-    rates = [parse_rate(r.strip(), option="--bandwidth") for r in args.bandwidth.split(",")] \
-        if args.bandwidth else [None]
+    bandwidths = _bandwidth_scenarios(args.bandwidth)
     compressions = _numbers(args.compression, float, "--compression")
     workers = _numbers(args.workers, int, "--workers")
     eff: str | float
@@ -479,9 +500,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         eff = _numbers(args.efficiency, float, "--efficiency")[0]
         if eff > 1:
             raise TraceError(None, "--efficiency: a share of the line rate is at most 1")
-    if eff == "measured" and not args.link_bw and any(r is not None for r in rates):
+    if eff == "measured" and not args.link_bw and any(r is not None or named for r, named in bandwidths):
         raise TraceError(None, "--efficiency measured needs --link-bw (the line rate the job ran on)")
-    if eff != "measured" and not args.link_bw and rates == [None]:
+    if eff != "measured" and not args.link_bw and bandwidths == [(None, ())]:
         raise TraceError(None, "give --bandwidth (the line rates to predict for) or --link-bw")
     err = Console(stderr=True)
     result = _load(args, err)
@@ -491,8 +512,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     if args.latency:
         model.latency_ns = parse_duration(args.latency, option="--latency")
     codec = whatif.DEFAULT_CODEC_NS_PER_BYTE if args.codec_cost is None else args.codec_cost
-    scenarios = [whatif.Scenario(bandwidth_bps=r, compression=c, workers=w, efficiency=eff, codec_ns_per_byte=codec)
-                 for r in rates for c in compressions for w in workers]
+    scenarios = [whatif.Scenario(bandwidth_bps=r, links=named, compression=c, workers=w, efficiency=eff,
+                                 codec_ns_per_byte=codec)
+                 for r, named in bandwidths for c in compressions for w in workers]
     try:
         rows = whatif.sweep(model, scenarios)
     except ValueError as exc:
@@ -500,7 +522,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     verdict = result.bottleneck
     if args.json:
         payload = {"measured_iteration_ns": model.measured_iteration_ns, "line_rate_bps": result.line_rate_bps,
-                   "workers": model.workers, "rows": rows.to_dicts(),
+                   "workers": model.workers, "sizes": model.sizes, "rows": rows.to_dicts(),
                    "verdict": verdict.text if verdict else None}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
@@ -549,11 +571,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         raise TraceError(None, "inspect needs a terminal (use `tracekit summary` or `tracekit export` in scripts)")
     from tracekit.tui import run
     from tracekit.tui.data import LoadOptions
-    from tracekit.units import parse_rate
+    from tracekit.units import parse_link_rates
 
-    rate = parse_rate(args.link_bw) if args.link_bw else None
+    rate, named = parse_link_rates(args.link_bw) if args.link_bw else (None, {})
     return run(args.paths, LoadOptions(use_cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs,
-                                       step_marker=args.step_marker, link_bw_bps=rate))
+                                       step_marker=args.step_marker, link_bw_bps=rate,
+                                       line_rates=tuple(sorted(named.items()))))
 
 
 def cmd_record(args: argparse.Namespace) -> int:

@@ -112,6 +112,18 @@ def groups_from_meta(metas: Iterable[dict[str, Any]]) -> dict[str, list[int]]:
     return out
 
 
+def group_descs(metas: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """Process-group descriptions from ``pg_config``: ``{pg_name: pg_desc}`` (``default_pg``, ``mesh_dp``, a
+    ``group_desc`` given to ``new_group``; ``undefined`` ones left out)."""
+    out: dict[str, str] = {}
+    for meta in metas:
+        for entry in meta.get("pg_config") or []:
+            if isinstance(entry, dict) and entry.get("pg_name") is not None and isinstance(entry.get("pg_desc"), str) \
+                    and entry["pg_desc"] not in ("", "undefined"):
+                out.setdefault(str(entry["pg_name"]), entry["pg_desc"])
+    return out
+
+
 def _empty_clocks() -> pl.DataFrame:
     return pl.DataFrame(schema={"rank": pl.Int32, "clock_offset_ns": pl.Int64, "clock_estimate_ns": pl.Int64,
                                 "clock_residual_ns": pl.Int64, "clock_method": pl.String})
@@ -167,6 +179,52 @@ def _keys(c: pl.DataFrame) -> pl.DataFrame:
                        .alias("k_bytes"))
     return c.with_columns(pl.when("_rej").then(pl.int_range(pl.len(), dtype=pl.Int64).over(["rank", *_KEY]))
                           .otherwise(pl.col("k_ord")).alias("k_ord")).drop("_rej")
+
+
+def _infer_peers(c: pl.DataFrame, groups: dict[str, list[int]], ranks: pa.Table) -> pl.DataFrame:
+    """Send/recv calls that name no peer (gloo writes none) in a group of two: the peer is the other member.
+    The group is the call's process group from ``pg_config``, else the whole job; in larger groups the peer
+    stays unknown and the call unmatched (a guess could pair the wrong stages)."""
+    missing = pl.col("op").is_in(P2P_OPS) & pl.col("peer").is_null()
+    if not c.select(missing.any()).item():
+        return c
+    world = sorted({int(r) for r in ranks.column("rank").to_pylist() if r is not None}
+                   | set(c.get_column("rank").unique().to_list()))
+    pairs = {name: members for name, members in groups.items() if len(members) == 2}
+    if len(world) == 2:
+        pairs.setdefault("default", world)
+    if not pairs:
+        return c
+    rows = [(pg, a, b) for pg, (a, b) in pairs.items()] + [(pg, b, a) for pg, (a, b) in pairs.items()]
+    other = pl.DataFrame(rows, schema={"_pg": pl.String, "rank": pl.Int32, "_other": pl.Int32}, orient="row")
+    c = c.with_columns(pl.coalesce(pl.col("pg"), pl.lit("default")).alias("_pg")).join(
+        other, on=["_pg", "rank"], how="left")
+    return c.with_columns(pl.when(missing).then(pl.col("_other")).otherwise(pl.col("peer")).alias("peer")).drop(
+        "_pg", "_other")
+
+
+def fill_sizes(collectives: pa.Table, matching: Matching) -> pa.Table:
+    """Calls of unknown size take the size the other members of their matched instance recorded (all members of
+    an instance move the same buffer; ``size_source`` = ``peer``). All-to-all, whose per-rank sizes differ, and
+    instances whose members disagree are left alone."""
+    if collectives.num_rows == 0 or matching.members.num_rows == 0:
+        return collectives
+    c = pl.from_arrow(collectives)
+    assert isinstance(c, pl.DataFrame)
+    if c.get_column("bytes").null_count() == 0:
+        return collectives
+    mem = pl.from_arrow(matching.members.select(["instance", "rank", "collective_id"]))
+    inst = pl.from_arrow(matching.instances.select(["instance", "op", "bytes", "sizes_agree", "consistent"]))
+    assert isinstance(mem, pl.DataFrame) and isinstance(inst, pl.DataFrame)
+    known = inst.filter(pl.col("bytes").is_not_null() & pl.col("sizes_agree") & pl.col("consistent")
+                        & ~pl.col("op").is_in(VARIABLE_SIZE_OPS))
+    fill = mem.join(known.select(["instance", pl.col("bytes").alias("_peer_bytes")]), on="instance").select(
+        pl.col("rank").cast(pl.Int32), "collective_id", "_peer_bytes")
+    c = c.join(fill, on=["rank", "collective_id"], how="left")
+    take = pl.col("bytes").is_null() & pl.col("_peer_bytes").is_not_null()
+    c = c.with_columns(pl.when(take).then(pl.lit("peer")).otherwise(pl.col("size_source")).alias("size_source"),
+                       pl.coalesce("bytes", "_peer_bytes").alias("bytes")).drop("_peer_bytes")
+    return schema.conform(c.to_arrow(), schema.COLLECTIVES)
 
 
 def _domains(ranks: pa.Table, seen: Iterable[int]) -> pl.DataFrame:
@@ -312,7 +370,8 @@ def match(collectives: pa.Table, ranks: pa.Table, *, groups: dict[str, list[int]
     if c is None or c.height == 0:
         return Matching(schema.empty(schema.COLLECTIVE_INSTANCES), schema.empty(schema.COLLECTIVE_MEMBERS),
                         _empty_clocks(), diags)
-    c = _keys(c.with_columns(pl.col("rank").cast(pl.Int32)))
+    c = _infer_peers(c.with_columns(pl.col("rank").cast(pl.Int32)), groups, ranks)
+    c = _keys(c)
     # instances: temporary ids in order of first appearance (deterministic: c is sorted)
     inst = c.group_by([*_KEY, "k_ord"], maintain_order=True).agg(pl.len().alias("n")).with_row_index("tmp") \
         .with_columns(pl.col("tmp").cast(pl.Int64))

@@ -48,15 +48,22 @@ def bus_factor(op: str | None, n: int | None) -> float | None:
     return 2 * base if kind == "2(n-1)/n" else base
 
 
-def bus_bytes_expr(op: str = "op", nbytes: str = "bytes", n: str = "nranks") -> pl.Expr:
-    """Polars expression: bus bytes (int64) of calls from their op, S and group size; null when unknown."""
+def bus_factor_expr(op: str = "op", n: str = "nranks") -> pl.Expr:
+    """Polars expression: the bus factor (float64) of calls from their op and group size; null when unknown."""
     nn = pl.col(n).cast(pl.Float64)
     kind = pl.col(op).replace_strict(_FACTOR_KIND, default=None, return_dtype=pl.String)
-    factor = (pl.when(kind == "2(n-1)/n").then(2 * (nn - 1) / nn)
-              .when(kind == "(n-1)/n").then((nn - 1) / nn)
-              .when(kind == "1").then(pl.lit(1.0))
-              .when(kind == "0").then(pl.lit(0.0)))
-    return (pl.col(nbytes).cast(pl.Float64) * factor).round().cast(pl.Int64)
+    return (pl.when(kind == "2(n-1)/n").then(2 * (nn - 1) / nn)
+            .when(kind == "(n-1)/n").then((nn - 1) / nn)
+            .when(kind == "1").then(pl.lit(1.0))
+            .when(kind == "0").then(pl.lit(0.0)))
+
+
+def bus_bytes_expr(op: str = "op", nbytes: str = "bytes", n: str = "nranks") -> pl.Expr:
+    """Polars expression: bus bytes (int64) of calls from their op, S and group size; null when unknown
+    (a barrier moves no data: 0 whatever its size)."""
+    barrier = pl.col(op).replace_strict(_FACTOR_KIND, default=None, return_dtype=pl.String) == "0"
+    return pl.when(barrier).then(pl.lit(0, pl.Int64)).otherwise(
+        (pl.col(nbytes).cast(pl.Float64) * bus_factor_expr(op, n)).round().cast(pl.Int64))
 
 
 def call_bus_bytes(collectives: pa.Table) -> pl.DataFrame:

@@ -73,6 +73,8 @@ def join(collectives: pa.Table) -> tuple[pa.Table, list[Diagnostic]]:
         return collectives, diags
     u = pl.concat(updates)
     out = c.join(u, on="_row", how="left").with_columns(
+        pl.when(pl.col("bytes").is_null() & pl.col("bytes_log").is_not_null()).then(pl.lit("nccl-log"))
+        .otherwise(pl.col("size_source")).alias("size_source"),
         pl.coalesce("pg_log", "pg").alias("pg"),
         pl.coalesce("seq_log", "seq").alias("seq"),
         *[pl.coalesce(f, f"{f}_log").alias(f) for f in _FILL],

@@ -112,7 +112,8 @@ def render_summary(console: Console, result: Analysis) -> None:
     console.print()
     console.print(verdict.paragraph(job, strag, summary.collectives_overview(result.instances),
                                     line_rate_bps=result.line_rate_bps, line_rate_source=result.line_rate_source,
-                                    n_ranks=result.ranks.num_rows), soft_wrap=False)
+                                    n_ranks=result.ranks.num_rows,
+                                    sizes=summary.transfer_sizes(result.collectives)), soft_wrap=False)
     answer = result.bottleneck
     if answer is not None:
         console.print()
@@ -300,10 +301,14 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
                   box=box.SIMPLE_HEAD, pad_edge=False,
                   caption="scaling factor = iteration time with free communication / predicted iteration time",
                   caption_justify="left")
-    for col in ("line rate", "compression", "workers", "efficiency", "iteration", "speed-up", "scaling"):
+    named = "links" in rows.columns and rows.get_column("links").is_not_null().any()
+    for col in ("line rate", *(["links"] if named else []), "compression", "workers", "efficiency", "iteration",
+                "speed-up", "scaling"):
         table.add_column(col, justify="right")
     for row in rows.iter_rows(named=True):
-        table.add_row(format_rate(row["bandwidth_bps"]) if row["bandwidth_bps"] else "as measured",
+        rate = row["bandwidth_bps"]
+        table.add_row(format_rate(rate) if rate and rate == rate else "as measured",
+                      *([row["links"] or "–"] if named else []),
                       f"{row['compression']:g}x", str(row["workers"]), row["efficiency"], fmt_ns(row["iteration_ns"]),
                       f"{row['speedup']:.2f}x", f"{row['scaling_factor']:.2f}")
     console.print(table)

@@ -57,7 +57,8 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def key(paths: list[str], step_marker: str | None, link_bw_bps: float | None = None) -> str | None:
+def key(paths: list[str], step_marker: str | None, link_bw_bps: float | None = None,
+        line_rates: dict[str, float] | None = None) -> str | None:
     """The entry key of the job given as ``paths`` (files and directories, as on the command line), or
     None when a path does not exist.
 
@@ -65,7 +66,8 @@ def key(paths: list[str], step_marker: str | None, link_bw_bps: float | None = N
     directory walk: any file added, removed or touched misses, as does any change to tracekit's code
     (which covers the parsers' versions too).
     """
-    parts = [RESULTS_VERSION, code_fingerprint(), step_marker or "", repr(link_bw_bps)]
+    parts = [RESULTS_VERSION, code_fingerprint(), step_marker or "", repr(link_bw_bps),
+             repr(sorted((line_rates or {}).items()))]
     for p in paths:
         if os.path.isdir(p):
             for root, dirs, files in os.walk(p):
@@ -112,6 +114,7 @@ class Results:
     members: pa.Table | None = None
     line_rate_bps: float | None = None
     line_rate_source: str | None = None
+    line_rates: dict[str, float] = field(default_factory=dict)
     matched: bool = False
     #: the critical-path tables, once a session has computed them (:func:`store_paths`)
     critical_path: pa.Table | None = None
@@ -159,7 +162,7 @@ def store(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> None:
                     "diagnostics": [d.__dict__ for d in analysis.diagnostics],
                     "figures": figures(analysis.breakdown), "files": [f.path for f in analysis.traces.files],
                     "line_rate_bps": analysis.line_rate_bps, "line_rate_source": analysis.line_rate_source,
-                    "matched": analysis.matched}
+                    "line_rates": analysis.line_rates, "matched": analysis.matched}
         (tmp / "manifest.json").write_text(json.dumps(manifest, default=str))
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
@@ -195,6 +198,7 @@ def load(root: str | os.PathLike, entry_key: str) -> Results | None:
                    figures=manifest.get("figures"), files=list(manifest.get("files", [])), collectives=collectives,
                    instances=instances, members=members, line_rate_bps=manifest.get("line_rate_bps"),
                    line_rate_source=manifest.get("line_rate_source"), matched=bool(manifest.get("matched")),
+                   line_rates={str(k): float(v) for k, v in (manifest.get("line_rates") or {}).items()},
                    critical_path=paths[0], critical_path_summary=paths[1],
                    graph_dir=entry / "graph" if (entry / "graph" / "violated.json").exists() else None)
 
@@ -271,7 +275,8 @@ def analysis_from(traces: TraceSet, results: Results) -> Analysis | None:
     analysis = Analysis(traces=traces, events=events, iterations=results.iterations, breakdown=results.breakdown,
                     ranks=results.ranks, collectives=results.collectives, instances=results.instances,
                     members=results.members, line_rate_bps=results.line_rate_bps,
-                    line_rate_source=results.line_rate_source, matched=results.matched, notes=list(results.notes),
+                    line_rate_source=results.line_rate_source, line_rates=dict(results.line_rates),
+                    matched=results.matched, notes=list(results.notes),
                     diagnostics=list(results.diagnostics))
     if results.critical_path is not None and results.critical_path_summary is not None:
         import polars as pl

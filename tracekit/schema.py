@@ -77,8 +77,14 @@ COLLECTIVES = pa.schema(
         _col("end_ns", pa.int64()),
         _col("lane", pa.string()),
         _col("source", pa.string(), doc="kineto-kernel, kineto-cpu, gloo, nccl-log, horovod"),
+        _col("size_source", pa.string(), doc="where bytes came from: args (collective metadata of the call or "
+             "its kernel), shapes (Input Dims x Input type, record_shapes), nccl-log, horovod, peer (another "
+             "member of the matched instance); null: unknown"),
     ]
 )
+
+#: values of ``collectives.size_source``, most direct first
+SIZE_SOURCES = ("args", "shapes", "nccl-log", "horovod", "peer")
 
 RANKS = pa.schema(
     [

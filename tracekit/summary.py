@@ -177,6 +177,25 @@ def collectives_overview(instances: pa.Table) -> dict[str, Any]:
     }
 
 
+def transfer_sizes(collectives: pa.Table) -> dict[str, Any]:
+    """Where the sizes of the traced communication calls came from: ``calls`` (with times; barriers, which move
+    no data, left out), ``known``, ``unknown``, ``by_source`` (counts per ``collectives.size_source``) and, when
+    some are unknown, ``note`` — the sentence every view shows instead of figures built on them."""
+    c = pl.from_arrow(collectives.select(["op", "start_ns", "bytes", "size_source"]))
+    assert isinstance(c, pl.DataFrame)
+    c = c.filter(pl.col("start_ns").is_not_null() & (pl.col("op").fill_null("") != "barrier"))
+    known = c.filter(pl.col("bytes").is_not_null())
+    by_source = {str(k or "unnamed"): int(v) for k, v in
+                 known.group_by("size_source").len().sort("len", descending=True).iter_rows()}
+    unknown = c.height - known.height
+    note = None
+    if unknown:
+        note = (f"transfer sizes unknown for {unknown} of {c.height} communication calls (profiled without "
+                "record_shapes?): bus bytes, bus bandwidth and link utilisation leave them out, and the what-if "
+                "needs --link-bw to estimate them from transfer times")
+    return {"calls": c.height, "known": known.height, "unknown": unknown, "by_source": by_source, "note": note}
+
+
 def by_op(instances: pa.Table) -> pl.DataFrame:
     """Collective instances per op: calls, distinct sizes, bus bytes, median skew, total wait, median transfer
     and the bus bandwidth over all of them (total bus bytes / total transfer time)."""

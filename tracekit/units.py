@@ -63,6 +63,32 @@ def parse_rate(text: str, *, option: str = "--link-bw") -> float:
     return bps
 
 
+_SELECTOR = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+
+
+def parse_link_rates(text: str, *, option: str = "--link-bw") -> tuple[float | None, dict[str, float]]:
+    """``100Gbit`` (every link), ``dp=25Gbit,tp=900GB/s`` (the links of process groups or link classes by name)
+    or both, comma-separated: returns (the rate of every link not named, ``{selector: rate}``)."""
+    default: float | None = None
+    named: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            raise TraceError(None, f"{option} {text!r}: an empty item")
+        sel, eq, rate = part.partition("=")
+        if not eq:
+            if default is not None:
+                raise TraceError(None, f"{option} {text!r}: two rates for every link; name the links of the "
+                                       "others, e.g. dp=25Gbit")
+            default = parse_rate(part, option=option)
+            continue
+        sel = sel.strip()
+        if not _SELECTOR.match(sel):
+            raise TraceError(None, f"{option} {part!r}: {sel!r} is not a process group name, description, "
+                                   "intra or inter")
+        named[sel] = parse_rate(rate, option=option)
+    return default, named
+
+
 def format_rate(bps: float | None) -> str:
     """``1e11`` → ``100 Gbit/s``; ``3e8`` → ``300 Mbit/s`` (three significant digits)."""
     if bps is None:

@@ -23,9 +23,11 @@ def _pct(x: float) -> str:
 
 
 def paragraph(job: dict[str, Any], stragglers: pl.DataFrame, overview: dict[str, Any], *,
-              line_rate_bps: float | None = None, line_rate_source: str | None = None, n_ranks: int = 0) -> str:
-    """One paragraph from :func:`tracekit.summary.job`, :func:`tracekit.summary.stragglers` and
-    :func:`tracekit.summary.collectives_overview`."""
+              line_rate_bps: float | None = None, line_rate_source: str | None = None, n_ranks: int = 0,
+              sizes: dict[str, Any] | None = None) -> str:
+    """One paragraph from :func:`tracekit.summary.job`, :func:`tracekit.summary.stragglers`,
+    :func:`tracekit.summary.collectives_overview` and :func:`tracekit.summary.transfer_sizes` (``sizes``: when
+    some are unknown, the paragraph says so instead of quoting traffic figures that would leave them out)."""
     if not job.get("ranks"):
         return "No iteration was found, so there is nothing to say about the links."
     parts: list[str] = []
@@ -44,6 +46,9 @@ def paragraph(job: dict[str, Any], stragglers: pl.DataFrame, overview: dict[str,
                 src = "" if line_rate_source == "given" else f" ({line_rate_source})"
                 s += f", {_pct(busbw * 1e9 / line_rate_bps)} of the {_rate(line_rate_bps)} line rate{src}"
         s += "."
+        if sizes and sizes.get("unknown"):
+            s += (f" How much data moved is not known: the sizes of {sizes['unknown']} of {sizes['calls']} calls are "
+                  "not in the traces (record_shapes was off), so bus traffic, bandwidth and utilisation are not given.")
         if line_rate_bps and busbw is not None and busbw * 1e9 > 1.05 * line_rate_bps:
             s += (" That is faster than the line rate: some of the traffic did not cross that link (NVLink or "
                   "shared memory inside a host?), or the rate given is too low.")

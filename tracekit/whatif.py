@@ -22,7 +22,8 @@ one — Zhang et al.'s ``T_n / (n·T)`` for a job whose per-worker work does not
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -31,7 +32,8 @@ import pyarrow as pa
 from tracekit import dag, replay
 from tracekit.dag import EDGE_TYPES, Graph
 from tracekit.intervals import union_length
-from tracekit.links import bus_bytes_expr
+from tracekit.links import bus_bytes_expr, bus_factor_expr
+from tracekit.units import format_rate
 
 _OWN = EDGE_TYPES.index("own")
 _COLLECTIVE = EDGE_TYPES.index("collective")
@@ -48,7 +50,12 @@ DEFAULT_CODEC_NS_PER_BYTE = 0.15
 
 @dataclass(frozen=True)
 class Scenario:
-    """One what-if question. ``None`` means "as the job ran"."""
+    """One what-if question. ``None`` means "as the job ran".
+
+    ``bandwidth_bps`` sets the line rate of every link; ``links`` sets it for the links of some process groups
+    only — ``(selector, rate)`` pairs where the selector is a process group's name or description
+    (``dp`` also matches DeviceMesh's ``mesh_dp``) or a link class (``intra``: every member on one host,
+    ``inter``: across hosts) — and wins over ``bandwidth_bps`` where both apply."""
 
     bandwidth_bps: float | None = None
     compression: float = 1.0
@@ -56,25 +63,75 @@ class Scenario:
     efficiency: str | float = "measured"  # "measured", "full" (= 1.0) or a number in (0, 1]
     codec_ns_per_byte: float = DEFAULT_CODEC_NS_PER_BYTE
     free: bool = False  # communication costs nothing (the reference for the scaling factor)
+    links: tuple[tuple[str, float], ...] = ()
+    bandwidth_scale: float = 1.0  # every link's rate (as set above, else as the job ran) times this
+
+
+#: what a transfer's size rests on, per communication activity of the model (``Model.comm["size"]``)
+SIZE_MEASURED, SIZE_ESTIMATED, SIZE_UNKNOWN = "measured", "estimated", "unknown"
+#: how to get sizes, for every message that has to admit they are unknown
+RECORD_SHAPES_HINT = ("record with tracekit.torch.profile(), which sets record_shapes=True, or give the job's NCCL "
+                      "debug log (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL)")
+
+
+class UnknownSizes(ValueError):
+    """A scenario needs transfer sizes that neither the traces nor a line rate can give."""
 
 
 @dataclass
 class Model:
-    """Everything a scenario needs, computed once per job."""
+    """Everything a scenario needs, computed once per job.
+
+    ``comm`` has one row per communication activity: ``a`` (activity), ``rank``, ``transfer_ns`` (measured),
+    ``op``, ``nranks``, ``instance``, ``link`` (its process group), ``link_class`` (``intra``/``inter``/null),
+    ``bus`` (bus bytes at the job's group size; NaN when unknown), ``size`` (:data:`SIZE_MEASURED`,
+    :data:`SIZE_ESTIMATED` from transfer time at the line rate, or :data:`SIZE_UNKNOWN`), ``line_rate_bps``
+    (the rate its link ran at, NaN when not given) and ``speed`` (its link's measured bus bandwidth, bytes/ns).
+    """
 
     graph: Graph
     chains: replay.Chains
-    comm: pl.DataFrame  # a (activity), transfer_ns, bytes, op, nranks, instance (null if unmatched)
+    comm: pl.DataFrame
     own_edge: np.ndarray  # per comm row: its own edge index
     coll_edges: np.ndarray  # collective edges, and the comm row of their destination
     coll_edge_row: np.ndarray
     iteration_of: np.ndarray  # per activity: its iteration (or a huge negative number)
-    link_speed: np.ndarray  # per comm row: its rank's measured link bus bandwidth (bytes/ns)
-    fifo: tuple[np.ndarray, np.ndarray, np.ndarray]  # consecutive transfers of a rank: (prev row, row, dst node)
+    fifo: tuple[np.ndarray, np.ndarray, np.ndarray]  # consecutive transfers on a rank's link: (prev row, row, dst)
     line_rate_bps: float | None
     workers: int
     latency_ns: int
     measured_iteration_ns: int
+    backend: str = "nccl"
+    pg_desc: dict[str, str] = field(default_factory=dict)  # process group name -> description (pg_config)
+
+    @property
+    def sizes(self) -> dict[str, Any]:
+        """How the transfer sizes the model uses were obtained: counts per kind, and the assumption behind the
+        estimated ones (``None`` when every size was recorded)."""
+        size = self.comm.get_column("size")
+        n = {k: int((size == k).sum()) for k in (SIZE_MEASURED, SIZE_ESTIMATED, SIZE_UNKNOWN)}
+        note = None
+        if n[SIZE_ESTIMATED]:
+            host = HOST_NS_PER_BYTE.get(self.backend, 0.0)
+            note = (f"transfer sizes of {n[SIZE_ESTIMATED]} of {self.comm.height} calls are not in the traces: they "
+                    "were estimated from the transfer times at the line rate the job ran on, assuming the link carried "
+                    f"payload at {100 * WIRE_EFFICIENCY:.0f} % of it" + (f" plus {host:g} ns of host work per byte "
+                                                                          f"({self.backend})" if host else ""))
+        elif n[SIZE_UNKNOWN]:
+            note = (f"transfer sizes of {n[SIZE_UNKNOWN]} of {self.comm.height} calls are not in the traces and no "
+                    "line rate was given to estimate them from transfer times")
+        return {**n, "calls": self.comm.height, "note": note}
+
+    @property
+    def line_rate_known(self) -> bool:
+        """Whether every communication activity's link has a known line rate."""
+        return bool(self.comm.height) and not self.comm.get_column("line_rate_bps").is_nan().any()
+
+
+#: host work per byte of a transfer (reductions, copies, the network stack) assumed when no transfer of the
+#: job has a known size: gloo's CPU reduction and TCP stack measured 1.4-2.9 ns/B on this project's 2-core VM
+#: with sizes recorded (benchmarks/whatif_accuracy.py); NCCL reduces on the GPU, off the host's path
+HOST_NS_PER_BYTE = {"gloo": 1.5, "nccl": 0.0}
 
 
 def consistent_members(members: pa.Table | None, instances: pa.Table | None) -> pl.DataFrame | None:
@@ -91,14 +148,30 @@ def consistent_members(members: pa.Table | None, instances: pa.Table | None) -> 
     return m
 
 
+def selects(selector: str, pg: str | None, desc: str | None, link_class: str | None) -> bool:
+    """Whether ``selector`` names this link: its process group's name or description (``dp`` also matches
+    DeviceMesh's ``mesh_dp``), or its class (``intra``/``inter``)."""
+    s = selector.strip().lower()
+    if link_class is not None and s == link_class:
+        return True
+    if pg is not None and s == pg.lower():
+        return True
+    d = (desc or "").lower()
+    return bool(d) and (s == d or d.endswith("_" + s))
+
+
 def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None,
           members: pa.Table | None = None, instances: pa.Table | None = None,
-          line_rate_bps: float | None = None, latency_ns: int | None = None, graph: Graph | None = None) -> Model:
-    """The dependency graph of the job (built here unless given) plus what re-costing transfers needs."""
+          line_rate_bps: float | None = None, latency_ns: int | None = None, graph: Graph | None = None,
+          line_rates: dict[str, float] | None = None, pg_desc: dict[str, str] | None = None) -> Model:
+    """The dependency graph of the job (built here unless given) plus what re-costing transfers needs.
+
+    ``line_rate_bps`` is the rate every link ran at; ``line_rates`` maps selectors (:func:`selects`) to the rate
+    of some links only, and wins where both apply. ``pg_desc`` names process groups' descriptions."""
     inst = consistent_members(members, instances)
     g = graph if graph is not None else dag.build(events, ranks, inst)
     act = g.act
-    coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source"]))
+    coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source", "pg"]))
     assert isinstance(coll, pl.DataFrame)
     comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end"]).join(
         coll, on=["rank", "collective_id"], how="left")
@@ -113,15 +186,23 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     own_of_node[g.dst[own_mask]] = np.flatnonzero(own_mask)
     own_edge = own_of_node[2 * a + 1]
     transfer = g.lag[own_edge]
-    comm = comm.with_columns(pl.Series("transfer_ns", transfer))
+    comm = comm.with_columns(pl.Series("transfer_ns", transfer), pl.coalesce("pg", pl.lit("default")).alias("link"),
+                             _link_class(comm, members, ranks))
+    backend = "gloo" if (comm.get_column("source") == "gloo").any() else "nccl"
+    descs = pg_desc or {}
+    rate = np.full(comm.height, float(line_rate_bps) if line_rate_bps else np.nan)
+    for sel, r in (line_rates or {}).items():
+        hit = np.array([selects(sel, pg, descs.get(pg), cls) for pg, cls in
+                        comm.select(["link", "link_class"]).iter_rows()], dtype=bool)
+        rate[hit] = r
+    comm = comm.with_columns(pl.Series("line_rate_bps", rate))
+    comm = _sizes_and_speeds(comm, backend)
     row_of_act = np.full(act.height, -1, dtype=np.int64)
     row_of_act[a] = np.arange(a.size)
     coll_edges = np.flatnonzero(g.etype == _COLLECTIVE)
     coll_edge_row = row_of_act[g.dst[coll_edges] // 2]
-    link_speed, fifo = _links(comm, transfer, g)
     n = comm.get_column("nranks").drop_nulls()
     workers = int(n.max()) if n.len() else (ranks.num_rows if ranks is not None else 1)  # type: ignore[arg-type]
-    backend = "gloo" if (comm.get_column("source") == "gloo").any() else "nccl"
     # iteration windows count device work on ranks that have it, everything on CPU-only ranks
     # (as tracekit.iterations does)
     on_dev = act.get_column("device").is_not_null().to_numpy()
@@ -130,78 +211,155 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     it = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
     it = np.where(dev_rank & ~on_dev, -(1 << 62), it)
     model = Model(graph=g, chains=replay.chains(g), comm=comm, own_edge=own_edge, coll_edges=coll_edges,
-                  coll_edge_row=coll_edge_row, iteration_of=it, link_speed=link_speed, fifo=fifo,
+                  coll_edge_row=coll_edge_row, iteration_of=it, fifo=_fifo(comm),
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=DEFAULT_LATENCY_NS[backend] if latency_ns is None else latency_ns,
-                  measured_iteration_ns=0)
+                  measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
     model.measured_iteration_ns = iteration_time(model, g.node_time)
     return model
 
 
-def _links(comm: pl.DataFrame, transfer: np.ndarray, g: Graph
-           ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per rank: the link's measured bus bandwidth (bus bytes over the union of transfer time, so
-    concurrent transfers sharing the link count once), and the order transfers use it in."""
-    end = comm.get_column("end").to_numpy()
-    start = end - transfer
-    rank = comm.get_column("rank").to_numpy().astype(np.int64)
+def _link_class(comm: pl.DataFrame, members: pa.Table | None, ranks: pa.Table | None) -> pl.Expr:
+    """``intra`` when every member of the call's instance is on one named host, ``inter`` when they span
+    hosts, null when unknown (unmatched, or hosts not named)."""
+    if members is None or members.num_rows == 0 or ranks is None or ranks.num_rows == 0:
+        return pl.lit(None, dtype=pl.String).alias("link_class")
+    hosts = pl.from_arrow(ranks.select(["rank", "host"]))
+    m = pl.from_arrow(members.select(["instance", "rank"]))
+    assert isinstance(hosts, pl.DataFrame) and isinstance(m, pl.DataFrame)
+    per = m.join(hosts, on="rank", how="left").group_by("instance").agg(
+        pl.col("host").null_count().alias("_nul"), pl.col("host").n_unique().alias("_nh"))
+    cls = dict(per.select(["instance", pl.when(pl.col("_nul") > 0).then(None).when(pl.col("_nh") == 1)
+                           .then(pl.lit("intra")).otherwise(pl.lit("inter"))]).iter_rows())
+    return pl.col("instance").replace_strict(cls, default=None, return_dtype=pl.String).alias("link_class")
+
+
+def _sizes_and_speeds(comm: pl.DataFrame, backend: str) -> pl.DataFrame:
+    """Add ``bus``, ``size`` and ``speed`` to ``comm``.
+
+    Per rank and link, the link's bus bandwidth is measured as bus bytes over the union of transfer time of the
+    calls of known size (concurrent transfers sharing the link count once). Where no call of a link has a known
+    size but its line rate R is known, the link is taken to have run at ``1 / (8 / (0.95 R) + h)`` bytes per ns
+    (payload at :data:`WIRE_EFFICIENCY` of the line rate, plus :data:`HOST_NS_PER_BYTE` of the backend), and a
+    call of unknown size is given the bus bytes that speed moves in its share of the link's busy time. Never is
+    an unknown size taken as zero."""
     bus = _bus_bytes(comm, None)
-    ranks = np.unique(rank)
-    if ranks.size == 0:
-        return np.zeros(0), (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
-    lo = np.array([start[rank == r].min() for r in ranks])
-    hi = np.array([end[rank == r].max() for r in ranks]) + 1
-    active = union_length(rank, start, end, ranks, lo, hi)
-    total = np.array([bus[rank == r].sum() for r in ranks])
-    speed_of = dict(zip(ranks.tolist(), (total / np.maximum(active, 1)).tolist(), strict=True))
-    speed = np.array([speed_of[r] for r in rank.tolist()])
-    # FIFO: a rank's transfers in arrival order
-    order = np.lexsort((comm.get_column("start").to_numpy(), rank))
-    same = rank[order][1:] == rank[order][:-1]
+    barrier = (comm.get_column("op") == "barrier").fill_null(False).to_numpy()
+    known = ~np.isnan(bus) | barrier
+    bus = np.where(barrier, 0.0, bus)
+    end = comm.get_column("end").to_numpy()
+    t = comm.get_column("transfer_ns").to_numpy().astype(np.float64)
+    start = end - t.astype(np.int64)
+    key = comm.select(pl.struct(["rank", "link"]).rank("dense")).to_series().to_numpy().astype(np.int64) \
+        if comm.height else np.zeros(0, np.int64)
+    rate = comm.get_column("line_rate_bps").to_numpy()
+    speed = np.full(comm.height, np.nan)
+    estimated = np.zeros(comm.height, dtype=bool)
+    host = HOST_NS_PER_BYTE.get(backend, 0.0)
+    for k in np.unique(key):
+        grp = key == k
+        kn = grp & known & (bus > 0)
+        if kn.any():
+            active = union_length(np.zeros(int(kn.sum()), np.int64), start[kn], end[kn], np.zeros(1, np.int64),
+                                  np.array([start[kn].min()]), np.array([end[kn].max() + 1]))[0]
+            speed[grp] = bus[kn].sum() / max(float(active), 1.0)
+        elif np.isfinite(rate[grp]).all():
+            speed[grp] = 1.0 / (8e9 / (WIRE_EFFICIENCY * rate[grp]) + host)
+        unk = grp & ~known
+        if unk.any() and np.isfinite(speed[unk]).all():
+            active = union_length(np.zeros(int(unk.sum()), np.int64), start[unk], end[unk], np.zeros(1, np.int64),
+                                  np.array([start[unk].min()]), np.array([end[unk].max() + 1]))[0]
+            share = t[unk] / max(float(t[unk].sum()), 1.0)
+            bus[unk] = speed[unk] * float(active) * share
+            estimated[unk] = True
+    size = np.where(known, SIZE_MEASURED, np.where(estimated, SIZE_ESTIMATED, SIZE_UNKNOWN))
+    return comm.with_columns(pl.Series("bus", bus), pl.Series("size", size), pl.Series("speed", speed))
+
+
+def _fifo(comm: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Consecutive transfers on each rank's link (one link per process group) in arrival order: ``(previous
+    row, row, destination node)`` — the FIFO channel of Zhang et al. that a replay queues transfers on."""
+    if comm.height == 0:
+        return (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
+    key = comm.select(pl.struct(["rank", "link"]).rank("dense")).to_series().to_numpy().astype(np.int64)
+    order = np.lexsort((comm.get_column("start").to_numpy(), key))
+    same = key[order][1:] == key[order][:-1]
     prev, cur = order[:-1][same], order[1:][same]
     dst = 2 * comm.get_column("a").to_numpy()[cur] + 1
-    return speed, (prev, cur, dst)
+    return prev, cur, dst
+
+
+def _bus_factor(comm: pl.DataFrame, workers: int | None) -> np.ndarray:
+    """Bus factor of every comm activity for its own group size or ``workers`` (NaN when unknown)."""
+    n = pl.lit(workers, dtype=pl.Int64) if workers else pl.col("nranks").cast(pl.Int64)
+    out = comm.with_columns(n.alias("_n")).select(bus_factor_expr(n="_n").alias("f"))
+    return out.get_column("f").fill_null(np.nan).to_numpy()
 
 
 def _bus_bytes(comm: pl.DataFrame, workers: int | None) -> np.ndarray:
-    """Bus bytes of every comm activity, for its own group size or ``workers``."""
+    """Bus bytes of every comm activity, for its own group size or ``workers`` (NaN when unknown)."""
     n = pl.lit(workers, dtype=pl.Int64) if workers else pl.col("nranks").cast(pl.Int64)
     out = comm.with_columns(n.alias("_n")).select(bus_bytes_expr(nbytes="bytes", n="_n").alias("bus"))
-    return out.get_column("bus").fill_null(0).to_numpy().astype(np.float64)
+    return out.get_column("bus").cast(pl.Float64).fill_null(np.nan).to_numpy()
 
 
 def transfers(model: Model, sc: Scenario) -> np.ndarray:
-    """New transfer time (ns) of every communication activity under ``sc``, each on its own."""
+    """New transfer time (ns) of every communication activity under ``sc``, each on its own.
+
+    Raises :class:`UnknownSizes` when the scenario changes a transfer whose size is unknown (no size in the
+    traces and no line rate to estimate it from), and ``ValueError`` when it needs a line rate nobody gave."""
     comm = model.comm
     t = comm.get_column("transfer_ns").to_numpy().astype(np.float64)
     if sc.free:
         return np.zeros_like(t)
-    nbytes = comm.get_column("bytes").fill_null(0).to_numpy().astype(np.float64)
-    new_bus = _bus_bytes(comm, sc.workers)
-    known = new_bus > 0
+    r_line = comm.get_column("line_rate_bps").to_numpy()
+    r_new = np.full(t.size, float(sc.bandwidth_bps) if sc.bandwidth_bps else np.nan)
+    r_new = np.where(np.isnan(r_new), r_line, r_new)
+    for sel, r in sc.links:
+        hit = np.array([selects(sel, pg, model.pg_desc.get(pg), cls) for pg, cls in
+                        comm.select(["link", "link_class"]).iter_rows()], dtype=bool)
+        if not hit.any():
+            raise ValueError(f"no link matches {sel!r}: give a process group's name or description "
+                             f"({', '.join(_link_names(model)) or 'none named'}), intra or inter")
+        r_new[hit] = r
+    r_new = r_new * sc.bandwidth_scale
     c = max(sc.compression, 1.0)
-    codec = sc.codec_ns_per_byte * nbytes if c > 1 else 0.0
-    r_line = model.line_rate_bps
-    r_new = sc.bandwidth_bps or r_line
+    job_factor = _bus_factor(comm, None)
+    new_factor = _bus_factor(comm, sc.workers)
+    bus = comm.get_column("bus").to_numpy()
+    new_bus = bus * np.where(job_factor > 0, new_factor / np.where(job_factor > 0, job_factor, 1.0), 0.0)
+    payload = bus / np.where(job_factor > 0, job_factor, np.nan)
+    codec = sc.codec_ns_per_byte * np.nan_to_num(payload) if c > 1 else 0.0
+    changed = (~np.isclose(r_new, r_line) & ~(np.isnan(r_new) & np.isnan(r_line))) | (c > 1) \
+        | (sc.workers is not None and sc.workers != model.workers) | (sc.efficiency != "measured")
     if sc.efficiency == "measured":
-        if sc.bandwidth_bps is not None and r_line is None:
+        need = changed & ~np.isnan(r_new) & np.isnan(r_line)
+        if need.any():
             raise ValueError("--efficiency measured needs the line rate the job ran on (--link-bw)")
-        if r_line and r_new:
-            # what the link achieved = wire time at the protocol's efficiency + per-byte work of the hosts
-            # (reductions, copies, the network stack), which a faster link does not shrink
-            wire = 8e9 / (WIRE_EFFICIENCY * r_line)  # ns per byte on the wire
-            host = np.maximum(1.0 / np.maximum(model.link_speed, 1e-12) - wire, 0.0)
-            speed = 1.0 / (8e9 / (WIRE_EFFICIENCY * r_new) + host)
-        else:
-            speed = model.link_speed
+        speed = comm.get_column("speed").to_numpy()
+        wire = 8e9 / (WIRE_EFFICIENCY * r_line)  # ns per byte on the wire
+        host = np.maximum(1.0 / np.maximum(speed, 1e-12) - wire, 0.0)
+        speed = np.where(np.isnan(r_line) | np.isnan(r_new), speed, 1.0 / (8e9 / (WIRE_EFFICIENCY * r_new) + host))
     else:
         eta = 1.0 if sc.efficiency == "full" else float(sc.efficiency)
-        if not r_new:
+        if np.isnan(r_new).any():
             raise ValueError("efficiency 'full' needs a line rate (--bandwidth or --link-bw)")
-        speed = np.full_like(t, eta * r_new / 8e9)  # bytes per ns
-    new = model.latency_ns + new_bus / (c * np.maximum(speed, 1e-12)) + codec
-    # calls of unknown size keep their measured cost
-    return np.where(known, new, t)
+        speed = eta * r_new / 8e9  # bytes per ns
+    unknown = np.isnan(new_bus) | np.isnan(speed)
+    if (unknown & changed).any():
+        raise UnknownSizes("the transfer sizes are not in the traces, so another link cannot be costed: pass "
+                           "--link-bw (the line rate the job ran on) to estimate them from transfer times, or "
+                           + RECORD_SHAPES_HINT)
+    new = model.latency_ns + new_bus / (c * np.maximum(np.nan_to_num(speed, nan=1.0), 1e-12)) + codec
+    # calls the scenario leaves alone and whose size is unknown keep their measured cost
+    return np.where(unknown, t, new)
+
+
+def _link_names(model: Model) -> list[str]:
+    """The selectors a user can give for this job's links."""
+    names = sorted(set(model.comm.get_column("link").drop_nulls().to_list()))
+    out = [f"{n} ({model.pg_desc[n]})" if model.pg_desc.get(n) else n for n in names]
+    return out[:8] + (["…"] if len(out) > 8 else [])
 
 
 def predict(model: Model, sc: Scenario) -> int:
@@ -217,6 +375,11 @@ def predict(model: Model, sc: Scenario) -> int:
     extra = None
     if not sc.free:
         prev, cur, dst = model.fifo
+        # a transfer of unknown size keeps its measured time, which already includes sharing the link with
+        # concurrent transfers: queueing it behind them would count that twice
+        sized = model.comm.get_column("size").to_numpy() != SIZE_UNKNOWN
+        q = sized[prev] & sized[cur]
+        prev, cur, dst = prev[q], cur[q], dst[q]
         a = model.comm.get_column("a").to_numpy()
         extra = (2 * a[prev] + 1, dst, new_t[cur])
     times, _ = replay.replay(g, w, model.chains, extra=extra)
@@ -242,28 +405,32 @@ def iteration_time(model: Model, times: np.ndarray) -> int:
 
 
 def sweep(model: Model, scenarios: list[Scenario]) -> pl.DataFrame:
-    """Rows ``bandwidth_bps, compression, workers, efficiency, iteration_ns, speedup, scaling_factor``."""
+    """Rows ``bandwidth_bps, compression, workers, efficiency, links, iteration_ns, speedup, scaling_factor``
+    (``bandwidth_bps`` NaN where links keep different rates; ``links`` the per-link rates a scenario set)."""
     free = predict(model, Scenario(free=True))
     rows = []
     for sc in scenarios:
         t = predict(model, sc)
         rows.append({
-            "bandwidth_bps": sc.bandwidth_bps or model.line_rate_bps,
+            "bandwidth_bps": (sc.bandwidth_bps or model.line_rate_bps or math.nan) * sc.bandwidth_scale,
             "compression": sc.compression,
             "workers": sc.workers or model.workers,
             "efficiency": str(sc.efficiency),
+            "links": ",".join(f"{k}={format_rate(v)}" for k, v in sc.links) or None,
             "iteration_ns": t,
             "speedup": model.measured_iteration_ns / t if t else math.inf,
             "scaling_factor": free / t if t else 1.0,
         })
     return pl.DataFrame(rows, schema={"bandwidth_bps": pl.Float64, "compression": pl.Float64, "workers": pl.Int64,
-                                      "efficiency": pl.String, "iteration_ns": pl.Int64, "speedup": pl.Float64,
-                                      "scaling_factor": pl.Float64})
+                                      "efficiency": pl.String, "links": pl.String, "iteration_ns": pl.Int64,
+                                      "speedup": pl.Float64, "scaling_factor": pl.Float64})
 
 
 @dataclass(frozen=True)
 class Bottleneck:
-    """The answer to "is the network the bottleneck?", in Zhang et al.'s terms."""
+    """The answer to "is the network the bottleneck?", in Zhang et al.'s terms. ``sizes`` says what the transfer
+    sizes rest on (:attr:`Model.sizes`); ``assumption`` is the sentence a verdict built on estimated sizes must
+    carry; ``scaling_full`` is None when it could not be computed (no line rate, or sizes unknown)."""
 
     measured_ns: int
     free_ns: int
@@ -274,51 +441,70 @@ class Bottleneck:
     bandwidth_needed_bps: float | None
     target: float
     text: str
+    sizes: dict[str, Any] = field(default_factory=dict)
+    assumption: str | None = None
+    bandwidth_needed_factor: float | None = None  # every link's rate times this (per-link rates)
 
 
 def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     """Measured vs full-utilisation vs infinite-bandwidth predictions, and what would reach ``target``; None
-    when the replay predicts no iteration time to compare."""
-    from tracekit.units import format_rate
-
+    when the replay predicts no iteration time to compare. No verdict rests on a size nobody knows: without
+    sizes and without a line rate it says what to pass instead; with sizes estimated from transfer times the
+    verdict names that assumption."""
     free = predict(model, Scenario(free=True))
     measured = predict(model, Scenario())
     if free <= 0 or measured <= 0:
         return None
     sf_measured = free / measured if measured else 1.0
+    sizes = model.sizes
     rate = model.line_rate_bps
-    if rate is None:
-        text = (f"Communication free, this job would run {measured / free:.2f}x faster (scaling factor "
-                f"{sf_measured:.2f} now). Pass --link-bw (the line rate the job ran on) to learn whether the link "
-                "or its use is the bottleneck.")
-        return Bottleneck(measured, free, sf_measured, None, None, None, None, target, text)
-    full = predict(model, Scenario(bandwidth_bps=rate, efficiency="full"))
+    base = (f"Communication free, this job would run {measured / free:.2f}x faster (scaling factor "
+            f"{sf_measured:.2f} now).")
+    if not model.line_rate_known:
+        if sizes[SIZE_UNKNOWN]:
+            text = (f"{base} Whether the link or its use is the bottleneck cannot be told: the transfer sizes are "
+                    "not in the traces (profiled without record_shapes?) and no line rate was given. Pass --link-bw "
+                    "(the line rate the job ran on) for an estimate from transfer times, or " + RECORD_SHAPES_HINT
+                    + " for a measured answer.")
+        else:
+            text = f"{base} Pass --link-bw (the line rate the job ran on) to learn whether the link or its use is " \
+                   "the bottleneck."
+        return Bottleneck(measured, free, sf_measured, None, rate, None, None, target, text, sizes)
+    assumption = None
+    if sizes[SIZE_ESTIMATED]:
+        assumption = (f"This rests on an assumption: {sizes['note']}. For measured sizes, "
+                      + RECORD_SHAPES_HINT + ".")
+    full = predict(model, Scenario(efficiency="full"))
     sf_full = free / full if full else 1.0
-    r = format_rate(rate)
+    r = format_rate(rate) if rate else "each link's"
+    link = f"the {r} link" if rate else "each link's line rate"
+    tail = f" {assumption}" if assumption else ""
     if sf_measured >= target:
-        text = (f"The network is not the bottleneck: the job scales at {sf_measured:.2f} on the {r} link "
-                f"(communication costs {100 * (1 - sf_measured):.0f} % of an iteration).")
-        return Bottleneck(measured, free, sf_measured, sf_full, rate, None, None, target, text)
+        text = (f"The network is not the bottleneck: the job scales at {sf_measured:.2f} on {link} "
+                f"(communication costs {100 * (1 - sf_measured):.0f} % of an iteration).{tail}")
+        return Bottleneck(measured, free, sf_measured, sf_full, rate, None, None, target, text, sizes, assumption)
     if sf_full >= target:
-        text = (f"At full utilisation of the {r} link this job would scale at {sf_full:.2f} instead of "
-                f"{sf_measured:.2f}: the link is not the bottleneck, its use is.")
-        return Bottleneck(measured, free, sf_measured, sf_full, rate, None, None, target, text)
+        text = (f"At full utilisation of {link} this job would scale at {sf_full:.2f} instead of "
+                f"{sf_measured:.2f}: the link is not the bottleneck, its use is.{tail}")
+        return Bottleneck(measured, free, sf_measured, sf_full, rate, None, None, target, text, sizes, assumption)
     need_c = None
     for c in (1.5, 2, 3, 4, 5, 8, 10, 16, 32, 64, 100):
-        if free / predict(model, Scenario(bandwidth_bps=rate, efficiency="full", compression=c)) >= target:
+        if free / predict(model, Scenario(efficiency="full", compression=c)) >= target:
             need_c = float(c)
             break
-    need_r = None
+    need_mult = None
     for mult in (1.5, 2, 2.5, 4, 5, 8, 10, 16, 25, 40, 64, 100, 250, 1000):
-        if free / predict(model, Scenario(bandwidth_bps=rate * mult, efficiency="full")) >= target:
-            need_r = rate * mult
+        if free / predict(model, Scenario(efficiency="full", bandwidth_scale=mult)) >= target:
+            need_mult = float(mult)
             break
+    need_r = rate * need_mult if rate and need_mult else None
     wants = []
     if need_c:
         wants.append(f"≥ {need_c:g}x compression")
-    if need_r:
-        wants.append(f"≥ {format_rate(need_r)}")
+    if need_mult:
+        wants.append(f"≥ {format_rate(need_r)}" if need_r else f"≥ {need_mult:g}x the bandwidth")
     want = " or ".join(wants) if wants else "more than 100x compression or 1000x the bandwidth"
-    text = (f"The link is the bottleneck: even at full utilisation of the {r} link this job would scale at "
-            f"{sf_full:.2f} (now {sf_measured:.2f}); it needs {want} to reach {target:.1f}.")
-    return Bottleneck(measured, free, sf_measured, sf_full, rate, need_c, need_r, target, text)
+    text = (f"The link is the bottleneck: even at full utilisation of {link} this job would scale at "
+            f"{sf_full:.2f} (now {sf_measured:.2f}); it needs {want} to reach {target:.1f}.{tail}")
+    return Bottleneck(measured, free, sf_measured, sf_full, rate, need_c, need_r, target, text, sizes, assumption,
+                      need_mult)

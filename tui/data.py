@@ -53,6 +53,7 @@ class LoadOptions:
     jobs: int | None = None
     step_marker: str | None = None
     link_bw_bps: float | None = None
+    line_rates: tuple[tuple[str, float], ...] = ()  # rates of some links only, by selector (--link-bw dp=...)
 
 
 @dataclass
@@ -157,7 +158,7 @@ def cached_summary(paths: list[str], options: LoadOptions) -> tuple[JobData, res
     run before the app draws its first screen."""
     if not options.use_cache:
         return None
-    key = results_cache.key(paths, options.step_marker, options.link_bw_bps)
+    key = results_cache.key(paths, options.step_marker, options.link_bw_bps, dict(options.line_rates))
     cached = results_cache.load(_results_root(options), key) if key else None
     if cached is None:
         return None
@@ -197,10 +198,12 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     from tracekit.analysis import analyse
 
     analysis = results_cache.analysis_from(traces, cached) if cached is not None else None
-    key = results_cache.key(paths, options.step_marker, options.link_bw_bps) if options.use_cache else None
+    key = results_cache.key(paths, options.step_marker, options.link_bw_bps, dict(options.line_rates)) \
+        if options.use_cache else None
     if analysis is None:
         callbacks.say("analysing", None)
-        analysis = analyse(traces, step_marker=options.step_marker, link_bw_bps=options.link_bw_bps)
+        analysis = analyse(traces, step_marker=options.step_marker, link_bw_bps=options.link_bw_bps,
+                           line_rates=dict(options.line_rates))
         if key:
             with contextlib.suppress(OSError):  # an unwritable cache never stops the inspection
                 results_cache.store(_results_root(options), key, analysis)
