@@ -39,7 +39,7 @@ EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume"
 _ET = {name: i for i, name in enumerate(EDGE_TYPES)}
 ACTIVITY_KINDS = ("compute", "comm", "memory", "cpu_op", "runtime")
 #: consume edges only bind when the thread wakes up this soon after the work ends
-CONSUME_MAX_LAG_NS = 2_000_000
+CONSUME_MAX_LAG_NS = 5_000_000
 #: a consumer may start this long before the recorded end of the gloo work it waited for ...
 CONSUME_EARLY_NS = 10_000_000
 #: ... after an idle gap at least this long
@@ -142,18 +142,61 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     # device-side records of synchronisation (cuda_sync) are the CPU's waiting seen from the GPU, not
     # device work: they only tell which stream a sync call waited for
     df = df.filter(~(pl.col("device").is_not_null() & (pl.col("kind") == "runtime")))
+    df = _nest(df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_id")))
+    # communication recorded on a CPU thread inside other activity (gloo send/recv annotate the caller's thread,
+    # often running on while the thread goes on) is activity of its own, on a lane beside the thread; it would
+    # otherwise swallow every operator it overlaps. Its operator starts it (gloo's enqueue/consume edges) and,
+    # when it lies wholly inside that operator, waits for it (edges in build)
+    nested = ~df.get_column("top") & (df.get_column("kind") == "comm") & df.get_column("device").is_null()
+    if nested.any():
+        ids = df.get_column("_id").to_numpy()
+        parent = pl.Series("comm_parent", np.where(nested.to_numpy(), ids[df.get_column("ancestor").to_numpy()], -1))
+        slot = _slots(df.get_column("rank").to_numpy(), df.get_column("lane").to_numpy(),
+                      df.get_column("start").to_numpy(), df.get_column("end").to_numpy(), nested.to_numpy())
+        df = df.with_columns(parent.replace(-1, None), pl.when(nested).then(
+            pl.col("lane") + " (comm" + pl.Series(slot).cast(pl.String).replace("0", "") + ")").otherwise(
+            pl.col("lane")).alias("lane"))
+        df = _nest(df.drop("top", "ancestor", "lane_id"))
+    else:
+        df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias("comm_parent"))
+    return df
+
+
+def _slots(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarray, pick: np.ndarray) -> np.ndarray:
+    """Per picked row, the lowest slot free at its start among the picked rows of its (rank, lane) — so that
+    asynchronous work that overlaps on one thread gets lanes of its own (interval colouring; only the few
+    communication rows recorded inside other activity go through it)."""
+    import heapq
+
+    out = np.zeros(len(start), dtype=np.int64)
+    rows = np.flatnonzero(pick)
+    rows = rows[np.lexsort((start[rows], lane[rows], rank[rows]))]
+    key = None
+    busy: list[tuple[int, int]] = []  # (end, slot) of open rows
+    free: list[int] = []
+    for i in rows.tolist():
+        k = (rank[i], lane[i])
+        if k != key:
+            key, busy, free = k, [], []
+        while busy and busy[0][0] <= start[i]:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        slot = heapq.heappop(free) if free else len(busy)
+        out[i] = slot
+        heapq.heappush(busy, (int(end[i]), slot))
+    return out
+
+
+def _nest(df: pl.DataFrame) -> pl.DataFrame:
+    """Sort by lane and time and mark nesting on each lane: ``top`` (starts after everything before it on its
+    lane ended), ``ancestor`` (position of its top-level ancestor) and ``lane_id``."""
     df = df.sort(["rank", "lane", "start", "end"], descending=[False, False, False, True])
-    # nesting on CPU threads: an event is top-level if it starts after everything before it ended
     lane_key = df.select(pl.struct(["rank", "lane"]).rank("dense").alias("k")).to_series().to_numpy()
     end = df.get_column("end").to_numpy()
     start = df.get_column("start").to_numpy()
-    n = df.height
     prev_max = _prev_max_per_lane(lane_key.astype(np.int64), start, end)
     top = start >= prev_max
-    pos = np.arange(n)
-    ancestor = np.maximum.accumulate(np.where(top, pos, -1))
-    df = df.with_columns(pl.Series("top", top), pl.Series("ancestor", ancestor), pl.Series("lane_id", lane_key))
-    return df
+    ancestor = np.maximum.accumulate(np.where(top, np.arange(df.height), -1))
+    return df.with_columns(pl.Series("top", top), pl.Series("ancestor", ancestor), pl.Series("lane_id", lane_key))
 
 
 def _prev_max_per_lane(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -220,10 +263,11 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     kind = act.get_column("kind").to_numpy()
     # gloo: enqueue -> work -> the wait that consumes it (may move a work's effective end earlier)
     _gloo_edges(add, act, full, start, end)
+    own = end - start
+    _blocking_comm_edges(add, act, start, end, own)
     node_time = np.empty(2 * n, dtype=np.int64)
     node_time[0::2] = start
     node_time[1::2] = end
-    own = end - start
     # communication: own work is the transfer once the collective is matched (set below)
     is_comm = kind == "comm"
     # program order on each lane
@@ -458,29 +502,66 @@ def _gloo_edges(add, act: pl.DataFrame, full: pl.DataFrame, start: np.ndarray, e
     add(2 * a[ok] + 1, 2 * consumer[ok], 0, "consume")
 
 
+def _blocking_comm_edges(add, act: pl.DataFrame, start: np.ndarray, end: np.ndarray, own: np.ndarray) -> None:
+    """An operator that runs communication on its own thread and lies around all of it (``comm_parent``, see
+    :func:`activities`) starts it (``enqueue``, lag: where in the operator it began) and waits for it (``sync``,
+    lag: the operator's work after it); the time it was blocked is not its own work. Communication that runs
+    on past its operator is asynchronous: gloo's enqueue and consume edges place it."""
+    child = act.filter(pl.col("comm_parent").is_not_null()).select(["a", "comm_parent"])
+    if child.height == 0:
+        return
+    ids = act.get_column("_id").to_numpy()
+    a_of_id = np.full(int(max(ids.max(), child.get_column("comm_parent").max())) + 1, -1, dtype=np.int64)  # type: ignore[arg-type]
+    a_of_id[ids] = act.get_column("a").to_numpy()
+    parent = a_of_id[child.get_column("comm_parent").to_numpy()]
+    c = child.get_column("a").to_numpy()
+    ok = (parent >= 0) & (end[c] <= end[np.maximum(parent, 0)]) & (start[c] >= start[np.maximum(parent, 0)])
+    c, parent = c[ok], parent[ok]
+    add(2 * parent, 2 * c, start[c] - start[parent], "enqueue")
+    add(2 * c + 1, 2 * parent + 1, np.maximum(end[parent] - end[c], 0), "sync")
+    np.subtract.at(own, parent, end[c] - start[c])
+    np.maximum(own, 0, out=own)
+
+
 def _collective_edges(add, act: pl.DataFrame, instances: pl.DataFrame, start: np.ndarray, end: np.ndarray,
                       own: np.ndarray) -> None:
-    """No member ends before the last member arrived: member k's start → member j's end, lag = j's
-    transfer (its end minus the latest start); j's own work becomes that transfer."""
+    """No member ends before the data could move: member k's start → member j's end, lag = j's transfer (its
+    end minus the latest start); j's own work becomes that transfer. A send/recv pair (``send`` known) is
+    one-sided: the receive cannot end before the send began plus its transfer, while an eager send may
+    finish before the receive is posted — one edge, send start → receive end."""
+    cols = ["rank", "collective_id", "instance", *(["send"] if "send" in instances.columns else [])]
     comm = act.filter((pl.col("kind") == "comm") & pl.col("collective_id").is_not_null()).select(
         ["a", "rank", "collective_id"])
-    m = comm.join(instances.select(["rank", "collective_id", "instance"]).with_columns(
+    m = comm.join(instances.select(cols).with_columns(
         pl.col("rank").cast(pl.Int32), pl.col("collective_id").cast(pl.Int64)),
         on=["rank", "collective_id"], how="inner")
+    if "send" not in m.columns:
+        m = m.with_columns(pl.lit(None, dtype=pl.Boolean).alias("send"))
     if m.height == 0:
         return
     m = m.with_columns(pl.Series("s", start[m.get_column("a").to_numpy()]),
                        pl.Series("e", end[m.get_column("a").to_numpy()]))
-    m = m.with_columns(pl.col("s").max().over("instance").alias("last"), pl.len().over("instance").alias("n"))
-    m = m.filter(pl.col("n") > 1)
+    p2p = pl.col("send").is_not_null().any().over("instance")
+    m = m.with_columns(pl.when(p2p).then(pl.col("s").filter(pl.col("send")).min().over("instance"))
+                       .otherwise(pl.col("s").max().over("instance")).alias("last"),
+                       pl.len().over("instance").alias("n"), p2p.alias("p2p"))
+    m = m.filter((pl.col("n") > 1) & pl.col("last").is_not_null())
     if m.height == 0:
         return
-    transfer = np.maximum(m.get_column("e").to_numpy() - m.get_column("last").to_numpy(), 0)
+    receives = ~(m.get_column("p2p") & m.get_column("send").fill_null(False)).to_numpy()  # ends constrained
+    last = m.get_column("last").to_numpy()
+    s = m.get_column("s").to_numpy()
+    transfer = np.maximum(m.get_column("e").to_numpy() - np.maximum(last, s), 0)
     a = m.get_column("a").to_numpy()
-    own[a] = transfer
-    pairs = m.select(["instance", pl.col("a").alias("src")]).join(
-        m.select(["instance", pl.col("a").alias("dst")]).with_columns(pl.Series("t", transfer)),
-        on="instance")
+    own[a[receives]] = transfer[receives]
+    # a receive posted before the send ends when the data has arrived (the edge from the send); one posted
+    # after it finds the data there, and what it did was local work (its own edge)
+    early = receives & m.get_column("p2p").to_numpy() & (s <= last)
+    own[a[early]] = 0
+    m = m.with_columns(pl.Series("t", transfer), pl.Series("_in", receives))
+    # sources: every member of a collective; only the sender of a pair
+    src = m.filter(~pl.col("p2p") | pl.col("send").fill_null(False)).select(["instance", pl.col("a").alias("src")])
+    pairs = src.join(m.filter(pl.col("_in")).select(["instance", pl.col("a").alias("dst"), "t"]), on="instance")
     pairs = pairs.filter(pl.col("src") != pl.col("dst"))
     add(2 * pairs.get_column("src").to_numpy(), 2 * pairs.get_column("dst").to_numpy() + 1,
         pairs.get_column("t").to_numpy(), "collective")
