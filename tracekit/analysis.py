@@ -84,7 +84,7 @@ class Analysis:
         # Horovod's phases are a coordinator's per-tensor view, not a thread's program order: the graph (critical
         # path, what-if) is built from the profiler traces only
         events = self.events if self.horovod is None else horovod.without_timeline(self.events)
-        return dag.build(events, self.ranks, whatif.consistent_members(self.members, self.instances))
+        return dag.build(events, self.ranks, whatif.consistent_members(self.members, self.instances, self.collectives))
 
     @cached_property
     def critical_path(self) -> pl.DataFrame:

@@ -327,10 +327,26 @@ def _pairs(m: pl.DataFrame) -> pl.DataFrame:
 
 
 def _consistency(m: pl.DataFrame, off: pl.DataFrame, tol: float) -> pl.DataFrame:
-    """Per instance (``tmp``): whether the last arrival precedes the first end in the job clock."""
+    """Per instance (``tmp``): whether the last arrival precedes the first end in the job clock — for a
+    send/recv pair, whether the receive ends after the send began (an eager send may finish before the
+    receive is posted)."""
     j = m.join(off, on="domain").with_columns((pl.col("start_ns") + pl.col("off")).alias("s"),
                                               (pl.col("end_ns") + pl.col("off")).alias("e"))
-    return j.group_by("tmp").agg(((pl.col("s").max() - pl.col("e").min()) <= tol).alias("consistent"))
+    ready = _ready(j)
+    j = j.join(ready, on="tmp", how="left")
+    p2p = pl.col("k_mode").first() == 2
+    return j.group_by("tmp").agg(pl.when(p2p).then(
+        (pl.col("ready").first() - pl.col("e").filter(pl.col("op") == "recv").min()).fill_null(0) <= tol)
+        .otherwise((pl.col("s").max() - pl.col("e").min()) <= tol).alias("consistent"))
+
+
+def _ready(c: pl.DataFrame) -> pl.DataFrame:
+    """Per instance (``tmp``): when its data could start moving (``ready``) — the last member's arrival for a
+    collective; the send's start for a send/recv pair, whose receiver waits for the sender but not the other
+    way round (``s``: start in the job clock)."""
+    return c.group_by("tmp").agg(pl.when(pl.col("k_mode").first() == 2).then(
+        pl.coalesce(pl.col("s").filter(pl.col("op") == "send").min(), pl.col("s").max()))
+        .otherwise(pl.col("s").max()).alias("ready"))
 
 
 @dataclass
@@ -437,12 +453,14 @@ def match(collectives: pa.Table, ranks: pa.Table, *, groups: dict[str, list[int]
                            pl.when(pl.col("mode") == 0).then(pl.lit("pg+seq")).when(pl.col("mode") == 1)
                            .then(pl.lit("order")).when(pl.col("mode") == 2).then(pl.lit("p2p order"))
                            .otherwise(pl.lit("unmatched")).alias("matched_by"))
-    # members: wait and transfer in the job clock
+    # members: wait and transfer in the job clock, from the time the data could start moving (``ready``)
     c = c.join(agg.select(["tmp", "last_start_ns", "consistent", "straggler_rank"]).rename(
         {"consistent": "i_ok"}), on="tmp")
+    c = c.join(_ready(c), on="tmp", how="left").with_columns(
+        pl.max_horizontal("ready", "s").clip(upper_bound=pl.col("e")).alias("_from"))
     c = c.with_columns(
-        pl.when(pl.col("i_ok")).then(pl.col("last_start_ns") - pl.col("s")).alias("wait_ns"),
-        pl.when(pl.col("i_ok")).then(pl.col("e") - pl.col("last_start_ns")).alias("transfer_ns"),
+        pl.when(pl.col("i_ok")).then(pl.col("_from") - pl.col("s")).alias("wait_ns"),
+        pl.when(pl.col("i_ok")).then(pl.col("e") - pl.col("_from")).alias("transfer_ns"),
         (pl.col("rank") == pl.col("straggler_rank")).fill_null(False).alias("straggler"),
     )
     per = c.group_by("tmp").agg(pl.col("wait_ns").sum().alias("wait_ns"),
@@ -597,8 +615,9 @@ def comm_split(events: pa.Table, matching: Matching) -> pl.DataFrame:
     """WAIT / TRANSFER / UNSPLIT intervals replacing every communication event, in each rank's own clock
     (``rank, start_ns, end_ns, cls``) — the ``comm_split`` input of :func:`tracekit.attribution.breakdown`.
 
-    A member of a complete, consistent instance waits from its start until the last member arrived
-    (converted back to its own clock) and transfers from then to its end; concurrent communication (two
+    A member of a complete, consistent instance waits from its start until its data could move — the last
+    member's arrival; for a receive, the send's start — and transfers from then to its end (its
+    ``collective_members.wait_ns``); concurrent communication (two
     gloo threads) is split interval by interval and the sweep unions the pieces. Everything else —
     events of unmatched, partial or inconsistent calls, communication without a collective row — is
     UNSPLIT, which keeps that window's wait/transfer unknown rather than guessed.
@@ -608,18 +627,16 @@ def comm_split(events: pa.Table, matching: Matching) -> pl.DataFrame:
     ev = ev.filter(pl.col("kind").cast(pl.String) == "comm").select(
         pl.col("rank").cast(pl.Int32), "start_ns", (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"),
         "collective_id")
-    mem = pl.from_arrow(matching.members.select(["instance", "rank", "collective_id"]))
-    inst = pl.from_arrow(matching.instances.select(["instance", "last_start_ns", "ranks", "partial", "consistent",
-                                                    "sizes_agree"]))
+    mem = pl.from_arrow(matching.members.select(["instance", "rank", "collective_id", "wait_ns"]))
+    inst = pl.from_arrow(matching.instances.select(["instance", "ranks", "partial", "consistent", "sizes_agree"]))
     assert isinstance(mem, pl.DataFrame) and isinstance(inst, pl.DataFrame)
     inst = inst.filter((pl.col("ranks").list.len() >= 2) & ~pl.col("partial") & pl.col("consistent")
-                       & pl.col("sizes_agree")).select(["instance", "last_start_ns"])
-    off = matching.clocks.select(["rank", "clock_offset_ns"]) if matching.clocks.height else \
-        pl.DataFrame(schema={"rank": pl.Int32, "clock_offset_ns": pl.Int64})
-    j = (ev.join(mem, on=["rank", "collective_id"], how="left").join(inst, on="instance", how="left")
-         .join(off, on="rank", how="left"))
-    split_at = (pl.col("last_start_ns") - pl.col("clock_offset_ns").fill_null(0)).clip(pl.col("start_ns"),
-                                                                                         pl.col("end_ns"))
+                       & pl.col("sizes_agree")).select(["instance"])
+    j = ev.join(mem, on=["rank", "collective_id"], how="left").join(inst.with_columns(pl.lit(True).alias("_ok")),
+                                                                     on="instance", how="left")
+    # a member waits from its start for ``wait_ns`` (until the data could move), then transfers
+    split_at = pl.when(pl.col("_ok")).then((pl.col("start_ns") + pl.col("wait_ns")).clip(pl.col("start_ns"),
+                                                                                          pl.col("end_ns")))
     j = j.with_columns(split_at.alias("p"))
     known = j.filter(pl.col("p").is_not_null())
     unknown = j.filter(pl.col("p").is_null())

@@ -105,6 +105,13 @@ class Model:
     pg_desc: dict[str, str] = field(default_factory=dict)  # process group name -> description (pg_config)
 
     @property
+    def receiver(self) -> np.ndarray:
+        """Per comm row: the receiving side of a matched send/recv pair (its link time is the sender's)."""
+        if "send" not in self.comm.columns:
+            return np.zeros(self.comm.height, dtype=bool)
+        return (self.comm.get_column("send") == False).fill_null(False).to_numpy()  # noqa: E712
+
+    @property
     def sizes(self) -> dict[str, Any]:
         """How the transfer sizes the model uses were obtained: counts per kind, and the assumption behind the
         estimated ones (``None`` when every size was recorded)."""
@@ -134,9 +141,11 @@ class Model:
 HOST_NS_PER_BYTE = {"gloo": 1.5, "nccl": 0.0}
 
 
-def consistent_members(members: pa.Table | None, instances: pa.Table | None) -> pl.DataFrame | None:
-    """``rank, collective_id, instance`` of the members of instances that are consistent in time (the
-    collective edges of the dependency graph)."""
+def consistent_members(members: pa.Table | None, instances: pa.Table | None,
+                       collectives: pa.Table | None = None) -> pl.DataFrame | None:
+    """``rank, collective_id, instance, send`` of the members of instances that are consistent in time (the
+    collective edges of the dependency graph); ``send`` is true for the sending member of a send/recv pair,
+    false for the receiving one, null in a collective (from ``collectives``' ops when given)."""
     if members is None or members.num_rows == 0:
         return None
     m = pl.from_arrow(members.select(["instance", "rank", "collective_id"]))
@@ -145,6 +154,16 @@ def consistent_members(members: pa.Table | None, instances: pa.Table | None) -> 
         ok = pl.from_arrow(instances.select(["instance", "consistent"]))
         assert isinstance(ok, pl.DataFrame)
         m = m.join(ok.filter(pl.col("consistent").fill_null(False)).select("instance"), on="instance", how="semi")
+    if collectives is not None and collectives.num_rows and instances is not None and instances.num_rows:
+        ops = pl.from_arrow(collectives.select(["rank", "collective_id", "op"]))
+        pair = pl.from_arrow(instances.select(["instance", "op"]))
+        assert isinstance(ops, pl.DataFrame) and isinstance(pair, pl.DataFrame)
+        pairs = pair.filter(pl.col("op") == "sendrecv").select("instance")
+        m = m.join(ops.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "collective_id"], how="left").join(
+            pairs.with_columns(pl.lit(True).alias("_p2p")), on="instance", how="left").with_columns(
+            pl.when(pl.col("_p2p")).then(pl.col("op") == "send").alias("send")).drop("op", "_p2p")
+    else:
+        m = m.with_columns(pl.lit(None, dtype=pl.Boolean).alias("send"))
     return m
 
 
@@ -168,7 +187,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
 
     ``line_rate_bps`` is the rate every link ran at; ``line_rates`` maps selectors (:func:`selects`) to the rate
     of some links only, and wins where both apply. ``pg_desc`` names process groups' descriptions."""
-    inst = consistent_members(members, instances)
+    inst = consistent_members(members, instances, collectives)
     g = graph if graph is not None else dag.build(events, ranks, inst)
     act = g.act
     coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source", "pg"]))
@@ -368,7 +387,8 @@ def predict(model: Model, sc: Scenario) -> int:
     g = model.graph
     w = g.weight().copy()
     new_t = np.rint(transfers(model, sc)).astype(np.int64)
-    valid = model.own_edge >= 0
+    # the receiver of a send/recv pair: the data's time is on the edge from the send; its own edge is local work
+    valid = (model.own_edge >= 0) & ~model.receiver
     w[model.own_edge[valid]] = new_t[valid] + g.slack[model.own_edge[valid]]
     ok = model.coll_edge_row >= 0
     w[model.coll_edges[ok]] = new_t[model.coll_edge_row[ok]] + g.slack[model.coll_edges[ok]]
@@ -377,7 +397,7 @@ def predict(model: Model, sc: Scenario) -> int:
         prev, cur, dst = model.fifo
         # a transfer of unknown size keeps its measured time, which already includes sharing the link with
         # concurrent transfers: queueing it behind them would count that twice
-        sized = model.comm.get_column("size").to_numpy() != SIZE_UNKNOWN
+        sized = (model.comm.get_column("size").to_numpy() != SIZE_UNKNOWN) & ~model.receiver
         q = sized[prev] & sized[cur]
         prev, cur, dst = prev[q], cur[q], dst[q]
         a = model.comm.get_column("a").to_numpy()
