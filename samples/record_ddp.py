@@ -214,7 +214,8 @@ def build_job(cfg: RecordConfig, rank: int, world: int) -> tuple[Any, Any, Any]:
         blocks = [mods[i : i + 2] for i in range(0, 2 * cfg.layers, 2)]  # (layer, activation) pairs
         per = [len(b) for b in _split(blocks, world)]
         lo = sum(per[:rank])
-        stage_mods = [m for b in blocks[lo : lo + per[rank]] for m in b] + (mods[2 * cfg.layers :] if rank == world - 1 else [])
+        head = mods[2 * cfg.layers :] if rank == world - 1 else []
+        stage_mods = [m for b in blocks[lo : lo + per[rank]] for m in b] + head
         module = nn.Sequential(*stage_mods)
         sched = ScheduleGPipe(PipelineStage(module, rank, world, torch.device("cpu")), n_microbatches=cfg.microbatches,
                               loss_fn=loss_fn)
