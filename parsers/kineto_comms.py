@@ -10,7 +10,6 @@ convention (the full buffer), ``count`` the NCCL element count.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit import schema
-from tracekit.schema import clean_text
+from tracekit.schema import clean_text, normalise_op
 
 #: element size in bytes of c10 ScalarType names (``dtype``), C++ type names (``Input type``) and
 #: common spellings of other writers
@@ -38,32 +37,6 @@ DTYPE_BYTES: dict[str, int] = {
     }.items()
     for name in names
 }
-
-_OPS = {
-    "allreduce": "allreduce", "all_reduce": "allreduce",
-    "allgather": "allgather", "all_gather": "allgather", "allgatherv": "allgather",
-    "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter",
-    "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoallv": "all_to_all",
-    "all_to_allv": "all_to_all", "broadcast": "broadcast", "bcast": "broadcast", "reduce": "reduce",
-    "send": "send", "recv": "recv", "sendrecv": "sendrecv", "barrier": "barrier", "gather": "gather",
-    "scatter": "scatter", "generic": "generic",
-}
-_SUFFIXES = re.compile(r"(_base|_coalesced|_into_tensor|_tensor|_single|_)+$")
-_KERNEL_FUNC = re.compile(r"(?:ncclDevKernel|ncclSymkDevKernel|ncclKernel)_([A-Za-z]+)|nccl([A-Z][A-Za-z]+?)"
-                          r"(?:Ring|Tree|CollNet)?(?:LL128|LL)?Kernel_")
-
-
-def normalise_op(name: str | None) -> str | None:
-    """``c10d::_allgather_base_``, ``nccl:all_reduce``, ``AllReduce``, kernel names → tracekit op."""
-    if not name or not isinstance(name, str):
-        return None
-    m = _KERNEL_FUNC.search(name)
-    if m:
-        name = m.group(1) or m.group(2)
-    n = name.split("::")[-1].split(":")[-1].strip("_").lower()
-    n = _SUFFIXES.sub("", n).strip("_")
-    return _OPS.get(n, _OPS.get(n.replace("_", ""), n or None))
-
 
 def _elements(dims: Any) -> list[int]:
     """Element counts of each tensor in an ``Input Dims`` value (nested for TensorLists)."""

@@ -35,6 +35,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.schema import normalise_op
+
 EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume", "collective")
 _ET = {name: i for i, name in enumerate(EDGE_TYPES)}
 ACTIVITY_KINDS = ("compute", "comm", "memory", "cpu_op", "runtime")
@@ -159,7 +161,71 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
         df = _nest(df.drop("top", "ancestor", "lane_id"))
     else:
         df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias("comm_parent"))
-    return df
+    return _split_waits(df)
+
+
+def _split_waits(df: pl.DataFrame) -> pl.DataFrame:
+    """Cut top-level CPU operators where they wait inside for communication of their rank: a gap of at least
+    :data:`CONSUME_MIN_GAP_NS` in which none of the operator's innermost calls runs (before the first, between
+    two, or after the last) and gloo work of the rank ends (FSDP's backward hooks wait for all-gathers inside ``autograd::engine::evaluate_function``; a
+    pipeline schedule waits for its receives). The wait becomes idle time between two pieces of the operator,
+    which the consume edges then tie to the work it waited for — otherwise the wait would count as the
+    operator's own work, and no faster link would ever shorten it."""
+    cpu = df.get_column("device").is_null().to_numpy()
+    kind = df.get_column("kind").to_numpy()
+    comm = cpu & (kind == "comm")
+    top = df.get_column("top").to_numpy()
+    anc_all = df.get_column("ancestor").to_numpy()
+    start = df.get_column("start").to_numpy()
+    end = df.get_column("end").to_numpy()
+    # leaves: nothing starts inside them on their lane (rows are sorted by lane and start)
+    lane_id = df.get_column("lane_id").to_numpy()
+    leaf = np.ones(df.height, dtype=bool)
+    leaf[:-1] = ~((lane_id[1:] == lane_id[:-1]) & (start[1:] < end[:-1]))
+    # a wait is where no leaf runs: an intermediate operator (RegisterPostBackwardFunctionBackward) may span it
+    child = cpu & ~top & leaf & (kind[anc_all] != "comm")  # operators, never communication itself
+    if not comm.any() or not child.any():
+        return df
+    rank = df.get_column("rank").to_numpy().astype(np.int64)
+    anc = df.get_column("ancestor").to_numpy()
+    ci = np.flatnonzero(child)
+    a = anc[ci]
+    prev = _prev_max_per_lane(a.astype(np.int64), start[ci], end[ci])
+    lo = np.iinfo(np.int64).min
+    gap_s = np.where(prev == lo, start[a], prev)
+    gap_e = start[ci]
+    # after the last child until the operator ends
+    tail_a = a[np.flatnonzero(np.append(a[1:] != a[:-1], True))]
+    child_end_max = pl.DataFrame({"a": a, "e": end[ci]}).group_by("a", maintain_order=True).agg(
+        pl.col("e").max()).get_column("e").to_numpy()
+    g_a = np.concatenate([a, tail_a])
+    g_s = np.concatenate([gap_s, child_end_max])
+    g_e = np.concatenate([gap_e, end[tail_a]])
+    big = (g_e - g_s) >= CONSUME_MIN_GAP_NS
+    g_a, g_s, g_e = g_a[big], g_s[big], g_e[big]
+    if g_a.size == 0:
+        return df
+    # gloo work of the same rank (on another lane) ending inside the gap
+    t0 = int(min(start.min(), g_s.min()))
+    span = int(max(end.max(), g_e.max())) - t0 + 2
+    ck = np.sort(rank[comm] * span + (end[comm] - t0))
+    gr = rank[g_a] * span
+    hits = np.searchsorted(ck, gr + (g_e - t0), side="right") - np.searchsorted(ck, gr + (g_s - t0), side="left")
+    keep = hits > 0
+    g_a, g_s, g_e = g_a[keep], g_s[keep], g_e[keep]
+    if g_a.size == 0:
+        return df
+    ua = np.unique(g_a)
+    seg_a = np.concatenate([ua, g_a])
+    seg_start = np.concatenate([start[ua], g_e])
+    seg_end = np.concatenate([end[ua], g_s])
+    o1 = np.lexsort((seg_start, seg_a))
+    o2 = np.lexsort((seg_end, seg_a))
+    seg_a, seg_start, seg_end = seg_a[o1], seg_start[o1], seg_end[o2]
+    pieces = df[seg_a].with_columns(pl.Series("start", seg_start), pl.Series("end", seg_end),
+                                    pl.Series("dur", seg_end - seg_start))
+    rest = df.filter(~pl.Series(np.isin(np.arange(df.height), ua)))
+    return _nest(pl.concat([rest, pieces]).drop("top", "ancestor", "lane_id"))
 
 
 def _slots(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarray, pick: np.ndarray) -> np.ndarray:
@@ -444,6 +510,12 @@ def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, sta
     add(2 * a_ids[ci[ok]] + 1, 2 * a_ids[cand[ok]], 0, "stream")
 
 
+def _gloo_family(name: str) -> str:
+    """The op a c10d operator or a gloo work item runs, as gloo runs it (see :func:`_gloo_edges`)."""
+    op = normalise_op(name) or name
+    return "allreduce" if op == "reduce_scatter" else op
+
+
 def _gloo_edges(add, act: pl.DataFrame, full: pl.DataFrame, start: np.ndarray, end: np.ndarray) -> None:
     """CPU jobs: c10d enqueue → gloo work (k-th enqueue of a size → k-th work of that size, FIFO), and
     the work's end → the next operator of the enqueuing thread when that thread idled until then."""
@@ -455,7 +527,10 @@ def _gloo_edges(add, act: pl.DataFrame, full: pl.DataFrame, start: np.ndarray, e
     if enq.height == 0:
         return
     # c10d::allreduce_ and gloo:all_reduce are the same op: pair the k-th of each per rank and op
-    family = pl.col("name").str.split(":").list.last().str.replace_all("_", "").alias("op")
+    # the same op on both sides (c10d::_allgather_base_ is gloo:all_gather); gloo runs a reduce-scatter as an
+    # all-reduce (FSDP on gloo), so the two pair up too
+    names = pl.concat([work.get_column("name"), enq.get_column("name")]).unique().to_list()
+    family = pl.col("name").replace_strict({n: _gloo_family(n) for n in names}, return_dtype=pl.String).alias("op")
     work = work.sort(["rank", "start"]).with_columns(family).with_columns(
         pl.int_range(pl.len()).over(["rank", "op"]).alias("k"))
     enq = enq.sort(["rank", "start"]).with_columns(family).with_columns(

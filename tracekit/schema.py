@@ -7,6 +7,7 @@ durations are int64 ``*_ns``; ratios are float ``*_share`` / ``*_utilisation``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -308,3 +309,31 @@ class ParsedFile:
     #: set when the parser spilled to disk (bounded memory): ``events`` is this Arrow IPC file,
     #: memory-mapped; read it batch by batch (``pa.ipc.open_file``) to stay within the memory bound
     events_file: str | None = None
+
+
+# --- the vocabulary of collective ops (``collectives.op``) ---
+
+_OPS = {
+    "allreduce": "allreduce", "all_reduce": "allreduce",
+    "allgather": "allgather", "all_gather": "allgather", "allgatherv": "allgather",
+    "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+    "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoallv": "all_to_all",
+    "all_to_allv": "all_to_all", "broadcast": "broadcast", "bcast": "broadcast", "reduce": "reduce",
+    "send": "send", "recv": "recv", "sendrecv": "sendrecv", "barrier": "barrier", "gather": "gather",
+    "scatter": "scatter", "generic": "generic",
+}
+_SUFFIXES = re.compile(r"(_base|_coalesced|_into_tensor|_tensor|_single|_)+$")
+_KERNEL_FUNC = re.compile(r"(?:ncclDevKernel|ncclSymkDevKernel|ncclKernel)_([A-Za-z]+)|nccl([A-Z][A-Za-z]+?)"
+                          r"(?:Ring|Tree|CollNet)?(?:LL128|LL)?Kernel_")
+
+
+def normalise_op(name: str | None) -> str | None:
+    """``c10d::_allgather_base_``, ``nccl:all_reduce``, ``AllReduce``, kernel names → tracekit op."""
+    if not name or not isinstance(name, str):
+        return None
+    m = _KERNEL_FUNC.search(name)
+    if m:
+        name = m.group(1) or m.group(2)
+    n = name.split("::")[-1].split(":")[-1].strip("_").lower()
+    n = _SUFFIXES.sub("", n).strip("_")
+    return _OPS.get(n, _OPS.get(n.replace("_", ""), n or None))
