@@ -278,3 +278,32 @@ def test_hta_sampled_pair(shared_data: Path) -> None:
     msgs = [str(x) for x in r.diagnostics]
     assert any("impossible in time" in m for m in msgs)
     assert not any("disagree on the size" in m for m in msgs)
+
+
+def test_a_call_of_unknown_size_takes_its_peers_size() -> None:
+    """Rank 1 recorded no sizes: its calls take the size rank 0 recorded for the same instance."""
+    rows = {"rank": [0, 0, 1, 1], "collective_id": [0, 1, 0, 1], "op": ["allreduce"] * 4,
+            "bytes": [4096, 8192, None, None], "nranks": [2] * 4, "start_ns": [0, 100, 5, 105],
+            "end_ns": [50, 150, 50, 150], "source": ["gloo"] * 4, "size_source": ["shapes", "shapes", None, None]}
+    colls = schema.table(schema.COLLECTIVES, rows)
+    ranks = schema.table(schema.RANKS, {"rank": [0, 1], "host": ["a", "a"]})
+    m = collectives.match(colls, ranks)
+    out = _df(collectives.fill_sizes(colls, m)).sort(["rank", "collective_id"])
+    assert out.get_column("bytes").to_list() == [4096, 8192, 4096, 8192]
+    assert out.get_column("size_source").to_list() == ["shapes", "shapes", "peer", "peer"]
+
+
+def test_send_and_recv_without_peers_pair_up_in_a_group_of_two() -> None:
+    """gloo names no peer; in a two-rank job the peer is the other rank. An eager send may end before its
+    receive is posted; the receive waits for the send, never the other way round."""
+    rows = {"rank": [0, 1], "collective_id": [0, 0], "op": ["send", "recv"], "bytes": [1024, 1024],
+            "nranks": [2, 2], "start_ns": [0, 300], "end_ns": [200, 350], "source": ["gloo"] * 2}
+    colls = schema.table(schema.COLLECTIVES, rows)
+    ranks = schema.table(schema.RANKS, {"rank": [0, 1], "host": ["a", "a"]})
+    m = collectives.match(colls, ranks)
+    inst = _df(m.instances)
+    assert inst.height == 1 and inst.row(0, named=True)["matched_by"] == "p2p order"
+    assert inst.row(0, named=True)["consistent"]
+    mem = _df(m.members).sort("rank")
+    assert mem.get_column("wait_ns").to_list() == [0, 0]
+    assert mem.get_column("transfer_ns").to_list() == [200, 50]

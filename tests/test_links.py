@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -115,3 +116,27 @@ def test_verdict_without_matching_says_why(tmp_path: Path) -> None:
     text = verdict.paragraph(summary.job(r.breakdown), summary.stragglers(r.instances),
                              summary.collectives_overview(r.instances), n_ranks=1)
     assert "with one rank" in text and "--link-bw" in text and "waiting included" in text
+
+
+def test_parse_link_rates() -> None:
+    from tracekit.units import parse_link_rates
+
+    assert parse_link_rates("10gbit") == (10e9, {})
+    assert parse_link_rates("dp=25Gbit,tp=900GB/s") == (None, {"dp": 25e9, "tp": 7200e9})
+    assert parse_link_rates("1gbit, inter=100mbit") == (1e9, {"inter": 100e6})
+    for bad, says in (("1gbit,2gbit", "two rates"), ("dp=", "expected a number"), ("d p=1gbit", "not a process"),
+                      ("dp=1gbit,,", "empty item")):
+        with pytest.raises(TraceError, match=says):
+            parse_link_rates(bad)
+
+
+def test_a_window_with_a_call_of_unknown_size_has_unknown_bytes() -> None:
+    """An unknown size is never summed as zero; a barrier moves nothing, whatever its size."""
+    from tracekit.attribution import bytes_per_window
+
+    c = pl.DataFrame({"rank": [0, 0, 0, 0], "start_ns": [10, 20, 110, 120], "op": ["allreduce", "allreduce",
+                                                                                  "allreduce", "barrier"],
+                      "bytes": [100, None, 100, None]}, schema={"rank": pl.Int32, "start_ns": pl.Int64,
+                                                               "op": pl.String, "bytes": pl.Int64})
+    got = bytes_per_window(c, np.array([0, 0]), np.array([0, 100]), np.array([100, 200]))
+    assert got.to_pylist() == [None, 100]

@@ -348,6 +348,7 @@ def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
                           line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows,
                           sizes=summary.transfer_sizes(result.collectives)),
         "bottleneck": _bottleneck_json(result),
+        "contention": result.whatif.contention.as_dict() if result.bottleneck is not None else None,
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
         "notes": result.notes,
         "diagnostics": [str(d) for d in result.diagnostics],

@@ -171,7 +171,8 @@ def _keys(c: pl.DataFrame) -> pl.DataFrame:
     c = c.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(["rank", *_KEY]).alias("k_ord"))
     # second stage for first-stage instances that miss a rank or whose members disagree on the size
     users = pl.col("rank").n_unique().over(["k_mode", "k_pg", "k_op"])
-    rejected = (pl.col("k_bytes") == -4) & ((pl.col("bytes").n_unique().over([*_KEY, "k_ord"]) > 1)
+    # a rank that recorded no size (null) disagrees with nobody
+    rejected = (pl.col("k_bytes") == -4) & ((pl.col("bytes").drop_nulls().n_unique().over([*_KEY, "k_ord"]) > 1)
                                             | (pl.len().over([*_KEY, "k_ord"]) < users))
     c = c.with_columns(rejected.alias("_rej"))
     c = c.with_columns(pl.when("_rej").then(pl.col("k_ord")).alias("s1"),

@@ -29,7 +29,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit import dag, replay
+from tracekit import contention, dag, replay
 from tracekit.dag import EDGE_TYPES, Graph
 from tracekit.intervals import union_length
 from tracekit.links import bus_bytes_expr, bus_factor_expr
@@ -43,6 +43,8 @@ DEFAULT_LATENCY_NS = {"nccl": 20_000, "gloo": 100_000}
 #: share of the line rate a busy link carries as payload (headers, acknowledgements; TCP over Ethernet
 #: carries 1448 of 1514 bytes per frame, 95.6 %; InfiniBand is similar)
 WIRE_EFFICIENCY = 0.95
+#: replays that re-cost compute by the predicted schedule's overlap with transfers (a fixed-point iteration)
+CONTENTION_ROUNDS = 2
 #: encode + decode cost of gradient compression, ns per payload byte (about 15 ms for ResNet-50's
 #: 102 MB, in the range Agarwal et al. (MLSys 2022) measured for PowerSGD / top-k on V100s)
 DEFAULT_CODEC_NS_PER_BYTE = 0.15
@@ -103,6 +105,12 @@ class Model:
     measured_iteration_ns: int
     backend: str = "nccl"
     pg_desc: dict[str, str] = field(default_factory=dict)  # process group name -> description (pg_config)
+    #: compute slowed by communication in flight (:mod:`tracekit.contention`), and per compute activity its
+    #: own edge, the duration it would take alone, and its rank
+    contention: contention.Contention = contention.NONE
+    compute_edge: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    compute_base: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    compute_act: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def receiver(self) -> np.ndarray:
@@ -139,6 +147,11 @@ class Model:
 #: job has a known size: gloo's CPU reduction and TCP stack measured 1.4-2.9 ns/B on this project's 2-core VM
 #: with sizes recorded (benchmarks/whatif_accuracy.py); NCCL reduces on the GPU, off the host's path
 HOST_NS_PER_BYTE = {"gloo": 1.5, "nccl": 0.0}
+#: the most host work per byte a measured link is credited with; what a slow link loses beyond the wire and
+#: this is the protocol's inefficiency (TCP at a low rate, small messages), which shrinks with a faster link.
+#: gloo: the most this VM's cores spent reducing and pushing a byte through TCP on a fast link (1.4-2.9 ns/B
+#: with sizes recorded at 1-3 Gbit/s); NCCL reduces on the GPU
+HOST_NS_PER_BYTE_MAX = {"gloo": 3.0, "nccl": 0.0}
 
 
 def consistent_members(members: pa.Table | None, instances: pa.Table | None,
@@ -234,8 +247,80 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=DEFAULT_LATENCY_NS[backend] if latency_ns is None else latency_ns,
                   measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
+    _measure_contention(model, own_of_node, events)
     model.measured_iteration_ns = iteration_time(model, g.node_time)
     return model
+
+
+def _compute_mask(g: Graph) -> np.ndarray:
+    """Activities that are compute: device kernels on ranks with devices, CPU operators on CPU-only ranks."""
+    act = g.act
+    kind = act.get_column("kind").to_numpy()
+    rank = act.get_column("rank").to_numpy()
+    gpu = np.isin(rank, np.array(sorted(g.gpu_ranks), dtype=rank.dtype))
+    return np.where(gpu, kind == "compute", kind == "cpu_op")
+
+
+def _transfer_spans(model: Model, times: np.ndarray, new_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of every communication activity's transfer in the schedule ``times`` (node times)."""
+    a = model.comm.get_column("a").to_numpy()
+    end = times[2 * a + 1]
+    return np.maximum(end - new_t, times[2 * a]), end
+
+
+def _measure_contention(model: Model, own_of_node: np.ndarray, events: pa.Table | None) -> None:
+    """Fill the model's contention fields: fitted on the innermost compute operations of the trace (an
+    operator with calls inside may hide a wait, which grows with communication in flight for another reason),
+    applied to the graph's compute activities."""
+    g = model.graph
+    compute = _compute_mask(g)
+    if not compute.any() or model.comm.height == 0:
+        return
+    t = model.comm.get_column("transfer_ns").to_numpy()
+    cs, ce = _transfer_spans(model, g.node_time, t)
+    crank = model.comm.get_column("rank").to_numpy()
+    leaves = _compute_leaves(events, g) if events is not None else g.act.filter(pl.Series(compute))
+    if leaves.height == 0:
+        return
+    lf = contention.coverage(leaves.get_column("start").to_numpy(), leaves.get_column("end").to_numpy(),
+                             leaves.get_column("rank").to_numpy(), cs, ce, crank)
+    found = contention.measure(leaves, lf, np.ones(leaves.height, dtype=bool))
+    model.contention = found
+    if not found.measured or found.slowdown <= 1.0:
+        return
+    act = g.act
+    idx = np.flatnonzero(compute)
+    f = contention.coverage(g.node_time[2 * idx], g.node_time[2 * idx + 1], act.get_column("rank").to_numpy()[idx],
+                            cs, ce, crank)
+    edge = own_of_node[2 * idx + 1]
+    ok = edge >= 0
+    model.compute_act = idx[ok]
+    model.compute_edge = edge[ok]
+    model.compute_base = contention.base(g.lag[edge[ok]].astype(np.float64), f[ok], found.slowdown)
+
+
+def _compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
+    """``rank, iteration, name, start, end`` (job clock) of the innermost compute operations: device kernels
+    on ranks with devices, CPU operators with nothing nested inside on CPU-only ranks."""
+    ev = pl.from_arrow(events.select(["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "iteration"]))
+    assert isinstance(ev, pl.DataFrame)
+    gpu = sorted(g.gpu_ranks)
+    ev = ev.with_columns(pl.col("kind").cast(pl.String), pl.col("lane").cast(pl.String), pl.col("name").cast(pl.String))
+    ev = ev.filter(pl.when(pl.col("rank").is_in(gpu)).then(pl.col("kind") == "compute")
+                   .otherwise((pl.col("kind") == "cpu_op") & pl.col("device").is_null())
+                   & pl.col("iteration").is_not_null())
+    ev = ev.sort(["rank", "lane", "start_ns", "dur_ns"], descending=[False, False, False, True])
+    start = ev.get_column("start_ns").to_numpy()
+    end = start + ev.get_column("dur_ns").to_numpy()
+    lane = ev.select(pl.struct(["rank", "lane"]).rank("dense")).to_series().to_numpy() if ev.height else start
+    leaf = np.ones(ev.height, dtype=bool)
+    leaf[:-1] = ~((lane[1:] == lane[:-1]) & (start[1:] < end[:-1]))
+    # the graph's clock offset of each rank (its activities' start minus their own-clock start)
+    off = g.act.group_by("rank").agg((pl.col("start") - pl.col("start_ns")).first().alias("_off"))
+    ev = ev.join(off, on="rank", how="left").with_columns(pl.col("_off").fill_null(0))
+    shift = ev.get_column("_off").to_numpy()
+    return ev.select(["rank", "iteration", "name"]).with_columns(
+        pl.Series("start", start + shift), pl.Series("end", end + shift)).filter(pl.Series(leaf))
 
 
 def _link_class(comm: pl.DataFrame, members: pa.Table | None, ranks: pa.Table | None) -> pl.Expr:
@@ -357,8 +442,13 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
             raise ValueError("--efficiency measured needs the line rate the job ran on (--link-bw)")
         speed = comm.get_column("speed").to_numpy()
         wire = 8e9 / (WIRE_EFFICIENCY * r_line)  # ns per byte on the wire
-        host = np.maximum(1.0 / np.maximum(speed, 1e-12) - wire, 0.0)
-        speed = np.where(np.isnan(r_line) | np.isnan(r_new), speed, 1.0 / (8e9 / (WIRE_EFFICIENCY * r_new) + host))
+        per_byte = 1.0 / np.maximum(speed, 1e-12)
+        # what the link lost beyond the wire: host work per byte up to what the backend's hosts plausibly
+        # spend, the rest the protocol's inefficiency on the wire, which scales with the line rate
+        host = np.minimum(np.maximum(per_byte - wire, 0.0), HOST_NS_PER_BYTE_MAX.get(model.backend, 0.0))
+        eta = np.minimum(wire / np.maximum(per_byte - host, 1e-12), 1.0)
+        speed = np.where(np.isnan(r_line) | np.isnan(r_new), speed,
+                         1.0 / (8e9 / (WIRE_EFFICIENCY * r_new) / eta + host))
     else:
         eta = 1.0 if sc.efficiency == "full" else float(sc.efficiency)
         if np.isnan(r_new).any():
@@ -403,6 +493,16 @@ def predict(model: Model, sc: Scenario) -> int:
         a = model.comm.get_column("a").to_numpy()
         extra = (2 * a[prev] + 1, dst, new_t[cur])
     times, _ = replay.replay(g, w, model.chains, extra=extra)
+    if model.compute_act.size:  # compute slowed by transfers in flight: re-cost it by the new overlap
+        rank = g.act.get_column("rank").to_numpy()
+        crank = model.comm.get_column("rank").to_numpy()
+        a = model.compute_act
+        for _ in range(CONTENTION_ROUNDS):
+            cs, ce = _transfer_spans(model, times, new_t) if not sc.free else (np.zeros(0, np.int64),) * 2
+            f = contention.coverage(times[2 * a], times[2 * a + 1], rank[a], cs, ce, crank[:cs.size])
+            w[model.compute_edge] = np.rint(contention.recost(model.compute_base, f, model.contention.slowdown)
+                                            ).astype(np.int64) + g.slack[model.compute_edge]
+            times, _ = replay.replay(g, w, model.chains, extra=extra)
     return iteration_time(model, times)
 
 
@@ -480,6 +580,8 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     rate = model.line_rate_bps
     base = (f"Communication free, this job would run {measured / free:.2f}x faster (scaling factor "
             f"{sf_measured:.2f} now).")
+    if model.contention.measured and model.contention.slowdown > 1.0:
+        base += " " + model.contention.sentence()
     if not model.line_rate_known:
         if sizes[SIZE_UNKNOWN]:
             text = (f"{base} Whether the link or its use is the bottleneck cannot be told: the transfer sizes are "
@@ -499,6 +601,8 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     r = format_rate(rate) if rate else "each link's"
     link = f"the {r} link" if rate else "each link's line rate"
     tail = f" {assumption}" if assumption else ""
+    if model.contention.measured and model.contention.slowdown > 1.0:
+        tail += " " + model.contention.sentence()
     if sf_measured >= target:
         text = (f"The network is not the bottleneck: the job scales at {sf_measured:.2f} on {link} "
                 f"(communication costs {100 * (1 - sf_measured):.0f} % of an iteration).{tail}")
