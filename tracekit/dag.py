@@ -168,9 +168,9 @@ def _split_waits(df: pl.DataFrame) -> pl.DataFrame:
     """Cut top-level CPU operators where they wait inside for communication of their rank: a gap of at least
     :data:`CONSUME_MIN_GAP_NS` in which none of the operator's innermost calls runs (before the first, between
     two, or after the last) and gloo work of the rank ends (FSDP's backward hooks wait for all-gathers inside
-    ``autograd::engine::evaluate_function``; a pipeline schedule waits for its receives). The wait becomes idle time between two pieces of the operator,
-    which the consume edges then tie to the work it waited for — otherwise the wait would count as the
-    operator's own work, and no faster link would ever shorten it."""
+    ``autograd::engine::evaluate_function``; a pipeline schedule waits for its receives). The wait becomes idle
+    time between two pieces of the operator, which the consume edges then tie to the work it waited for —
+    otherwise the wait would count as the operator's own work, and no faster link would ever shorten it."""
     cpu = df.get_column("device").is_null().to_numpy()
     kind = df.get_column("kind").to_numpy()
     comm = cpu & (kind == "comm")
