@@ -20,6 +20,8 @@ Overlapped communication never appears on the path: it never binds what follows 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -93,113 +95,156 @@ def paths(graph: Graph, iterations: pa.Table, ranks: pa.Table | None = None,
         spans = spans.filter(pl.col("iteration") == iteration)
     act = graph.act
     a_iter = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
-    a_rank = act.get_column("rank").to_numpy()
-    a_lane = act.get_column("lane").to_numpy()
-    a_name = act.get_column("name").to_numpy()
-    a_row = act.get_column("event_row").to_numpy()
     # the graph's times: a gloo work recorded as ending after its consumer woke up ends earlier there
-    a_start = graph.node_time[0::2]
     a_end = graph.node_time[1::2]
     out: list[pl.DataFrame] = []
     for it_no, s0, s1 in spans.iter_rows():
         mask = np.flatnonzero((a_iter == it_no) & (a_end <= s1) & (a_end > s0))
         if mask.size == 0:
             continue
-        sink_act = mask[np.argmax(a_end[mask])]
-        segs = _walk(graph, 2 * sink_act + 1, s0)
-        rows: dict[str, list] = {k: [] for k in SEGMENT_SCHEMA}
-        if a_end[sink_act] < s1:
-            _append(rows, it_no, a_rank[sink_act], a_lane[sink_act], a_end[sink_act], s1, "idle", None, None,
-                    None, "tail")
-        for seg_start, seg_end, label, act_i, edge in segs:
-            _append(rows, it_no, a_rank[act_i], a_lane[act_i], seg_start, seg_end, label,
-                    a_name[act_i] if label not in ("idle",) else None, int(a_row[act_i]), None, edge)
-        df = pl.DataFrame(rows, schema=SEGMENT_SCHEMA).sort("start_ns")
-        df = _waiting_labels(df, graph, segs, a_rank, a_start)
+        sink_act = int(mask[np.argmax(a_end[mask])])
+        seg = _walk(graph, 2 * sink_act + 1, s0)
+        if a_end[sink_act] < s1:  # the iteration ends after its last activity: idle until then
+            tail = _Segments(np.array([a_end[sink_act]]), np.array([s1]), np.array(["idle"], dtype=object),
+                             np.array([sink_act]), np.array(["tail"], dtype=object))
+            seg = _Segments(*(np.concatenate([x, y]) for x, y in zip(tail, seg, strict=True)))
+        df = _frame(graph, it_no, seg)
+        df = _waiting_labels(df, graph, seg)
         out.append(df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("step")))
     if not out:
         return pl.DataFrame(schema=SEGMENT_SCHEMA)
     return pl.concat(out).select(list(SEGMENT_SCHEMA))
 
 
-def _append(rows: dict[str, list], it_no: int, rank: int, lane: str, s: int, e: int, label: str,
-            name: str | None, row: int | None, waiting: int | None, edge: str) -> None:
-    rows["iteration"].append(it_no)
-    rows["step"].append(0)
-    rows["rank"].append(int(rank))
-    rows["lane"].append(lane)
-    rows["start_ns"].append(int(s))
-    rows["end_ns"].append(int(e))
-    rows["dur_ns"].append(int(e - s))
-    rows["label"].append(label)
-    rows["waiting_on"].append(waiting)
-    rows["name"].append(name)
-    rows["event_row"].append(row)
-    rows["edge"].append(edge)
+class _Segments(NamedTuple):
+    """Segments of one path, as arrays: start, end, label, activity, edge type name."""
+
+    start: np.ndarray
+    end: np.ndarray
+    label: np.ndarray
+    act: np.ndarray
+    edge: np.ndarray
 
 
-def _walk(graph: Graph, sink: int, s0: int) -> list[tuple]:
-    """Follow binding edges back from ``sink`` to time ``s0``; returns (start, end, label, activity, edge)."""
-    segs: list[tuple] = []
+def _frame(graph: Graph, it_no: int, seg: _Segments) -> pl.DataFrame:
+    """The SEGMENT_SCHEMA rows of one iteration's segments, in time order."""
+    act = graph.act
+    idx = pl.Series(seg.act)
+    idle = pl.Series(seg.label == "idle")
+    return pl.DataFrame({
+        "iteration": np.full(seg.act.size, it_no, dtype=np.int64), "step": np.zeros(seg.act.size, dtype=np.int64),
+        "rank": act.get_column("rank").gather(idx), "lane": act.get_column("lane").gather(idx),
+        "start_ns": seg.start, "end_ns": seg.end, "dur_ns": seg.end - seg.start,
+        # strings as lists (a path has thousands of segments): polars reads object arrays as Object
+        "label": seg.label.tolist(), "waiting_on": pl.Series([None] * seg.act.size, dtype=pl.Int32),
+        "name": act.get_column("name").gather(idx).set(idle, None),
+        "event_row": act.get_column("event_row").gather(idx).set(pl.Series(seg.edge == "tail"), None),
+        "edge": seg.edge.tolist(),
+    }, schema=SEGMENT_SCHEMA).sort("start_ns", maintain_order=True)
+
+
+def _activity_labels(graph: Graph) -> np.ndarray:
+    """What each activity's own work is on a path (cached on the graph)."""
+    cache = graph.__dict__.setdefault("_lists", {})
+    if "_label" not in cache:
+        act = graph.act
+        cpu_only = ~act.get_column("rank").is_in(sorted(graph.gpu_ranks))
+        kind = pl.col("kind")
+        label = (pl.when((kind == "compute") | (pl.Series(cpu_only) & (kind == "cpu_op"))).then(pl.lit("compute"))
+                 .when(kind == "memory").then(pl.lit("memory"))
+                 .when(kind == "comm").then(pl.lit("transfer"))
+                 .when((kind == "runtime") & pl.col("name").str.contains("Launch", literal=True)).then(pl.lit("launch"))
+                 .otherwise(pl.lit("CPU")))
+        cache["_label"] = act.select(label.alias("l")).get_column("l").to_numpy().astype(object)
+    return cache["_label"]
+
+
+def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
+    """Follow binding edges back from ``sink`` to time ``s0``: the segments of the path (latest first)."""
+    times = graph.node_time
+    # the chain itself is pointer chasing (a scalar loop); everything about its steps is vectorised
+    b_item, s_item, t_item = graph.binding.item, graph.src.item, times.item
+    nodes: list[int] = []
+    edges: list[int] = []
     node = sink
-    # plain lists: a Python walk indexes them several times faster than numpy arrays
-    binding = graph.binding_list
-    src = graph.src_list
-    etype = graph.etype_list
-    lags = graph.lag_list
-    times = graph.time_list
-    kinds = graph.column_list("kind")
-    names = graph.column_list("name")
-    ranks = graph.column_list("rank")
-    gpu_ranks = graph.gpu_ranks
-    own, launch, enqueue = _ET["own"], _ET["launch"], _ET["enqueue"]
-    while times[node] > s0:
-        e = binding[node]
+    while t_item(node) > s0:
+        e = b_item(node)
+        nodes.append(node)
+        edges.append(e)
         if e < 0:
-            segs.append((s0, times[node], "idle", node // 2, "source"))
             break
-        p = src[e]
-        et = etype[e]
-        a_dst = node // 2
-        a_src = p // 2
-        t_node = times[node]
-        lag_e = lags[e]
-        t_struct = times[p] + lag_e
-        # slack: from the structural bound to the node
-        if t_node > t_struct:
-            segs.append((max(t_struct, s0), t_node, _SLACK_LABEL[et], a_dst, EDGE_TYPES[et]))
-        if lag_e > 0 and t_struct > s0:
-            if et == own:
-                label = _activity_label(kinds[a_dst], names[a_dst], ranks[a_dst] not in gpu_ranks)
-                owner = a_dst
-            else:
-                label = _LAG_LABEL[et]
-                owner = a_src if et in (launch, enqueue) else a_dst
-            segs.append((max(times[p], s0), min(t_struct, t_node), label, owner, EDGE_TYPES[et]))
-        node = p
-    return [s for s in segs if s[1] > s[0]]
+        node = s_item(e)
+    nd = np.asarray(nodes, dtype=np.int64)
+    ed = np.asarray(edges, dtype=np.int64)
+    source = ed < 0
+    ok = ~source
+    e = ed[ok]
+    n = nd[ok]
+    p = graph.src[e]
+    et = graph.etype[e]
+    lag = graph.lag[e]
+    t_node = times[n]
+    t_struct = times[p] + lag
+    a_dst, a_src = n // 2, p // 2
+    names = np.asarray(EDGE_TYPES, dtype=object)
+    # slack: from the structural bound to the node
+    slack_label = np.asarray(_SLACK_LABEL, dtype=object)[et]
+    # structural lag: the activity's own work, or what the edge's lag is spent on
+    own = et == _ET["own"]
+    lag_label = np.where(own, _activity_labels(graph)[a_dst], np.asarray(_LAG_LABEL, dtype=object)[et])
+    lag_owner = np.where(np.isin(et, [_ET["launch"], _ET["enqueue"]]) & ~own, a_src, a_dst)
+    has_lag = (lag > 0) & (t_struct > s0)
+    k = n.size
+    # per step: the slack segment, then the lag segment (the order the path is read in, latest first)
+    start = np.empty(2 * k, dtype=np.int64)
+    end = np.empty(2 * k, dtype=np.int64)
+    start[0::2], end[0::2] = np.maximum(t_struct, s0), t_node
+    start[1::2], end[1::2] = np.maximum(times[p], s0), np.minimum(t_struct, t_node)
+    label = np.empty(2 * k, dtype=object)
+    label[0::2], label[1::2] = slack_label, lag_label
+    owner = np.empty(2 * k, dtype=np.int64)
+    owner[0::2], owner[1::2] = a_dst, lag_owner
+    edge = np.empty(2 * k, dtype=object)
+    edge[0::2] = edge[1::2] = names[et]
+    keep = np.empty(2 * k, dtype=bool)
+    keep[0::2], keep[1::2] = t_node > t_struct, has_lag
+    if source.any():  # the chain ends at a node nothing binds: idle from the iteration's start
+        last = nd[source][0]
+        start = np.append(start[keep], s0)
+        end = np.append(end[keep], times[last])
+        label = np.append(label[keep], "idle")
+        owner = np.append(owner[keep], last // 2)
+        edge = np.append(edge[keep], "source")
+    else:
+        start, end, label, owner, edge = start[keep], end[keep], label[keep], owner[keep], edge[keep]
+    pos = end > start
+    return _Segments(start[pos], end[pos], label[pos].astype(object), owner[pos], edge[pos].astype(object))
 
 
-def _waiting_labels(df: pl.DataFrame, graph: Graph, segs: list[tuple], a_rank: np.ndarray,
-                    a_start: np.ndarray) -> pl.DataFrame:
+def _waiting_labels(df: pl.DataFrame, graph: Graph, seg: _Segments) -> pl.DataFrame:
     """Where the path crosses ranks at a collective, the time the other members had already arrived
     and waited (first arrival → the straggler's arrival) is "waiting on rank <straggler>"."""
     if graph.etype.size == 0 or df.height == 0:
         return df
-    windows: list[tuple[int, int, int]] = []
     coll = _ET["collective"]
     # for every collective edge on the path: its instance's first arrival
-    cross = [s for s in segs if s[4] == "collective"]
-    if not cross:
+    dst_act = seg.act[seg.edge == "collective"]
+    if dst_act.size == 0:
         return df
-    dst_act = np.array([s[3] for s in cross])
+    a_start = graph.node_time[0::2]
+    a_rank = graph.act.get_column("rank").to_numpy()
+    ce = np.flatnonzero(graph.etype == coll)
+    ce = ce[np.argsort(graph.dst[ce], kind="stable")]
+    ce_dst = graph.dst[ce]
+    windows: list[tuple[int, int, int]] = []
     # the straggler is the source of the binding collective edge into the member's end
-    for d in dst_act:
+    for d in dst_act.tolist():
         e = graph.binding[2 * d + 1]
         if e < 0 or graph.etype[e] != coll:
             continue
         k = graph.src[e] // 2
-        members = graph.src[(graph.dst == 2 * d + 1) & (graph.etype == coll)] // 2
+        lo, hi = np.searchsorted(ce_dst, [2 * d + 1, 2 * d + 2])
+        members = graph.src[ce[lo:hi]] // 2
         first = int(min(a_start[members].min(), a_start[d]))
         last = int(a_start[k])
         if last > first:
