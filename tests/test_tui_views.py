@@ -18,6 +18,7 @@ from tests import tui_scenarios as sc
 from tests.test_tui import SIZE, canvas, loaded, text_of
 from tracekit import whatif
 from tracekit.critical_path import runs as path_runs
+from tracekit.report import fmt_ns
 from tracekit.tui.app import InspectApp
 from tracekit.tui.collectives_view import MAX_ROWS, CollectivesView
 from tracekit.tui.critical_path_view import CriticalPathView
@@ -253,10 +254,12 @@ async def test_whatif_numbers_follow_the_inputs(data: JobData) -> None:
         await quiet(pilot)
         p = view.prediction
         assert p is not None and p.iteration_ns == whatif.predict(model, whatif.Scenario(bandwidth_bps=5e8))
-        assert p.iteration_ns == pytest.approx(model.measured_iteration_ns, rel=0.01)  # about as the job ran
+        # about as the job ran (transfers re-costed from bytes over the link's measured speed)
+        assert p.iteration_ns == pytest.approx(model.measured_iteration_ns, rel=0.03)
         assert app.query_one("#wi-rate", Input).value == "500Mbit/s"
         assert [r for r, _ in p.sweep] == [2.5e8, 5e8, 1e9, 2e9, 5e9]
-        assert "233 ms" in text_of(app, "#wi-prediction") and "0.69" in text_of(app, "#wi-prediction")
+        shown = text_of(app, "#wi-prediction")
+        assert fmt_ns(p.iteration_ns) in shown and f"{data.bottleneck.free_ns / p.iteration_ns:.2f}" in shown
         assert data.bottleneck.text in text_of(app, "#wi-verdict").replace("\n", " ")
         # 4x compression (c focuses the box with its text selected: typing replaces it), as the CLI predicts
         await pilot.press("c", "4", "enter")
@@ -265,7 +268,7 @@ async def test_whatif_numbers_follow_the_inputs(data: JobData) -> None:
         p = view.prediction
         assert p is not None and p.scenario.compression == 4.0
         assert p.iteration_ns == whatif.predict(model, whatif.Scenario(bandwidth_bps=5e8, compression=4))
-        assert "167 ms" in text_of(app, "#wi-prediction")  # tracekit whatif … --compression 4: 167 ms
+        assert fmt_ns(p.iteration_ns) in text_of(app, "#wi-prediction")  # as tracekit whatif … --compression 4
         # full utilisation of 1 Gbit/s with 8 workers
         await pilot.press("f", "r", *"1gbit", "tab", "tab", *"8", "enter")
         await quiet(pilot)

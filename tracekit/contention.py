@@ -10,9 +10,10 @@ share ``f`` of it during which communication of its rank was transferring. Withi
 durations are compared across iterations: a least-squares fit of ``log d`` against ``f`` with one intercept
 per identity (only identities whose overlap varies by at least :data:`MIN_SPREAD` take part) gives
 ``slowdown = exp(slope)`` — how much longer compute takes when fully overlapped than when alone. It is
-*measurable* only when at least :data:`MIN_IDENTITIES` identities contribute; otherwise (every
-iteration overlaps the same way, as a steady data-parallel job does) the trace cannot tell, and
-the slowdown is taken as 1 and reported as not measured.
+*measured* only when at least :data:`MIN_IDENTITIES` identities contribute and the fitted log-slowdown
+exceeds :data:`SIGNIFICANCE` standard errors; otherwise (every iteration overlaps the same way, as a
+steady data-parallel job does, or the durations are too noisy) the trace cannot tell, and the slowdown
+is taken as 1 and reported as not measured.
 
 **Re-cost.** In a replay, compute activity ``a`` with measured overlap ``f`` has base duration
 ``d / (1 + (s − 1) f)``; in the predicted schedule, where its overlap is ``f'``, it takes
@@ -35,6 +36,8 @@ MIN_IDENTITIES = 3
 MIN_DURATION_NS = 20_000
 #: a measured slowdown is clamped to this range (a factor beyond it is a fit to noise)
 SLOWDOWN_RANGE = (1.0, 3.0)
+#: the fitted log-slowdown must exceed this many standard errors to count as measured
+SIGNIFICANCE = 2.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,8 @@ class Contention:
         """One sentence for the views."""
         if not self.measured:
             return ("Whether compute slowed while communication was in flight could not be measured (every "
-                    "iteration overlapped the same way); the what-if keeps compute as measured.")
+                    "iteration overlapped the same way, or the durations are too noisy); the what-if keeps compute "
+                    "as measured.")
         pct = 100 * (self.slowdown - 1)
         return (f"Compute ran {pct:.0f} % slower while communication was in flight (the same operations across "
                 f"{self.identities} repeats compared); the what-if re-costs it by each predicted schedule's "
@@ -124,6 +128,8 @@ def measure(act: pl.DataFrame, overlap: np.ndarray, compute: np.ndarray) -> Cont
     resid = y - slope * x
     dof = max(df.height - groups - 1, 1)
     se = math.sqrt(float((resid * resid).sum()) / dof / sxx)
+    if slope < SIGNIFICANCE * se:  # no slowdown the data can tell from noise
+        return Contention(1.0, False, int(groups), df.height, se)
     lo, hi = SLOWDOWN_RANGE
     return Contention(min(max(math.exp(slope), lo), hi), True, int(groups), df.height, se)
 
