@@ -624,15 +624,16 @@ def _collective_edges(add, act: pl.DataFrame, instances: pl.DataFrame, start: np
     if m.height == 0:
         return
     receives = ~(m.get_column("p2p") & m.get_column("send").fill_null(False)).to_numpy()  # ends constrained
+    p2p = m.get_column("p2p").to_numpy()
     last = m.get_column("last").to_numpy()
     s = m.get_column("s").to_numpy()
-    transfer = np.maximum(m.get_column("e").to_numpy() - np.maximum(last, s), 0)
+    e = m.get_column("e").to_numpy()
+    # a collective member transfers from the last arrival; a receive gets its data from the send's start on,
+    # however late it was posted (at a slow link the data is still on the wire), so its own work is nil and
+    # the data's time is all on the edge from the send
+    transfer = np.where(p2p, np.maximum(e - last, 0), np.maximum(e - np.maximum(last, s), 0))
     a = m.get_column("a").to_numpy()
-    own[a[receives]] = transfer[receives]
-    # a receive posted before the send ends when the data has arrived (the edge from the send); one posted
-    # after it finds the data there, and what it did was local work (its own edge)
-    early = receives & m.get_column("p2p").to_numpy() & (s <= last)
-    own[a[early]] = 0
+    own[a[receives]] = np.where(p2p[receives], 0, transfer[receives])
     m = m.with_columns(pl.Series("t", transfer), pl.Series("_in", receives))
     # sources: every member of a collective; only the sender of a pair
     src = m.filter(~pl.col("p2p") | pl.col("send").fill_null(False)).select(["instance", pl.col("a").alias("src")])

@@ -228,7 +228,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
                         comm.select(["link", "link_class"]).iter_rows()], dtype=bool)
         rate[hit] = r
     comm = comm.with_columns(pl.Series("line_rate_bps", rate))
-    comm = _sizes_and_speeds(comm, backend)
+    comm = _sizes_and_speeds(_data_spans(comm), backend)
     row_of_act = np.full(act.height, -1, dtype=np.int64)
     row_of_act[a] = np.arange(a.size)
     coll_edges = np.flatnonzero(g.etype == _COLLECTIVE)
@@ -338,6 +338,33 @@ def _link_class(comm: pl.DataFrame, members: pa.Table | None, ranks: pa.Table | 
     return pl.col("instance").replace_strict(cls, default=None, return_dtype=pl.String).alias("link_class")
 
 
+def _data_spans(comm: pl.DataFrame) -> pl.DataFrame:
+    """Add when each call's data was on the wire (``x_start``, ``x_end``) and whose link carried it (``x_rank``,
+    ``x_link``): a collective's transfer on its own rank's link; both sides of a send/recv pair, the span from
+    the send's start to the receive's end, on the sender's link (a send can return before its data arrives, or
+    wait for a receiver that is late; the data leaves with the send and has come when the receive ends)."""
+    end = pl.col("end")
+    comm = comm.with_columns((end - pl.col("transfer_ns")).alias("x_start"), end.alias("x_end"),
+                             pl.col("rank").alias("x_rank"), pl.col("link").alias("x_link"))
+    if "send" not in comm.columns or comm.get_column("send").is_null().all():
+        return comm
+    pair = comm.filter(pl.col("send").is_not_null()).group_by("instance").agg(
+        pl.col("start").filter(pl.col("send")).first().alias("_ss"),
+        pl.col("start").filter(~pl.col("send")).first().alias("_rs"),
+        pl.col("end").filter(~pl.col("send")).first().alias("_re"),
+        pl.col("rank").filter(pl.col("send")).first().alias("_sr"),
+        pl.col("link").filter(pl.col("send")).first().alias("_sl"),
+    ).filter(pl.all_horizontal(pl.col(c).is_not_null() for c in ("_ss", "_rs", "_re", "_sr")))
+    comm = comm.join(pair, on="instance", how="left")
+    p2p = pl.col("send").is_not_null() & pl.col("_re").is_not_null()
+    return comm.with_columns(
+        pl.when(p2p).then(pl.col("_ss")).otherwise("x_start").alias("x_start"),
+        pl.when(p2p).then(pl.col("_re")).otherwise("x_end").alias("x_end"),
+        pl.when(p2p).then(pl.col("_sr")).otherwise("x_rank").alias("x_rank"),
+        pl.when(p2p).then(pl.col("_sl")).otherwise("x_link").alias("x_link"),
+    ).drop("_ss", "_rs", "_re", "_sr", "_sl")
+
+
 def _sizes_and_speeds(comm: pl.DataFrame, backend: str) -> pl.DataFrame:
     """Add ``bus``, ``size`` and ``speed`` to ``comm``.
 
@@ -351,10 +378,14 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str) -> pl.DataFrame:
     barrier = (comm.get_column("op") == "barrier").fill_null(False).to_numpy()
     known = ~np.isnan(bus) | barrier
     bus = np.where(barrier, 0.0, bus)
-    end = comm.get_column("end").to_numpy()
-    t = comm.get_column("transfer_ns").to_numpy().astype(np.float64)
-    start = end - t.astype(np.int64)
-    key = comm.select(pl.struct(["rank", "link"]).rank("dense")).to_series().to_numpy().astype(np.int64) \
+    # each call's data on the wire, on the link that carried it (:func:`_data_spans`); the receive of a pair
+    # shares its send's bytes, so only one side is counted
+    end = comm.get_column("x_end").to_numpy()
+    start = comm.get_column("x_start").to_numpy()
+    t = (end - start).astype(np.float64)
+    counted = ~((comm.get_column("send") == False).fill_null(False).to_numpy()) if "send" in comm.columns \
+        else np.ones(comm.height, dtype=bool)  # noqa: E712
+    key = comm.select(pl.struct(["x_rank", "x_link"]).rank("dense")).to_series().to_numpy().astype(np.int64) \
         if comm.height else np.zeros(0, np.int64)
     rate = comm.get_column("line_rate_bps").to_numpy()
     speed = np.full(comm.height, np.nan)
@@ -362,7 +393,7 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str) -> pl.DataFrame:
     host = HOST_NS_PER_BYTE.get(backend, 0.0)
     for k in np.unique(key):
         grp = key == k
-        kn = grp & known & (bus > 0)
+        kn = grp & known & (bus > 0) & counted
         if kn.any():
             active = union_length(np.zeros(int(kn.sum()), np.int64), start[kn], end[kn], np.zeros(1, np.int64),
                                   np.array([start[kn].min()]), np.array([end[kn].max() + 1]))[0]
@@ -381,14 +412,19 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str) -> pl.DataFrame:
 
 
 def _fifo(comm: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Consecutive transfers on each rank's link (one link per process group) in arrival order: ``(previous
-    row, row, destination node)`` — the FIFO channel of Zhang et al. that a replay queues transfers on."""
+    """Consecutive transfers on each link (a rank's link per process group) in the order their data went out:
+    ``(previous row, row, destination node)`` — the FIFO channel of Zhang et al. that a replay queues transfers
+    on. A send/recv pair is queued by its receive (the data has crossed when the receive ends, on the sender's
+    link); the send itself is left out (it returns once its data is handed over)."""
     if comm.height == 0:
         return (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
-    key = comm.select(pl.struct(["rank", "link"]).rank("dense")).to_series().to_numpy().astype(np.int64)
-    order = np.lexsort((comm.get_column("start").to_numpy(), key))
+    rows = np.flatnonzero(~(comm.get_column("send") == True).fill_null(False).to_numpy()) \
+        if "send" in comm.columns else np.arange(comm.height)  # noqa: E712
+    sub = comm[rows]
+    key = sub.select(pl.struct(["x_rank", "x_link"]).rank("dense")).to_series().to_numpy().astype(np.int64)
+    order = np.lexsort((sub.get_column("x_start").to_numpy(), key))
     same = key[order][1:] == key[order][:-1]
-    prev, cur = order[:-1][same], order[1:][same]
+    prev, cur = rows[order[:-1][same]], rows[order[1:][same]]
     dst = 2 * comm.get_column("a").to_numpy()[cur] + 1
     return prev, cur, dst
 
@@ -460,6 +496,14 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
                            "--link-bw (the line rate the job ran on) to estimate them from transfer times, or "
                            + RECORD_SHAPES_HINT)
     new = model.latency_ns + new_bus / (c * np.maximum(np.nan_to_num(speed, nan=1.0), 1e-12)) + codec
+    # the send of a pair takes what it measured, changed by how much longer or shorter its data now is on the
+    # wire: what it spent on a late receiver stays
+    sender = (comm.get_column("send") == True).fill_null(False).to_numpy() if "send" in comm.columns \
+        else np.zeros(t.size, dtype=bool)  # noqa: E712
+    if sender.any():
+        before = model.latency_ns + bus / np.maximum(np.nan_to_num(comm.get_column("speed").to_numpy(), nan=1.0),
+                                                     1e-12)
+        new = np.where(sender, np.maximum(t + new - before, model.latency_ns), new)
     # calls the scenario leaves alone and whose size is unknown keep their measured cost
     return np.where(unknown, t, new)
 
@@ -487,7 +531,7 @@ def predict(model: Model, sc: Scenario) -> int:
         prev, cur, dst = model.fifo
         # a transfer of unknown size keeps its measured time, which already includes sharing the link with
         # concurrent transfers: queueing it behind them would count that twice
-        sized = (model.comm.get_column("size").to_numpy() != SIZE_UNKNOWN) & ~model.receiver
+        sized = model.comm.get_column("size").to_numpy() != SIZE_UNKNOWN
         q = sized[prev] & sized[cur]
         prev, cur, dst = prev[q], cur[q], dst[q]
         a = model.comm.get_column("a").to_numpy()
