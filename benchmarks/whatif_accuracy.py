@@ -48,11 +48,28 @@ def record(out: Path, rate: str, steps: int, extra: list[str]) -> None:
         raise SystemExit(f"recording {out.name} at {rate} failed: {proc.stderr.strip().splitlines()[-1:]}")
 
 
-def measured_ns(run_dir: Path) -> float:
-    """The job's own clock: median wall time of its profiled steps over all ranks."""
+#: a recording whose own step times spread more than this (max / min of the active steps' median over ranks) was
+#: disturbed by something else on the machine (the VM is shared): it is left out of truth and sources, and said
+MAX_SPREAD = 1.5
+
+
+def _walls(run_dir: Path) -> list[float]:
     run = json.loads((run_dir / "run.json").read_text())
-    walls = [s["wall_s"] for r in run["step_times"]["ranks"].values() for s in r["steps"] if s["phase"] == "active"]
-    return statistics.median(walls) * 1e9
+    ranks = list(run["step_times"]["ranks"].values())
+    n = min(len(r["steps"]) for r in ranks)
+    # per step, the slowest rank (everyone waits for it)
+    return [max(r["steps"][i]["wall_s"] for r in ranks) for i in range(n) if ranks[0]["steps"][i]["phase"] == "active"]
+
+
+def measured_ns(run_dir: Path) -> float:
+    """The job's own clock: median wall time of its profiled steps (the slowest rank's, step by step)."""
+    return statistics.median(_walls(run_dir)) * 1e9
+
+
+def steady(run_dir: Path) -> bool:
+    """Whether the job ran at one pace throughout (see :data:`MAX_SPREAD`)."""
+    w = _walls(run_dir)
+    return max(w) / min(w) <= MAX_SPREAD
 
 
 def model(run_dir: Path, rate_bps: float):
@@ -101,13 +118,21 @@ def main() -> None:
     faster_all: list[float] = []
     slower_all: list[float] = []
     for job in jobs:
-        runs = {r: sorted(p for p in base.glob(f"{job}-{r}-*") if (p / "run.json").exists()) for r in rates}
+        every = {r: sorted(p for p in base.glob(f"{job}-{r}-*") if (p / "run.json").exists()) for r in rates}
+        runs = {r: [p for p in v if steady(p)] for r, v in every.items()}
+        left = [p.name for v in every.values() for p in v if not steady(p)]
         if not all(runs.values()):
-            print(f"\n{job}: missing recordings, skipped")
+            print(f"\n{job}: missing or only disturbed recordings ({', '.join(left)}), skipped")
             continue
         truth = {r: statistics.median(measured_ns(p) for p in runs[r]) for r in rates}
-        print(f"\n== {job}: measured iteration (median over {len(runs[rates[0]])} recordings) "
-              + ", ".join(f"{r} {truth[r] / 1e6:.0f} ms" for r in rates))
+        print(f"\n== {job}: measured iteration (median over steady recordings) "
+              + ", ".join(f"{r} {truth[r] / 1e6:.0f} ms ({len(runs[r])})" for r in rates))
+        if left:
+            print(f"  left out (step times spread more than {MAX_SPREAD}x: the machine was busy): {', '.join(left)}")
+        spread = [abs(measured_ns(p) / truth[r] - 1) for r in rates for p in runs[r] if len(runs[r]) > 1]
+        if spread:
+            print(f"  noise: a recording's own iteration differs from the median of its rate by up to "
+                  f"{100 * max(spread):.1f} % (median {100 * statistics.median(spread):.1f} %)")
         print(f"{'source':>9} -> " + " ".join(f"{t:>9}" for t in rates))
         faster: list[float] = []
         slower: list[float] = []
