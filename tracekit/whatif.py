@@ -22,6 +22,7 @@ one — Zhang et al.'s ``T_n / (n·T)`` for a job whose per-worker work does not
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -610,6 +611,19 @@ class Bottleneck:
     bandwidth_needed_factor: float | None = None  # every link's rate times this (per-link rates)
 
 
+def _first_reaching(steps: list[float], target: float, scaling: Callable[[float], float]) -> float | None:
+    """The smallest of ``steps`` whose scaling factor reaches ``target`` (None if none does), by bisection: the
+    scaling factor only grows with compression and bandwidth, so a few replays answer instead of one per step."""
+    lo, hi = 0, len(steps)  # steps[hi] reaches (hi = len: none known to), steps[< lo] do not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if scaling(steps[mid]) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(steps[lo]) if lo < len(steps) else None
+
+
 def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     """Measured vs full-utilisation vs infinite-bandwidth predictions, and what would reach ``target``; None
     when the replay predicts no iteration time to compare. No verdict rests on a size nobody knows: without
@@ -655,16 +669,10 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
         text = (f"At full utilisation of {link} this job would scale at {sf_full:.2f} instead of "
                 f"{sf_measured:.2f}: the link is not the bottleneck, its use is.{tail}")
         return Bottleneck(measured, free, sf_measured, sf_full, rate, None, None, target, text, sizes, assumption)
-    need_c = None
-    for c in (1.5, 2, 3, 4, 5, 8, 10, 16, 32, 64, 100):
-        if free / predict(model, Scenario(efficiency="full", compression=c)) >= target:
-            need_c = float(c)
-            break
-    need_mult = None
-    for mult in (1.5, 2, 2.5, 4, 5, 8, 10, 16, 25, 40, 64, 100, 250, 1000):
-        if free / predict(model, Scenario(efficiency="full", bandwidth_scale=mult)) >= target:
-            need_mult = float(mult)
-            break
+    need_c = _first_reaching([1.5, 2, 3, 4, 5, 8, 10, 16, 32, 64, 100], target,
+                             lambda c: free / predict(model, Scenario(efficiency="full", compression=c)))
+    need_mult = _first_reaching([1.5, 2, 2.5, 4, 5, 8, 10, 16, 25, 40, 64, 100, 250, 1000], target,
+                                lambda m: free / predict(model, Scenario(efficiency="full", bandwidth_scale=m)))
     need_r = rate * need_mult if rate and need_mult else None
     wants = []
     if need_c:
