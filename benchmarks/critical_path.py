@@ -5,7 +5,10 @@ graph (the usual Python tool), in the same run.
 
     python benchmarks/critical_path.py [--activities 1000000] [--no-baseline]
 
-Target (issue 5): critical path on 1 M activities in <= 5 s.
+Then the what-if grid of issue 13: 3 line rates x 3 compressions x 3 worker counts on the same job.
+
+Targets: critical path on 1 M activities in <= 5 s (issue 5), >= 1 M graph nodes per second and the grid in
+<= 5 s (issue 13).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit import critical_path, dag, iterations, replay, schema
+from tracekit import critical_path, dag, iterations, replay, schema, whatif
 
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 
@@ -76,6 +79,17 @@ def job(activities: int, ranks: int = 8, steps: int = 16, buckets: int = 20, see
     return events, ranks_t, m
 
 
+def _collectives(events: pa.Table) -> pa.Table:
+    """The collectives table of the job's NCCL kernels: 8-rank all-reduces of 25 MB buckets."""
+    ev = pl.from_arrow(events.select(["rank", "collective_id", "start_ns", "dur_ns", "lane"])).filter(
+        pl.col("collective_id").is_not_null())
+    return schema.table(schema.COLLECTIVES, {
+        "rank": ev["rank"].to_list(), "collective_id": ev["collective_id"].to_list(), "op": ["allreduce"] * ev.height,
+        "bytes": [25 << 20] * ev.height, "nranks": [8] * ev.height, "start_ns": ev["start_ns"].to_list(),
+        "end_ns": (ev["start_ns"] + ev["dur_ns"]).to_list(), "lane": ev["lane"].cast(pl.String).to_list(),
+        "source": ["kineto-kernel"] * ev.height, "size_source": ["args"] * ev.height})
+
+
 def networkx_longest(g: dag.Graph) -> float:
     import networkx as nx
 
@@ -111,7 +125,19 @@ def main() -> None:
     print(f"one replay               {t4 - t3:6.2f} s   ({rounds} rounds; reproduces the trace: "
           f"{bool(np.array_equal(times, g.node_time))})")
     total = t3 - t1
-    print(f"critical path total      {total:6.2f} s   (target <= 5 s for 1 M activities)")
+    print(f"critical path total      {total:6.2f} s   (target <= 5 s for 1 M activities; "
+          f"{g.n_nodes / total / 1e6:.2f} M graph nodes per second, target >= 1)")
+    t5 = time.perf_counter()
+    model = whatif.build(ev, _collectives(ev), ranks, graph=g, line_rate_bps=100e9)
+    t6 = time.perf_counter()
+    grid = [whatif.Scenario(bandwidth_bps=r, compression=c, workers=w)
+            for r in (25e9, 100e9, 400e9) for c in (1, 2, 4) for w in (8, 64, 256)]
+    rows = whatif.sweep(model, grid)
+    t7 = time.perf_counter()
+    print(f"what-if model            {t6 - t5:6.2f} s   (sizes {model.sizes['measured']} measured)")
+    print(f"what-if grid of {len(grid)}       {t7 - t6:6.2f} s   (3 rates x 3 compressions x 3 worker counts, "
+          f"{len(grid) + 1} replays; target <= 5 s); iteration {rows['iteration_ns'].min() / 1e6:.1f}.."
+          f"{rows['iteration_ns'].max() / 1e6:.1f} ms")
     if not args.no_baseline:
         base = networkx_longest(g)
         print(f"networkx dag_longest_path_length on the same graph: {base:.2f} s (graph building not counted); "
