@@ -4,8 +4,11 @@ plotly (``include_plotlyjs=True``) and with altair / Vega-Lite (``inline=True``,
 vl-convert-python), then the file size and the time a headless Chromium takes from navigation to every chart
 drawn (median of ``--repeat`` loads, a fresh tab each).
 
-    pip install plotly altair vl-convert-python
+    pip install plotly altair vl-convert-python   # plotly only for this comparison
     python benchmarks/report_libraries.py [--repeat 7]
+
+Build times include importing the library and, for altair, vl-convert-python making its JavaScript bundle
+(~2 s, once per process).
 """
 
 from __future__ import annotations
@@ -25,17 +28,53 @@ from tracekit import figures, traceset  # noqa: E402
 from tracekit.analysis import analyse  # noqa: E402
 
 
+def plotly_figures(data: figures.ReportData) -> list:
+    """The three charts as plotly figures (what tracekit drew with plotly before choosing Vega-Lite)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rb = data.rank_breakdown
+    bars = go.Figure()
+    for cls, colour in figures.CLASS_COLOURS.items():
+        part = rb.filter(rb.get_column("cls") == cls)
+        bars.add_trace(go.Bar(y=[f"rank {r}" for r in part.get_column("rank").to_list()],
+                              x=(part.get_column("share") * 100).to_list(), name=cls, orientation="h",
+                              marker_color=colour))
+    bars.update_layout(barmode="stack", height=180, template="plotly_white")
+    la = data.link_activity
+    ranks = sorted(set(la.get_column("rank").to_list()))
+    first = la.filter(la.get_column("rank") == ranks[0])
+    heat = go.Figure(go.Heatmap(z=[(la.filter(la.get_column("rank") == r).get_column("busy_share") * 100).to_list()
+                                   for r in ranks],
+                                x=((first.get_column("start_ns") + first.get_column("end_ns")) / 2e6).to_list(),
+                                y=[f"rank {r}" for r in ranks], zmin=0, zmax=100,
+                                colorscale=[[0, "#f4f4f4"], [1, figures.COMM_COLOUR]]))
+    heat.update_layout(height=200, template="plotly_white")
+    cv = data.curves
+    assert cv is not None
+    curves = make_subplots(rows=1, cols=2)
+    for eff in ("measured", "full"):
+        part = cv.by_rate.filter(cv.by_rate.get_column("efficiency") == eff)
+        curves.add_trace(go.Scatter(x=(part.get_column("bandwidth_bps") / 1e9).to_list(),
+                                    y=part.get_column("scaling_factor").to_list(), mode="lines+markers", name=eff),
+                         row=1, col=1)
+        part = cv.by_compression.filter(cv.by_compression.get_column("efficiency") == eff)
+        curves.add_trace(go.Scatter(x=part.get_column("compression").to_list(),
+                                    y=part.get_column("scaling_factor").to_list(), mode="lines+markers", name=eff),
+                         row=1, col=2)
+    curves.add_trace(go.Scatter(x=[(cv.line_rate_bps or 1) / 1e9], y=[cv.measured_scaling], mode="markers",
+                                marker={"symbol": "star", "size": 14}), row=1, col=1)
+    curves.update_xaxes(type="log")
+    curves.update_layout(height=400, template="plotly_white")
+    return [bars, heat, curves]
+
+
 def plotly_page(data: figures.ReportData) -> str:
     """Three charts with plotly, its JavaScript inline once."""
     import plotly.io as pio
 
-    from tracekit import html_report
-
-    divs = []
-    for i, fig in enumerate((html_report.breakdown_chart(data), html_report.link_chart(data),
-                             html_report.whatif_chart(data))):
-        assert fig is not None
-        divs.append(f'<div class="chart">{pio.to_html(fig, full_html=False, include_plotlyjs=i == 0)}</div>')
+    divs = [f'<div class="chart">{pio.to_html(fig, full_html=False, include_plotlyjs=i == 0)}</div>'
+            for i, fig in enumerate(plotly_figures(data))]
     return "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>" + "".join(divs) + "</body></html>"
 
 

@@ -108,12 +108,29 @@ def test_never_overwrites_without_force(tmp_path: Path, capsys: pytest.CaptureFi
     assert [p.name for p in tmp_path.iterdir()] == ["r.html"]  # no temporary file left
 
 
+def test_the_javascript_bundle_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vl_convert
+
+    first = html_report.javascript(tmp_path)
+    [kept] = (tmp_path / "report").iterdir()
+    assert kept.read_text() == first and html_report.BUNDLE_MARK in first
+
+    def never(**_: object) -> str:
+        raise AssertionError("made again")
+
+    monkeypatch.setattr(vl_convert, "javascript_bundle", never)
+    assert html_report.javascript(tmp_path) == first  # read back
+    kept.write_text(first[: len(first) // 3])  # a damaged one is made again
+    monkeypatch.undo()
+    assert html_report.javascript(tmp_path) == first and kept.read_text() == first
+
+
 def test_a_failed_write_leaves_the_old_file(tmp_path: Path, data: figures.ReportData,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "r.html"
     out.write_text("old")
 
-    def boom(_: figures.ReportData) -> str:
+    def boom(*_: object) -> str:
         raise OSError("disk full")
 
     monkeypatch.setattr(html_report, "render", boom)

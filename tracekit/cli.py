@@ -588,9 +588,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     t0 = time.perf_counter()
     result = _load(args, err)
+    from tracekit.cache import default_dir
     from tracekit.figures import collect
 
-    size = html_report.write(collect(result, inputs=args.paths), args.output, force=args.force)
+    js_cache = None if args.no_cache else (args.cache_dir or default_dir())
+    size = html_report.write(collect(result, inputs=args.paths), args.output, force=args.force, cache_dir=js_cache)
     err.print(f"wrote {args.output} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s", highlight=False,
               soft_wrap=True)
     _warn(result.diagnostics, err, args.quiet)

@@ -10,7 +10,9 @@ sample in a 0.97 MB page drawn in ~0.6 s by headless Chromium, against 4.85 MB a
 
 from __future__ import annotations
 
+import contextlib
 import html
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -42,6 +44,8 @@ EFFICIENCY_LABELS = {"measured": "link used as measured", "full": "link used at 
 EFFICIENCY_COLOURS = {"measured": "#d62728", "full": "#1f77b4"}
 #: the measured point's mark: a five-pointed star (an SVG path in a unit square)
 STAR = ("M0,-1L0.225,-0.31L0.95,-0.31L0.36,0.12L0.59,0.81L0,0.38L-0.59,0.81L-0.36,0.12L-0.95,-0.31L-0.225,-0.31Z")
+#: what every whole Vega bundle defines (a cached one without it is made again)
+BUNDLE_MARK = "window.vegaEmbed="
 #: vega-embed's options: SVG (crisp, countable), export menu only (no link to the online editor)
 EMBED_OPTIONS = {"renderer": "svg", "actions": {"export": True, "source": False, "compiled": False, "editor": False}}
 
@@ -308,17 +312,33 @@ def _spec(chart: Any) -> dict[str, Any]:
     return spec
 
 
-def javascript() -> str:
-    """Vega, Vega-Lite and vega-embed in one script (vl-convert-python's bundle, for altair's Vega-Lite)."""
+def javascript(cache_dir: str | os.PathLike | None = None) -> str:
+    """Vega, Vega-Lite and vega-embed in one script (vl-convert-python's bundle, for altair's Vega-Lite). Making it
+    takes vl-convert ~2 s, so with ``cache_dir`` it is kept there (``report/``, named by the versions) and read back."""
     import altair as alt
     import vl_convert as vlc
 
     want = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
-    return vlc.javascript_bundle(vl_version=want if want in vlc.get_vegalite_versions() else None)
+    version = want if want in vlc.get_vegalite_versions() else None
+    cached = None
+    if cache_dir is not None:
+        tag = importlib.metadata.version("vl-convert-python")
+        cached = Path(cache_dir) / "report" / f"vega-bundle-{tag}-vl{version or 'default'}.js"
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            text = cached.read_text(encoding="utf-8")
+            if BUNDLE_MARK in text:  # a whole bundle (written atomically; never a torn one)
+                return text
+    text = vlc.javascript_bundle(vl_version=version)
+    if cached is not None and BUNDLE_MARK in text:
+        with contextlib.suppress(OSError):  # an unwritable cache only costs the time
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(cached, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return text
 
 
-def render(data: ReportData) -> str:
-    """The whole report as one HTML document (the Vega JavaScript inline once, no external resource)."""
+def render(data: ReportData, cache_dir: str | os.PathLike | None = None) -> str:
+    """The whole report as one HTML document (the Vega JavaScript inline once, no external resource; its bundle
+    kept in ``cache_dir`` when given: :func:`javascript`)."""
     from tracekit import __version__
 
     e = html.escape
@@ -360,7 +380,7 @@ def render(data: ReportData) -> str:
     parts += specs
     parts += [_json_script("chart-ids", ids), _json_script("embed-options", EMBED_OPTIONS)]
     if ids:
-        parts.append(f'<script type="module">{javascript()}</script>')
+        parts.append(f'<script type="module">{javascript(cache_dir)}</script>')
         parts.append(f'<script type="module">{EMBED_JS}</script>')
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -392,11 +412,12 @@ def check_target(path: str | os.PathLike, force: bool = False) -> Path:
     return target
 
 
-def write(data: ReportData, path: str | os.PathLike, *, force: bool = False) -> int:
+def write(data: ReportData, path: str | os.PathLike, *, force: bool = False,
+          cache_dir: str | os.PathLike | None = None) -> int:
     """Write the report to ``path`` atomically (never over an existing file without ``force``); returns its
-    size in bytes."""
+    size in bytes. ``cache_dir`` keeps the JavaScript bundle between runs (:func:`javascript`)."""
     target = check_target(path, force)
-    text = render(data).encode("utf-8")
+    text = render(data, cache_dir).encode("utf-8")
 
     def put(tmp: str) -> None:
         Path(tmp).write_bytes(text)
