@@ -288,6 +288,48 @@ async def test_whatif_numbers_follow_the_inputs(data: JobData) -> None:
         assert view.prediction.scenario.bandwidth_bps == 10e9
 
 
+async def test_whatif_curves_are_the_reports(data: JobData, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The what-if tab plots the curves of ``tracekit report`` (:func:`tracekit.figures.whatif_curves`), computed
+    in a thread worker, never on the UI thread; the plots show their axes and the key names the measured point."""
+    import threading
+
+    from textual_plotext import PlotextPlot
+
+    from tracekit import figures
+
+    assert data.analysis is not None and data.bottleneck is not None
+    real = figures.whatif_curves
+    threads: list[bool] = []
+
+    def recorded(*args: object, **kwargs: object) -> figures.Curves:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(figures, "whatif_curves", recorded)
+    app = sc.app(data)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("6")
+        view = app.query_one(WhatIfView)
+        await quiet(pilot)
+        assert threads == [False]  # once, off the UI thread
+        want = real(data.analysis.whatif, data.bottleneck)
+        assert view.curves is not None
+        assert view.curves.by_rate.equals(want.by_rate) and view.curves.by_compression.equals(want.by_compression)
+        assert view.curves.measured_scaling == pytest.approx(data.bottleneck.scaling_measured)
+        rate = app.query_one("#wi-curve-rate", PlotextPlot).render().plain  # type: ignore[union-attr]
+        assert "62.5M" in rate and "1G" in rate and "64G" in rate  # the line-rate axis, log scale
+        comp = app.query_one("#wi-curve-compression", PlotextPlot).render().plain  # type: ignore[union-attr]
+        assert "1x" in comp and "32x" in comp
+        key = str(app.query_one("#wi-curve-rate-box").border_subtitle)
+        assert "link as measured" in key and "at full rate" in key
+        assert f"now {data.bottleneck.scaling_measured:.2f}" in key
+        # the inputs change the prediction, not the curves (they are the job's): nothing is computed again
+        await pilot.press("c", "4", "enter")
+        await quiet(pilot)
+        assert threads == [False]
+
+
 async def test_whatif_without_a_line_rate(no_rate: JobData) -> None:
     """Without --link-bw the job can be replayed as it ran or at full utilisation of a rate typed in; measured
     efficiency at another rate needs the rate it ran at, which the error says."""

@@ -158,6 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
     _big_jobs(p)
     p.set_defaults(func=cmd_export)
 
+    p = sub.add_parser("report", help="write a self-contained HTML report with charts of the job",
+                       description="Write one HTML file that needs no network and no server: the per-rank "
+                                   "breakdown, iteration times, link busy/idle over time, the critical path per "
+                                   "iteration, the collectives' skew and bus bandwidth, the what-if curves (scaling "
+                                   "factor against line rate and compression ratio) and the verdict. Needs altair "
+                                   "and vl-convert-python (pip install 'tracekit[report]').")
+    _common(p)
+    p.add_argument("-o", "--output", metavar="FILE", help="the HTML file to write, e.g. report.html")
+    p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline, "
                        "critical path, collectives, what-if)",
                        description="Open the traces in an interactive terminal app: the verdict, per-rank "
@@ -560,6 +571,31 @@ def cmd_export(args: argparse.Namespace) -> int:
         written.append(args.chrome)
     for path in written:
         err.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    _warn(result.diagnostics, err, args.quiet)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import time
+
+    from tracekit import html_report
+
+    if not args.output:
+        raise TraceError(None, "say where to write the report: -o report.html")
+    if not html_report.available():
+        raise TraceError(None, f"tracekit report needs altair and vl-convert-python, which are not installed: "
+                               f"{html_report.INSTALL_HINT}")
+    html_report.check_target(args.output, args.force)  # before the analysis, not after
+    err = Console(stderr=True)
+    t0 = time.perf_counter()
+    result = _load(args, err)
+    from tracekit.cache import default_dir
+    from tracekit.figures import collect
+
+    js_cache = None if args.no_cache else (args.cache_dir or default_dir())
+    size = html_report.write(collect(result, inputs=args.paths), args.output, force=args.force, cache_dir=js_cache)
+    err.print(f"wrote {args.output} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s", highlight=False,
+              soft_wrap=True)
     _warn(result.diagnostics, err, args.quiet)
     return 0
 

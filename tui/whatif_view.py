@@ -3,9 +3,14 @@ efficiency (:mod:`tracekit.whatif`, as ``tracekit whatif`` does). The predicted 
 and scaling factor follow the inputs as they change, with a sweep of line rates around the chosen one
 and the bottleneck verdict.
 
+Below, Zhang et al.'s curves — the scaling factor against the line rate and against the compression ratio, at
+the measured efficiency and at full utilisation, with the job as measured marked — as ``tracekit report`` draws
+them: the points come from :func:`tracekit.figures.whatif_curves`, here only plotted (textual-plotext).
+
 The what-if model and the verdict were built by the loading worker (phase 5, ``tui/data.py``); each new
 prediction runs :func:`tracekit.whatif.predict` in a thread worker (exclusive, after a short pause in the
-typing), because one replay takes milliseconds on a small job and up to a second on a big one.
+typing), because one replay takes milliseconds on a small job and up to a second on a big one; the curves
+(some forty replays) are computed once per job in a thread worker of their own.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.timer import Timer
 from textual.widgets import Input, Label, RadioButton, RadioSet, Static
 from textual.worker import get_current_worker
+from textual_plotext import PlotextPlot
 
 from tracekit.diagnostics import TraceError
 from tracekit.report import fmt_ns
@@ -31,12 +37,21 @@ from tracekit.tui.data import JobData
 from tracekit.tui.views import View
 
 if TYPE_CHECKING:
+    import polars as pl
+
+    from tracekit.figures import Curves
     from tracekit.whatif import Model, Scenario
 
 #: line rates of the sweep, as multiples of the chosen one
 SWEEP = (0.5, 1.0, 2.0, 4.0, 10.0)
 #: seconds of quiet typing before a prediction starts
 DEBOUNCE_S = 0.25
+#: the curves' colours by efficiency (as in the HTML report), and the measured point's
+CURVE_COLOURS = {"measured": (214, 39, 40), "full": (31, 119, 180)}
+CURVE_LABELS = {"measured": "link as measured", "full": "at full rate"}
+POINT_COLOUR = "white"
+POINT_MARKER = "◆"
+TARGET_COLOUR = (44, 160, 44)
 
 
 @dataclass(frozen=True)
@@ -142,6 +157,9 @@ class WhatIfView(View, can_focus=True):
         self._timer: Timer | None = None
         self._asked = 0  # inputs changed this many times
         self._answered = 0  # the prediction for this change is shown
+        self._curves_for: int | None = None  # id of the analysis whose curves are being computed or shown
+        self._curves_pending = False
+        self.curves: Curves | None = None
         self.prediction: Prediction | None = None
         self.error: str | None = None
 
@@ -167,13 +185,21 @@ class WhatIfView(View, can_focus=True):
             yield Static(id="wi-error")
             yield Static(id="wi-prediction", classes="card")
             yield Static(id="wi-sweep", classes="card")
+            with Horizontal(id="wi-curves"):
+                with Vertical(id="wi-curve-rate-box", classes="card wi-curve"):
+                    yield PlotextPlot(id="wi-curve-rate")
+                with Vertical(id="wi-curve-compression-box", classes="card wi-curve"):
+                    yield PlotextPlot(id="wi-curve-compression")
             yield Static(id="wi-verdict", classes="card")
             yield Static(id="wi-help", classes="hint")
 
     def on_mount(self) -> None:  # View.on_mount then shows the data
         for wid, title in (("wi-inputs", "What if …"), ("wi-prediction", "Predicted"),
-                           ("wi-sweep", "Line rates around it"), ("wi-verdict", "Is the network the bottleneck?")):
+                           ("wi-sweep", "Line rates around it"), ("wi-verdict", "Is the network the bottleneck?"),
+                           ("wi-curve-rate-box", "Scaling factor against the line rate"),
+                           ("wi-curve-compression-box", "Scaling factor against compression")):
             self.query_one(f"#{wid}").border_title = title
+        self._plot_message("computing the curves …")
         self.query_one("#wi-help", Static).update(Text(
             "r, c, w: edit the line rate, compression, workers (enter or escape: back) · f: full ↔ measured "
             "efficiency · tab: next input. Line rates as 10gbit, 25GB/s or 1e9 (bits/s); measured efficiency keeps "
@@ -186,7 +212,7 @@ class WhatIfView(View, can_focus=True):
 
     @property
     def busy(self) -> bool:
-        return self._answered != self._asked
+        return self._answered != self._asked or self._curves_pending
 
     # ----------------------------------------------------------------- data
 
@@ -208,6 +234,24 @@ class WhatIfView(View, can_focus=True):
         verdict = Text(data.bottleneck.text) if data.bottleneck is not None else Text("–")
         self.query_one("#wi-verdict", Static).update(verdict)
         self._changed(at_once=True)
+        if self._curves_for != id(analysis):
+            self._curves_for = id(analysis)
+            self._curves_pending = True
+            self._compute_curves(data)
+
+    @work(thread=True, exclusive=True, group="whatif-curves")
+    def _compute_curves(self, data: JobData) -> None:
+        """The what-if curves of the job (:func:`tracekit.figures.whatif_curves`), off the UI thread."""
+        from tracekit.figures import Cancelled, whatif_curves
+
+        assert data.analysis is not None
+        worker = get_current_worker()
+        try:
+            curves = whatif_curves(data.analysis.whatif, data.bottleneck, cancelled=lambda: worker.is_cancelled)
+        except Cancelled:
+            return
+        if not worker.is_cancelled:
+            self.app.call_from_thread(self._show_curves, curves, id(data.analysis))
 
     def inputs(self) -> Inputs:
         """The inputs as they are typed now."""
@@ -320,6 +364,36 @@ class WhatIfView(View, can_focus=True):
                        f"{p.scaling(t):.2f}", style=style)
         sweep.update(st)
 
+    def _show_curves(self, curves: Curves, for_analysis: int) -> None:
+        if for_analysis != self._curves_for:
+            return  # another job's data arrived meanwhile; its own curves follow
+        self.curves = curves
+        self._curves_pending = False
+        rate = curves.by_rate
+        if rate.height and not rate.get_column("bandwidth_bps").is_nan().any():
+            point = (curves.line_rate_bps, curves.measured_scaling) if curves.line_rate_bps else None
+            draw_curve(self.query_one("#wi-curve-rate", PlotextPlot), rate, "bandwidth_bps", point, curves.target,
+                       rate_tick)
+        elif rate.height:
+            draw_curve(self.query_one("#wi-curve-rate", PlotextPlot), rate, "scale", (1.0, curves.measured_scaling),
+                       curves.target, lambda m: f"{m:g}x")
+        else:
+            self._plot_message(_why(curves, "line-rate"), "rate")
+        if curves.by_compression.height:
+            draw_curve(self.query_one("#wi-curve-compression", PlotextPlot), curves.by_compression, "compression",
+                       (1.0, curves.measured_scaling), curves.target, lambda c: f"{c:g}x")
+        else:
+            self._plot_message(_why(curves, "compression"), "compression")
+
+    def _plot_message(self, message: str, which: str | None = None) -> None:
+        """An empty plot titled ``message`` (both plots, or the ``rate`` / ``compression`` one)."""
+        for name in ("rate", "compression") if which is None else (which,):
+            plot = self.query_one(f"#wi-curve-{name}", PlotextPlot)
+            self.query_one(f"#wi-curve-{name}-box").border_subtitle = ""
+            plot.plt.clear_figure()
+            plot.plt.title(message)
+            plot.refresh()
+
     # ----------------------------------------------------------------- input events
 
     def on_input_changed(self, event: Input.Changed) -> None:
@@ -344,3 +418,51 @@ class WhatIfView(View, can_focus=True):
         full = self.query_one("#wi-full", RadioButton)
         target = self.query_one("#wi-measured", RadioButton) if full.value else full
         target.value = True
+
+
+def _why(curves: Curves, which: str) -> str:
+    """Why the ``which`` curve has no point."""
+    note = next((n for n in curves.notes if n.startswith(f"no {which} curve")), None)
+    return note or f"no {which} curve"
+
+
+def rate_tick(bps: float) -> str:
+    """A line rate as a short axis label: ``500M``, ``4G``."""
+    from tracekit.units import format_rate
+
+    return format_rate(bps).replace(" ", "").replace("bit/s", "")
+
+
+def legend(df: pl.DataFrame, point: tuple[float, float] | None, target: float) -> str:
+    """The key of a curve plot (markup for its card's subtitle: a legend inside would hide the curves)."""
+    effs = set(df.get_column("efficiency").to_list())
+    parts = [f"[rgb{CURVE_COLOURS[e]}]━━[/] {CURVE_LABELS[e]}" for e in CURVE_COLOURS if e in effs]
+    if point is not None and point[0]:
+        parts.append(f"[{POINT_COLOUR}]{POINT_MARKER}[/] now {point[1]:.2f}")
+    parts.append(f"[rgb{TARGET_COLOUR}]──[/] target {target:g}")
+    return "  ".join(parts)
+
+
+def draw_curve(plot: PlotextPlot, df: pl.DataFrame, x: str, point: tuple[float, float] | None, target: float,
+               tick: Any) -> None:
+    """Plot ``scaling_factor`` against ``x`` (log scale) per efficiency, the target and the measured point —
+    the rows of one of :class:`tracekit.figures.Curves`' tables, drawn as they are; the key goes to the
+    subtitle of the plot's parent card."""
+    if plot.parent is not None:
+        plot.parent.border_subtitle = legend(df, point, target)
+    plt = plot.plt
+    plt.clear_figure()
+    xs_all = sorted(set(df.get_column(x).to_list()))
+    for eff, colour in CURVE_COLOURS.items():
+        part = df.filter(df.get_column("efficiency") == eff)
+        if part.height:
+            plt.plot([math.log10(v) for v in part.get_column(x).to_list()], part.get_column("scaling_factor").to_list(),
+                     marker="hd", color=colour)
+    plt.hline(target, TARGET_COLOUR)
+    if point is not None and point[0]:
+        plt.scatter([math.log10(point[0])], [point[1]], marker=POINT_MARKER, color=POINT_COLOUR)
+    shown = xs_all[::2] if len(xs_all) > 8 else xs_all  # every other tick when they would crowd
+    plt.xticks([math.log10(v) for v in shown], [tick(v) for v in shown])
+    plt.ylim(0, 1.05)
+    plt.yticks([0, 0.25, 0.5, 0.75, target, 1.0], ["0", ".25", ".5", ".75", f"{target:g}", "1"])
+    plot.refresh()
