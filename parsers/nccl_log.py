@@ -1515,7 +1515,8 @@ def _resolve_comm_ids(st: _Parser) -> list[_Comm]:
             c.parent_comm_id = par.comm_id
         if c.comm_id is not None:
             continue
-        if par is not None and par.comm_id and c.split_count is not None and c.color is not None:
+        if (par is not None and par.comm_id and par.comm_id_source in ("log", "derived")
+                and c.split_count is not None and c.color is not None):  # only a real commId hashes
             c.comm_id, c.comm_id_source = split_comm_id(par.comm_id, c.split_count, c.color), "derived"
         if c.end_comm_id is not None:
             if c.comm_id is not None and c.comm_id != c.end_comm_id:
