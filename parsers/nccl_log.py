@@ -290,6 +290,8 @@ BARE = re.compile(
     r"(?:(?P<loc>[^\s()\[\]:>]++:\d++) (?:\((?P<func>[^()]{0,200}+)\) )?)?NCCL (?P<level>[A-Z]{3,})\b ?")
 #: the rank a launcher prefix states: OpenMPI ``[jobid,rank]<stdout>:``, ``srun --label`` ``rank: ``
 LAUNCHER_RANK = re.compile(r"^(?:\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:|(?P<srun>\d+): )")
+#: a line that is nothing but a launcher prefix (the blank line before a WARN, behind the launcher)
+LAUNCHER_ONLY = re.compile(r"^\s*(?:\[[^\]]*\](?:<std(?:out|err)>)?:?|\(.*\)|[\w.-]+:|>)\s*$")
 #: any NCCL marker, to count lines that carry one but could not be read at all
 NCCL_MARK = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
 
@@ -299,7 +301,8 @@ NCCL_MARK = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
 KNOWN = re.compile("^(?:" + "|".join((
     r"Bootstrap\b", r"cudaDriverVersion \d", r"NCCL_\w+ set by environment to", r"Comm config \w+ set to",
     r"NET/", r"(?:NET|TUNER|PROFILER|ENV|GIN|RAS)/Plugin", r"Plugin Path", r"P2P plugin", r"Loaded \w+ plugin",
-    r"Assigned NET plugin", r"Using (?:non-device |internal )?(?:net|network) ", r"Failed to open libnccl",
+    r"Assigned NET plugin", r"Using (?:non-device |internal )?(?:net|network) ", r"Using \d+ threads",
+    r"Failed to open libnccl",
     r"Setting affinity for GPU", r"NVLS\b", r"Connected (?:all|NVLS|CollNet|to proxy)", r"New proxy (?:send|recv)",
     r"\[Proxy [A-Za-z ]+\]", r"[Pp]roxy\w* ", r"Allocated \d+ bytes", r"Cuda Host Alloc", r"MemoryPool",
     r"DMA-BUF", r"GPU Direct RDMA", r"threadThresholds ", r"CC (?:On|Off)", r"Init timings",
@@ -977,7 +980,7 @@ class _Parser:
     def line(self, no: int, text: str, nbytes: int) -> None:
         """A line the columnar path did not take: find its anchors (several when processes
         interleaved), widowed prefixes, or treat it as a line without anchor."""
-        if not text or text.isspace():
+        if not text or text.isspace() or (len(text) < 200 and LAUNCHER_ONLY.match(text)):
             self.counts["blank_lines"] += 1
             return
         if nbytes > MAX_LINE:  # no NCCL line is this long: do not run regexes over megabytes
