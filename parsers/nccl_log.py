@@ -1,14 +1,24 @@
 """NCCL debug logs (``NCCL_DEBUG=INFO``, FORMATS.md section 2) into tracekit tables.
 
 A log is text lines written by one or many processes (a per-process ``NCCL_DEBUG_FILE``, or a shared
-stdout with launcher prefixes and interleaving). This parser turns it into:
+stdout with launcher prefixes and interleaving), or an excerpt of one as pasted into bug reports: without
+the Init lines, or without the ``host:pid:tid`` prefix (``[1] NCCL INFO ...``, ``NCCL INFO ...``; the lines
+of each ``[dev]`` are then one pseudo-process with host ``""`` and pid ``-2 - dev``, or ``-1`` without
+``[dev]``: :func:`bare_pid`). This parser turns it into:
 
 ``collectives`` (COLLECTIVES schema), one row per ``COLL`` line (``NCCL_DEBUG_SUBSYS`` must contain
 ``COLL``), in line order:
 
 * ``rank`` -- the **global** rank of the process that logged the line when known (its rank in its
   largest communicator, the "world" comm, or RCCL's ``globalrank``), otherwise its rank in the
-  communicator of the call, otherwise null. ``tables["nccl_calls"].rank_is_global`` says which.
+  communicator of the call, otherwise null. ``tables["nccl_calls"].rank_is_global`` says which. Without
+  Init lines the rank in a communicator comes from its nNodes line (``comm %p rank %d nRanks %d nNodes``,
+  2.12+), its Destroy line, or the rank its transport, ring and tree lines say the process has; a process
+  with none of these gets, in its largest communicator, the rank of its launcher prefix (OpenMPI
+  ``[1,R]<stdout>:``, ``srun --label``), else of its CUDA device ``[d]`` (a guess, reported: right for one
+  process per GPU on one node). ``meta["processes"][i]["rank_source"]`` says which (``nccl-init``,
+  ``nccl-nnodes``, ``nccl-destroy``, ``nccl-topology``, ``launcher``, ``device``, ``rccl-globalrank``,
+  ``nccl-tests``).
 * ``collective_id`` -- row number in this file (0-based, line order).
 * ``pg`` -- the NCCL ``commId`` as printed (``0x`` + lower-case hex), equal on every member. NCCL 2.27+
   split communicators print no commId on their Init lines: it is *derived* with NCCL's own hash of the
@@ -18,14 +28,17 @@ stdout with launcher prefixes and interleaving). This parser turns it into:
   synthetic ``synthetic-n{nranks}-{k}`` = the k-th communicator of that size created by the process
   (ranks create communicators in the same order, so it matches across ranks; two *disjoint* groups of
   equal size collide -- flagged by a diagnostic when both are in one file).
-  ``tables["nccl_comms"].comm_id_source`` says which (``log``, ``derived``, ``synthetic``). Null when no
-  Init line of the communicator is in the log (e.g. ``NCCL_DEBUG_SUBSYS=COLL`` only).
+  A communicator with no Init line in the log (``NCCL_DEBUG_SUBSYS=COLL`` only, excerpts) is known from its
+  COLL lines (pointer, ``[nranks=N]``), nNodes or Destroy line: ``pg`` is ``inferred-n{nranks}-{k}``, the
+  k-th communicator of that size the process used (same order on every member when the excerpts start
+  together; more claimants than ranks is reported). ``tables["nccl_comms"].comm_id_source`` says which
+  (``log``, ``derived``, ``synthetic``, ``inferred``). Null only for orphan bodies of no known process.
 * ``seq`` -- 0-based index of the call among the calls of the same process on the same communicator
   (``pg``), in line order: the k-th call of a comm is the same collective on every member (FORMATS 2.4).
   NCCL's ``opCount`` is *not* a call id (stuck at 0 or shared by a group); it is in ``nccl_calls``.
-  Calls on a comm without Init line are counted per comm pointer; null for an orphan body whose
-  process could not be recovered. A lost or cut COLL line shifts the seq of that process's later calls
-  on that comm: members then disagree on (pg, seq), which is reported as a diagnostic.
+  Null for an orphan body whose process could not be recovered. A lost or cut COLL line shifts the seq
+  of that process's later calls on that comm: members then disagree on (pg, seq), which is reported as a
+  diagnostic.
 * ``op`` -- ``allreduce allgather reduce_scatter broadcast reduce send recv all_to_all gather scatter``,
   other NCCL names lower-cased (``PutSignal`` -> ``putsignal``).
 * ``dtype`` -- ``int8 uint8 int32 uint32 int64 uint64 float16 float32 float64 bfloat16 float8e4m3
@@ -49,9 +62,10 @@ stdout with launcher prefixes and interleaving). This parser turns it into:
 (``a``, or ``b`` for ``[receive]``), ``peer`` the other end (in-comm, like ``rank``), ``transport`` the
 family (``P2P SHM NET/IB NET/Socket NET/<plugin> COLLNET NVLS ...``), ``detail`` the whole ``via`` text.
 Transport lines do not name their communicator: they are attributed to the communicator being
-initialised by that process (between Init START and COMPLETE, or before a COMPLETE in eras without
-START), or -- for lazily connected channels -- to the comm of the process's last COLL line, checked
-against the process's rank in it; null ``comm_id`` when that is ambiguous.
+initialised by that process (between Init START and COMPLETE, after its nNodes line, or before a COMPLETE
+in eras without START), or -- for lazily connected channels -- to the comm of the process's last COLL
+line, or -- in excerpts without Init lines -- to the process's only communicator, checked against the
+process's rank in it and the comm's size; null ``comm_id`` (the row is kept) when that is ambiguous.
 
 Extra tables (``ParsedFile.tables``), all with a ``line`` column (1-based line of the log; a
 ``(pid, line)`` pair identifies a row's source). Column types are fixed (``string``, ``int32/64``,
@@ -80,9 +94,11 @@ Extra tables (``ParsedFile.tables``), all with a ``line`` column (1-based line o
   2.5-2.18.1, ``nvmlDev`` >= 2.18.3, null if the era is unknown) ``global_rank`` (of the process that
   logged it) ``orphan``.
 * ``nccl_graph`` -- ring orders (``kind=ring``, rank 0 of the comm prints them: ``value`` = the
-  space-separated in-comm ranks) and trees (``kind=tree``: ``value`` = ``children->rank->parent``, or
-  the joined up|down trees of 2.4-2.6) per channel: ``comm comm_id rank channel nchannels cut`` (the
-  line hit NCCL's 1 KB limit, so the ring may be incomplete).
+  space-separated in-comm ranks), ring neighbours (``kind=ring_link``, 2.19+ ``Ring 02 : 2 -> 0 -> 1``,
+  every rank: ``value`` = ``prev->rank->next``) and trees (``kind=tree``: ``value`` =
+  ``children->rank->parent`` from ``Trees [c] ...`` and 2.19+ ``Tree c : up -> rank -> children``, or the
+  joined up|down trees of 2.4-2.6) per channel: ``comm comm_id rank channel nchannels cut`` (the line hit
+  NCCL's 1 KB limit, so the ring may be incomplete).
 * ``nccl_tuning`` -- every TUNING line: ``host pid op`` (null before 2.23) ``bytes algorithm protocol
   channel_lo channel_hi time_us`` (predicted, 2.20-2.23) ``kernel`` (2.27+ symmetric kernels, then
   ``algorithm`` = ``SYMMETRIC``) ``size_kind`` (``S``: the line prints the full buffer, 2.20-2.23;
@@ -98,11 +114,16 @@ Extra tables (``ParsedFile.tables``), all with a ``line`` column (1-based line o
 ``era`` (version range inferred from the formats seen, e.g. ``2.21.0-2.23.x``), ``backend``
 (``nccl``), ``world_size`` (largest comm), ``network`` (``IB``, ``Socket``, ...), ``processes`` (list
 of ``{host, pid, rank, rank_source, nranks, devices, comms, version, network, prefixes}``, ``comms``
-being ``[{comm, comm_id, rank, nranks, cuda_dev, bus_id, parent, color, key}]``; ``rank_source`` is
-``rccl-globalrank``, ``nccl-init`` or ``nccl-tests``), and when the file holds exactly one process
-also ``rank host pid device``. Counters: ``lines blank_lines nccl_lines ignored_lines`` (NCCL lines
-of no interest) ``unparsed_lines warn_lines cut_lines orphan_lines widowed_prefixes ray_repeats
-continuation_lines unwind_lines`` (``file.cc:123 -> 6`` error-return lines).
+being ``[{comm, comm_id, rank, nranks, cuda_dev, bus_id, parent, color, key}]``; ``rank_source`` as
+for ``collectives.rank`` above), and when the file holds exactly one process also ``rank host pid
+device``. Counters: ``lines blank_lines nccl_lines ignored_lines`` (NCCL messages known to hold nothing
+tracekit uses: :data:`KNOWN`) ``unrecognised_lines`` (NCCL lines not understood: messages of no known
+kind, and ``damaged_lines``, lines of a known kind whose text does not fit it) ``unparsed_lines`` (lines
+nothing was read from: text that is not NCCL's, and the damaged lines) ``bare_lines`` (without
+``host:pid:tid``) ``warn_lines cut_lines orphan_lines widowed_prefixes ray_repeats continuation_lines
+unwind_lines`` (``file.cc:123 -> 6`` error-return lines); ``unrecognised``: the not-understood lines by
+kind (``[{level, kind, count, first_line, example, damaged}]``, most frequent first), also named in a
+diagnostic -- never skipped silently.
 
 How: the input streams through :func:`parsers.source.iter_blocks` (gzip too) in 4 MiB blocks of whole
 lines; memory holds one block's work plus the output rows. COLL and (2.24+) TUNING lines -- the bulk
@@ -134,7 +155,7 @@ from tracekit.schema import COLLECTIVES, TOPOLOGY, ParsedFile, table
 
 from .source import iter_blocks
 
-PARSER_VERSION = "2"
+PARSER_VERSION = "3"
 FORMAT = "nccl-log"
 
 #: Decompressed bytes per block: big enough to amortise the per-block kernels, small enough to keep
@@ -151,6 +172,10 @@ MAX_WARN_DIAGNOSTICS = 20
 MAX_EXAMPLES = 5
 #: An orphan body is paired with a widowed prefix at most this many lines earlier.
 WIDOW_WINDOW = 8
+#: Kinds of not-understood lines kept per file (the rest are counted together), and named in the diagnostic.
+MAX_UNKNOWN_KINDS = 200
+MAX_UNKNOWN_SHOWN = 6
+MAX_EXAMPLE_CHARS = 160
 
 # ---------------------------------------------------------------------------------------------------
 # vocabulary
@@ -228,6 +253,10 @@ CONN = re.compile(
     r"(?P<src>\d+)(?:\[(?P<sdev>[0-9a-fA-F]+)\])?(?: -> (?P<dst>\d+)(?:\[(?P<ddev>[0-9a-fA-F]+)\])?)?"
     r"(?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$")
 RING = re.compile(r"^(?:Ring|Channel) (?P<ch>\d+)(?:/(?P<n>\d+))? :(?P<ranks>(?: +\d+)*) *$")
+#: 2.19+, every rank, per channel: its ring neighbours ``Ring 02 : prev -> rank -> next`` (src/init.cc) and
+#: its tree ``Tree 1 : up -> rank -> down0/down1/down2`` (src/graph/connect.cc)
+RING_LINK = re.compile(r"^Ring (?P<ch>\d+) : (?P<prev>-?\d+) -> (?P<rank>\d+) -> (?P<next>-?\d+)\s*$")
+TREE_LINK = re.compile(r"^Tree (?P<ch>\d+) : (?P<up>-?\d+) -> (?P<rank>\d+) -> (?P<down>-?\d+(?:/-?\d+)*)\s*$")
 TREE_ITEM = re.compile(r"\[(?P<ch>\d+)\] (?P<tree>\S+)")
 CHANNEL_COUNT = re.compile(r"(?P<n>\d+) (?P<kind>coll|collnet|nvls|p2p) channels(?P<pp> per peer)?")
 COUNTS_COMM = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+)")
@@ -253,15 +282,60 @@ RAY_REPEAT = re.compile(r"\[repeated (?P<n>\d+)x across cluster\]")
 #: a 2.26+ timestamp at the end of a prefix: ``[...]`` with a digit and one of ``-:.`` (or a long epoch)
 TIMESTAMP = re.compile(r"\[(?P<ts>[^\[\]]*\d[-:./][^\[\]]*|\d{9,}[^\[\]]*)\] ?$")
 
-#: Sniffer: the anchor or a version line anywhere in the head.
+#: A line without ``host:pid:tid`` (pasted or trimmed excerpts): ``[dev] NCCL INFO ...`` or bare ``NCCL INFO
+#: ...``, possibly behind a launcher or logger prefix. NCCL's part must begin the line or follow a space or one
+#: of ``] : > )``. Possessive and bounded quantifiers over separator-free runs keep a search linear.
+BARE = re.compile(
+    r"(?:^|(?<=[\s\]:>)]))(?:\[(?P<dev>-?\d{1,9})\] )?(?:(?P<ms>\d++\.\d++) )?"
+    r"(?:(?P<loc>[^\s()\[\]:>]++:\d++) (?:\((?P<func>[^()]{0,200}+)\) )?)?NCCL (?P<level>[A-Z]{3,})\b ?")
+#: the rank a launcher prefix states: OpenMPI ``[jobid,rank]<stdout>:``, ``srun --label`` ``rank: ``
+LAUNCHER_RANK = re.compile(r"^(?:\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:|(?P<srun>\d+): )")
+#: a line that is nothing but a launcher prefix (the blank line before a WARN, behind the launcher)
+LAUNCHER_ONLY = re.compile(r"^\s*(?:\[[^\]]*\](?:<std(?:out|err)>)?:?|\(.*\)|[\w.-]+:|>)\s*$")
+#: any NCCL marker, to count lines that carry one but could not be read at all
+NCCL_MARK = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
+
+#: INFO messages NCCL prints that hold nothing tracekit uses (INIT, ENV, NET, GRAPH, ALLOC, PROXY, NVLS,
+#: TUNING and plugin subsystems): counted as ``ignored_lines``. Any other message is *not understood*: it is
+#: counted by kind and named in a diagnostic (see ``meta["unrecognised"]``).
+KNOWN = re.compile("^(?:" + "|".join((
+    r"Bootstrap\b", r"cudaDriverVersion \d", r"NCCL_\w+ set by environment to", r"Comm config \w+ set to",
+    r"NET/", r"(?:NET|TUNER|PROFILER|ENV|GIN|RAS)/Plugin", r"Plugin Path", r"P2P plugin", r"Loaded \w+ plugin",
+    r"Assigned NET plugin", r"Using (?:non-device |internal )?(?:net|network) ", r"Using \d+ threads",
+    r"Failed to open libnccl",
+    r"Setting affinity for GPU", r"NVLS\b", r"Connected (?:all|NVLS|CollNet|to proxy)", r"New proxy (?:send|recv)",
+    r"\[Proxy [A-Za-z ]+\]", r"[Pp]roxy\w* ", r"Allocated \d+ bytes", r"Cuda Host Alloc", r"MemoryPool",
+    r"DMA-BUF", r"GPU Direct RDMA", r"threadThresholds ", r"CC (?:On|Off)", r"Init timings",
+    r"Pattern \d+, crossNic", r"=+ ?(?:System|$)", r"(?:CPU|GPU|NIC|NET|NVS|PCI)/\S+", r"\+ [A-Z0-9]+\[",
+    r"\d+ : (?:GPU|NET|NVS|CPU)/", r"Enabled NCCL Func/Proto/Algo Matrix", r"[A-Za-z][\w /]*\|",
+    r"P2P Chunksize set to \d", r"CollNet(?:Direct)? channel", r"Collnet Chains", r"rank \d+ Connected CollNet",
+    r"Communicator has \d+ nodes", r"Launch mode (?:Parallel|Group)", r"MNNVL\b", r"ncclCommInitRank\w*: comm",
+    r"Symmetric", r"Check P2P Type",
+)) + ")")
+
+#: Sniffer: the anchor or a version line anywhere in the head; or, for logs without ``host:pid:tid``,
+#: an NCCL level at the start of a line (after launcher and logger prefixes), or one followed by a message
+#: only NCCL prints (COLL, Init, transport, ring and tree lines, network and bootstrap lines).
 _SNIFF = re.compile(
     rb"(?:^|[\s:\[\]])[^\s:\[\]]*:\d+:\d+ (?:\[-?\d+\] )?(?:\d+\.\d+ )?(?:[^\s()]+:\d+ (?:\([^)]*\) )?)?"
-    rb"NCCL [A-Z]+\b|NCCL version \d+\.\d+\.\d+")
+    rb"NCCL [A-Z]+\b|NCCL version \d+\.\d+\.\d+"
+    # line start, launcher prefixes ([1,0]<stdout>:, [default0]:, 0: , host: , (Ray actor) , > , [time])
+    rb"|(?m:^(?:\[\d++,\d++\]<std(?:out|err)>:|\[[A-Za-z_]*+\d++\]: ?|[\w.-]++: |\([^()\n]{0,200}+\) |> "
+    rb"|\[(?=[^\]\n]{0,60}\d[-:./T])[^\]\n]{1,120}+\] ?|\d{4}-\d\d-\d\dT[\d:.]++Z? (?:std(?:out|err) [FP] )?)*+"
+    rb"(?:\[-?\d+\] )?(?:\d+\.\d+ )?(?:[\w/.-]+\.(?:cc|cu|h|c|cpp):\d+ (?:\([^)\n]*\) )?)?"
+    rb"NCCL (?:INFO|WARN|TRACE|CALL|ABORT) ?\S)"
+    # anywhere, followed by a message only NCCL prints
+    rb"|(?:^|[\s\]:>)])(?:\[-?\d+\] )?NCCL INFO (?:[A-Za-z]+: opCount [0-9a-fA-F]+ sendbuff "
+    rb"|(?:nccl\w+ )?comm 0x[0-9a-fA-F]+ rank \d+ n[Rr]anks \d+|(?:Channel|Ring|CollNet) \d+(?:/\d+)? : "
+    rb"|Trees? \[?\d|NET/\w+ ?: |Using network |Bootstrap ?: |cudaDriverVersion \d|P2P Chunksize|\d+ coll channels"
+    rb"|NCCL version \d|NCCL_\w+ set by environment)"
+    rb"|(?:^|\s)(?:\[-?\d+\] )?[\w/.-]+\.(?:cc|cu|h|c|cpp):\d+ (?:\([^)\n]*\) )?NCCL WARN ")
 
 
 def sniff(head: bytes) -> bool:
-    """True for text whose lines carry the NCCL anchor (``host:pid:tid [dev] NCCL INFO``), also behind
-    launcher prefixes, or an ``NCCL version`` line; false for JSON and binary data."""
+    """True for text with NCCL debug lines of any era and prefix form: the anchor (``host:pid:tid [dev] NCCL
+    INFO``) anywhere, also behind launcher prefixes; ``[dev] NCCL INFO`` / ``NCCL INFO`` lines without host
+    prefix; an ``NCCL version`` line. False for JSON, binary data and text that merely mentions NCCL."""
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if not text or text[:1] == b"{" or re.match(rb"\[\s*[{\]\"]", text):
         return False
@@ -421,6 +495,7 @@ class _Fast:
     coll: pa.Table | None = None
     tuning: pa.Table | None = None
     done: np.ndarray | None = None  # over the block's lines: handled here (fully or anchor-parsed)
+    bare: int = 0  # of those, lines without host:pid:tid
     rest: list[tuple[int, str | None, str, int, int, int | None, str, int]] = field(default_factory=list)
 
 
@@ -530,27 +605,39 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
         return res
     row = np.searchsorted(loff, q, side="right") - 1
     per_row = np.bincount(row, minlength=n)
-    ok = (per_row[row] == 1) & (q - 2 >= loff[row]) & (q + 1 < loff[row + 1])
+    ok = (per_row[row] == 1) & (q + 1 < loff[row + 1])
     q, row = q[ok], row[ok]
+    lfirst = loff[row]
 
     def tk(idx: np.ndarray) -> pa.Array:
         return flat.take(pa.array(idx))
 
     ok = _np(pc.equal(tk(q + 1), "INFO"))
-    # "[dev]" before NCCL (INFO lines always have it), then the host:pid:tid token
-    (dev,), has_dev = _by_value(tk(q - 1), lambda t: (_int_or_none(t[1:-1], -1),)
+    # "[dev]" before NCCL (INFO lines always have it), then the host:pid:tid token -- or, in excerpts
+    # without host prefix, "[dev] NCCL INFO" / "NCCL INFO" starting the line
+    (dev,), has_dev = _by_value(tk(np.maximum(q - 1, lfirst)), lambda t: (_int_or_none(t[1:-1], -1),)
                                 if t[:1] == "[" and t[-1:] == "]" and _int_or_none(t[1:-1], -1) is not None
                                 else None, (pa.int32(),))
-    ok &= has_dev
-    (host_s, pid_a, tid_a, glued), good = _by_value(tk(q - 2), _parse_anchor_token,
+    has_dev &= q - 1 >= lfirst
+    (host_s, pid_a, tid_a, glued), good = _by_value(tk(np.maximum(q - 2, lfirst)), _parse_anchor_token,
                                                       (pa.string(), pa.int64(), pa.int64(), pa.int64()))
-    ok &= good
+    anchored = has_dev & good & (q - 2 >= lfirst)
+    bare = ((q == lfirst) | (has_dev & (q - 1 == lfirst))) & ~anchored
+    ok &= anchored | bare
     if not ok.any():
         return res
+    if bare[ok].any():
+        b = pa.array(bare)
+        host_s = pc.if_else(b, "", host_s)
+        pid_a = pc.if_else(b, pc.if_else(pa.array(has_dev), pc.subtract(pa.scalar(-2, pa.int64()),
+                                                                        pc.cast(dev, pa.int64())), -1), pid_a)
+        tid_a = pc.if_else(b, pa.scalar(None, pa.int64()), tid_a)
+        glued = pc.if_else(b, 0, glued)
+        dev = pc.if_else(pa.array(has_dev), dev, pa.scalar(None, pa.int32()))
     sel = np.flatnonzero(ok)
     if len(sel) < len(q):
         selp = pa.array(sel)
-        q, row = q[sel], row[sel]
+        q, row, bare = q[sel], row[sel], bare[sel]
         dev, host_s, pid_a, tid_a, glued = (a.take(selp) for a in (dev, host_s, pid_a, tid_a, glued))
     fo = _str_offsets(flat)
     first, rend = loff[row], loff[row + 1]
@@ -561,7 +648,7 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
 
     line_idx = row
     lstart, lend = starts[line_idx], ends[line_idx]
-    plen_chars = char_pos(q - 2, first) + _np(glued)
+    plen_chars = np.where(bare, 0, char_pos(np.maximum(q - 2, first), first) + _np(glued))
     has_prefix = plen_chars > 0
     prefix = pa.nulls(len(q), pa.string())
     if has_prefix.any():
@@ -696,6 +783,7 @@ def _fast_block(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: pa.Str
     if tuning:
         res.tuning = pa.concat_tables(tuning).unify_dictionaries().combine_chunks()
     res.done[line_idx] = True
+    res.bare = int(bare.sum())
     return res
 
 
@@ -739,6 +827,9 @@ class _Comm:
     p2p_channels_per_peer: int | None = None
     parent_comm_id: str | None = None
     end_comm_id: str | None = None  # commId printed on the Destroy/Abort line
+    nnodes_line: int | None = None  # the ``comm %p rank %d nRanks %d nNodes %d ...`` line
+    inferred: bool = False  # no Init line: known from its nNodes, Destroy or COLL lines only
+    rank_source: str | None = None  # what says ``rank``: nccl-init, nccl-nnodes, nccl-destroy, topology, ...
 
 
 @dataclass
@@ -755,6 +846,25 @@ class _Proc:
 
 def _i(s: str | None) -> int | None:
     return int(s) if s is not None else None
+
+
+def bare_pid(dev: int | None) -> int:
+    """The pid given to lines without ``host:pid:tid``: -1, or -2 - d for lines tagged ``[d]`` (no real pid is
+    negative, so these never mix with a logged process)."""
+    return -1 if dev is None else -2 - dev
+
+
+_NUMBERISH = re.compile(r"^[-+]?(?:0x[0-9a-fA-F]+|\(nil\)|\d[\w.,:/%+-]*)$")
+_DIGITS = re.compile(r"\d+")
+
+
+def _kind(body: str) -> str:
+    """What kind of message a line is, for counting: its first words with numbers, pointers and hex ids
+    replaced by ``#`` (``Setting affinity for GPU 3 to ff,ff`` -> ``Setting affinity for GPU # to``)."""
+    words = []
+    for w in body.split()[:6]:
+        words.append("#" if _NUMBERISH.match(w) else _DIGITS.sub("#", w) if any(c.isdigit() for c in w) else w)
+    return " ".join(words) or "(empty)"
 
 
 def _version_tuple(v: str) -> tuple[int, int, int]:
@@ -789,6 +899,10 @@ class _Parser:
         self.counts: dict[str, int] = defaultdict(int)
         self.unparsed_examples: list[int] = []
         self.cut_examples: list[int] = []
+        #: NCCL lines not understood, by (level, kind): [count, first line, first text, damaged]
+        self.unknown: dict[tuple[str, str], list[Any]] = {}
+        #: comm idx -> the ranks its attributed transport/ring/tree lines say (comms of unknown rank)
+        self.rank_evidence: dict[int, set[int]] = {}
 
     # -- helpers ---------------------------------------------------------------------------------
     def proc(self, host: str, pid: int) -> _Proc:
@@ -809,6 +923,25 @@ class _Parser:
         if len(self.unparsed_examples) < MAX_EXAMPLES:
             self.unparsed_examples.append(line)
 
+    def not_understood(self, no: int, level: str, kind: str, text: str, damaged: bool = False) -> None:
+        """Count an NCCL line the parser has no rule for (or could not read) under its kind, keeping the
+        first example, so the file's diagnostics can say what was skipped."""
+        self.counts["unrecognised_lines"] += 1
+        entry = self.unknown.get((level, kind))
+        if entry is None:
+            if len(self.unknown) >= MAX_UNKNOWN_KINDS:
+                kind = "(other kinds)"
+                entry = self.unknown.get((level, kind))
+            if entry is None:
+                entry = self.unknown[(level, kind)] = [0, no, text.strip()[:MAX_EXAMPLE_CHARS], damaged]
+        entry[0] += 1
+
+    def damaged(self, no: int, level: str, what: str, body: str) -> None:
+        """A line of a kind the parser reads, whose text does not fit that kind's grammar (cut, retyped)."""
+        self.counts["unparsed_lines"] += 1
+        self.counts["damaged_lines"] += 1
+        self.not_understood(no, level, f"damaged {what} line", body, damaged=True)
+
     # -- blocks ----------------------------------------------------------------------------------
     def block(self, line0: int, data: bytes) -> int:
         """One block of whole lines: the columnar path first, then the per-line path, in line order,
@@ -824,6 +957,7 @@ class _Parser:
             self.tuning_tables.append(fast.tuning)
             self.counts["nccl_lines"] += fast.tuning.num_rows
         assert fast.done is not None
+        self.counts["bare_lines"] += fast.bare
         idx = np.flatnonzero(~fast.done)
         texts = (lines if len(idx) == n else lines.take(pa.array(idx))).to_pylist() if len(idx) else []
         lens = (ends[idx] - starts[idx]).tolist()
@@ -846,7 +980,7 @@ class _Parser:
     def line(self, no: int, text: str, nbytes: int) -> None:
         """A line the columnar path did not take: find its anchors (several when processes
         interleaved), widowed prefixes, or treat it as a line without anchor."""
-        if not text or text.isspace():
+        if not text or text.isspace() or (len(text) < 200 and LAUNCHER_ONLY.match(text)):
             self.counts["blank_lines"] += 1
             return
         if nbytes > MAX_LINE:  # no NCCL line is this long: do not run regexes over megabytes
@@ -855,7 +989,11 @@ class _Parser:
             return
         anchors = list(ANCHOR.finditer(text)) if "NCCL" in text else []
         if not anchors:
-            self.no_anchor(no, text)
+            b = BARE.search(text) if "NCCL " in text else None
+            if b is not None:
+                self.bare(no, text, b, nbytes)
+            else:
+                self.no_anchor(no, text)
             return
         prefix = text[:anchors[0].start()]
         for k, a in enumerate(anchors):
@@ -869,6 +1007,15 @@ class _Parser:
             self.counts["nccl_lines"] += 1
             self.message(no, k, prefix if k == 0 else "", a["level"], host, pid, int(a["tid"]),
                          _i(a["dev"]), a["loc"], a["func"], body.rstrip(), end - a.start())
+
+    def bare(self, no: int, text: str, b: re.Match[str], nbytes: int) -> None:
+        """A line without ``host:pid:tid`` (``[dev] NCCL INFO ...`` or ``NCCL INFO ...``): the lines of each
+        ``[dev]`` are one pseudo-process (host ``""``, pid :func:`bare_pid`), the others another one."""
+        self.counts["nccl_lines"] += 1
+        self.counts["bare_lines"] += 1
+        dev = _i(b["dev"])
+        self.message(no, 0, text[:b.start()], b["level"], "", bare_pid(dev), None, dev, b["loc"], b["func"],
+                     text[b.end():].rstrip(), nbytes - len(text[:b.start()].encode()))
 
     def no_anchor(self, no: int, text: str) -> None:
         """A line without ``host:pid:tid``: version line, continuation, orphan body, PyTorch or
@@ -909,6 +1056,10 @@ class _Parser:
             p.tests_rank = int(m["rank"])
             p.devices.add(int(m["dev"]))
             return
+        mark = NCCL_MARK.search(text)
+        if mark:  # an NCCL line whose prefix is unreadable
+            self.damaged(no, mark[0][5:], "prefix of an NCCL", text)
+            return
         self.unparsed(no)
 
     def take_widow(self, no: int) -> tuple[str | None, int | None]:
@@ -919,7 +1070,7 @@ class _Parser:
             return host, pid
         return None, None
 
-    def message(self, no: int, sub: int, prefix: str, level: str, host: str, pid: int, tid: int,
+    def message(self, no: int, sub: int, prefix: str, level: str, host: str, pid: int, tid: int | None,
                 dev: int | None, loc: str | None, func: str | None, body: str, nbytes: int) -> None:
         """One NCCL message (the text after ``NCCL LEVEL``) of process (host, pid); ``nbytes`` is
         the length of NCCL's own text (anchor + body), to spot lines cut by NCCL's 1 KB buffer."""
@@ -940,7 +1091,7 @@ class _Parser:
             if m:
                 self.coll(no, sub, prefix, m, host, pid, tid, dev, orphan=False)
             else:
-                self.unparsed(no)
+                self.damaged(no, level, "COLL", body)
             return
         if body.startswith("NCCL version"):
             m = VERSION.match(body)
@@ -952,7 +1103,7 @@ class _Parser:
             if m:
                 self.init(no, m, host, pid)
             else:
-                self.unparsed(no)
+                self.damaged(no, level, "Init", body)
             return
         if " via " in body:
             m = CONN.match(body)
@@ -964,15 +1115,24 @@ class _Parser:
             if m:
                 self.ring(no, m, host, pid, cut)
                 return
-        if body.startswith("Trees"):
-            self.trees(no, body, host, pid, cut)
-            return
+            m = RING_LINK.match(body)
+            if m:
+                self.link(no, "ring_link", int(m["ch"]), f"{m['prev']}->{m['rank']}->{m['next']}", host, pid)
+                return
+        if body.startswith("Tree"):
+            if body.startswith("Trees"):
+                self.trees(no, level, body, host, pid, cut)
+                return
+            m = TREE_LINK.match(body)
+            if m:  # as the Trees line writes it: children->rank->parent
+                self.link(no, "tree", int(m["ch"]), f"{m['down']}->{m['rank']}->{m['up']}", host, pid)
+                return
         if " Bytes -> " in body:
             m = TUNING.match(body)
             if m:
                 self.tuning_line(no, m, host, pid)
             else:
-                self.unparsed(no)
+                self.damaged(no, level, "TUNING", body)
             return
         if "nNodes" in body:
             m = NNODES.search(body)
@@ -993,7 +1153,10 @@ class _Parser:
         if UNWIND.match(body):
             self.counts["unwind_lines"] += 1
             return
-        self.counts["ignored_lines"] += 1
+        if KNOWN.match(body.lstrip()) or not body.strip():
+            self.counts["ignored_lines"] += 1
+            return
+        self.not_understood(no, level, _kind(body), body)
 
     # -- messages --------------------------------------------------------------------------------
     def version(self, m: re.Match[str], proc: _Proc | None) -> None:
@@ -1054,6 +1217,7 @@ class _Parser:
             if cur is None or cur.end_line is not None:
                 cur = self.new_comm(no, host, pid, ptr)
                 self.fill(cur, m, rank, nranks)
+                cur.inferred, cur.rank_source = True, "nccl-destroy"
             cur.end_line = no
             cur.end = "destroy" if what.startswith("Destroy") else "abort"
             if commid and cur.comm_id is None:
@@ -1068,6 +1232,7 @@ class _Parser:
         if new:
             cur = self.new_comm(no, host, pid, ptr)
         self.fill(cur, m, rank, nranks)
+        cur.inferred, cur.rank_source = False, "nccl-init"
         if commid:
             cur.comm_id, cur.comm_id_source = commid, "log"
         if what == "Init START":
@@ -1115,10 +1280,10 @@ class _Parser:
         self.graph.append({"line": no, "host": host, "pid": pid, "kind": "ring", "channel": int(m["ch"]),
                            "nchannels": _i(m["n"]), "value": " ".join(m["ranks"].split()), "cut": cut})
 
-    def trees(self, no: int, body: str, host: str, pid: int, cut: bool) -> None:
+    def trees(self, no: int, level: str, body: str, host: str, pid: int, cut: bool) -> None:
         items = TREE_ITEM.findall(body)
         if not items:
-            self.unparsed(no)
+            self.damaged(no, level, "Trees", body)
             return
         if "|" in body:
             self.era(hi=(2, 6, 99))
@@ -1126,14 +1291,30 @@ class _Parser:
             self.graph.append({"line": no, "host": host, "pid": pid, "kind": "tree", "channel": int(ch),
                                "nchannels": None, "value": tree, "cut": cut})
 
+    def link(self, no: int, kind: str, channel: int, value: str, host: str, pid: int) -> None:
+        """A 2.19+ per-rank ring (``prev->rank->next``) or tree (``children->rank->parent``) line."""
+        self.era(lo=(2, 19, 0))
+        self.graph.append({"line": no, "host": host, "pid": pid, "kind": kind, "channel": channel,
+                           "nchannels": None, "value": value, "cut": False})
+
     def tuning_line(self, no: int, m: re.Match[str], host: str, pid: int) -> None:
         self.slow_tuning.append({"line": no, "host": host, "pid": pid, **{
             k: m[k] for k in ("op", "bytes", "algo", "proto", "time", "lo", "hi", "kernel", "tail")}})
 
     def nnodes(self, no: int, m: re.Match[str], host: str, pid: int) -> None:
+        """The nNodes line (2.12+) names the comm, the rank and the size: without an Init line before it
+        (an excerpt, or eras without Init START) it starts the communicator instance."""
         c = self.cur_comm.get((host, pid, m["comm"]))
-        if c is None or c.end_line is not None:
+        rank, nranks = int(m["rank"]), int(m["nranks"])
+        if c is None or c.end_line is not None or c.init_line is not None or c.nnodes_line is not None:
+            # one nNodes line per initialisation: a second one at the pointer is a new instance
+            c = self.new_comm(no, host, pid, m["comm"])
+            c.inferred = True
+        if c.rank is None:
+            c.rank, c.nranks, c.rank_source = rank, nranks, "nccl-nnodes"
+        elif (c.rank, c.nranks) != (rank, nranks):
             return
+        c.nnodes_line = no
         c.nnodes, c.local_ranks, c.local_rank = int(m["nnodes"]), int(m["lranks"]), int(m["lrank"])
 
     def channel_counts(self, no: int, body: str, host: str, pid: int) -> None:
@@ -1236,14 +1417,17 @@ def _finish(st: _Parser, damage: _Damage) -> ParsedFile:
     diags = st.diagnostics
     if st.counts["init_complete_with_id"] and not st.counts["init_start_lines"]:
         st.era(hi=(2, 18, 2))  # commIds but no Init START lines: 2.16-2.18.1
+    raw = _prepare_raw(st, st.comms)
+    comm_idx = _comm_index(st, raw)
+    ctx = _context_index(st, raw.select("host", "pid", "line").with_columns(comm_idx))
+    conn_comms, graph_comms = _attribute(st, ctx)
+    _infer_ranks(st)
     comms = _resolve_comm_ids(st)
-    raw = _prepare_raw(st, comms)
     procs_df, world = _process_ranks(st)
-    coll = _collectives(raw, comms, procs_df, world)
+    coll = _collectives(raw, comm_idx, comms, procs_df, world)
     del raw
-    ctx = _context_index(st, coll)
-    topo, conns = _topology(st, comms, ctx, procs_df)
-    graph = _graph(st, comms, ctx)
+    topo, conns = _topology(st, conn_comms, procs_df)
+    graph = _graph(st, graph_comms, ctx)
     tuning = _attach_tuning(st, coll)
     coll = _apply_tuning(coll, tuning)
     _check_sizes(st, coll)
@@ -1327,13 +1511,15 @@ def _resolve_comm_ids(st: _Parser) -> list[_Comm]:
 
     # derived ids need the parent's id first: resolve in line order (parents are created earlier)
     synth_k: dict[tuple[str | None, int | None, int | None], int] = defaultdict(int)
+    infer_k: dict[tuple[str | None, int | None, int | None], int] = defaultdict(int)
     for c in sorted(comms, key=lambda c: c.first_line):
         par = parent_of(c)
         if par is not None:
             c.parent_comm_id = par.comm_id
         if c.comm_id is not None:
             continue
-        if par is not None and par.comm_id and c.split_count is not None and c.color is not None:
+        if (par is not None and par.comm_id and par.comm_id_source in ("log", "derived")
+                and c.split_count is not None and c.color is not None):  # only a real commId hashes
             c.comm_id, c.comm_id_source = split_comm_id(par.comm_id, c.split_count, c.color), "derived"
         if c.end_comm_id is not None:
             if c.comm_id is not None and c.comm_id != c.end_comm_id:
@@ -1345,6 +1531,10 @@ def _resolve_comm_ids(st: _Parser) -> list[_Comm]:
             k = synth_k[(c.host, c.pid, c.nranks)]
             synth_k[(c.host, c.pid, c.nranks)] += 1
             c.comm_id, c.comm_id_source = f"synthetic-n{c.nranks}-{k}", "synthetic"
+        elif c.inferred and c.nranks is not None:
+            k = infer_k[(c.host, c.pid, c.nranks)]
+            infer_k[(c.host, c.pid, c.nranks)] += 1
+            c.comm_id, c.comm_id_source = f"inferred-n{c.nranks}-{k}", "inferred"
     if st.counts.get("derived_mismatch"):
         st.diagnostics.append(Diagnostic(st.path, f"{st.counts['derived_mismatch']} split communicators: "
                                          "the commId derived from (parent, splitCount, color) differs "
@@ -1363,7 +1553,37 @@ def _resolve_comm_ids(st: _Parser) -> list[_Comm]:
         st.diagnostics.append(Diagnostic(st.path, f"this log predates NCCL 2.16 (no commId): "
                                          f"{collide} communicators got synthetic ids that collide with "
                                          "another group of the same size; their (pg, seq) are ambiguous"))
+    _check_inferred(st, comms)
     return comms
+
+
+def _check_inferred(st: _Parser, comms: list[_Comm]) -> None:
+    """Say which communicators have no Init line (ids inferred from size and order of first use), and
+    which inferred ids collide: more processes than the size claim the id, or two claim one rank."""
+    inferred = [c for c in comms if c.comm_id_source == "inferred"]
+    if not inferred:
+        return
+    procs: dict[str, set[tuple[str | None, int | None]]] = defaultdict(set)
+    slots: dict[tuple[str, int], set[tuple[str | None, int | None]]] = defaultdict(set)
+    for c in inferred:
+        assert c.comm_id is not None
+        procs[c.comm_id].add((c.host, c.pid))
+        if c.rank is not None:
+            slots[(c.comm_id, c.rank)].add((c.host, c.pid))
+    size = {c.comm_id: c.nranks or 0 for c in inferred}
+    bad = sorted({cid for cid, ps in procs.items() if len(ps) > size[cid]}
+                 | {cid for (cid, _), ps in slots.items() if len(ps) > 1})
+    st.diagnostics.append(Diagnostic(
+        st.path, f"{len(inferred)} communicators of {len({(c.host, c.pid) for c in inferred})} processes have no "
+        "Init line in this log: "
+        "their ids (inferred-n<size>-<k>: the k-th of that size the process used) are inferred from the "
+        "calls, nNodes and Destroy lines, and match other processes' only if the excerpts start together",
+        line=min(c.first_line for c in inferred), level="info"))
+    if bad:
+        st.diagnostics.append(Diagnostic(
+            st.path, f"{len(bad)} inferred communicator ids ({', '.join(bad[:3])}) are claimed by more processes "
+            "than the communicator has ranks, or twice for one rank: several groups of equal size without Init "
+            "lines; their (pg, seq) are ambiguous"))
 
 
 def _process_ranks(st: _Parser) -> tuple[pl.DataFrame, dict[tuple[str | None, int | None], _Comm]]:
@@ -1383,7 +1603,7 @@ def _process_ranks(st: _Parser) -> tuple[pl.DataFrame, dict[tuple[str | None, in
         if p.rccl_globalrank is not None:
             rank, src = p.rccl_globalrank, "rccl-globalrank"
         elif w is not None:
-            rank, src = w.rank, "nccl-init"
+            rank, src = w.rank, w.rank_source or "nccl-init"
         elif p.tests_rank is not None:
             rank, src = p.tests_rank, "nccl-tests"
         else:
@@ -1475,21 +1695,53 @@ def _prepare_raw(st: _Parser, comms: list[_Comm]) -> pl.DataFrame:
     return raw
 
 
-def _collectives(raw: pl.DataFrame, comms: list[_Comm], procs: pl.DataFrame,
-                 world: dict[tuple[str | None, int | None], _Comm]) -> pl.DataFrame:
-    """The COLL rows with everything resolved: communicator instance (as of the line: pointers are
-    reused after destroy), pg, seq, global rank, op/dtype names, bytes, peer. Joins run on narrow
-    integer keys and add columns to the wide frame, which is never copied; per-value mappings are
-    computed once per distinct value (ops, datatypes, communicators) in Python."""
-    if raw.height == 0:
-        return pl.DataFrame(schema=_COLL_FRAME)
-    by_idx = {c.idx: c for c in comms}
+def _asof_comm(raw: pl.DataFrame, comms: list[_Comm]) -> pl.Series:
+    """The communicator instance of each COLL row: the latest of its (host, pid, pointer) created at or
+    before the line (pointers are reused after destroy); null when none."""
     keys = raw.select("line", "host", "pid", "comm").with_row_index("_r")
     idx = keys.join_asof(_comm_frame(comms).sort("first_line"), left_on="line", right_on="first_line",
                          by=["host", "pid", "comm"], strategy="backward", check_sortedness=False)
     if not idx["_r"].is_sorted():
         idx = idx.sort("_r")
-    idx = idx["comm_idx"]
+    return idx["comm_idx"]
+
+
+def _comm_index(st: _Parser, raw: pl.DataFrame) -> pl.Series:
+    """``comm_idx`` of every COLL row. Calls on a pointer of which the log shows no instance before them (no
+    Init line: an excerpt, ``NCCL_DEBUG_SUBSYS=COLL``) get one from what the lines say -- the pointer and
+    ``[nranks=N]`` -- marked ``inferred`` (rank unknown until :func:`_infer_ranks`); when the pointer's first
+    later instance is only a Destroy line of the same size, that instance is theirs (and says the rank)."""
+    if raw.height == 0:
+        return pl.Series("comm_idx", [], pl.Int64)
+    idx = _asof_comm(raw, st.comms)
+    missing = raw.select("host", "pid", "comm", "line", "nranks").filter(
+        idx.is_null() & pl.col("host").is_not_null())
+    if missing.height == 0:
+        return idx
+    firsts = missing.group_by(["host", "pid", "comm"]).agg(pl.col("line").min(), pl.col("nranks").first())
+    later: dict[tuple[str | None, int | None, str], _Comm] = {}
+    for c in sorted(st.comms, key=lambda c: -c.first_line):
+        later[(c.host, c.pid, c.comm)] = c  # ends as the first instance of each pointer
+    for host, pid, ptr, line, nranks in firsts.sort("line").iter_rows():
+        c = later.get((host, pid, ptr))
+        if (c is not None and c.rank_source == "nccl-destroy" and c.nranks == nranks
+                and c.first_line == c.end_line):
+            c.first_line = line
+            continue
+        c = st.new_comm(line, host, pid, ptr)
+        c.nranks, c.inferred = nranks, True
+    return _asof_comm(raw, st.comms)
+
+
+def _collectives(raw: pl.DataFrame, idx: pl.Series, comms: list[_Comm], procs: pl.DataFrame,
+                 world: dict[tuple[str | None, int | None], _Comm]) -> pl.DataFrame:
+    """The COLL rows with everything resolved: communicator instance (``idx``, from :func:`_comm_index`),
+    pg, seq, global rank, op/dtype names, bytes, peer. Joins run on narrow integer keys and add columns to
+    the wide frame, which is never copied; per-value mappings are computed once per distinct value (ops,
+    datatypes, communicators) in Python."""
+    if raw.height == 0:
+        return pl.DataFrame(schema=_COLL_FRAME)
+    by_idx = {c.idx: c for c in comms}
     pg_ids = sorted({c.comm_id for c in comms if c.comm_id})
     pgi_of = {cid: i for i, cid in enumerate(pg_ids)}
     world_idx = {c.idx for c in world.values()}
@@ -1611,8 +1863,9 @@ def _resolve_orphans(raw: pl.DataFrame, comms: list[_Comm]) -> pl.DataFrame:
 
 
 def _context_index(st: _Parser, coll: pl.DataFrame) -> dict[tuple[str, int], Any]:
-    """Per process: its communicator instances and the (line, comm instance) of its COLL lines, to
-    attribute lines that name no communicator (transport, ring, tree, channel counts)."""
+    """Per process: its communicator instances and the (line, comm instance) of its COLL lines (``coll``:
+    ``host pid line comm_idx``), to attribute lines that name no communicator (transport, ring, tree,
+    channel counts)."""
     idx: dict[tuple[str, int], Any] = {}
     by_proc: dict[tuple[str | None, int | None], list[_Comm]] = defaultdict(list)
     for c in st.comms:
@@ -1636,11 +1889,13 @@ def _candidates(ctx: Any, line: int) -> list[_Comm]:
     """Communicators a nameless init-time line of a process may belong to, most likely first:
 
     1. one being initialised (Init START seen, COMPLETE not yet);
-    2. in eras without START lines, the next comm to complete, if no COLL line of the process lies
+    2. one whose nNodes line came last before the line, with no COLL line of the process, nor another
+       comm's nNodes or Init START line, in between (its initialisation is still running);
+    3. in eras without START lines, the next comm to complete, if no COLL line of the process lies
        between (initialisation is synchronous: its lines run up to its COMPLETE);
-    3. the comm of the process's last COLL line, if no Init completed since (connections made lazily
+    4. the comm of the process's last COLL line, if no Init completed since (connections made lazily
        at the first call);
-    4. the last comm completed before the line."""
+    5. the last comm completed before the line."""
     if ctx is None:
         return []
     comms, colls = ctx
@@ -1650,6 +1905,14 @@ def _candidates(ctx: Any, line: int) -> list[_Comm]:
     out += sorted(open_, key=lambda c: -(c.start_line or 0))
     lines, cidx = colls if colls is not None else (np.empty(0, np.int64), np.empty(0, np.int64))
     k = int(np.searchsorted(lines, line)) - 1
+    opened = [c for c in comms if c.nnodes_line is not None and c.nnodes_line < line
+              and (c.init_line is None or c.init_line > line) and (c.end_line is None or c.end_line > line)]
+    if opened:
+        last = max(opened, key=lambda c: c.nnodes_line or 0)
+        since = last.nnodes_line or 0
+        if (not (k >= 0 and lines[k] > since)
+                and not any(since < (c2.nnodes_line or c2.start_line or 0) < line for c2 in comms if c2 is not last)):
+            out.append(last)
     nxt = sorted((c for c in comms
                   if c.start_line is None and c.init_line is not None and c.init_line > line),
                  key=lambda c: c.init_line or 0)[:1]
@@ -1667,6 +1930,141 @@ def _candidates(ctx: Any, line: int) -> list[_Comm]:
     out += sorted(done, key=lambda c: -(c.init_line or 0))[:1]
     seen: set[int] = set()
     return [c for c in out if not (c.idx in seen or seen.add(c.idx))]
+
+
+def _only_comm(ctx: Any, line: int, fits: Any) -> _Comm | None:
+    """The communicator of a process that has a single one alive at ``line`` (none destroyed before it), if
+    ``fits`` it: lines that name no communicator in a log without Init lines."""
+    if ctx is None:
+        return None
+    alive = [c for c in ctx[0] if c.end_line is None or c.end_line >= line]
+    return alive[0] if len(alive) == 1 and fits(alive[0]) else None
+
+
+def _graph_rank(r: dict[str, Any]) -> int | None:
+    """The rank a ring/tree line is about: the middle of ``children->rank->parent`` / ``prev->rank->next``."""
+    if r["kind"] == "ring":
+        return None
+    mid = r["value"].split("->")
+    return int(mid[1]) if len(mid) >= 2 and mid[1].isdigit() else None
+
+
+def _graph_need(r: dict[str, Any]) -> int:
+    """The smallest communicator size a ring/tree line fits (its largest rank + 1)."""
+    nums = [int(x) for x in re.findall(r"-?\d+", r["value"]) if not x.startswith("-")]
+    return max(nums, default=-1) + 1
+
+
+def _attribute(st: _Parser, ctx: dict[tuple[str, int], Any]) -> tuple[list[_Comm | None], list[_Comm | None]]:
+    """The communicator of every transport line and every ring/tree line (None when ambiguous): the first
+    candidate (:func:`_candidates`) where the logging rank and the size fit, else the process's only
+    communicator. A communicator whose rank is unknown (no Init or nNodes line) fits any rank, and the lines
+    given to it are the evidence :func:`_infer_ranks` reads its rank from (``st.rank_evidence``)."""
+    evidence: dict[int, set[int]] = defaultdict(set)
+    conn_comms: list[_Comm | None] = []
+    for r in st.conns:
+        logger = r["dst"] if r["direction"] == "receive" and r["dst"] is not None else r["src"]
+        need = max(r["src"], r["dst"] or 0)
+
+        def fits(c: _Comm, logger: int = logger, need: int = need) -> bool:
+            return (c.rank is None or c.rank == logger) and c.nranks is not None and need < c.nranks
+
+        cx = ctx.get((r["host"], r["pid"]))
+        chosen = next((c for c in _candidates(cx, r["line"]) if fits(c)), None) or _only_comm(cx, r["line"], fits)
+        if chosen is not None and chosen.rank is None:
+            evidence[chosen.idx].add(logger)
+        conn_comms.append(chosen)
+    graph_comms: list[_Comm | None] = []
+    for r in st.graph:
+        me, need = _graph_rank(r), _graph_need(r)
+
+        def fits_g(c: _Comm, me: int | None = me, need: int = need) -> bool:
+            return (me is None or c.rank is None or c.rank == me) and (c.nranks is None or need <= c.nranks)
+
+        cx = ctx.get((r["host"], r["pid"]))
+        chosen = next((c for c in _candidates(cx, r["line"]) if fits_g(c)), None) or _only_comm(
+            cx, r["line"], fits_g)
+        if chosen is not None and chosen.rank is None and me is not None:
+            evidence[chosen.idx].add(me)
+        graph_comms.append(chosen)
+    st.rank_evidence = evidence
+    return conn_comms, graph_comms
+
+
+def _infer_ranks(st: _Parser) -> None:
+    """Ranks of communicators without Init or nNodes line, from what else the log says, best first:
+
+    1. the rank the transport, ring and tree lines attributed to it say the process has (``topology``);
+    2. for a process with no known rank at all, in its largest communicator (its world): the rank of its
+       launcher prefix (OpenMPI ``[1,R]<stdout>:``, ``srun --label`` ``R: ``; ``launcher``), else its CUDA
+       device ``[d]`` (``device``: right for one process per GPU on one node, ranks numbered like devices).
+       A guess is dropped when two processes would share it, or it is not below the size."""
+    unsure = 0
+    for c in st.comms:
+        ev = st.rank_evidence.get(c.idx)
+        if c.rank is None and ev:
+            if len(ev) == 1 and (c.nranks is None or min(ev) < c.nranks):
+                c.rank, c.rank_source = min(ev), "nccl-topology"
+            else:
+                unsure += 1
+    if unsure:
+        st.diagnostics.append(Diagnostic(st.path, f"{unsure} communicators without Init line: their transport, "
+                                         "ring and tree lines disagree on the rank of the process (left unknown)"))
+    by_proc: dict[tuple[str, int], list[_Comm]] = defaultdict(list)
+    for c in st.comms:
+        if c.host is not None and c.pid is not None:
+            by_proc[(c.host, c.pid)].append(c)
+    worlds: dict[tuple[str, int], _Comm] = {}
+    for key, cs in by_proc.items():
+        sizes = [c.nranks for c in cs if c.nranks]
+        p = st.procs.get(key)
+        stated = p is not None and (p.tests_rank is not None or p.rccl_globalrank is not None)
+        if any(c.rank is not None for c in cs) or not sizes or stated:
+            continue
+        top = [c for c in cs if c.nranks == max(sizes)]
+        if len(top) == 1:
+            worlds[key] = top[0]
+    if not worlds:
+        return
+    taken: dict[int, set[int]] = defaultdict(set)  # size -> ranks known for processes of the file
+    for cs in by_proc.values():
+        for c in cs:
+            if c.rank is not None and c.nranks:
+                taken[c.nranks].add(c.rank)
+
+    def launcher_rank(key: tuple[str, int]) -> int | None:
+        p = st.procs.get(key)
+        found = {int(m["mpi"] or m["srun"]) for m in (LAUNCHER_RANK.match(x) for x in (p.prefixes if p else []))
+                 if m}
+        return found.pop() if len(found) == 1 else None
+
+    def device_rank(key: tuple[str, int]) -> int | None:
+        p = st.procs.get(key)
+        return next(iter(p.devices)) if p is not None and len(p.devices) == 1 else None
+
+    guessed: dict[str, list[str]] = defaultdict(list)
+    for source, guess in (("launcher", launcher_rank), ("device", device_rank)):
+        cand = {key: guess(key) for key, w in worlds.items() if w.rank is None}
+        count: dict[tuple[int, int], int] = defaultdict(int)
+        for key, r in cand.items():
+            if r is not None:
+                count[(worlds[key].nranks or 0, r)] += 1
+        for key, r in cand.items():
+            w = worlds[key]
+            n = w.nranks or 0
+            if r is None or r >= n or count[(n, r)] > 1 or r in taken[n]:
+                continue
+            w.rank, w.rank_source = r, source
+            taken[n].add(r)
+            guessed[source].append(f"{key[0]}:{key[1]}" if key[1] >= 0 else
+                                   f"[{-2 - key[1]}]" if key[1] <= -2 else "(no prefix)")
+    for source, who in guessed.items():
+        how = ("its launcher prefix (OpenMPI [job,rank], srun --label)" if source == "launcher" else
+               "its CUDA device [d] (right only for one process per GPU on one node, with ranks numbered like "
+               "the devices)")
+        st.diagnostics.append(Diagnostic(
+            st.path, f"no Init, nNodes or transport line says the rank of {len(who)} processes "
+            f"({', '.join(who[:4])}{', ...' if len(who) > 4 else ''}): each one's rank is guessed from {how}"))
 
 
 def _dev_kind(st: _Parser) -> str | None:
@@ -1689,21 +2087,16 @@ def _family(via: str) -> str:
     return head
 
 
-def _topology(st: _Parser, comms: list[_Comm], ctx: dict[tuple[str, int], Any],
-              procs: pl.DataFrame) -> tuple[pa.Table, pa.Table]:
-    """TOPOLOGY rows and the aligned ``nccl_connections`` rows, one per transport line."""
+def _topology(st: _Parser, chosen_comms: list[_Comm | None], procs: pl.DataFrame) -> tuple[pa.Table, pa.Table]:
+    """TOPOLOGY rows and the aligned ``nccl_connections`` rows, one per transport line (its communicator
+    from :func:`_attribute`; a line of no known communicator is kept with ``comm_id`` null)."""
     granks = {(h, p): g for h, p, g in procs.select("host", "pid", "global_rank").iter_rows()}
     dev_kind = _dev_kind(st)
     rows, extra = [], []
     unattributed = 0
-    for r in st.conns:
+    for r, chosen in zip(st.conns, chosen_comms, strict=True):
         logger = r["dst"] if r["direction"] == "receive" and r["dst"] is not None else r["src"]
         peer = r["src"] if logger == r["dst"] and r["direction"] == "receive" else r["dst"]
-        chosen = None
-        for c in _candidates(ctx.get((r["host"], r["pid"])), r["line"]):
-            if c.rank == logger and c.nranks is not None and max(r["src"], r["dst"] or 0) < c.nranks:
-                chosen = c
-                break
         if chosen is None:
             unattributed += 1
         rows.append({"comm_id": chosen.comm_id if chosen else None, "rank": logger,
@@ -1717,7 +2110,8 @@ def _topology(st: _Parser, comms: list[_Comm], ctx: dict[tuple[str, int], Any],
                       "orphan": r["orphan"]})
     if unattributed:
         st.diagnostics.append(Diagnostic(st.path, f"{unattributed} transport lines could not be "
-                                         "attributed to a communicator (comm_id left null)"))
+                                         "attributed to a communicator (kept as topology rows with comm_id "
+                                         "null)"))
     topo = table(TOPOLOGY, {k: [r[k] for r in rows] for k in TOPOLOGY.names}) if rows else \
         TOPOLOGY.empty_table()
     schema = pa.schema([("line", pa.int64()), ("host", pa.string()), ("pid", pa.int64()),
@@ -1728,23 +2122,16 @@ def _topology(st: _Parser, comms: list[_Comm], ctx: dict[tuple[str, int], Any],
     return topo, _rows_table(extra, schema)
 
 
-def _graph(st: _Parser, comms: list[_Comm], ctx: dict[tuple[str, int], Any]) -> pa.Table:
-    """Ring orders and trees per channel, plus channel counts folded into the communicators."""
+def _graph(st: _Parser, chosen_comms: list[_Comm | None], ctx: dict[tuple[str, int], Any]) -> pa.Table:
+    """Ring orders, ring neighbours and trees per channel (communicators from :func:`_attribute`), plus
+    channel counts folded into the communicators."""
+    comms = st.comms
     rows = []
-    for r in st.graph:
-        cands = _candidates(ctx.get((r["host"], r["pid"])), r["line"])
-        chosen = None
-        for c in cands:
-            if r["kind"] == "tree":
-                mid = r["value"].split("->")
-                if len(mid) >= 2 and mid[1].lstrip("-").isdigit() and int(mid[1]) != c.rank:
-                    continue
-            chosen = c
-            break
+    for r, chosen in zip(st.graph, chosen_comms, strict=True):
         rows.append({"line": r["line"], "host": r["host"], "pid": r["pid"],
                      "comm": chosen.comm if chosen else None, "comm_id": chosen.comm_id if chosen else None,
-                     "rank": chosen.rank if chosen else None, "kind": r["kind"], "channel": r["channel"],
-                     "nchannels": r["nchannels"], "value": r["value"], "cut": r["cut"]})
+                     "rank": chosen.rank if chosen else _graph_rank(r), "kind": r["kind"],
+                     "channel": r["channel"], "nchannels": r["nchannels"], "value": r["value"], "cut": r["cut"]})
     for _, line, r in st.pending_ctx:
         chosen = None
         if r["comm"] is not None:
@@ -1752,7 +2139,7 @@ def _graph(st: _Parser, comms: list[_Comm], ctx: dict[tuple[str, int], Any]) -> 
                            and c.pid == r["pid"] and c.first_line <= line), None)
         if chosen is None:
             cands = _candidates(ctx.get((r["host"], r["pid"])), line)
-            chosen = cands[0] if cands else None
+            chosen = cands[0] if cands else _only_comm(ctx.get((r["host"], r["pid"])), line, lambda c: True)
         if chosen is not None:
             v = r["vals"]
             chosen.coll_channels = v.get("coll", chosen.coll_channels)
@@ -1938,11 +2325,21 @@ def _check_sizes(st: _Parser, coll: pl.DataFrame) -> None:
 
 def _counts_diagnostics(st: _Parser, damage: _Damage, coll: pl.DataFrame) -> None:
     path, c = st.path, st.counts
-    if c["unparsed_lines"]:
+    text_lines = c["unparsed_lines"] - c["damaged_lines"]
+    if text_lines > 0 and st.unparsed_examples:
         ex = ", ".join(map(str, st.unparsed_examples))
         st.diagnostics.append(Diagnostic(
-            path, f"{c['unparsed_lines']} of {c['lines']} lines are not NCCL log lines or are damaged "
+            path, f"{text_lines} of {c['lines']} lines are not NCCL log lines "
             f"(skipped; first at lines {ex})", line=st.unparsed_examples[0]))
+    if st.unknown:
+        kinds = sorted(st.unknown.items(), key=lambda kv: (-kv[1][0], kv[1][1]))
+        shown = "; ".join(f"{n}x {level} '{kind}' (first at line {first}: {text})"
+                          for (level, kind), (n, first, text, _) in kinds[:MAX_UNKNOWN_SHOWN])
+        more = len(kinds) - MAX_UNKNOWN_SHOWN
+        st.diagnostics.append(Diagnostic(
+            path, f"{c['unrecognised_lines']} NCCL lines of {len(kinds)} kinds were not understood and skipped: "
+            f"{shown}" + (f"; and {more} more kinds (meta 'unrecognised')" if more > 0 else ""),
+            line=min(v[1] for v in st.unknown.values())))
     if damage.overlong or c["overlong_lines"]:
         st.diagnostics.append(Diagnostic(
             path, f"{len(damage.overlong) + c['overlong_lines']} lines longer than {MAX_LINE} bytes were cut "
@@ -2045,6 +2442,10 @@ def _meta(st: _Parser, comms: list[_Comm], procs: pl.DataFrame,
                     device=p0["devices"][0] if len(p0["devices"]) == 1 else None)
     for k in ("lines", "blank_lines", "nccl_lines", "ignored_lines", "unparsed_lines", "warn_lines",
               "cut_lines", "orphan_lines", "widowed_prefixes", "ray_repeats", "continuation_lines",
-              "unwind_lines"):
+              "unwind_lines", "bare_lines", "damaged_lines", "unrecognised_lines"):
         meta[k] = int(st.counts.get(k, 0))
+    meta["unrecognised"] = [{"level": level, "kind": kind, "count": n, "first_line": first, "example": text,
+                             "damaged": dmg}
+                            for (level, kind), (n, first, text, dmg) in sorted(
+                                st.unknown.items(), key=lambda kv: (-kv[1][0], kv[1][1]))]
     return meta

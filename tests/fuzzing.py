@@ -99,7 +99,8 @@ def register(target: Target) -> None:
 
 def nccl_log_seeds() -> list[bytes]:
     """NCCL debug logs of ``tests/nccl_logs.py``: old and new grammar eras, launcher prefixes, timestamps,
-    interleaved processes with widowed lines and garbage."""
+    interleaved processes with widowed lines and garbage; then the excerpts of ``tests/data/nccl`` (synthetic,
+    as pasted into bug reports: no Init lines, no host prefix, 2.19+ forms, NVLS, CollNet, SUBSYS=ALL)."""
     from tests import nccl_logs as nl
 
     out = []
@@ -109,6 +110,7 @@ def nccl_log_seeds() -> list[bytes]:
         job = nl.make_job(era, nranks=4, seed=i)
         out.append(nl.render(job, launcher=launcher, timestamps=ts, seed=i, widows=2 if launcher is None else 0,
                              garbage=0.05).encode())
+    out += [p.read_bytes() for p in sorted((Path(__file__).parent / "data" / "nccl").glob("*.log"))]
     return out
 
 

@@ -2,7 +2,7 @@
 
 :func:`make_job` describes a small multi-rank job (processes, communicators, the calls each comm
 makes, transports, tuning choices); :func:`render` writes what NCCL ``version`` would have logged for
-it (``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL,TUNING,NET``), optionally behind a launcher prefix,
+it (``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL,TUNING,NET,GRAPH``), optionally behind a launcher prefix,
 with 2.26 timestamps, interleaved between processes, with damage; :func:`expected_collectives` /
 :func:`expected_topology` give the rows the parser must recover.
 
@@ -395,8 +395,15 @@ def process_lines(job: Job, g: int, *, warn: bool = True) -> list[Line]:
         if v >= (2, 7, 0):
             n = len(c.members)
             r = c.rank_of(g)
+            if v >= (2, 19, 0):  # per-rank ring neighbours and trees (GRAPH), the same trees as below
+                for ch in range(2):
+                    add(f"Ring {ch:02d} : {(r - 1) % n} -> {r} -> {(r + 1) % n}")
+                add(f"Tree 0 : {(r - 1) if r else -1} -> {r} -> {(r + 1) % n if r == 0 else -1}/-1/-1")
+                add(f"Tree 1 : {(r + 1) % n} -> {r} -> -1/-1/-1")
             add(f"Trees [0] {(r + 1) % n if r == 0 else -1}/-1/-1->{r}->{(r - 1) if r else -1} "
                 f"[1] -1/-1/-1->{r}->{(r + 1) % n}")
+            if v >= (2, 19, 0):
+                add("P2P Chunksize set to 131072")
         if c.name != job.lazy_comm and c.name != "again1":
             for body in _conn_lines(job, c, g):
                 add(body)

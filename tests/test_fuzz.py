@@ -332,3 +332,19 @@ def test_horovod_timestamps_beyond_int64(tmp_path: Path, value: str) -> None:
     parsed = parse(str(p))
     assert parsed.format == "horovod"
     assert any("without a usable ts" in str(d) for d in parsed.diagnostics)
+
+
+@pytest.mark.parametrize("parent", [
+    "h:1:1 [0] NCCL INFO comm 0x10 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0\n",  # inferred id
+    "h:1:1 [0] NCCL INFO comm 0x10 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n",  # synthetic id
+])
+def test_nccl_split_of_a_parent_without_commid(tmp_path: Path, parent: str) -> None:
+    # a spliced 2.27+ split Init line whose parent has no printed commId (a synthetic or inferred id):
+    # hashing that id as hex raised ValueError; the child now gets an id of its own kind
+    p = tmp_path / "nccl.log"
+    p.write_text(parent + "h:1:1 [0] NCCL INFO ncclCommSplit comm 0x20 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 1000 "
+                 "parent 0x10 splitCount 1 color 0 key 0 - Init COMPLETE\n"
+                 "h:1:1 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x1 recvbuff 0x1 count 4 datatype 7 op 0 root 0 "
+                 "comm 0x20 [nranks=1] stream 0x3\n")
+    parsed = parse(str(p))
+    assert parsed.collectives.column("pg").to_pylist() == ["synthetic-n1-0"]

@@ -105,3 +105,20 @@ def test_summary_of_nccl_logs(job: Path, capsys: pytest.CaptureFixture[str]) -> 
 
     data = json.loads(capsys.readouterr().out)
     assert data["nccl"][0]["comm_id"] == COMM_ID and data["job"]["ranks"] == 2
+
+
+def test_logs_without_init_lines_still_join(job: Path) -> None:
+    """Issue 16: excerpts without the Init lines (COLL lines only). Each log's communicator comes from its
+    pointer and ``[nranks=2]`` (an inferred id, equal on both ranks), its rank from the device ``[r]``; the
+    trace rows get (pg, seq) and sizes from them and match across ranks."""
+    for r in (0, 1):
+        calls = [("Broadcast", 50, 0), ("AllReduce", 1 << 20, 7), ("AllReduce", 1 << 20, 7), ("Broadcast", 60, 0)]
+        text = "".join(x + "\n" for x in _log(r, calls).splitlines() if " opCount " in x)
+        (job / f"nccl.node0.{4000 + r}.log").write_text(text)
+    res = analyse(load([str(job)]))
+    c = pl.from_arrow(res.collectives).filter(pl.col("source") == "kineto-kernel").sort(["rank", "start_ns"])
+    assert set(c["pg"].to_list()) == {"inferred-n2-0"}
+    assert c["seq"].to_list() == [1, 2, 1, 2]
+    assert c["bytes"].to_list() == [(1 << 20) * 4] * 4
+    inst = pl.from_arrow(res.instances)
+    assert inst.height == 2 and set(inst["matched_by"].to_list()) == {"pg+seq"}

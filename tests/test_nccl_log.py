@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -82,6 +83,40 @@ def test_sniff_negative(head):
     assert not nccl_log.sniff(head)
 
 
+@pytest.mark.parametrize("head", [
+    b"[1] NCCL INFO Ring 00 : 1 -> 2 -> 3\n",
+    b"[5] NCCL INFO Trees [0] 6/-1/-1->5->4 [1] 6/-1/-1->5->4\n",
+    b"NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read\n",
+    b"NCCL INFO comm 0x55d0c0a1b2c0 rank 0 nranks 2 cudaDev 0 busId 1b000 - Init COMPLETE\n",
+    b"[1,0]<stdout>:[0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n",
+    b"[1,3]<stdout>:NCCL INFO Using network IB\n",
+    b"[default2]:[2] NCCL INFO cudaDriverVersion 12040\n",
+    b"3: [3] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth0\n",
+    b"(TrainWorker pid=48213, ip=10.8.0.21) [0] NCCL INFO P2P Chunksize set to 131072\n",
+    b"[2025-03-01 12:00:00] [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x1 recvbuff 0x1 count 1 datatype 7 op 0 "
+    b"root 0 comm 0x2 [nranks=2] stream 0x3\n",
+    b"2025-03-01T12:00:00.123456789Z stdout F [0] NCCL INFO 32 coll channels, 32 p2p channels\n",
+    b"> [0] NCCL INFO Channel 01 : 0[1b000] -> 1[3d000] via P2P/IPC\n",
+    b"[0] transport/net_ib.cc:1102 NCCL WARN NET/IB : Got completion from peer with error 12\n",
+    b"Some training output\nloss 0.25\n    [3] NCCL INFO Ring 01 : 2[2] -> 3[3] via P2P/IPC\n",
+])
+def test_sniff_accepts_lines_without_host_prefix(head):
+    """Excerpts without ``host:pid:tid``, behind launcher and logger prefixes (issue 16)."""
+    assert nccl_log.sniff(head)
+
+
+@pytest.mark.parametrize("head", [
+    b"Set NCCL INFO level before launching\n",
+    b"export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ALL\n",
+    b"we ran with NCCL INFO logging and saw nothing\n",
+    b"xxxxxxxxxx NCCL is great 0.25\n",
+    b"NCCL_DEBUG=INFO torchrun --nproc_per_node 8 train.py\n",
+    b"# NCCL INFO lines are printed by ncclCommInitRank\n",
+])
+def test_sniff_refuses_text_that_only_mentions_nccl(head):
+    assert not nccl_log.sniff(head)
+
+
 def test_registered_format(tmp_path):
     pytest.importorskip("tracekit.parsers.kineto")
     from tracekit.parsers import detect, formats
@@ -110,6 +145,7 @@ def test_recovers_truth(tmp_path, era, launcher):
     assert pf.format == "nccl-log"
     assert pf.meta["nccl_version"] == era
     assert pf.meta["unparsed_lines"] == 0
+    assert pf.meta["unrecognised_lines"] == 0 and pf.meta["unrecognised"] == []
     assert pf.meta["world_size"] == 4
     assert [p["rank"] for p in pf.meta["processes"]] == [0, 1, 2, 3]
     calls = pl.from_arrow(pf.tables["nccl_calls"])
@@ -328,15 +364,25 @@ def test_single_process_file(tmp_path):
 
 
 def test_without_init_lines(tmp_path):
-    """NCCL_DEBUG_SUBSYS=COLL only: no comm ids, ranks unknown, calls sequenced per comm pointer."""
+    """NCCL_DEBUG_SUBSYS=COLL only: each comm pointer is a communicator of the size its lines say, its id
+    inferred from that size and the order of first use (equal on all members), calls sequenced per comm. Two
+    hosts with devices 0 and 1 give no usable rank; the two disjoint 2-rank groups share an inferred id, which
+    is reported."""
     job = NL.make_job("2.21.5")
     text = "\n".join(x for x in NL.render(job).splitlines() if " opCount " in x) + "\n"
     pf = parse_text(tmp_path, text)
     coll = pl.from_arrow(pf.collectives)
     assert coll.height == len(NL.expected_collectives(job))
-    assert coll["pg"].null_count() == coll.height
+    assert set(coll["pg"]) == {"inferred-n4-0", "inferred-n2-0"}
     assert coll["rank"].null_count() == coll.height
     assert coll["seq"].null_count() == 0
+    world = coll.filter(pl.col("pg") == "inferred-n4-0").group_by("seq").agg(
+        pl.len(), pl.col("op").n_unique().alias("ops"), pl.col("count").n_unique().alias("counts"))
+    assert set(world["len"]) == {4} and set(world["ops"]) == {1} and set(world["counts"]) == {1}
+    assert any("no Init line" in m for m in messages(pf))
+    assert any("inferred-n2-0" in m and "ambiguous" in m for m in messages(pf))
+    comms = pl.from_arrow(pf.tables["nccl_comms"])
+    assert set(comms["comm_id_source"]) == {"inferred"} and comms["rank"].null_count() == comms.height
 
 
 def test_dev_kind_by_era(tmp_path):
@@ -560,3 +606,177 @@ def test_empty_and_long_hostnames(tmp_path):
     hosts = {p["host"] for p in pf.meta["processes"]}
     assert hosts == {"", pod}
     assert set(pf.topology.column("host").to_pylist()) == {"", pod}
+
+
+# ---------------------------------------------------------------------------------------------------
+# excerpts as pasted into bug reports (issue 16): no Init lines, no host prefix, 2.19+ forms
+
+_ANCHOR = re.compile(r"^(.*?)(?<![^\s:\[\]])[^\s:\[\]]*:\d+:\d+ (?=\[)", re.M)
+
+
+def _strip_hosts(text: str) -> str:
+    """The log as pasted without ``host:pid:tid`` (``[dev] NCCL INFO ...``), launcher prefixes kept."""
+    return _ANCHOR.sub(r"\1", text)
+
+
+def _no_host(rows: list[tuple]) -> list[tuple]:
+    return sorted((r[:-1] for r in rows), key=lambda t: tuple("" if x is None else str(x) for x in t))
+
+
+@pytest.mark.parametrize("era", ["2.4.8", "2.12.12", "2.21.5", "2.29.1"])
+def test_lines_without_host_prefix(tmp_path, era):
+    """``[dev] NCCL INFO ...`` lines of a one-node job (one process per device): the same truth as with
+    the prefix, each device being one pseudo-process (host "", pid -2 - dev)."""
+    job = NL.make_job(era, gpus_per_host=4)
+    text = _strip_hosts(NL.render(job, seed=2))
+    assert "NCCL INFO" in text and ":48" not in text.split("NCCL INFO")[1]
+    assert nccl_log.sniff(text.encode()[:65536])
+    pf = parse_text(tmp_path, text)
+    assert got_collectives(pf) == NL.expected_collectives(job)
+    assert _no_host(got_topology(pf)) == _no_host(NL.expected_topology(job))
+    assert pf.meta["unparsed_lines"] == 0 and pf.meta["unrecognised_lines"] == 0
+    assert pf.meta["bare_lines"] > 0
+    procs = pf.meta["processes"]
+    assert [(p["host"], p["pid"], p["rank"]) for p in procs] == [("", nccl_log.bare_pid(g), g) for g in range(4)]
+
+
+def test_lines_without_any_prefix_are_one_process(tmp_path):
+    """``NCCL INFO ...`` with neither host nor device: one pseudo-process (pid -1)."""
+    job = NL.make_job("2.21.5")
+    text = re.sub(r"^\S+:\d+:\d+ \[\d+\] ", "", NL.render(job, procs=[2]), flags=re.M)
+    pf = parse_text(tmp_path, text)
+    assert got_collectives(pf) == NL.expected_collectives(job, [2], peers_global=False)
+    assert {(p["host"], p["pid"], p["rank"]) for p in pf.meta["processes"]} == {("", -1, 2)}
+
+
+def test_graph_forms_of_2_19(tmp_path):
+    """``Ring 02 : prev -> rank -> next`` and ``Tree 1 : up -> rank -> children`` (2.19+, every rank), and
+    ``P2P Chunksize`` lines are read: ring neighbours and trees per comm, no line left not understood."""
+    job = NL.make_job("2.21.5")
+    pf = parse_text(tmp_path, NL.render(job))
+    g = pl.from_arrow(pf.tables["nccl_graph"])
+    links = g.filter(pl.col("kind") == "ring_link")
+    world = links.filter(pl.col("comm_id") == "0x5d2e9a0c4471b3f8")
+    assert world.height == 4 * 2
+    assert sorted(set(world["value"])) == ["0->1->2", "1->2->3", "2->3->0", "3->0->1"]
+    assert all(int(v.split("->")[1]) == r for v, r in zip(world["value"], world["rank"], strict=True))
+    trees = g.filter(pl.col("kind") == "tree")
+    assert trees["comm_id"].null_count() == 0
+    # the Tree lines say what the Trees line says, in the Trees line's notation
+    for key, rows in trees.group_by(["pid", "comm_id", "channel"]):
+        assert rows["value"].n_unique() == 1, key
+    assert pf.meta["era"] is not None and _in_era((2, 21, 5), pf.meta["era"])
+    assert pf.meta["unrecognised_lines"] == 0
+
+
+def _drop_init(text: str) -> str:
+    return "\n".join(x for x in text.splitlines() if not re.search(r"- (?:Init|Destroy) ", x)) + "\n"
+
+
+def test_nnodes_lines_give_rank_and_size_without_init(tmp_path):
+    """An excerpt from 2.20+ without Init lines: the nNodes line names comm, rank and size, so ranks are
+    global, transport lines are attributed, comm ids are inferred (equal on every member)."""
+    job = NL.make_job("2.21.5")
+    pf = parse_text(tmp_path, _drop_init(NL.render(job)))
+    coll = pl.from_arrow(pf.collectives)
+    truth = NL.expected_collectives(job)
+    assert coll.height == len(truth)
+    assert sorted(coll["rank"].to_list()) == sorted(r[0] for r in truth)
+    assert pl.from_arrow(pf.tables["nccl_calls"])["rank_is_global"].all()
+    assert {p["rank_source"] for p in pf.meta["processes"]} == {"nccl-nnodes"}
+    comms = pl.from_arrow(pf.tables["nccl_comms"])
+    assert set(comms["comm_id_source"]) == {"inferred"}
+    # world: one inferred id on all 4 ranks, seq aligned across them
+    per = coll.filter(pl.col("nranks") == 4).group_by(["pg", "seq"]).agg(pl.col("rank").n_unique())
+    assert per["pg"].n_unique() == 1 and set(per["rank"]) == {4}
+    topo = pl.from_arrow(pf.topology)
+    assert topo["comm_id"].null_count() == 0 and topo.height == len(NL.expected_topology(job))
+    assert any("no Init line" in m for m in messages(pf))
+
+
+def _one_process_excerpt(dev: int = 0, conn: bool = False, nranks: int = 2) -> str:
+    """A 2.21-style excerpt of one process: optionally its transport lines, then COLL lines only."""
+    pre = f"gpu-node-03:48213:48391 [{dev}] NCCL INFO "
+    lines = []
+    if conn:
+        lines += [f"{pre}Channel 00/0 : 1[{dev}] -> 0[0] via P2P/CUMEM/read",
+                  f"{pre}Channel 01/0 : 1[{dev}] -> 0[0] via P2P/CUMEM/read"]
+    for k, (op, count) in enumerate([("ReduceScatter", 1024), ("AllGather", 1024), ("AllReduce", 7)]):
+        lines.append(f"{pre}{op}: opCount {k:x} sendbuff 0x7f2d10000000 recvbuff 0x7f2d18000000 count {count} "
+                     f"datatype 7 op 0 root 0 comm 0x55e2c04a1b30 [nranks={nranks}] stream 0x55e2bf7c4e10")
+    return "\n".join(lines) + "\n"
+
+
+def test_coll_lines_alone_give_comm_size_and_device_rank(tmp_path):
+    """Issue 16 #1: collective lines without Init lines give instances -- comm from the pointer, size from
+    ``[nranks=N]``, rank from the device (a guess, reported)."""
+    pf = parse_text(tmp_path, _one_process_excerpt(dev=1))
+    coll = pl.from_arrow(pf.collectives)
+    assert coll["pg"].to_list() == ["inferred-n2-0"] * 3 and coll["seq"].to_list() == [0, 1, 2]
+    assert coll["rank"].to_list() == [1] * 3 and coll["nranks"].to_list() == [2] * 3
+    assert coll["bytes"].to_list() == [1024 * 4 * 2, 1024 * 4 * 2, 28]
+    assert pf.meta["processes"][0]["rank_source"] == "device" and pf.meta["rank"] == 1
+    assert any("guessed from its CUDA device" in m for m in messages(pf))
+    # a device beyond the comm's size is no rank
+    pf = parse_text(tmp_path, _one_process_excerpt(dev=5), "dev5.log")
+    assert pf.collectives.column("rank").null_count == 3
+
+
+def test_transport_lines_without_init_go_to_the_only_comm(tmp_path):
+    """Issue 16 #3: ``Channel NN/0 : a[d] -> b[d]`` lines with no Init line before them belong to the
+    process's only communicator; they also say the process's rank in it (better than the device)."""
+    pf = parse_text(tmp_path, _one_process_excerpt(dev=0, conn=True))
+    topo = pl.from_arrow(pf.topology)
+    assert topo["comm_id"].to_list() == ["inferred-n2-0"] * 2 and topo["rank"].to_list() == [1, 1]
+    assert pf.collectives.column("rank").to_pylist() == [1] * 3
+    assert pf.meta["processes"][0]["rank_source"] == "nccl-topology"
+    assert not any("attributed" in m for m in messages(pf))
+
+
+def test_transport_lines_of_an_ambiguous_process_are_kept(tmp_path):
+    """Two communicators in the process and no Init line: the transport lines cannot be attributed, but
+    stay topology rows (comm_id null), and say so."""
+    text = _one_process_excerpt(conn=True) + _one_process_excerpt().replace("0x55e2c04a1b30", "0x55e2c04a1c70")
+    pf = parse_text(tmp_path, text)
+    topo = pl.from_arrow(pf.topology)
+    assert topo.height == 2 and topo["comm_id"].null_count() == 2 and topo["transport"].to_list() == ["P2P"] * 2
+    assert any("2 transport lines could not be attributed" in m for m in messages(pf))
+
+
+def test_destroy_line_after_the_calls_says_rank_and_size(tmp_path):
+    text = _one_process_excerpt(dev=0) + ("gpu-node-03:48213:48213 [0] NCCL INFO comm 0x55e2c04a1b30 rank 1 "
+                                          "nranks 2 cudaDev 0 busId 1b000 - Destroy COMPLETE\n")
+    pf = parse_text(tmp_path, text)
+    assert pf.collectives.column("rank").to_pylist() == [1] * 3
+    assert pf.meta["processes"][0]["rank_source"] == "nccl-destroy"
+    assert pl.from_arrow(pf.tables["nccl_comms"]).height == 1
+
+
+def test_launcher_rank_beats_the_device(tmp_path):
+    """Every process on device 0 (per-process CUDA_VISIBLE_DEVICES), OpenMPI prefixes: ranks from the prefixes."""
+    text = "".join(_one_process_excerpt(dev=0).replace("gpu-node-03:48213:48391", f"[1,{r}]<stdout>:n{r}:4{r}:4{r}")
+                   for r in (0, 1))
+    pf = parse_text(tmp_path, text)
+    assert sorted(pf.collectives.column("rank").to_pylist()) == [0, 0, 0, 1, 1, 1]
+    assert {p["rank_source"] for p in pf.meta["processes"]} == {"launcher"}
+    # without the prefixes both claim device 0: no guess
+    pf = parse_text(tmp_path, re.sub(r"\[1,\d\]<stdout>:", "", text), "plain.log")
+    assert pf.collectives.column("rank").null_count == 6
+
+
+def test_lines_not_understood_are_listed_by_kind(tmp_path):
+    """Issue 16 #5: every NCCL line the parser has no rule for is counted under its kind, with its first
+    example, in one diagnostic; known lines of no interest are not."""
+    extra = ["Setting affinity for GPU 0 to ffff,ffffffff", "NCCL_P2P_LEVEL set by environment to NVL",
+             "Frobnicating channel 3 with 17 widgets", "Frobnicating channel 4 with 2 widgets",
+             "Quux mode enabled", "AllReduce: opCount 1 sendbuff 0x1 recvbuff"]
+    text = _one_process_excerpt() + "".join(f"gpu-node-03:48213:48391 [0] NCCL INFO {x}\n" for x in extra)
+    pf = parse_text(tmp_path, text)
+    assert pf.meta["ignored_lines"] == 2 and pf.meta["unrecognised_lines"] == 4
+    kinds = {(u["kind"], u["count"], u["first_line"]) for u in pf.meta["unrecognised"]}
+    assert kinds == {("Frobnicating channel # with # widgets", 2, 6), ("Quux mode enabled", 1, 8),
+                     ("damaged COLL line", 1, 9)}
+    diag = [d for d in pf.diagnostics if "not understood" in d.message]
+    assert len(diag) == 1 and diag[0].line == 6 and diag[0].level == "warning"
+    assert "2x INFO 'Frobnicating channel # with # widgets' (first at line 6" in diag[0].message
+    assert "damaged COLL line" in diag[0].message and "Quux mode enabled" in diag[0].message
