@@ -42,7 +42,7 @@ def test_import_is_light_and_names_are_lazy() -> None:
     assert r.stdout.strip() == "Job"
     with pytest.raises(AttributeError):
         tracekit.nothing_here  # noqa: B018
-    assert {"load", "Job", "Verdict"} <= set(dir(tracekit))
+    assert {"load", "Job", "Verdict", "diff", "Diff"} <= set(dir(tracekit))
 
 
 def test_tables_are_polars_with_the_public_schema(job: tracekit.Job) -> None:

@@ -1,12 +1,13 @@
 """tracekit: where does each iteration's time go in a distributed training job, and is the network the
 bottleneck? Parsers turn traces into Arrow tables; analysis modules are pure functions over them.
 
-The Python API (:mod:`tracekit.api`)::
+The Python API (:mod:`tracekit.api`, :mod:`tracekit.diff`)::
 
     import tracekit
 
     job = tracekit.load("runs/ddp", link_bw="100gbit")   # -> tracekit.Job
     job.breakdown, job.whatif(bandwidth=["400gbit"]), job.verdict
+    d = tracekit.diff("runs/before", "runs/after")       # -> tracekit.Diff
 
 ``import tracekit`` stays light (no polars or pyarrow until a name below is used).
 """
@@ -19,10 +20,12 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from tracekit.api import Job, Verdict, load
+    from tracekit.diff import Diff, diff
 
-__all__ = ["Job", "Verdict", "__version__", "load"]
+__all__ = ["Diff", "Job", "Verdict", "__version__", "diff", "load"]
 
-_LAZY = {"load": "tracekit.api", "Job": "tracekit.api", "Verdict": "tracekit.api"}
+_LAZY = {"load": "tracekit.api", "Job": "tracekit.api", "Verdict": "tracekit.api", "diff": "tracekit.diff",
+         "Diff": "tracekit.diff"}
 
 
 def __getattr__(name: str) -> Any:

@@ -37,6 +37,7 @@ from tracekit.diagnostics import Diagnostic, TraceError
 
 if TYPE_CHECKING:
     from tracekit.analysis import Analysis
+    from tracekit.diff import Diff
     from tracekit.whatif import Bottleneck, Scenario
 
 __all__ = ["Job", "Verdict", "load"]
@@ -453,6 +454,12 @@ class Job:
     def summary(self) -> dict[str, Any]:
         """Every number of ``tracekit summary`` as plain Python (what ``summary --json`` prints)."""
         return summary_payload(self.analysis)
+
+    def diff(self, other: Job) -> Diff:
+        """This job (the base) against ``other`` (the new run): :func:`tracekit.diff.compare`."""
+        from tracekit.diff import compare
+
+        return compare(self, other)
 
     # ----------------------------------------------------------------- output
 

@@ -159,6 +159,24 @@ def build_parser() -> argparse.ArgumentParser:
     _big_jobs(p)
     p.set_defaults(func=cmd_export)
 
+    p = sub.add_parser("diff", help="compare two runs of the same job: iteration time, breakdown, communication "
+                       "per op, the ops that changed most, critical path, verdicts",
+                       description="Compare two runs of the same job side by side, per iteration: iteration time, "
+                                   "every class of the breakdown (with waiting/transfer and the idle split), "
+                                   "communication per op (calls, bytes per call, bus bandwidth, wait, transfer), the "
+                                   "kernels and CPU operators whose time changed most (matched by name), the critical "
+                                   "path's composition and each run's verdict; per rank where the ranks match.",
+                       epilog="examples:\n  tracekit diff runs/bucket25mb runs/bucket100mb --link-bw 100gbit"
+                              "\n  tracekit diff before/ after/ --json > diff.json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("base", metavar="BASE", help="the first run (a trace file or a directory)")
+    p.add_argument("new", metavar="NEW", help="the run to compare with it")
+    _common(p, paths=False)
+    p.add_argument("--json", action="store_true", help="print every table and both verdicts as JSON")
+    p.add_argument("--limit", type=int, default=10, metavar="N", help="show the N ops that changed most (default 10)")
+    p.add_argument("--no-verdict", action="store_true", help="skip the what-if replays behind each run's verdict")
+    p.set_defaults(func=cmd_diff)
+
     p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline, "
                        "critical path, collectives, what-if)",
                        description="Open the traces in an interactive terminal app: the verdict, per-rank "
@@ -423,6 +441,28 @@ def cmd_export(args: argparse.Namespace) -> int:
     for path in written:
         err.print(f"wrote {path}", highlight=False, soft_wrap=True)
     _warn(job.diagnostics, err, args.quiet)
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from tracekit.diff import compare
+
+    if args.limit < 0:
+        raise TraceError(None, "--limit must be at least 0")
+    err = Console(stderr=True)
+    args.paths = [args.base]
+    base = _job(args, err)
+    args.paths = [args.new]
+    new = _job(args, err)
+    d = compare(base, new, top=max(args.limit, 1), verdicts=not args.no_verdict)
+    if args.json:
+        sys.stdout.write(json.dumps(d.to_dict(), indent=2, default=str) + "\n")
+    else:
+        from tracekit.report import render_diff
+
+        out = Console() if sys.stdout.isatty() else Console(width=140)
+        render_diff(out, d, limit=args.limit)
+    _warn([*base.diagnostics, *new.diagnostics], err, args.quiet)
     return 0
 
 
