@@ -219,11 +219,11 @@ TOP_OPS = pa.schema(
              "(CPU-only ranks: top-level operators of each thread, nested calls folded in)"),
         _col("name", pa.string()),
         _col("calls", pa.int64(), doc="events of this name with time in this class"),
-        _col("time_ns", pa.int64(), doc="their time in this class, inside the iteration windows (each event's own "
-             "time: concurrent events each count)"),
+        _col("time_ns", pa.int64(), doc="time at least one of them ran in this class, inside the iteration windows "
+             "(calls of this op running at once count once)"),
         _col("per_iteration_ns", pa.int64(), doc="time_ns / the rank's number of iteration windows"),
-        _col("class_share", pa.float64(), doc="time_ns / the rank's time in this class (concurrent events each "
-             "count, so a class's shares can add up to more than 1)"),
+        _col("class_share", pa.float64(), doc="time_ns / the rank's time in this class, at most 1 (different ops "
+             "running at once each count, so a class's shares can add up to more than 1)"),
         _col("rank_in_class", pa.int64(), doc="1 for the op with the most time in this class on this rank"),
     ]
 )

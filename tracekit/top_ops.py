@@ -9,13 +9,16 @@ rank's attribution of each instant, inside the iteration windows:
 - communication (NCCL kernels, gloo work) in ``overlapped`` and ``exposed_comm``;
 - copies and sets in ``memory`` (a copy running under a kernel is that kernel's class, not memory).
 
-An op's ``time_ns`` in a class is its own time in the instants of that class; ops running at once each
-count, so the ops of a class can add up to more than the class (``class_share`` says how much of the class
-each op covers). CPU operators nest: only each thread's top-level operators are listed (their nested
-calls folded in, as the critical path names them), so a thread's time is never counted twice.
+An op's ``time_ns`` in a class is the time at least one of its calls ran in the instants of that class
+(calls of one op running at once — gloo work on two threads, one kernel on two streams — count once), so
+``class_share`` — how much of the class the op covers — is at most 1; different ops running at once each
+count, so the ops of a class can add up to more than the class. CPU operators nest: only each thread's
+top-level operators are listed (their nested calls folded in, as the critical path names them), so a
+thread's time is never counted twice.
 
 One sweep over the activity (:func:`tracekit.intervals.sweep`) gives the class segments; each op's time
-per class is a difference of prefix sums at its start and end (one ``searchsorted`` per rank).
+per class is a difference of prefix sums at its start and end (one ``searchsorted`` per rank); an op's calls
+are merged into runs first (a cumulative maximum per op), so its time is their union.
 """
 
 from __future__ import annotations
@@ -64,38 +67,69 @@ def _listed(events: pa.Table, act: pl.DataFrame) -> pl.DataFrame:
     return a.filter(top)
 
 
-def _op_times(events: pa.Table, iterations: pa.Table) -> tuple[pl.DataFrame, np.ndarray, np.ndarray,
-                                                                dict[int, np.ndarray]]:
-    """The listed ops (:func:`_listed`), each one's time in each class (a column per :data:`CLASSES`, only the
-    classes its kind can be in), its time inside the windows in all, and each rank's time per class."""
-    act = attribution.activity(events)
-    seg_rank, seg_start, seg_len, seg_code = class_segments(act, iterations)
-    ops = _listed(events, act)
-    o_rank = ops.get_column("rank").to_numpy().astype(np.int64)
-    o_start = ops.get_column("start_ns").to_numpy()
-    o_end = np.maximum(ops.get_column("end_ns").to_numpy(), o_start)
-    o_cls = ops.get_column("cls").to_numpy()
+def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], rank: np.ndarray, start: np.ndarray,
+                 end: np.ndarray) -> np.ndarray:
+    """Time of each interval ``[start, end)`` of ``rank`` in each class (a column per :data:`CLASSES`), and in
+    the windows in all (the last column)."""
+    seg_rank, seg_start, seg_len, seg_code = segs
     k = len(CLASSES)
-    times = np.zeros((o_rank.size, k + 1), dtype=np.int64)  # the last column: every segment (idle included)
-    totals: dict[int, np.ndarray] = {}
+    times = np.zeros((rank.size, k + 1), dtype=np.int64)
     for r in np.unique(seg_rank):
-        sel = seg_rank == r
-        st, ln, code = seg_start[sel], seg_len[sel], seg_code[sel]
-        totals[int(r)] = np.array([ln[code == c].sum() for c in range(k)], dtype=np.int64)
-        mine = np.flatnonzero(o_rank == r)
+        mine = np.flatnonzero(rank == r)
         if mine.size == 0:
             continue
-        i0 = np.searchsorted(st, o_start[mine], side="right") - 1
-        i1 = np.searchsorted(st, o_end[mine], side="right") - 1
+        sel = seg_rank == r
+        st, ln, code = seg_start[sel], seg_len[sel], seg_code[sel]
+        i0 = np.searchsorted(st, start[mine], side="right") - 1
+        i1 = np.searchsorted(st, end[mine], side="right") - 1
         for c in range(k + 1):
             hit = np.ones(code.size, dtype=bool) if c == k else code == c
             cum = np.concatenate([[0], np.cumsum(np.where(hit, ln, 0))])
+            times[mine, c] = _upto(end[mine], i1, st, ln, hit, cum) - _upto(start[mine], i0, st, ln, hit, cum)
+    return times
 
-            times[mine, c] = _upto(o_end[mine], i1, st, ln, hit, cum) - _upto(o_start[mine], i0, st, ln, hit, cum)
-    eligible = np.zeros((o_rank.size, k), dtype=bool)
-    for cls, allowed in _ELIGIBLE.items():
-        eligible[np.ix_(o_cls == cls, list(allowed))] = True
-    return ops, np.where(eligible, times[:, :k], 0), times[:, k], totals
+
+def _eligible(cls: np.ndarray) -> np.ndarray:
+    """Which classes an activity of each attribution interval class can be listed under."""
+    out = np.zeros((cls.size, len(CLASSES)), dtype=bool)
+    for c, allowed in _ELIGIBLE.items():
+        out[np.ix_(cls == c, list(allowed))] = True
+    return out
+
+
+_KEY = ["rank", "kind", "name"]
+
+
+def _op_times(events: pa.Table, iterations: pa.Table) -> tuple[pl.DataFrame, pl.DataFrame, dict[int, np.ndarray]]:
+    """Per op (rank, kind, name) and class: ``calls`` (its events with time in the class) and ``time_ns`` (the
+    time at least one of them ran in the class: calls of one op running at once count once), with class -1 for
+    the windows as a whole; and each rank's time per class."""
+    act = attribution.activity(events)
+    segs = class_segments(act, iterations)
+    seg_rank, _, seg_len, seg_code = segs
+    k = len(CLASSES)
+    totals = {int(r): np.array([seg_len[(seg_rank == r) & (seg_code == c)].sum() for c in range(k)], dtype=np.int64)
+              for r in np.unique(seg_rank)}
+    ops = _listed(events, act).with_columns(pl.max_horizontal("start_ns", "end_ns").alias("end_ns"))
+    # the union of each op's calls: runs of overlapping calls merged
+    reach = pl.col("end_ns").cum_max().shift(1).over(_KEY)
+    merged = (ops.sort([*_KEY, "start_ns"]).with_columns((reach.is_null() | (pl.col("start_ns") > reach))
+                                                         .cum_sum().alias("_run"))
+              .group_by("_run").agg(*[pl.col(c).first() for c in _KEY], pl.col("cls").first(),
+                                    pl.col("start_ns").min(), pl.col("end_ns").max()))
+
+    def long(frame: pl.DataFrame, value: str) -> pl.DataFrame:
+        rank = frame.get_column("rank").to_numpy().astype(np.int64)
+        t = _class_times(segs, rank, frame.get_column("start_ns").to_numpy(), frame.get_column("end_ns").to_numpy())
+        t = np.concatenate([np.where(_eligible(frame.get_column("cls").to_numpy()), t[:, :k], 0), t[:, k:]], axis=1)
+        idx, cidx = np.nonzero(t > 0)
+        return pl.DataFrame({"rank": rank[idx].astype(np.int32), "kind": frame.get_column("kind").gather(idx),
+                             "name": frame.get_column("name").gather(idx),
+                             "_c": np.where(cidx == k, -1, cidx).astype(np.int64), value: t[idx, cidx]})
+
+    calls = long(ops, "_t").group_by([*_KEY, "_c"]).agg(pl.len().cast(pl.Int64).alias("calls"))
+    time = long(merged, "time_ns").group_by([*_KEY, "_c"]).agg(pl.col("time_ns").sum())
+    return calls, time, totals
 
 
 def _upto(t: np.ndarray, i: np.ndarray, st: np.ndarray, ln: np.ndarray, hit: np.ndarray, cum: np.ndarray
@@ -118,20 +152,12 @@ def table(events: pa.Table, iterations: pa.Table) -> pa.Table:
     largest first within each class."""
     if iterations.num_rows == 0 or events.num_rows == 0:
         return schema.empty(schema.TOP_OPS)
-    ops, times, _, totals = _op_times(events, iterations)
+    calls, time, totals = _op_times(events, iterations)
     k = len(CLASSES)
-    idx, cidx = np.nonzero(times > 0)
-    if idx.size == 0:
-        return schema.empty(schema.TOP_OPS)
-    o_rank = ops.get_column("rank").to_numpy()
-    long = pl.DataFrame({"rank": o_rank[idx].astype(np.int32), "_c": cidx.astype(np.int64),
-                         "kind": ops.get_column("kind").gather(idx), "name": ops.get_column("name").gather(idx),
-                         "time_ns": times[idx, cidx]})
     tot = pl.DataFrame({"rank": np.repeat(np.array(list(totals), dtype=np.int32), k),
                         "_c": np.tile(np.arange(k, dtype=np.int64), len(totals)),
                         "_class_ns": np.concatenate(list(totals.values())) if totals else np.zeros(0, np.int64)})
-    out = (long.group_by(["rank", "_c", "kind", "name"]).agg(pl.len().cast(pl.Int64).alias("calls"),
-                                                            pl.col("time_ns").sum())
+    out = (time.filter(pl.col("_c") >= 0).join(calls, on=[*_KEY, "_c"], how="left")
            .join(_windows(iterations), on="rank", how="left").join(tot, on=["rank", "_c"], how="left")
            .with_columns((pl.col("time_ns") / pl.col("_windows")).round().cast(pl.Int64).alias("per_iteration_ns"),
                          (pl.col("time_ns") / pl.col("_class_ns")).alias("class_share"),
@@ -148,15 +174,12 @@ TOTALS_SCHEMA = pa.schema([("rank", pa.int32()), ("kind", pa.string()), ("name",
 
 def totals(events: pa.Table, iterations: pa.Table) -> pa.Table:
     """Per rank and op (kind, name; the ops :func:`table` lists): ``calls`` (with time inside the iteration
-    windows), ``time_ns`` (their time inside the windows, whatever the class) and ``per_iteration_ns``."""
+    windows), ``time_ns`` (the time at least one of them ran inside the windows, whatever the class) and
+    ``per_iteration_ns``."""
     if iterations.num_rows == 0 or events.num_rows == 0:
         return TOTALS_SCHEMA.empty_table()
-    ops, _, inside, _ = _op_times(events, iterations)
-    keep = inside > 0
-    df = pl.DataFrame({"rank": ops.get_column("rank").cast(pl.Int32).filter(keep),
-                       "kind": ops.get_column("kind").filter(keep), "name": ops.get_column("name").filter(keep),
-                       "time_ns": inside[keep]})
-    out = (df.group_by(["rank", "kind", "name"]).agg(pl.len().cast(pl.Int64).alias("calls"), pl.col("time_ns").sum())
+    calls, time, _ = _op_times(events, iterations)
+    out = (time.filter(pl.col("_c") == -1).join(calls.filter(pl.col("_c") == -1), on=[*_KEY, "_c"], how="left")
            .join(_windows(iterations), on="rank", how="left")
            .with_columns((pl.col("time_ns") / pl.col("_windows")).round().cast(pl.Int64).alias("per_iteration_ns"))
            .sort(["rank", "time_ns", "name"], descending=[False, True, False]))
