@@ -178,12 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline, "
-                       "critical path, collectives, what-if)",
+                       "critical path, collectives, what-if, top ops; --diff: against another run)",
                        description="Open the traces in an interactive terminal app: the verdict, per-rank "
                                    "breakdown, iterations table, a zoomable timeline of every rank with the "
-                                   "critical path drawn over it, the critical path, the collectives and a "
-                                   "what-if calculator. Press ? inside for the keys.")
+                                   "critical path drawn over it, the critical path, the collectives, a "
+                                   "what-if calculator and the top ops with the idle split; with --diff NEW, a Diff "
+                                   "tab compares the job with another run. Press ? inside for the keys.")
     _common(p)
+    p.add_argument("--diff", nargs="+", metavar="NEW", help="another run of the job to compare with (a Diff tab, "
+                   "as tracekit diff PATH NEW prints it)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
@@ -470,6 +473,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from tracekit import traceset
 
     traceset.discover(args.paths)  # a wrong path is a one-line error before the screen is taken over
+    if args.diff:
+        traceset.discover(args.diff)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise TraceError(None, "inspect needs a terminal (use `tracekit summary` or `tracekit export` in scripts)")
     from tracekit.tui import run
@@ -479,7 +484,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     rate, named = parse_link_rates(args.link_bw) if args.link_bw else (None, {})
     return run(args.paths, LoadOptions(use_cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs,
                                        step_marker=args.step_marker, link_bw_bps=rate,
-                                       line_rates=tuple(sorted(named.items()))))
+                                       line_rates=tuple(sorted(named.items())), diff_paths=tuple(args.diff or ())))
 
 
 def cmd_record(args: argparse.Namespace) -> int:

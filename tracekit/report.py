@@ -566,8 +566,8 @@ def top_ops_table(top: object, limit: int = 5) -> Table:
     assert isinstance(top, pl.DataFrame)
     table = Table(title="top ops per class (all ranks; time per rank-iteration)", title_justify="left",
                   header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="of class = the op's time over the class's time (ops running at once each count); CPU "
-                          "operators: each thread's top-level ones", caption_justify="left")
+                  caption="of class = how much of the class's time the op ran (different ops at once each count); "
+                          "CPU operators: each thread's top-level ones", caption_justify="left")
     for col, just in (("class", "left"), ("#", "right"), ("kind", "left"), ("name", "left"), ("calls", "right"),
                       ("time/it", "right"), ("of class", "right")):
         if col == "name":
@@ -595,9 +595,8 @@ def idle_table(per_rank: object, job: dict[str, Any]) -> Table:
 
     assert isinstance(per_rank, pl.DataFrame)
     table = Table(title="idle time: why the device waited", title_justify="left", header_style="bold",
-                  box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="host-bound = the next kernel was launched after the gap began; sync = a host thread sat in "
-                          "a synchronisation call; n/a = no device (CPU-only rank)", caption_justify="left")
+                  box=box.SIMPLE_HEAD, pad_edge=False, caption="shares of the idle time; n/a: no device",
+                  caption_justify="left")
     for col in ("rank", "idle/it", "host-bound", "sync", "other"):
         table.add_column(col, justify="right", no_wrap=True)
 
