@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracekit import attribution, schema
 from tracekit.intervals import sweep
@@ -52,19 +53,32 @@ def class_segments(act: pl.DataFrame, iterations: pa.Table) -> tuple[np.ndarray,
     return w_rank[s.window], s.start, s.length, code
 
 
-def _listed(events: pa.Table, act: pl.DataFrame) -> pl.DataFrame:
-    """The activities an op row can name: device activity as is, CPU work only at the top of its thread."""
-    ev = pl.from_arrow(events.select(["lane", "kind", "name", "device"]))
-    assert isinstance(ev, pl.DataFrame)
-    rows = act.get_column("row")
-    meta = ev.select(pl.col("lane").cast(pl.String).gather(rows), pl.col("kind").cast(pl.String).gather(rows),
-                     pl.col("name").cast(pl.String).gather(rows), pl.col("device").gather(rows).is_not_null()
-                     .alias("on_device"))
-    a = pl.concat([act, meta], how="horizontal").sort(["rank", "lane", "start_ns", "end_ns"],
-                                                       descending=[False, False, False, True])
+def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Dictionary codes of a column (-1 for null) and the dictionary they index."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.unify_dictionaries() if pa.types.is_dictionary(col.type) else col
+        col = col.combine_chunks() if col.num_chunks else pa.array([], col.type)
+    if not pa.types.is_dictionary(col.type):
+        col = col.dictionary_encode()
+    codes = pc.fill_null(col.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, col.dictionary.cast(pa.string())
+
+
+def _listed(events: pa.Table, act: pl.DataFrame) -> tuple[pl.DataFrame, pa.Array, pa.Array]:
+    """The activities an op row can name — device activity as is, CPU work only at the top of its thread — with
+    integer ``lane, kind, name`` codes (sorting and grouping on codes, not strings), and the kind and name
+    dictionaries."""
+    rows = act.get_column("row").to_numpy()
+    lane, _ = _codes(events.column("lane"))
+    kind, kinds = _codes(events.column("kind"))
+    name, names = _codes(events.column("name"))
+    dev = np.asarray(pc.is_valid(events.column("device")).to_numpy(zero_copy_only=False), dtype=bool)
+    a = act.with_columns(pl.Series("lane", lane[rows]), pl.Series("kind", kind[rows]), pl.Series("name", name[rows]),
+                         pl.Series("on_device", dev[rows]))
+    a = a.sort(["rank", "lane", "start_ns", "end_ns"], descending=[False, False, False, True])
     reach = pl.col("end_ns").cum_max().shift(1).over(["rank", "lane"])
     top = pl.col("on_device") | reach.is_null() | (pl.col("start_ns") >= reach)
-    return a.filter(top)
+    return a.filter(top), kinds, names
 
 
 def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], rank: np.ndarray, start: np.ndarray,
@@ -110,7 +124,8 @@ def _op_times(events: pa.Table, iterations: pa.Table) -> tuple[pl.DataFrame, pl.
     k = len(CLASSES)
     totals = {int(r): np.array([seg_len[(seg_rank == r) & (seg_code == c)].sum() for c in range(k)], dtype=np.int64)
               for r in np.unique(seg_rank)}
-    ops = _listed(events, act).with_columns(pl.max_horizontal("start_ns", "end_ns").alias("end_ns"))
+    ops, kinds, names = _listed(events, act)
+    ops = ops.with_columns(pl.max_horizontal("start_ns", "end_ns").alias("end_ns"))
     # the union of each op's calls: runs of overlapping calls merged
     reach = pl.col("end_ns").cum_max().shift(1).over(_KEY)
     merged = (ops.sort([*_KEY, "start_ns"]).with_columns((reach.is_null() | (pl.col("start_ns") > reach))
@@ -129,7 +144,15 @@ def _op_times(events: pa.Table, iterations: pa.Table) -> tuple[pl.DataFrame, pl.
 
     calls = long(ops, "_t").group_by([*_KEY, "_c"]).agg(pl.len().cast(pl.Int64).alias("calls"))
     time = long(merged, "time_ns").group_by([*_KEY, "_c"]).agg(pl.col("time_ns").sum())
-    return calls, time, totals
+
+    def named(frame: pl.DataFrame) -> pl.DataFrame:
+        k_idx, n_idx = frame.get_column("kind").to_numpy(), frame.get_column("name").to_numpy()
+        kind_s = pl.Series("kind", kinds.take(pa.array(np.maximum(k_idx, 0))), dtype=pl.String)
+        name_s = pl.Series("name", names.take(pa.array(np.maximum(n_idx, 0))), dtype=pl.String)
+        return frame.with_columns(pl.when(pl.Series(k_idx >= 0)).then(kind_s).alias("kind"),
+                                  pl.when(pl.Series(n_idx >= 0)).then(name_s).alias("name"))
+
+    return named(calls), named(time), totals
 
 
 def _upto(t: np.ndarray, i: np.ndarray, st: np.ndarray, ln: np.ndarray, hit: np.ndarray, cum: np.ndarray
