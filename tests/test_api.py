@@ -174,3 +174,12 @@ def test_readme_python_api_example_runs(tmp_path: Path, monkeypatch: pytest.Monk
     assert "tracekit.Job samples/ddp-gloo: 2 ranks" in out and "The link is the bottleneck" in out
     assert (tmp_path / "tracekit-export" / "breakdown.parquet").exists()
     assert not (ROOT / "tracekit-export").exists() and not (ROOT / "samples" / "tracekit-export").exists()
+
+
+def test_exporting_one_table_computes_no_other(gpu: Path, tmp_path: Path) -> None:
+    j = tracekit.load(gpu, cache=False)
+    assert j.export(tmp_path / "b.parquet") == [str(tmp_path / "b.parquet")]
+    computed = set(j.analysis.__dict__)
+    assert not computed & {"graph", "critical_path", "top_ops", "idle_breakdown"}
+    assert sorted(j.analysis.tables())[:3] == ["breakdown", "collective_instances", "collective_members"]
+    assert "graph" not in j.analysis.__dict__  # listing the names computes nothing either

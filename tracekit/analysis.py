@@ -3,7 +3,7 @@ the exporters and the TUI only read an :class:`Analysis`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -161,31 +161,52 @@ class Analysis:
                 self.notes.append(note)
         return pa.concat_tables(parts) if parts else schema.empty(out_schema)
 
-    def tables(self, *, paths: bool = True) -> dict[str, pa.Table | EventBatches]:
-        """Every exportable table by name (the events as a stream of batches when they stay on disk);
-        ``paths=False`` leaves out the critical-path tables, which build the job's dependency graph on first
-        use (the TUI asks without them until a worker has built it)."""
-        out: dict[str, pa.Table | EventBatches] = {
-            "ranks": self.ranks,
-            "events": self.events if self.dataset is None else EventBatches(self.dataset),
-            "iterations": self.iterations,
-            "breakdown": self.breakdown,
-            "collectives": self.collectives,
-            "collective_instances": self.instances,
-            "collective_members": self.members,
+    def tables(self, *, paths: bool = True) -> Tables:
+        """Every exportable table by name (the events as a stream of batches when they stay on disk), each
+        computed when first looked up (exporting one table computes no other); ``paths=False`` leaves out the
+        critical-path tables, which build the job's dependency graph on first use (the TUI asks without them
+        until a worker has built it)."""
+        out: dict[str, Callable[[], pa.Table | EventBatches]] = {
+            "ranks": lambda: self.ranks,
+            "events": lambda: self.events if self.dataset is None else EventBatches(self.dataset),
+            "iterations": lambda: self.iterations,
+            "breakdown": lambda: self.breakdown,
+            "collectives": lambda: self.collectives,
+            "collective_instances": lambda: self.instances,
+            "collective_members": lambda: self.members,
         }
         if self.traces.topology.num_rows:
-            out["topology"] = self.traces.topology
+            out["topology"] = lambda: self.traces.topology
         if not self.horovod_only:
-            out["top_ops"] = self.top_ops
-            out["idle_breakdown"] = self.idle_breakdown
+            out["top_ops"] = lambda: self.top_ops
+            out["idle_breakdown"] = lambda: self.idle_breakdown
         # a timeline alone has no compute to follow a path through; rank by rank there is no graph
         if paths and not self.horovod_only and self.dataset is None:
-            out["critical_path"] = self.critical_path.to_arrow()
-            out["critical_path_summary"] = self.critical_path_summary.to_arrow()
+            out["critical_path"] = lambda: self.critical_path.to_arrow()
+            out["critical_path_summary"] = lambda: self.critical_path_summary.to_arrow()
         if self.horovod is not None:
-            out.update(self.horovod.tables())
-        return out
+            for name, table in self.horovod.tables().items():
+                out[name] = lambda t=table: t
+        return Tables(out)
+
+
+class Tables(Mapping[str, "pa.Table | EventBatches"]):
+    """Result tables by name, each computed when first looked up (``dict(tables)`` computes them all)."""
+
+    def __init__(self, makers: dict[str, Callable[[], pa.Table | EventBatches]]) -> None:
+        self._makers = makers
+        self._made: dict[str, pa.Table | EventBatches] = {}
+
+    def __getitem__(self, name: str) -> pa.Table | EventBatches:
+        if name not in self._made:
+            self._made[name] = self._makers[name]()
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
 
 
 def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: float | None = None,

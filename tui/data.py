@@ -110,7 +110,8 @@ class JobData:
             return {"ranks": self.ranks, "iterations": self.iterations, "breakdown": self.breakdown}
         key = (id(self.analysis), self.paths_ready)
         if self._tables is None or self._tables[0] != key:
-            self._tables = (key, self.analysis.tables(paths=self.paths_ready))
+            # every table computed now (in the loading worker, see complete()), not when a view looks one up
+            self._tables = (key, dict(self.analysis.tables(paths=self.paths_ready)))  # type: ignore[arg-type]
         return self._tables[1]
 
     def _figures(self) -> dict[str, Any]:
