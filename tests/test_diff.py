@@ -131,3 +131,20 @@ def test_tracekit_diff_is_callable_as_module_and_function() -> None:
     assert callable(module) and callable(tracekit.diff)
     d = tracekit.diff(BASE, BASE, verdicts=False)
     assert isinstance(d, Diff)
+
+
+def test_hta_ab_pair(shared_data: Path) -> None:
+    """HTA's own A/B pair (trace_diff/control, trace_diff/test: GPU traces of two different jobs, ranks 3 and 1):
+    the job-level comparison, with the idle split of both GPU runs."""
+    control, test = shared_data / "hta" / "trace_diff" / "control", shared_data / "hta" / "trace_diff" / "test"
+    if not (control.exists() and test.exists()):
+        pytest.skip("hta/trace_diff is absent")
+    d = tracekit.diff(control, test, verdicts=False)
+    assert d.ranks == [] and "share no rank" in d.notes[0]
+    assert d.iterations["rank"].to_list() == [None]
+    bd = {r["class"]: r for r in d.job("breakdown").iter_rows(named=True)}
+    for side in ("base", "new"):
+        parts = bd["host_bound"][f"{side}_ns"] + bd["sync"][f"{side}_ns"] + bd["other_idle"][f"{side}_ns"]
+        assert abs(parts - bd["idle"][f"{side}_ns"]) <= 3
+    assert set(d.comm["op"]) >= {"allreduce"} and d.critical_path.height == 7
+    assert d.job("ops")["kind"].is_in(["compute", "comm", "memory"]).all()
