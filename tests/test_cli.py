@@ -54,7 +54,8 @@ def test_export_directory_readable_by_polars_pyarrow_duckdb(job: Path, tmp_path:
     names = sorted(p.name for p in out.iterdir())
     assert names == ["breakdown.parquet", "collective_instances.parquet", "collective_members.parquet",
                      "collectives.parquet", "critical_path.parquet", "critical_path_summary.parquet",
-                     "events.parquet", "iterations.parquet", "ranks.parquet"]
+                     "events.parquet", "idle_breakdown.parquet", "iterations.parquet", "ranks.parquet",
+                     "top_ops.parquet"]
     b = pl.read_parquet(out / "breakdown.parquet")
     assert b.height == 6
     assert pq.read_table(out / "events.parquet").num_rows > 0

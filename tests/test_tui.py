@@ -92,8 +92,9 @@ async def test_every_view(tmp_path: Path) -> None:
         # every view is a registered View, in key order; the what-if view needs --link-bw for nothing but its
         # measured-efficiency sweeps, so it is there too
         labels = [str(tab.label) for tab in tabs.query(Tab)]
-        assert labels == ["1 Overview", "2 Iterations", "3 Timeline", "4 Critical path", "5 Collectives", "6 What-if"]
-        for key, view in zip("456", ["critical_path", "collectives", "whatif"], strict=True):
+        assert labels == ["1 Overview", "2 Iterations", "3 Timeline", "4 Critical path", "5 Collectives", "6 What-if",
+                          "8 Top ops"]
+        for key, view in zip("4568", ["critical_path", "collectives", "whatif", "ops"], strict=True):
             await pilot.press(key)
             assert tabs.active == view
 
@@ -251,7 +252,8 @@ async def test_export_action_writes_parquet(sample: JobData, tmp_path: Path) -> 
         names = sorted(p.name for p in out.iterdir())
         assert names == ["breakdown.parquet", "collective_instances.parquet", "collective_members.parquet",
                          "collectives.parquet", "critical_path.parquet", "critical_path_summary.parquet",
-                         "events.parquet", "iterations.parquet", "ranks.parquet"]
+                         "events.parquet", "idle_breakdown.parquet", "iterations.parquet", "ranks.parquet",
+                         "top_ops.parquet"]
         assert pq.read_table(out / "breakdown.parquet").num_rows == 10
         # again without "overwrite": refused, nothing changed
         before = (out / "events.parquet").stat().st_mtime_ns

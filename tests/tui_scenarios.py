@@ -44,6 +44,8 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], str]] = {
                        "and the bottleneck verdict"),
     "whatif-compression": (("6", "c", "4", "enter", "f"), "What-if with 4x compression (c) at full utilisation of "
                                                           "the link (f): the numbers follow the inputs"),
+    "top-ops": (("8",), "Top ops: why each rank's device sat idle (not applicable on this CPU-only job) and the "
+                        "kernels / CPU operators with the most time in each attribution class"),
     "keys": (("question_mark",), "The key map (?)"),
 }
 

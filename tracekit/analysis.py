@@ -3,7 +3,7 @@ the exporters and the TUI only read an :class:`Analysis`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -17,11 +17,13 @@ from tracekit import (
     critical_path,
     dag,
     horovod,
+    idle,
     iterations,
     links,
     nccl_join,
     schema,
     summary,
+    top_ops,
     whatif,
 )
 from tracekit.diagnostics import Diagnostic, TraceError
@@ -69,6 +71,7 @@ class Analysis:
     diagnostics: list[Diagnostic] = field(default_factory=list)  # the inputs' and the analysis' warnings
     horovod: horovod.Result | None = None  # Horovod timelines' tables (tracekit/horovod.py), None without one
     dataset: Dataset | None = None  # set when analysed rank by rank: the events stay on disk (``events`` is empty)
+    memory_budget: str | int | None = None  # rank by rank: the memory one rank's events may take (--memory-budget)
 
     @property
     def horovod_only(self) -> bool:
@@ -115,28 +118,95 @@ class Analysis:
             return None
         return whatif.bottleneck(self.whatif)
 
-    def tables(self, *, paths: bool = True) -> dict[str, pa.Table | EventBatches]:
-        """Every exportable table by name (the events as a stream of batches when they stay on disk);
-        ``paths=False`` leaves out the critical-path tables, which build the job's dependency graph on first
-        use (the TUI asks without them until a worker has built it)."""
-        out: dict[str, pa.Table | EventBatches] = {
-            "ranks": self.ranks,
-            "events": self.events if self.dataset is None else EventBatches(self.dataset),
-            "iterations": self.iterations,
-            "breakdown": self.breakdown,
-            "collectives": self.collectives,
-            "collective_instances": self.instances,
-            "collective_members": self.members,
+    @cached_property
+    def top_ops(self) -> pa.Table:
+        """Per rank, attribution class and op: the time of the kernels and CPU operators behind each class
+        (:mod:`tracekit.top_ops`)."""
+        return self._per_rank_events(lambda ev, it: top_ops.table(ev, it), schema.TOP_OPS)
+
+    @cached_property
+    def op_totals(self) -> pa.Table:
+        """Per rank and op: calls and time inside the iteration windows (:func:`tracekit.top_ops.totals`)."""
+        return self._per_rank_events(lambda ev, it: top_ops.totals(ev, it), top_ops.TOTALS_SCHEMA)
+
+    @cached_property
+    def idle_breakdown(self) -> pa.Table:
+        """Per window: its idle time split into host-bound, synchronisation and other (:mod:`tracekit.idle`)."""
+        return self._per_rank_events(lambda ev, it: idle.breakdown(ev, it, self.breakdown), schema.IDLE_BREAKDOWN)
+
+    def _per_rank_events(self, fn, out_schema: pa.Schema) -> pa.Table:
+        """``fn(events, iterations)`` of the job — of each rank in turn when the events stay on disk (a rank over the
+        memory budget is left out, and a note says so)."""
+        if self.horovod_only or self.breakdown.num_rows == 0:
+            return schema.empty(out_schema)
+        if self.dataset is None:
+            events = self.events if self.horovod is None else horovod.without_timeline(self.events)
+            return schema.conform(fn(events, self.iterations), out_schema)
+        from tracekit.dataset import memory_budget
+
+        budget = memory_budget(self.memory_budget)
+        iters = pl.from_arrow(self.iterations)
+        assert isinstance(iters, pl.DataFrame)
+        parts, too_big = [], []
+        for rank, n in sorted(self.dataset.rank_event_counts().items()):
+            if n * SPLIT_BYTES_PER_EVENT > budget:
+                too_big.append(rank)
+                continue
+            parts.append(schema.conform(fn(self.dataset.rank_events(rank),
+                                           iters.filter(pl.col("rank") == rank).to_arrow()), out_schema))
+        if too_big:
+            note = (f"top ops and idle split of rank{'s' if len(too_big) > 1 else ''} {_ranks_text(too_big)} left out: "
+                    "its events exceed the memory budget")
+            if note not in self.notes:
+                self.notes.append(note)
+        return pa.concat_tables(parts) if parts else schema.empty(out_schema)
+
+    def tables(self, *, paths: bool = True) -> Tables:
+        """Every exportable table by name (the events as a stream of batches when they stay on disk), each
+        computed when first looked up (exporting one table computes no other); ``paths=False`` leaves out the
+        critical-path tables, which build the job's dependency graph on first use (the TUI asks without them
+        until a worker has built it)."""
+        out: dict[str, Callable[[], pa.Table | EventBatches]] = {
+            "ranks": lambda: self.ranks,
+            "events": lambda: self.events if self.dataset is None else EventBatches(self.dataset),
+            "iterations": lambda: self.iterations,
+            "breakdown": lambda: self.breakdown,
+            "collectives": lambda: self.collectives,
+            "collective_instances": lambda: self.instances,
+            "collective_members": lambda: self.members,
         }
         if self.traces.topology.num_rows:
-            out["topology"] = self.traces.topology
+            out["topology"] = lambda: self.traces.topology
+        if not self.horovod_only:
+            out["top_ops"] = lambda: self.top_ops
+            out["idle_breakdown"] = lambda: self.idle_breakdown
         # a timeline alone has no compute to follow a path through; rank by rank there is no graph
         if paths and not self.horovod_only and self.dataset is None:
-            out["critical_path"] = self.critical_path.to_arrow()
-            out["critical_path_summary"] = self.critical_path_summary.to_arrow()
+            out["critical_path"] = lambda: self.critical_path.to_arrow()
+            out["critical_path_summary"] = lambda: self.critical_path_summary.to_arrow()
         if self.horovod is not None:
-            out.update(self.horovod.tables())
-        return out
+            for name, table in self.horovod.tables().items():
+                out[name] = lambda t=table: t
+        return Tables(out)
+
+
+class Tables(Mapping[str, "pa.Table | EventBatches"]):
+    """Result tables by name, each computed when first looked up (``dict(tables)`` computes them all)."""
+
+    def __init__(self, makers: dict[str, Callable[[], pa.Table | EventBatches]]) -> None:
+        self._makers = makers
+        self._made: dict[str, pa.Table | EventBatches] = {}
+
+    def __getitem__(self, name: str) -> pa.Table | EventBatches:
+        if name not in self._made:
+            self._made[name] = self._makers[name]()
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
 
 
 def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: float | None = None,
@@ -218,7 +288,8 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
                     ranks=ranks, collectives=colls, instances=instances, members=matching.members,
                     line_rate_bps=rate, line_rate_source=rate_source, matched=matching.matched,
                     notes=[*ds.notes, DATASET_NOTE, *unsplit],
-                    diagnostics=[*ds.diagnostics, *join_notes, *matching.diagnostics], dataset=ds)
+                    diagnostics=[*ds.diagnostics, *join_notes, *matching.diagnostics], dataset=ds,
+                    memory_budget=memory_budget)
 
 
 def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matching,

@@ -25,10 +25,11 @@ EXIT_INTERNAL = 70
 PROGRESS_MIN_BYTES = 16 << 20
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="trace files or directories (Kineto JSON[.gz], Horovod timelines, NCCL logs; "
-                        "directories are searched)")
+def _common(p: argparse.ArgumentParser, *, paths: bool = True) -> None:
+    if paths:
+        p.add_argument("paths", nargs="+", metavar="PATH",
+                       help="trace files or directories (Kineto JSON[.gz], Horovod timelines, NCCL logs; "
+                            "directories are searched)")
     p.add_argument("--no-cache", action="store_true", help="parse again instead of reusing the parse cache")
     p.add_argument("--cache-dir", metavar="DIR", help="where parsed tables are cached "
                    "(default $TRACEKIT_CACHE_DIR or ~/.cache/tracekit)")
@@ -169,13 +170,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser("diff", help="compare two runs of the same job: iteration time, breakdown, communication "
+                       "per op, the ops that changed most, critical path, verdicts",
+                       description="Compare two runs of the same job side by side, per iteration: iteration time, "
+                                   "every class of the breakdown (with waiting/transfer and the idle split), "
+                                   "communication per op (calls, bytes per call, bus bandwidth, wait, transfer), the "
+                                   "kernels and CPU operators whose time changed most (matched by name), the critical "
+                                   "path's composition and each run's verdict; per rank where the ranks match.",
+                       epilog="examples:\n  tracekit diff runs/bucket25mb runs/bucket100mb --link-bw 100gbit"
+                              "\n  tracekit diff before/ after/ --json > diff.json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("base", metavar="BASE", help="the first run (a trace file or a directory)")
+    p.add_argument("new", metavar="NEW", help="the run to compare with it")
+    _common(p, paths=False)
+    p.add_argument("--json", action="store_true", help="print every table and both verdicts as JSON")
+    p.add_argument("--limit", type=int, default=10, metavar="N", help="show the N ops that changed most (default 10)")
+    p.add_argument("--no-verdict", action="store_true", help="skip the what-if replays behind each run's verdict")
+    p.set_defaults(func=cmd_diff)
+
     p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline, "
-                       "critical path, collectives, what-if)",
+                       "critical path, collectives, what-if, top ops; --diff: against another run)",
                        description="Open the traces in an interactive terminal app: the verdict, per-rank "
                                    "breakdown, iterations table, a zoomable timeline of every rank with the "
-                                   "critical path drawn over it, the critical path, the collectives and a "
-                                   "what-if calculator. Press ? inside for the keys.")
+                                   "critical path drawn over it, the critical path, the collectives, a "
+                                   "what-if calculator and the top ops with the idle split; with --diff NEW, a Diff "
+                                   "tab compares the job with another run. Press ? inside for the keys.")
     _common(p)
+    p.add_argument("--diff", nargs="+", metavar="NEW", help="another run of the job to compare with (a Diff tab, "
+                   "as tracekit diff PATH NEW prints it)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
@@ -220,64 +242,52 @@ def _tensor_sorts() -> list[str]:
     return list(TENSOR_SORTS)
 
 
-def _load(args: argparse.Namespace, console: Console):
-    """Read and analyse the inputs: the whole job in memory, or rank by rank through a per-rank dataset when an
-    option of the big-jobs group asks for it or the job would not fit in memory."""
-    from tracekit import dataset, traceset
-    from tracekit.analysis import analyse, analyse_dataset
-    from tracekit.units import parse_link_rates
+def _job(args: argparse.Namespace, console: Console):
+    """Read and analyse the inputs (:func:`tracekit.api.load`): the whole job in memory, or rank by rank through a
+    per-rank dataset when an option of the big-jobs group asks for it or the job would not fit in memory."""
+    from tracekit import api
 
-    link_bw, line_rates = parse_link_rates(args.link_bw) if args.link_bw else (None, {})
-    if args.jobs is not None and args.jobs < 1:
-        raise TraceError(None, "--jobs must be at least 1")
-    files, _ = traceset.discover(args.paths)
-    total = sum(os.path.getsize(f) for f in files)
-    by_rank = any(getattr(args, o, None) for o in ("engine", "scheduler", "dataset", "memory_budget"))
-    if not by_rank and hasattr(args, "engine"):
-        need, have = dataset.in_memory_need(files), dataset.available_memory()
-        if need > have:
-            by_rank = True
-            if not args.quiet:
-                console.print(f"[yellow]note[/]: analysing {len(files)} files rank by rank: in memory they would "
-                              f"need about {need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB is available",
-                              highlight=False)
-    progress_cb = None
+    by_rank: bool | None = False
+    big = {}
+    if hasattr(args, "engine"):  # the commands with the big-jobs options
+        big = {"engine": args.engine, "scheduler": args.scheduler, "dataset": args.dataset,
+               "memory_budget": args.memory_budget, "rebuild": args.rebuild}
+        by_rank = None
     bar = None
-    if total >= PROGRESS_MIN_BYTES and console.is_terminal and not getattr(args, "json", False):
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+    task = None
 
-        bar = Progress(TextColumn("reading traces"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                       console=console, transient=True)
-        task = bar.add_task("read", total=total)
-        bar.start()
+    def on_start(_files: list[str], total: int) -> None:
+        nonlocal bar, task
+        if total >= PROGRESS_MIN_BYTES and console.is_terminal and not getattr(args, "json", False):
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-        def progress_cb(done: int, _total: int, _path: str) -> None:
+            bar = Progress(TextColumn("reading traces"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                           console=console, transient=True)
+            task = bar.add_task("read", total=total)
+            bar.start()
+
+    def progress_cb(done: int, _total: int, _path: str) -> None:
+        if bar is not None and task is not None:
             bar.update(task, completed=done)
 
-    try:
-        if by_rank:
-            from tracekit import engine
+    def on_note(text: str) -> None:
+        if not args.quiet:
+            console.print(f"[yellow]note[/]: {text}", highlight=False)
 
-            eng = engine.make(args.engine or "local", scheduler=args.scheduler, jobs=args.jobs, total_bytes=total)
-            ds = dataset.build(args.paths, out=args.dataset, engine=eng, step_marker=args.step_marker,
-                               budget=args.memory_budget, use_cache=not args.no_cache, cache_dir=args.cache_dir,
-                               force=args.rebuild, progress=progress_cb)
-            args.exit_stack.callback(ds.cleanup)
-        else:
-            ts = traceset.load(args.paths, use_cache=not args.no_cache, cache_dir=args.cache_dir,
-                               jobs=args.jobs, progress=progress_cb)
+    try:
+        job = api.load(args.paths, link_bw=args.link_bw or None, step_marker=args.step_marker,
+                       cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs, by_rank=by_rank,
+                       on_start=on_start, progress=progress_cb, on_note=on_note, **big)
     finally:
         if bar is not None:
             bar.stop()
-    if by_rank:
-        if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0:
-            damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
-            raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
-        return analyse_dataset(ds, link_bw_bps=link_bw, memory_budget=getattr(args, "memory_budget", None))
-    if ts.events.num_rows == 0 and ts.collectives.num_rows == 0:
-        damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
-        raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
-    return analyse(ts, step_marker=args.step_marker, link_bw_bps=link_bw, line_rates=line_rates)
+    args.exit_stack.callback(job.close)
+    return job
+
+
+def _load(args: argparse.Namespace, console: Console):
+    """The :class:`~tracekit.analysis.Analysis` of the inputs (:func:`_job`)."""
+    return _job(args, console).analysis
 
 
 def _warn(diags: Sequence[Diagnostic], console: Console, quiet: bool) -> None:
@@ -292,12 +302,10 @@ def _warn(diags: Sequence[Diagnostic], console: Console, quiet: bool) -> None:
 
 def cmd_summary(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
-    result = _load(args, err)
-    from tracekit import summary
-
+    job = _job(args, err)
+    result = job.analysis
     if args.json:
-        payload = _summary_json(result, summary)
-        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(job.summary(), indent=2, default=str) + "\n")
         _warn(result.diagnostics, err, args.quiet)
         return 0
     from tracekit.report import render_summary
@@ -317,70 +325,10 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
-def _horovod_json(result: Any) -> dict[str, Any]:
-    """The ``horovod`` part of ``summary --json`` (present only when a timeline is)."""
-    from tracekit import horovod
-    from tracekit.report import horovod_paragraph
-
-    res = result.horovod
-    return {
-        "only": res.only, "merged": res.merged, "iteration_method": res.method, "world_size": res.world_size,
-        "timelines": [{"path": t.path, "clock": t.clock, "format_version": t.meta.get("format_version"),
-                       "offset_ns": t.offset_ns, "merged": t.merged, "how": t.how,
-                       "iteration_method": t.method, "bytes_lost": t.meta.get("bytes_lost")}
-                      for t in res.timelines],
-        "summary": horovod.summary(res),
-        "totals": res.totals,
-        "breakdown": res.breakdown.to_pylist(),
-        "text": horovod_paragraph(res),
-    }
-
-
-def _summary_json(result: Any, summary: Any) -> dict[str, Any]:
-    from tracekit import verdict
-
-    job = summary.job(result.breakdown)
-    strag = summary.stragglers(result.instances)
-    overview = summary.collectives_overview(result.instances)
-    extra = {"horovod": _horovod_json(result)} if result.horovod is not None else {}
-    return {
-        "job": job,
-        "ranks": summary.per_rank(result.breakdown).to_dicts(),
-        "iterations": summary.per_iteration(result.breakdown).to_dicts(),
-        "breakdown": result.breakdown.to_pylist(),
-        "line_rate_bps": result.line_rate_bps,
-        "line_rate_source": result.line_rate_source,
-        "clocks": _clocks(result),
-        "collectives": overview,
-        "transfer_sizes": summary.transfer_sizes(result.collectives),
-        "stragglers": strag.to_dicts(),
-        "verdict": extra["horovod"]["text"] if result.horovod_only else
-        verdict.paragraph(job, strag, overview, line_rate_bps=result.line_rate_bps,
-                          line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows,
-                          sizes=summary.transfer_sizes(result.collectives)),
-        "bottleneck": _bottleneck_json(result),
-        "contention": result.whatif.contention.as_dict() if result.bottleneck is not None else None,
-        "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
-        "notes": result.notes,
-        "diagnostics": [str(d) for d in result.diagnostics],
-        **extra,
-    }
-
-
-def _bottleneck_json(result: Any) -> dict[str, Any] | None:
-    b = result.bottleneck
-    if b is None:
-        return None
-    return {"measured_iteration_ns": b.measured_ns, "free_comm_iteration_ns": b.free_ns,
-            "scaling_factor_measured": b.scaling_measured, "scaling_factor_full_utilisation": b.scaling_full,
-            "line_rate_bps": b.line_rate_bps, "compression_needed": b.compression_needed,
-            "bandwidth_needed_bps": b.bandwidth_needed_bps, "bandwidth_needed_factor": b.bandwidth_needed_factor,
-            "target": b.target, "text": b.text, "sizes": b.sizes, "assumption": b.assumption}
-
-
 def _clocks(result: Any) -> list[dict[str, Any]]:
-    cols = ["rank", "host", "clock_offset_ns", "clock_estimate_ns", "clock_residual_ns", "clock_method"]
-    return result.ranks.select(cols).to_pylist()
+    from tracekit.api import clocks
+
+    return clocks(result)
 
 
 def cmd_collectives(args: argparse.Namespace) -> int:
@@ -444,96 +392,38 @@ def cmd_tensors(args: argparse.Namespace) -> int:
 
 def cmd_critical_path(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
-    result = _load(args, err)
-    summ = result.critical_path_summary
+    job = _job(args, err)
+    summ = job.critical_path_summary
     if summ.height == 0:
         raise TraceError(None, "no iteration with activity to follow a critical path through")
-    iters = summ.get_column("iteration").to_list()
-    if args.iteration is not None and args.iteration not in iters:
-        raise TraceError(None, f"no iteration {args.iteration} (have: {', '.join(map(str, iters))})")
-    chosen = args.iteration if args.iteration is not None else \
-        summ.sort("path_ns", descending=True).get_column("iteration")[0]
-    segs = result.critical_path.filter(result.critical_path["iteration"] == chosen)
+    chosen = args.iteration if args.iteration is not None else job.slowest_iteration()
+    segs = job.critical_path(chosen)
     if args.json:
         payload = {"summary": summ.to_dicts(), "iteration": chosen, "segments": segs.to_dicts(),
-                   "diagnostics": [str(d) for d in result.diagnostics]}
+                   "diagnostics": [str(d) for d in job.diagnostics]}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
         from tracekit.report import render_critical_path
 
         out = Console() if sys.stdout.isatty() else Console(width=140)
         render_critical_path(out, summ, segs, chosen, args.min_share)
-    _warn(result.diagnostics, err, args.quiet)
+    _warn(job.diagnostics, err, args.quiet)
     return 0
 
 
-def _numbers(text: str | None, kind: type, option: str) -> list:
-    if text is None:
-        return [None]
-    out = []
-    for part in text.split(","):
-        try:
-            value = kind(part.strip())
-        except ValueError:
-            raise TraceError(None, f"{option}: {part.strip()!r} is not a number") from None
-        if value <= 0:
-            raise TraceError(None, f"{option}: {part.strip()!r} must be positive")
-        out.append(value)
-    return out
-
-
-def _bandwidth_scenarios(text: str | None) -> list[tuple[float | None, tuple[tuple[str, float], ...]]]:
-    """``--bandwidth``: comma-separated scenarios, each a rate for every link and/or ``SEL=RATE`` for some links,
-    joined by ``+`` (``10Gbit,25Gbit``; ``dp=10Gbit,dp=25Gbit``; ``dp=10Gbit+tp=100Gbit``)."""
-    from tracekit.units import parse_link_rates
-
-    if not text:
-        return [(None, ())]
-    out = []
-    for item in text.split(","):
-        default, named = parse_link_rates(item.replace("+", ","), option="--bandwidth")
-        out.append((default, tuple(named.items())))
-    return out
-
-
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from tracekit import whatif
-    from tracekit.units import parse_duration
+    from tracekit import api
 
-    bandwidths = _bandwidth_scenarios(args.bandwidth)
-    compressions = _numbers(args.compression, float, "--compression")
-    workers = _numbers(args.workers, int, "--workers")
-    eff: str | float
-    if args.efficiency is None:
-        eff = "measured" if args.link_bw else "full"
-    elif args.efficiency in ("full", "measured"):
-        eff = args.efficiency
-    else:
-        eff = _numbers(args.efficiency, float, "--efficiency")[0]
-        if eff > 1:
-            raise TraceError(None, "--efficiency: a share of the line rate is at most 1")
-    if eff == "measured" and not args.link_bw and any(r is not None or named for r, named in bandwidths):
-        raise TraceError(None, "--efficiency measured needs --link-bw (the line rate the job ran on)")
-    if eff != "measured" and not args.link_bw and bandwidths == [(None, ())]:
-        raise TraceError(None, "give --bandwidth (the line rates to predict for) or --link-bw")
+    scenarios = api.scenarios(args.bandwidth.split(",") if args.bandwidth else None,
+                              args.compression.split(",") if args.compression is not None else 1,
+                              args.workers.split(",") if args.workers is not None else None,
+                              args.efficiency, args.codec_cost, link_bw_known=bool(args.link_bw))
     err = Console(stderr=True)
-    result = _load(args, err)
-    model = result.whatif
-    if model.comm.height == 0:
-        raise TraceError(None, "the traces contain no communication: there is nothing to re-cost")
-    if args.latency:
-        model.latency_ns = parse_duration(args.latency, option="--latency")
-    codec = whatif.DEFAULT_CODEC_NS_PER_BYTE if args.codec_cost is None else args.codec_cost
-    scenarios = [whatif.Scenario(bandwidth_bps=r, links=named, compression=c, workers=w, efficiency=eff,
-                                 codec_ns_per_byte=codec)
-                 for r, named in bandwidths for c in compressions for w in workers]
-    try:
-        rows = whatif.sweep(model, scenarios)
-    except ValueError as exc:
-        raise TraceError(None, str(exc)) from exc
-    verdict = result.bottleneck
+    job = _job(args, err)
+    rows, verdict = job.replay(scenarios, latency=args.latency)
+    model = job.analysis.whatif
     if args.json:
-        payload = {"measured_iteration_ns": model.measured_iteration_ns, "line_rate_bps": result.line_rate_bps,
+        payload = {"measured_iteration_ns": model.measured_iteration_ns, "line_rate_bps": job.line_rate_bps,
                    "workers": model.workers, "sizes": model.sizes, "rows": rows.to_dicts(),
                    "verdict": verdict.text if verdict else None}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
@@ -542,13 +432,11 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
         out = Console() if sys.stdout.isatty() else Console(width=120)
         render_whatif(out, rows, model, verdict)
-    _warn(result.diagnostics, err, args.quiet)
+    _warn(job.diagnostics, err, args.quiet)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tracekit.export import export
-
     err = Console(stderr=True)
     if not args.output and not args.chrome:
         raise TraceError(None, "say where to export: -o OUT (Parquet) and/or --chrome FILE.json")
@@ -556,22 +444,39 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise TraceError(args.output, "already exists (use --force to overwrite)")
     if args.chrome and os.path.exists(args.chrome) and not args.force:
         raise TraceError(args.chrome, "already exists (use --force to overwrite)")
-    result = _load(args, err)
-    if args.chrome and result.dataset is not None:
+    job = _job(args, err)
+    if args.chrome and not job.in_memory:
         raise TraceError(args.chrome, "a Chrome trace needs every event in memory: run without --engine, "
                          "--scheduler, --dataset and --memory-budget")
-    table = args.table
-    if table is None and result.horovod_only and args.output and args.output.endswith(".parquet"):
-        table = "horovod_breakdown"  # a timeline alone has no five-way breakdown
-    written = export(result.tables(), args.output, force=args.force, table=table) if args.output else []
+    written = job.export(args.output, force=args.force, table=args.table) if args.output else []
     if args.chrome:
-        from tracekit.chrome import critical_path_flows, write_chrome_trace
-
-        write_chrome_trace(result, args.chrome, force=args.force, flows=critical_path_flows(result))
+        job.to_chrome(args.chrome, force=args.force)
         written.append(args.chrome)
     for path in written:
         err.print(f"wrote {path}", highlight=False, soft_wrap=True)
-    _warn(result.diagnostics, err, args.quiet)
+    _warn(job.diagnostics, err, args.quiet)
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from tracekit.diff import compare
+
+    if args.limit < 0:
+        raise TraceError(None, "--limit must be at least 0")
+    err = Console(stderr=True)
+    args.paths = [args.base]
+    base = _job(args, err)
+    args.paths = [args.new]
+    new = _job(args, err)
+    d = compare(base, new, top=max(args.limit, 1), verdicts=not args.no_verdict)
+    if args.json:
+        sys.stdout.write(json.dumps(d.to_dict(), indent=2, default=str) + "\n")
+    else:
+        from tracekit.report import render_diff
+
+        out = Console() if sys.stdout.isatty() else Console(width=140)
+        render_diff(out, d, limit=args.limit)
+    _warn([*base.diagnostics, *new.diagnostics], err, args.quiet)
     return 0
 
 
@@ -604,6 +509,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from tracekit import traceset
 
     traceset.discover(args.paths)  # a wrong path is a one-line error before the screen is taken over
+    if args.diff:
+        traceset.discover(args.diff)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise TraceError(None, "inspect needs a terminal (use `tracekit summary` or `tracekit export` in scripts)")
     from tracekit.tui import run
@@ -613,7 +520,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     rate, named = parse_link_rates(args.link_bw) if args.link_bw else (None, {})
     return run(args.paths, LoadOptions(use_cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs,
                                        step_marker=args.step_marker, link_bw_bps=rate,
-                                       line_rates=tuple(sorted(named.items()))))
+                                       line_rates=tuple(sorted(named.items())), diff_paths=tuple(args.diff or ())))
 
 
 def cmd_record(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ class Sweep:
     window: np.ndarray  # index into the windows passed to :func:`sweep`
     length: np.ndarray  # int64 ns
     state: np.ndarray  # int64 bit set of active classes
+    start: np.ndarray | None = None  # int64 ns: where each segment begins (segments of a rank are in time order)
 
     def total(self, n_windows: int, mask: np.ndarray | None = None) -> np.ndarray:
         """Per window, the summed length of the segments selected by ``mask`` (all by default)."""
@@ -72,7 +73,7 @@ def sweep(
     m = win_start.size
     if m == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return Sweep(empty, empty, empty)
+        return Sweep(empty, empty, empty, empty)
     # points: interval starts/ends (prio 1) and window ends (prio 0) / starts (prio 2)
     p_rank = np.concatenate([rank, rank, win_rank, win_rank])
     p_time = np.concatenate([start, end, np.asarray(win_end, np.int64), np.asarray(win_start, np.int64)])
@@ -96,7 +97,7 @@ def sweep(
     current = np.where(last >= 0, marker[np.maximum(last, 0)], -1)
     seg_len = np.diff(p_time)
     keep = (p_rank[1:] == p_rank[:-1]) & (current[:-1] >= 0) & (seg_len > 0)
-    return Sweep(window=current[:-1][keep], length=seg_len[keep], state=state[:-1][keep])
+    return Sweep(window=current[:-1][keep], length=seg_len[keep], state=state[:-1][keep], start=p_time[:-1][keep])
 
 
 def union_length(rank: np.ndarray, start: np.ndarray, end: np.ndarray, win_rank: np.ndarray,

@@ -553,3 +553,220 @@ def verdict(job: dict[str, Any]) -> tuple[str, str]:
                 "communicating (input pipeline, host overhead, stragglers).", "idle")
     return (f"Compute-bound: communication is hidden under compute ({fmt_share(overlapped)} overlapped, "
             f"{pct} exposed).", "compute")
+
+
+# ---------------------------------------------------------------------------------------------------
+# top ops and the idle split (tracekit/top_ops.py, tracekit/idle.py)
+
+
+def top_ops_table(top: object, limit: int = 5) -> Table:
+    """The job's top ops per attribution class (rows of :func:`tracekit.top_ops.job_level`)."""
+    import polars as pl
+
+    assert isinstance(top, pl.DataFrame)
+    table = Table(title="top ops per class (all ranks; time per rank-iteration)", title_justify="left",
+                  header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="of class = how much of the class's time the op ran (different ops at once each count); "
+                          "CPU operators: each thread's top-level ones", caption_justify="left")
+    for col, just in (("class", "left"), ("#", "right"), ("kind", "left"), ("name", "left"), ("calls", "right"),
+                      ("time/it", "right"), ("of class", "right")):
+        if col == "name":
+            table.add_column(col, justify="left", overflow="ellipsis", max_width=60, no_wrap=True)
+        else:
+            table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    shown = top.filter(pl.col("rank_in_class") <= limit) if top.height else top
+    last = None
+    for row in shown.iter_rows(named=True):
+        cls = row["class"]
+        if last is not None and cls != last:
+            table.add_section()
+        table.add_row(CLASS_LABELS.get(cls, cls) if cls != last else "", str(row["rank_in_class"]), row["kind"],
+                      row["name"] or "?", f"{row['calls']:,}", fmt_ns(row["per_iteration_ns"]),
+                      fmt_share(row["class_share"]),
+                      style=CLASS_STYLES.get(cls, "") if cls != last else "")
+        last = cls
+    return table
+
+
+def idle_table(per_rank: object, job: dict[str, Any]) -> Table:
+    """Per rank: idle time per iteration and its split into host-bound, synchronisation and other (rows of
+    :func:`tracekit.idle.per_rank`); "n/a" on CPU-only ranks."""
+    import polars as pl
+
+    assert isinstance(per_rank, pl.DataFrame)
+    table = Table(title="idle time: why the device waited", title_justify="left", header_style="bold",
+                  box=box.SIMPLE_HEAD, pad_edge=False, caption="shares of the idle time; n/a: no device",
+                  caption_justify="left")
+    for col in ("rank", "idle/it", "host-bound", "sync", "other"):
+        table.add_column(col, justify="right", no_wrap=True)
+
+    def cells(r: dict[str, Any]) -> list[str]:
+        per_it = r["idle_ns"] / r["windows"] if r.get("windows") else None
+        if r.get("host_bound_share") is None and r.get("host_bound_ns") is None:
+            return [fmt_ns(per_it), "n/a", "n/a", "n/a"]
+        return [fmt_ns(per_it), *[fmt_share(r.get(f"{p}_share")) for p in ("host_bound", "sync", "other")]]
+
+    for r in per_rank.iter_rows(named=True):
+        table.add_row(str(r["rank"]), *cells(r))
+    if per_rank.height > 1 and job.get("windows"):
+        table.add_section()
+        table.add_row("all", *cells(job), style="bold")
+    return table
+
+
+# ---------------------------------------------------------------------------------------------------
+# tracekit diff
+
+
+def fmt_delta_ns(ns: float | int | None) -> str:
+    """``-1234567`` → ``−1.23 ms``; ``+`` for growth."""
+    if ns is None:
+        return "–"
+    if ns == 0:
+        return "0"
+    return ("+" if ns > 0 else "−") + fmt_ns(abs(ns))
+
+
+def fmt_change(base: float | None, new: float | None) -> str:
+    """Relative change, ``+12.3 %``."""
+    if base is None or new is None or not base:
+        return ""
+    x = 100 * (new - base) / base
+    return f"{x:+.1f} %".replace("-", "−")
+
+
+def _arrow(a: str, b: str) -> str:
+    return a if a == b else f"{a} → {b}"
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+
+
+def diff_renderables(d: object, limit: int = 10) -> list[Any]:
+    """Everything ``tracekit diff`` prints (and the Diff tab shows), as rich renderables."""
+    import polars as pl
+    from rich.text import Text
+
+    from tracekit.diff import Diff
+
+    assert isinstance(d, Diff)
+    out: list[Any] = []
+    head = Text()
+    head.append("diff ", style="bold")
+    head.append(f"{d.base}", style="cyan")
+    head.append(" (base) → ")
+    head.append(f"{d.new}", style="magenta")
+    head.append(f" (new) · ranks {_arrow(str(d.base_ranks), str(d.new_ranks))}")
+    out.append(head)
+    # iteration time
+    t = Table(title="iteration time (median)", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+              pad_edge=False, caption="job: the slowest rank's window of each iteration", caption_justify="left")
+    for col in ("scope", "windows", "base", "new", "change", ""):
+        t.add_column(col, justify="right", no_wrap=True)
+    for r in d.iterations.iter_rows(named=True):
+        scope = "job" if r["rank"] is None else f"rank {r['rank']}"
+        t.add_row(scope, _arrow(str(r["base_windows"] or 0), str(r["new_windows"] or 0)), fmt_ns(r["base_median_ns"]),
+                  fmt_ns(r["new_median_ns"]), fmt_delta_ns(r["delta_median_ns"]),
+                  fmt_change(r["base_median_ns"], r["new_median_ns"]), style="bold" if r["rank"] is None else "")
+    out.append(t)
+    # breakdown of the job
+    labels = {"wall": "iteration (wall)", "compute": "compute", "overlapped": "overlapped",
+              "exposed_comm": "exposed comm", "wait": "  waiting", "transfer": "  transfer", "memory": "memory",
+              "idle": "idle", "host_bound": "  host-bound", "sync": "  sync", "other_idle": "  other"}
+    t = Table(title="where an iteration goes (job)", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+              pad_edge=False, caption="mean over every rank's windows; share of the iteration",
+              caption_justify="left")
+    for col, just in (("class", "left"), ("base", "right"), ("share", "right"), ("new", "right"), ("share", "right"),
+                      ("change", "right")):
+        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    for r in d.job("breakdown").iter_rows(named=True):
+        if r["base_ns"] is None and r["new_ns"] is None:
+            continue
+        cls = r["class"]
+        style = CLASS_STYLES.get(cls, "")
+        t.add_row(Text(labels.get(cls, cls), style=style), fmt_ns(r["base_ns"]),
+                  "" if cls == "wall" else fmt_share(r["base_share"]), fmt_ns(r["new_ns"]),
+                  "" if cls == "wall" else fmt_share(r["new_share"]), fmt_delta_ns(r["delta_ns"]))
+    out.append(t)
+    # per rank
+    if d.ranks:
+        t = Table(title="per rank: change per iteration", title_justify="left", header_style="bold",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+        t.add_column("rank", justify="right", no_wrap=True)
+        cols = ("wall", *CLASSES)
+        for c in cols:
+            t.add_column("wall" if c == "wall" else SHORT_LABELS[c], justify="right", no_wrap=True,
+                         style=CLASS_STYLES.get(c, ""))
+        per = d.breakdown.filter(pl.col("rank").is_not_null())
+        for rank in d.ranks:
+            rows = {r["class"]: r for r in per.filter(pl.col("rank") == rank).iter_rows(named=True)}
+            t.add_row(str(rank), *[fmt_delta_ns(rows[c]["delta_ns"]) if c in rows else "–" for c in cols])
+        out.append(t)
+    # communication per op
+    comm = d.job("comm")
+    if comm.height:
+        t = Table(title="communication per op (job, per rank-iteration)", title_justify="left", header_style="bold",
+                  box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="busbw = bus bytes / transfer time of the matched collectives; wait and transfer summed over "
+                          "a rank's calls", caption_justify="left")
+        for col, just in (("op", "left"), ("calls/it", "right"), ("bytes/call", "right"), ("bytes/it", "right"),
+                          ("busbw", "right"), ("wait/it", "right"), ("transfer/it", "right")):
+            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        for r in comm.iter_rows(named=True):
+            t.add_row(r["op"], _arrow(_num(r["base_calls_per_iteration"]), _num(r["new_calls_per_iteration"])),
+                      _arrow(fmt_bytes(r["base_bytes_per_call"]), fmt_bytes(r["new_bytes_per_call"])),
+                      _arrow(fmt_bytes(r["base_bytes_per_iteration"]), fmt_bytes(r["new_bytes_per_iteration"])),
+                      _arrow(fmt_gbps(r["base_busbw_gbps"]), fmt_gbps(r["new_busbw_gbps"])),
+                      _arrow(fmt_ns(r["base_wait_ns"]), fmt_ns(r["new_wait_ns"])),
+                      _arrow(fmt_ns(r["base_transfer_ns"]), fmt_ns(r["new_transfer_ns"])))
+        out.append(t)
+    # ops
+    ops = d.job("ops").head(limit)
+    if ops.height:
+        t = Table(title="ops whose time changed most (job)", title_justify="left", header_style="bold",
+                  box=box.SIMPLE_HEAD, pad_edge=False, caption="per rank-iteration; matched by kind and name; CPU "
+                  "operators: each thread's top-level ones", caption_justify="left")
+        for col, just in (("kind", "left"), ("name", "left"), ("base", "right"), ("new", "right"),
+                          ("change", "right"), ("calls/it", "right")):
+            if col == "name":
+                t.add_column(col, justify="left", overflow="ellipsis", max_width=56, no_wrap=True)
+            else:
+                t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        for r in ops.iter_rows(named=True):
+            t.add_row(r["kind"], r["name"] or "?", fmt_ns(r["base_ns"]), fmt_ns(r["new_ns"]),
+                      fmt_delta_ns(r["delta_ns"]), _arrow(_num(r["base_calls"]), _num(r["new_calls"])))
+        out.append(t)
+    # critical path
+    if d.critical_path.height:
+        t = Table(title="critical path (per iteration)", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+        for col, just in (("label", "left"), ("base", "right"), ("share", "right"), ("new", "right"),
+                          ("share", "right"), ("change", "right")):
+            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        for r in d.critical_path.iter_rows(named=True):
+            if not r["base_ns"] and not r["new_ns"]:
+                continue
+            t.add_row(Text(r["label"], style=PATH_STYLES.get(r["label"], "")), fmt_ns(r["base_ns"]),
+                      fmt_share(r["base_share"]), fmt_ns(r["new_ns"]), fmt_share(r["new_share"]),
+                      fmt_delta_ns(r["delta_ns"]))
+        out.append(t)
+    for who, v in (("base", d.base_verdict), ("new", d.new_verdict)):
+        if v is not None:
+            line = Text()
+            line.append(f"is the network the bottleneck? ({who}) ", style="bold")
+            line.append(v.text)
+            out.append(line)
+    for note in d.notes:
+        out.append(Text(f"note: {note}", style="yellow"))
+    return out
+
+
+def render_diff(console: Console, d: object, limit: int = 10) -> None:
+    """The ``tracekit diff`` screen."""
+    for i, r in enumerate(diff_renderables(d, limit)):
+        if i:
+            console.print()
+        console.print(r, soft_wrap=False)

@@ -210,6 +210,42 @@ COLLECTIVE_MEMBERS = pa.schema(
     ]
 )
 
+TOP_OPS = pa.schema(
+    [
+        _col("rank", pa.int32()),
+        _col("class", pa.string(), doc="attribution class the time fell in: compute, overlapped, exposed_comm or "
+             "memory (compute kernels count in compute and overlapped, communication in overlapped and "
+             "exposed_comm, copies in memory)"),
+        _col("kind", pa.string(), doc="event kind: compute, comm, memory (device activity, gloo work) or cpu_op "
+             "(CPU-only ranks: top-level operators of each thread, nested calls folded in)"),
+        _col("name", pa.string()),
+        _col("calls", pa.int64(), doc="events of this name with time in this class"),
+        _col("time_ns", pa.int64(), doc="time at least one of them ran in this class, inside the iteration windows "
+             "(calls of this op running at once count once)"),
+        _col("per_iteration_ns", pa.int64(), doc="time_ns / the rank's number of iteration windows"),
+        _col("class_share", pa.float64(), doc="time_ns / the rank's time in this class, at most 1 (different ops "
+             "running at once each count, so a class's shares can add up to more than 1)"),
+        _col("rank_in_class", pa.int64(), doc="1 for the op with the most time in this class on this rank"),
+    ]
+)
+
+IDLE_BREAKDOWN = pa.schema(
+    [
+        _col("rank", pa.int32()),
+        _col("iteration", pa.int64()),
+        _col("start_ns", pa.int64()),
+        _col("end_ns", pa.int64()),
+        _col("idle_ns", pa.int64(), doc="the breakdown window's idle_ns"),
+        _col("host_bound_ns", pa.int64(), doc="idle gaps whose next device activity was launched after the gap "
+             "began: the device waited for the CPU (null on CPU-only ranks)"),
+        _col("sync_ns", pa.int64(), doc="idle time of the other gaps while a host thread was inside a "
+             "synchronisation call (cuda*Synchronize, *StreamWaitEvent, blocking copies, cuda_sync records)"),
+        _col("other_ns", pa.int64(), doc="the rest of idle_ns: host_bound_ns + sync_ns + other_ns = idle_ns"),
+        _col("gaps", pa.int64(), doc="idle gaps in the window (null on CPU-only ranks)"),
+        _col("device", pa.bool_(), doc="the rank has device activity (the split applies)"),
+    ]
+)
+
 #: The five attribution classes, in display order; they add up to ``wall_ns``.
 CLASSES: tuple[str, ...] = ("compute", "overlapped", "exposed_comm", "memory", "idle")
 

@@ -32,6 +32,8 @@ from tracekit.tui.views import ShowInTimeline, View, view_classes
 
 #: the phase after which loading is over (tui/data.py)
 LAST_PHASE = "whatif"
+#: ... when the job is compared with another run (``--diff``)
+DIFF_PHASE = "diff"
 MOUSE_HELP = [("click", "move the cursor there"), ("wheel", "zoom in / out around the pointer"),
               ("shift+wheel, horizontal wheel", "pan"), ("drag", "pan"),
               ("wheel over the lane names", "scroll lanes")]
@@ -164,7 +166,7 @@ class InspectApp(App[int]):
         worker thread, which then stops at the next phase once the app is closing."""
         worker = get_current_worker()
         phases: dict[str, Any] = {phase: (lambda data, phase=phase: self._ui(self._phase, phase, data))
-                                  for phase in ("timeline", "critical_path", "whatif")}
+                                  for phase in ("timeline", "critical_path", "whatif", DIFF_PHASE)}
         return {**phases, "cancelled": lambda: worker.is_cancelled}
 
     @work(thread=True, exclusive=True, group="load")
@@ -212,12 +214,18 @@ class InspectApp(App[int]):
                 view.update_data(data)
         if first:
             self.call_after_refresh(self._focus_active)
-        if phase == LAST_PHASE:
+        if phase == self.last_phase:
             self.query_one("#statusbar").display = False
         if phase == "timeline" and self._pending_jump is not None:
             jump, self._pending_jump = self._pending_jump, None
             self.call_after_refresh(self.on_show_in_timeline, jump)
         self.phases.add(phase)
+
+    @property
+    def last_phase(self) -> str:
+        """The phase after which loading is over: :data:`DIFF_PHASE` when comparing with another run."""
+        options = self.data.options if self.data is not None and self.data.options is not None else self.options
+        return DIFF_PHASE if options.diff_paths else LAST_PHASE
 
     def _failed(self, message: str) -> None:
         self.error = message

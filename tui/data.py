@@ -13,7 +13,9 @@ Loading a big job takes seconds, so the app shows each result as soon as it exis
    access, or come from the results cache when an earlier launch stored them) with its marks on the
    timeline: the critical-path view and the timeline overlay appear;
 5. ``whatif`` — the what-if model and the bottleneck verdict (``Analysis.bottleneck``: a few replays of
-   the graph): the overview's what-if answer and the what-if view appear.
+   the graph): the overview's what-if answer and the what-if view appear;
+6. ``diff`` (only with ``LoadOptions.diff_paths``, ``tracekit inspect BASE --diff NEW``) — the other run loaded
+   and analysed with the same options, and :func:`tracekit.diff.compare` of the two: the Diff tab appears.
 
 :func:`load_job` runs the phases in order and reports each through callbacks; the app runs it in a
 worker thread, so views only read what a phase computed and the UI thread never builds a graph.
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     import polars as pl
 
     from tracekit.analysis import Analysis
+    from tracekit.diff import Diff
     from tracekit.timeline import Marks, TimelineModel
     from tracekit.whatif import Bottleneck
 
@@ -54,6 +57,7 @@ class LoadOptions:
     step_marker: str | None = None
     link_bw_bps: float | None = None
     line_rates: tuple[tuple[str, float], ...] = ()  # rates of some links only, by selector (--link-bw dp=...)
+    diff_paths: tuple[str, ...] = ()  # another run to compare with (--diff): phase 6
 
 
 @dataclass
@@ -80,8 +84,15 @@ class JobData:
     whatif_ready: bool = False
     #: "is the network the bottleneck?" (None before phase 5, or for a job without communication)
     bottleneck: Bottleneck | None = None
+    #: phase 6 is done: :attr:`diff` compares the job with the run of ``LoadOptions.diff_paths``
+    diff_ready: bool = False
+    #: the comparison with another run (None before phase 6, or without ``--diff``)
+    diff: Diff | None = None
     #: ``(root, key)`` of the job's results-cache entry, where phase 4 adds the critical path it computes
     results_entry: tuple[str, str] | None = None
+    #: how the job was loaded (phase 6 loads the other run the same way), and the paths it was given as
+    options: LoadOptions | None = None
+    inputs: list[str] = field(default_factory=list)
     _tables: tuple[tuple[int, bool], dict[str, pa.Table]] | None = field(default=None, repr=False)
 
     @classmethod
@@ -99,7 +110,8 @@ class JobData:
             return {"ranks": self.ranks, "iterations": self.iterations, "breakdown": self.breakdown}
         key = (id(self.analysis), self.paths_ready)
         if self._tables is None or self._tables[0] != key:
-            self._tables = (key, self.analysis.tables(paths=self.paths_ready))
+            # every table computed now (in the loading worker, see complete()), not when a view looks one up
+            self._tables = (key, dict(self.analysis.tables(paths=self.paths_ready)))  # type: ignore[arg-type]
         return self._tables[1]
 
     def _figures(self) -> dict[str, Any]:
@@ -137,6 +149,7 @@ class LoadCallbacks:
     timeline: Callable[[JobData], None] | None = None
     critical_path: Callable[[JobData], None] | None = None
     whatif: Callable[[JobData], None] | None = None
+    diff: Callable[[JobData], None] | None = None
     #: True once the caller no longer wants the rest (the app is closing): later phases are skipped
     cancelled: Callable[[], bool] | None = None
 
@@ -217,6 +230,11 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         data.files = files
         data.diagnostics = list(traces.diagnostics)
     data.results_entry = (_results_root(options), key) if key else None
+    callbacks.say("top ops and idle time", None)
+    analysis.top_ops  # noqa: B018  (computed here, in the worker: JobData.tables() lists them)
+    analysis.idle_breakdown  # noqa: B018
+    data.options = options
+    data.inputs = list(paths)
     if callbacks.analysis:
         callbacks.analysis(data)
     return complete(data, callbacks)
@@ -262,6 +280,23 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
                 results_cache.store_graph(*data.results_entry, analysis.graph)
     if callbacks.whatif:
         callbacks.whatif(data)
+    options = data.options
+    if options is not None and options.diff_paths and not data.diff_ready:
+        if callbacks.stop():
+            return data
+        from tracekit.api import Job, load
+        from tracekit.diff import compare
+
+        callbacks.say(f"diff: reading {', '.join(options.diff_paths)}", None)
+        rates = ",".join([*([str(options.link_bw_bps)] if options.link_bw_bps else []),
+                          *(f"{k}={v}" for k, v in options.line_rates)]) or None
+        other = load(list(options.diff_paths), link_bw=rates, step_marker=options.step_marker,
+                     cache=options.use_cache, cache_dir=options.cache_dir, jobs=options.jobs, by_rank=False)
+        callbacks.say("diff: comparing the two runs (and replaying the other for its verdict)", None)
+        data.diff = compare(Job(analysis, data.inputs or data.files), other)
+        data.diff_ready = True
+        if callbacks.diff:
+            callbacks.diff(data)
     callbacks.say("ready", 1.0)
     return data
 

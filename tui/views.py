@@ -134,10 +134,13 @@ def view_classes() -> list[type[View]]:
     """Every view, in tab order (imported here so that each view module stays independent)."""
     from tracekit.tui.collectives_view import CollectivesView
     from tracekit.tui.critical_path_view import CriticalPathView
+    from tracekit.tui.diff_view import DiffView
     from tracekit.tui.iterations import IterationsView
+    from tracekit.tui.ops_view import OpsView
     from tracekit.tui.overview import OverviewView
     from tracekit.tui.tensors_view import TensorsView
     from tracekit.tui.timeline_view import TimelineView
     from tracekit.tui.whatif_view import WhatIfView
 
-    return [OverviewView, IterationsView, TimelineView, CriticalPathView, CollectivesView, WhatIfView, TensorsView]
+    return [OverviewView, IterationsView, TimelineView, CriticalPathView, CollectivesView, WhatIfView, TensorsView,
+            OpsView, DiffView]

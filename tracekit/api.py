@@ -1,0 +1,624 @@
+"""tracekit's Python API: load a job, read its results as polars DataFrames, ask what the command line asks.
+
+::
+
+    import tracekit
+
+    job = tracekit.load("runs/ddp", link_bw="100gbit")
+    job.breakdown                      # one row per rank x iteration window (polars DataFrame)
+    job.whatif(bandwidth=["100gbit", "400gbit"], compression=[1, 4])
+    print(job.verdict)                 # is the network the bottleneck?
+    job.export("out/")                 # every table as Parquet
+
+:func:`load` reads and analyses the inputs exactly as ``tracekit summary`` does (the same caches; a job too
+big for memory is analysed rank by rank, and its ``events`` stay on disk as a lazy frame); :class:`Job` holds
+the result. Every table has the public column names of DESIGN.md (times int64 ``*_ns`` on the rank's clock,
+``*_share`` ratios). The command line is a client of this module: ``summary --json`` prints
+:meth:`Job.summary`, ``whatif`` prints :meth:`Job.whatif`, ``export`` calls :meth:`Job.export`.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+import os
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+import pyarrow as pa
+
+from tracekit import schema
+from tracekit.diagnostics import Diagnostic, TraceError
+
+if TYPE_CHECKING:
+    from tracekit.analysis import Analysis
+    from tracekit.diff import Diff
+    from tracekit.whatif import Bottleneck, Scenario
+
+__all__ = ["Job", "Verdict", "load"]
+
+PathArg = str | os.PathLike[str]
+#: a line rate: bits/s, or text such as ``"100gbit"``, ``"25GB/s"``; for some links only ``"dp=25gbit"``
+RateArg = str | float | int
+log = logging.getLogger("tracekit")
+
+
+def _paths(paths: PathArg | Iterable[PathArg]) -> list[str]:
+    if isinstance(paths, str | os.PathLike):
+        return [os.fspath(paths)]
+    out = [os.fspath(p) for p in paths]
+    if not out:
+        raise TraceError(None, "no input paths given")
+    return out
+
+
+def _link_rates(link_bw: RateArg | None) -> tuple[float | None, dict[str, float]]:
+    from tracekit.units import parse_link_rates
+
+    if link_bw is None:
+        return None, {}
+    if isinstance(link_bw, int | float):
+        if not link_bw > 0 or not math.isfinite(link_bw):
+            raise TraceError(None, f"--link-bw: {link_bw!r} is not a positive line rate")
+        return float(link_bw), {}
+    return parse_link_rates(str(link_bw))
+
+
+def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, step_marker: str | None = None,
+         cache: bool = True, cache_dir: PathArg | None = None, jobs: int | None = None, by_rank: bool | None = None,
+         engine: str | None = None, scheduler: str | None = None, dataset: PathArg | None = None,
+         memory_budget: str | int | None = None, rebuild: bool = False,
+         on_start: Callable[[list[str], int], None] | None = None,
+         progress: Callable[[int, int, str], None] | None = None,
+         on_note: Callable[[str], None] | None = None) -> Job:
+    """Read and analyse a job: trace files and directories (searched recursively, files recognised by content).
+
+    ``link_bw`` is the line rate the job ran on (``"100gbit"``, ``"25GB/s"``, bits/s as a number, or per process
+    group ``"dp=25gbit,tp=900GB/s"``); ``step_marker`` a regular expression for iterations without
+    ``ProfilerStep#N``. Parsed files are cached (``cache=False`` parses again; ``cache_dir`` moves the cache).
+
+    By default a job is analysed in memory unless it would not fit, in which case — or with ``by_rank=True``,
+    ``engine`` (``"local"``/``"dask"``), ``scheduler``, ``dataset`` or ``memory_budget`` — it is analysed rank by
+    rank through a per-rank Parquet dataset; ``by_rank=False`` forces memory. ``on_start(files, total_bytes)`` is
+    called once the inputs are found, ``progress(done_bytes, total_bytes, path)`` while they are read, and
+    ``on_note(text)`` with what the user should know about how the job was read (default: logged).
+
+    Raises :class:`~tracekit.diagnostics.TraceError` (one line) for a bad input or option."""
+    from tracekit import dataset as dataset_mod
+    from tracekit import traceset
+    from tracekit.analysis import analyse, analyse_dataset
+
+    names = _paths(paths)
+    link_bw_bps, line_rates = _link_rates(link_bw)
+    if jobs is not None and jobs < 1:
+        raise TraceError(None, "--jobs must be at least 1")
+    files, _ = traceset.discover(names)
+    total = sum(os.path.getsize(f) for f in files)
+    wants = any(x is not None for x in (engine, scheduler, dataset, memory_budget))
+    rank_by_rank = bool(by_rank) or wants
+    if by_rank is None and not wants:
+        need, have = dataset_mod.in_memory_need(files), dataset_mod.available_memory()
+        if need > have:
+            rank_by_rank = True
+            (on_note or log.info)(f"analysing {len(files)} files rank by rank: in memory they would need about "
+                                  f"{need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB is available")
+    if on_start is not None:
+        on_start(files, total)
+    cache_root = None if cache_dir is None else os.fspath(cache_dir)
+    if rank_by_rank:
+        from tracekit import engine as engine_mod
+
+        eng = engine_mod.make(engine or "local", scheduler=scheduler, jobs=jobs, total_bytes=total)
+        ds = dataset_mod.build(names, out=None if dataset is None else os.fspath(dataset), engine=eng,
+                               step_marker=step_marker, budget=memory_budget, use_cache=cache, cache_dir=cache_root,
+                               force=rebuild, progress=progress)
+        try:
+            if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0:
+                damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
+                raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
+            analysis = analyse_dataset(ds, link_bw_bps=link_bw_bps, memory_budget=memory_budget)
+        except BaseException:
+            ds.cleanup()
+            raise
+        return Job(analysis, names)
+    ts = traceset.load(names, use_cache=cache, cache_dir=cache_root, jobs=jobs, progress=progress)
+    if ts.events.num_rows == 0 and ts.collectives.num_rows == 0:
+        damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
+        raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
+    return Job(analysis=analyse(ts, step_marker=step_marker, link_bw_bps=link_bw_bps, line_rates=line_rates),
+               paths=names)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Is the network the bottleneck of this job?
+
+    ``text`` is the answer (the what-if replay's, in Zhang et al.'s terms: measured vs full utilisation vs free
+    communication; the attribution's rule of thumb when there is no replay — a job analysed rank by rank, or one
+    without communication). ``kind`` is the attribution's class of the job (``network``, ``partly-network``,
+    ``idle``, ``compute`` or ``none``) and ``headline`` its one line; ``links`` is the measurement paragraph of
+    ``tracekit summary``; ``bottleneck`` the replay's figures (None without a replay)."""
+
+    text: str
+    kind: str
+    headline: str
+    links: str
+    bottleneck: Bottleneck | None = None
+
+    @property
+    def scaling_factor(self) -> float | None:
+        """Iteration time with free communication / measured iteration time (None without a replay)."""
+        return None if self.bottleneck is None else self.bottleneck.scaling_measured
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _frame(table: pa.Table) -> pl.DataFrame:
+    out = pl.from_arrow(table)
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return [None]
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        return [value]
+    out = list(value)
+    return out or [None]
+
+
+def scenarios(bandwidth: RateArg | Mapping[str, RateArg] | Sequence[RateArg | Mapping[str, RateArg]] | None = None,
+              compression: float | Sequence[float] = 1, workers: int | Sequence[int] | None = None,
+              efficiency: str | float | None = None, codec_cost: float | None = None, *,
+              link_bw_known: bool = False) -> list[Scenario]:
+    """The what-if scenarios for every combination of the lists (as ``tracekit whatif`` sweeps them), checked as
+    the command line checks them. ``bandwidth`` items are line rates for every link (bits/s or ``"10gbit"``),
+    rates of some links only (``"dp=25gbit"``, ``"dp=25gbit+tp=900GB/s"`` or ``{"dp": "25gbit"}``), or None for
+    the rate the job ran on; ``efficiency`` is ``"measured"`` (as this job's links did; needs the job's line
+    rate, ``link_bw_known``), ``"full"`` or a share of the line rate (default: measured when the line rate is
+    known, else full); ``codec_cost`` the encode+decode cost of compression in ns per payload byte."""
+    from tracekit import whatif
+    from tracekit.units import parse_link_rates, parse_rate
+
+    bands: list[tuple[float | None, tuple[tuple[str, float], ...]]] = []
+    for item in _as_list(bandwidth):
+        if item is None:
+            bands.append((None, ()))
+        elif isinstance(item, Mapping):
+            bands.append((None, tuple((str(k), v if isinstance(v, int | float) else
+                                       parse_rate(str(v), option="--bandwidth")) for k, v in item.items())))
+        elif isinstance(item, int | float):
+            if not item > 0:
+                raise TraceError(None, f"--bandwidth: {item!r} must be positive")
+            bands.append((float(item), ()))
+        else:
+            default, named = parse_link_rates(str(item).replace("+", ","), option="--bandwidth")
+            bands.append((default, tuple(named.items())))
+    comps = [_positive(c, float, "--compression") for c in _as_list(compression)]
+    workers_l = [None if w is None else _positive(w, int, "--workers") for w in _as_list(workers)]
+    eff: str | float
+    if efficiency is None:
+        eff = "measured" if link_bw_known else "full"
+    elif efficiency in ("full", "measured"):
+        eff = str(efficiency)
+    else:
+        text = efficiency.split(",")[0] if isinstance(efficiency, str) else efficiency
+        eff = _positive(text, float, "--efficiency")
+        if eff > 1:
+            raise TraceError(None, "--efficiency: a share of the line rate is at most 1")
+    if eff == "measured" and not link_bw_known and any(r is not None or named for r, named in bands):
+        raise TraceError(None, "--efficiency measured needs --link-bw (the line rate the job ran on)")
+    if eff != "measured" and not link_bw_known and bands == [(None, ())]:
+        raise TraceError(None, "give --bandwidth (the line rates to predict for) or --link-bw")
+    codec = whatif.DEFAULT_CODEC_NS_PER_BYTE if codec_cost is None else float(codec_cost)
+    return [whatif.Scenario(bandwidth_bps=r, links=named, compression=c or 1.0, workers=w, efficiency=eff,
+                            codec_ns_per_byte=codec)
+            for r, named in bands for c in comps for w in workers_l]
+
+
+def _positive(value: Any, kind: type, option: str) -> Any:
+    if value is None:
+        return None
+    try:
+        out = kind(str(value).strip()) if isinstance(value, str) else kind(value)
+    except (TypeError, ValueError):
+        raise TraceError(None, f"{option}: {str(value).strip()!r} is not a number") from None
+    if out <= 0:
+        raise TraceError(None, f"{option}: {str(value).strip()!r} must be positive")
+    return out
+
+
+class Job:
+    """One analysed job (from :func:`load`). Tables are polars DataFrames with the public schema; the critical
+    path and the what-if replay are computed on first use (they build the job's dependency graph)."""
+
+    def __init__(self, analysis: Analysis, paths: Sequence[str] = ()) -> None:
+        self.analysis = analysis
+        #: the inputs as given
+        self.paths = [os.fspath(p) for p in paths] or [f.path for f in analysis.traces.files]
+        ds = analysis.dataset
+        self._finalizer = weakref.finalize(self, ds.cleanup) if ds is not None and ds.temporary else None
+
+    # ----------------------------------------------------------------- identity
+
+    @property
+    def name(self) -> str:
+        """A short label: the input path (or the first, and how many more)."""
+        first = self.paths[0] if self.paths else "job"
+        return first if len(self.paths) <= 1 else f"{first} (+{len(self.paths) - 1})"
+
+    @property
+    def n_ranks(self) -> int:
+        return self.analysis.ranks.num_rows
+
+    @property
+    def n_iterations(self) -> int:
+        """Distinct iterations with a window on some rank."""
+        return len(set(self.analysis.breakdown.column("iteration").to_pylist()))
+
+    @property
+    def line_rate_bps(self) -> float | None:
+        """The line rate the figures compare with (given as ``link_bw``, or from an NCCL topology), bits/s."""
+        return self.analysis.line_rate_bps
+
+    @property
+    def in_memory(self) -> bool:
+        """False when the job was analysed rank by rank (events on disk; no critical path, what-if or Chrome
+        trace)."""
+        return self.analysis.dataset is None
+
+    @property
+    def notes(self) -> list[str]:
+        """How the job was read (iteration method, what was left out)."""
+        return list(self.analysis.notes)
+
+    @property
+    def diagnostics(self) -> list[Diagnostic]:
+        """Warnings about the inputs (damage repaired, files skipped) and the analysis."""
+        return list(self.analysis.diagnostics)
+
+    # ----------------------------------------------------------------- tables
+
+    @cached_property
+    def ranks(self) -> pl.DataFrame:
+        """One row per rank: host, pid, device, world size, backend, source files, clock alignment."""
+        return _frame(self.analysis.ranks)
+
+    @property
+    def events(self) -> pl.DataFrame | pl.LazyFrame:
+        """Every timed activity (iteration filled): a DataFrame in memory, a ``LazyFrame`` over the per-rank
+        Parquet dataset for a job analysed rank by rank (``collect()`` what you need). :meth:`scan_events` is
+        lazy either way."""
+        if self.analysis.dataset is not None:
+            return self.analysis.dataset.scan("events")
+        return self._events_df
+
+    @cached_property
+    def _events_df(self) -> pl.DataFrame:
+        return _frame(self.analysis.events)
+
+    def scan_events(self) -> pl.LazyFrame:
+        """The events as a ``LazyFrame``, whether the job is in memory or on disk."""
+        ev = self.events
+        return ev if isinstance(ev, pl.LazyFrame) else ev.lazy()
+
+    @cached_property
+    def iterations(self) -> pl.DataFrame:
+        """One row per rank x iteration: its window and how iterations were found."""
+        return _frame(self.analysis.iterations)
+
+    @cached_property
+    def breakdown(self) -> pl.DataFrame:
+        """One row per rank x iteration window: compute, overlapped, exposed_comm, memory and idle (adding up to
+        ``wall_ns``), wait and transfer, and the link columns."""
+        return _frame(self.analysis.breakdown)
+
+    @cached_property
+    def collectives(self) -> pl.DataFrame:
+        """One row per collective call on one rank (NCCL-log facts joined in)."""
+        return _frame(self.analysis.collectives)
+
+    @cached_property
+    def collective_instances(self) -> pl.DataFrame:
+        """One row per collective matched across ranks: skew, wait, transfer, straggler, bus bandwidth."""
+        return _frame(self.analysis.instances)
+
+    @cached_property
+    def collective_members(self) -> pl.DataFrame:
+        """One row per (instance, rank): the member's own wait and transfer."""
+        return _frame(self.analysis.members)
+
+    @cached_property
+    def topology(self) -> pl.DataFrame:
+        """Connections seen in NCCL debug logs (empty without one)."""
+        return _frame(self.analysis.traces.topology)
+
+    @cached_property
+    def top_ops(self) -> pl.DataFrame:
+        """Per rank, attribution class and op: calls and time (:mod:`tracekit.top_ops`)."""
+        return _frame(self.analysis.top_ops)
+
+    def top_ops_job(self, n: int | None = 10) -> pl.DataFrame:
+        """The job's top ``n`` ops per class over every rank (``summary --json``'s ``top_ops``)."""
+        from tracekit import top_ops
+
+        return top_ops.job_level(self.analysis.top_ops, self.analysis.breakdown, n)
+
+    @cached_property
+    def idle_breakdown(self) -> pl.DataFrame:
+        """Per window: idle time split into host-bound, synchronisation and other (null on CPU-only ranks;
+        :mod:`tracekit.idle`)."""
+        return _frame(self.analysis.idle_breakdown)
+
+    def critical_path(self, iteration: int | None = None) -> pl.DataFrame:
+        """Segments of the critical path (``iteration, step, rank, lane, start_ns, end_ns, dur_ns, label,
+        waiting_on, name, event_row, edge``; job clock) of every iteration, or of one. Builds the job's
+        dependency graph on first use."""
+        self._need_memory("the critical path")
+        segs = self.analysis.critical_path
+        if iteration is None:
+            return segs
+        have = self.critical_path_summary.get_column("iteration").to_list() if self.critical_path_summary.height \
+            else []
+        if iteration not in have:
+            raise TraceError(None, f"no iteration {iteration} (have: {', '.join(map(str, have))})")
+        return segs.filter(pl.col("iteration") == iteration)
+
+    @property
+    def critical_path_summary(self) -> pl.DataFrame:
+        """Per iteration: the path's length (= the iteration time), the share of each label, the ranks it
+        crosses and the rank most waited on."""
+        self._need_memory("the critical path")
+        return self.analysis.critical_path_summary
+
+    def slowest_iteration(self) -> int:
+        """The iteration with the longest critical path (the one ``tracekit critical-path`` shows)."""
+        summ = self.critical_path_summary
+        if summ.height == 0:
+            raise TraceError(None, "no iteration with activity to follow a critical path through")
+        return int(summ.sort("path_ns", descending=True).get_column("iteration")[0])
+
+    def tables(self) -> dict[str, pl.DataFrame | pl.LazyFrame]:
+        """Every result table by its public name (the names ``tracekit export`` writes)."""
+        out: dict[str, pl.DataFrame | pl.LazyFrame] = {}
+        for name, t in self.analysis.tables().items():
+            out[name] = _frame(t) if isinstance(t, pa.Table) else self.scan_events()
+        return out
+
+    # ----------------------------------------------------------------- questions
+
+    @property
+    def verdict(self) -> Verdict:
+        """Is the network the bottleneck? (replays the job's graph on first use; see :class:`Verdict`)."""
+        from tracekit import summary, verdict
+        from tracekit.report import horovod_paragraph
+        from tracekit.report import verdict as rule_of_thumb
+
+        a = self.analysis
+        job = summary.job(a.breakdown)
+        headline, kind = rule_of_thumb(job)
+        if a.horovod_only:
+            text = horovod_paragraph(a.horovod)
+            return Verdict(text=text, kind=kind, headline=headline, links=text)
+        links = verdict.paragraph(job, summary.stragglers(a.instances), summary.collectives_overview(a.instances),
+                                  line_rate_bps=a.line_rate_bps, line_rate_source=a.line_rate_source,
+                                  n_ranks=a.ranks.num_rows, sizes=summary.transfer_sizes(a.collectives))
+        b = a.bottleneck
+        return Verdict(text=b.text if b is not None else headline, kind=kind, headline=headline, links=links,
+                       bottleneck=b)
+
+    def whatif(self, bandwidth: RateArg | Mapping[str, RateArg] | Sequence[RateArg | Mapping[str, RateArg]] | None
+               = None, compression: float | Sequence[float] = 1, workers: int | Sequence[int] | None = None,
+               efficiency: str | float | None = None, *, latency: str | int | None = None,
+               codec_cost: float | None = None) -> pl.DataFrame:
+        """Replay the job with re-costed transfers for every combination of ``bandwidth`` (line rates),
+        ``compression`` (ratios) and ``workers``: one row per scenario with ``bandwidth_bps, compression, workers,
+        efficiency, links, iteration_ns, speedup, scaling_factor`` (see :func:`scenarios` for the arguments;
+        ``latency`` is the fixed cost per call, ns or ``"20us"``). The rows ``tracekit whatif`` prints."""
+        sc = scenarios(bandwidth, compression, workers, efficiency, codec_cost,
+                       link_bw_known=self.line_rate_bps is not None or bool(self.analysis.line_rates))
+        return self.replay(sc, latency=latency)[0]
+
+    def replay(self, scenarios: Sequence[Scenario], *, latency: str | int | None = None
+               ) -> tuple[pl.DataFrame, Bottleneck | None]:
+        """The rows of :func:`tracekit.whatif.sweep` for ``scenarios``, and the bottleneck verdict under the same
+        per-call latency (the job's own unless ``latency`` is given)."""
+        from tracekit import whatif
+        from tracekit.units import parse_duration
+
+        self._need_memory("the what-if replay")
+        model = self.analysis.whatif
+        if model.comm.height == 0:
+            raise TraceError(None, "the traces contain no communication: there is nothing to re-cost")
+        saved = model.latency_ns
+        if latency is not None:
+            model.latency_ns = latency if isinstance(latency, int) else parse_duration(str(latency), option="--latency")
+        try:
+            try:
+                rows = whatif.sweep(model, list(scenarios))
+            except ValueError as exc:
+                raise TraceError(None, str(exc)) from exc
+            verdict = self.analysis.bottleneck if latency is None or model.latency_ns == saved else \
+                whatif.bottleneck(model)
+        finally:
+            model.latency_ns = saved
+        return rows, verdict
+
+    def summary(self) -> dict[str, Any]:
+        """Every number of ``tracekit summary`` as plain Python (what ``summary --json`` prints)."""
+        return summary_payload(self.analysis)
+
+    def diff(self, other: Job) -> Diff:
+        """This job (the base) against ``other`` (the new run): :func:`tracekit.diff.compare`."""
+        from tracekit.diff import compare
+
+        return compare(self, other)
+
+    # ----------------------------------------------------------------- output
+
+    def export(self, out: PathArg, *, force: bool = False, table: str | None = None) -> list[str]:
+        """Write every table as Parquet into the directory ``out`` (one ``<name>.parquet`` each), or one table
+        (``table``, default ``breakdown``) into ``out`` when it ends in ``.parquet``; atomically, never over an
+        existing file unless ``force``. Returns the paths written."""
+        from tracekit.export import export
+
+        target = os.fspath(out)
+        if table is None and self.analysis.horovod_only and target.endswith(".parquet"):
+            table = "horovod_breakdown"  # a timeline alone has no five-way breakdown
+        return export(self.analysis.tables(), target, force=force, table=table)
+
+    def to_chrome(self, path: PathArg, *, force: bool = False) -> int:
+        """Write every rank as one Chrome-trace JSON file on one aligned clock (for Perfetto UI), with the critical
+        path as flow arrows; atomically, never over an existing file unless ``force``. Returns the number of
+        trace events written."""
+        from tracekit.chrome import critical_path_flows, write_chrome_trace
+
+        if not self.in_memory:
+            raise TraceError(os.fspath(path), "a Chrome trace needs every event in memory: run without --engine, "
+                             "--scheduler, --dataset and --memory-budget")
+        return write_chrome_trace(self.analysis, path, force=force, flows=critical_path_flows(self.analysis))
+
+    def close(self) -> None:
+        """Remove a temporary per-rank dataset (``cache=False`` rank by rank); the job's events are gone after."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _need_memory(self, what: str) -> None:
+        if not self.in_memory:
+            raise TraceError(None, f"{what} needs the whole job in memory: load it without by_rank, engine, "
+                             "scheduler, dataset and memory_budget (--engine, --scheduler, --dataset, "
+                             "--memory-budget)")
+
+    # ----------------------------------------------------------------- display
+
+    def _overview(self) -> tuple[str, list[str], list[list[str]], list[str]]:
+        """Title, header, rows and footer lines of the reprs (cheap: nothing is replayed)."""
+        from tracekit import summary
+        from tracekit.report import SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share
+        from tracekit.report import verdict as rule_of_thumb
+
+        a = self.analysis
+        title = f"tracekit.Job {self.name}: {self.n_ranks} ranks · {self.n_iterations} iterations"
+        if a.dataset is not None:
+            title += " · rank by rank"
+        header = ["rank", "iters", "median", *[SHORT_LABELS[c] for c in schema.CLASSES], "comm/it"]
+        rows: list[list[str]] = []
+        pr = summary.per_rank(a.breakdown)
+        for r in pr.iter_rows(named=True) if pr.height else []:
+            rows.append([str(r["rank"]), str(r["iterations"]), fmt_ns(r["median_iteration_ns"]),
+                         *[fmt_share(r[f"{c}_share"]) for c in schema.CLASSES],
+                         fmt_bytes(r["comm_bytes_per_iteration"])])
+        footer = []
+        if a.breakdown.num_rows:
+            footer.append(rule_of_thumb(summary.job(a.breakdown))[0])
+        b = a.__dict__.get("bottleneck")
+        if b is not None:
+            footer.append("is the network the bottleneck? " + b.text)
+        footer += a.notes
+        return title, header, rows, footer
+
+    def __repr__(self) -> str:
+        title, header, rows, footer = self._overview()
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+        lines = [title, "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+        lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        return "\n".join(lines + footer)
+
+    def _repr_html_(self) -> str:
+        title, header, rows, footer = self._overview()
+        th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td style='text-align:right'>{html.escape(c)}</td>" for c in r) + "</tr>"
+                       for r in rows)
+        notes = "".join(f"<p>{html.escape(f)}</p>" for f in footer)
+        return (f"<div class='tracekit-job'><strong>{html.escape(title)}</strong>"
+                f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>{notes}</div>")
+
+
+# ---------------------------------------------------------------------------------------------------
+# summary --json
+
+
+def summary_payload(result: Analysis) -> dict[str, Any]:
+    """What ``tracekit summary --json`` prints for ``result``."""
+    from tracekit import idle, summary, top_ops, verdict
+
+    job = summary.job(result.breakdown)
+    strag = summary.stragglers(result.instances)
+    overview = summary.collectives_overview(result.instances)
+    extra = {"horovod": horovod_payload(result)} if result.horovod is not None else {}
+    idle_table = result.idle_breakdown
+    return {
+        "job": job,
+        "ranks": summary.per_rank(result.breakdown).to_dicts(),
+        "iterations": summary.per_iteration(result.breakdown).to_dicts(),
+        "breakdown": result.breakdown.to_pylist(),
+        "line_rate_bps": result.line_rate_bps,
+        "line_rate_source": result.line_rate_source,
+        "clocks": clocks(result),
+        "collectives": overview,
+        "transfer_sizes": summary.transfer_sizes(result.collectives),
+        "stragglers": strag.to_dicts(),
+        "verdict": extra["horovod"]["text"] if result.horovod_only else
+        verdict.paragraph(job, strag, overview, line_rate_bps=result.line_rate_bps,
+                          line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows,
+                          sizes=summary.transfer_sizes(result.collectives)),
+        "bottleneck": bottleneck_payload(result.bottleneck),
+        "contention": result.whatif.contention.as_dict() if result.bottleneck is not None else None,
+        "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
+        "top_ops": top_ops.job_level(result.top_ops, result.breakdown).to_dicts(),
+        "idle": {"job": idle.job(idle_table), "ranks": idle.per_rank(idle_table).to_dicts()},
+        "idle_breakdown": idle_table.to_pylist(),
+        "notes": result.notes,
+        "diagnostics": [str(d) for d in result.diagnostics],
+        **extra,
+    }
+
+
+def horovod_payload(result: Analysis) -> dict[str, Any]:
+    """The ``horovod`` part of ``summary --json`` (present only when a timeline is)."""
+    from tracekit import horovod
+    from tracekit.report import horovod_paragraph
+
+    res = result.horovod
+    assert res is not None
+    return {
+        "only": res.only, "merged": res.merged, "iteration_method": res.method, "world_size": res.world_size,
+        "timelines": [{"path": t.path, "clock": t.clock, "format_version": t.meta.get("format_version"),
+                       "offset_ns": t.offset_ns, "merged": t.merged, "how": t.how,
+                       "iteration_method": t.method, "bytes_lost": t.meta.get("bytes_lost")}
+                      for t in res.timelines],
+        "summary": horovod.summary(res),
+        "totals": res.totals,
+        "breakdown": res.breakdown.to_pylist(),
+        "text": horovod_paragraph(res),
+    }
+
+
+def bottleneck_payload(b: Bottleneck | None) -> dict[str, Any] | None:
+    """A :class:`~tracekit.whatif.Bottleneck` as the ``bottleneck`` object of ``summary --json``."""
+    if b is None:
+        return None
+    return {"measured_iteration_ns": b.measured_ns, "free_comm_iteration_ns": b.free_ns,
+            "scaling_factor_measured": b.scaling_measured, "scaling_factor_full_utilisation": b.scaling_full,
+            "line_rate_bps": b.line_rate_bps, "compression_needed": b.compression_needed,
+            "bandwidth_needed_bps": b.bandwidth_needed_bps, "bandwidth_needed_factor": b.bandwidth_needed_factor,
+            "target": b.target, "text": b.text, "sizes": b.sizes, "assumption": b.assumption}
+
+
+def clocks(result: Analysis) -> list[dict[str, Any]]:
+    """How each rank's clock was aligned (the ``clocks`` of the JSON outputs)."""
+    cols = ["rank", "host", "clock_offset_ns", "clock_estimate_ns", "clock_residual_ns", "clock_method"]
+    return result.ranks.select(cols).to_pylist()
