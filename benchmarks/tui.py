@@ -82,7 +82,7 @@ from tracekit.analysis import analyse
 from tracekit.timeline import TimelineModel, cell_ns
 from tracekit.tui.app import LAST_PHASE, InspectApp
 from tracekit.tui.data import PATH_MARKS, JobData
-from tracekit.tui.timeline_view import TimelineCanvas
+from tracekit.tui.timeline_canvas import TimelineCanvas
 from textual import events
 
 ts = traceset.load([sys.argv[1]], cache_dir=sys.argv[2])
