@@ -20,7 +20,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit import critical_path, dag, iterations, replay, schema, whatif
+from tracekit.analysis import critical_path, dag, iterations, replay, whatif
+from tracekit.model import schema
 
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 

@@ -36,7 +36,7 @@ print(json.dumps({"wall": wall, "cpu": cpu, "events": parsed.events.num_rows,
 
 CHILD_TRACEKIT_CACHE = """
 import json, resource, sys, time
-from tracekit import traceset
+from tracekit.loading import traceset
 import tracekit.parsers.kineto  # the import itself is not part of reopening
 t = time.perf_counter()
 ts = traceset.load([sys.argv[1]], cache_dir=sys.argv[2], jobs=1)
@@ -48,7 +48,8 @@ print(json.dumps({"wall": wall, "events": ts.events.num_rows,
 CHILD_ATTRIBUTION = """
 import json, sys, time
 import numpy as np, pyarrow as pa
-from tracekit import traceset, iterations, attribution
+from tracekit.loading import traceset
+from tracekit.analysis import iterations, attribution
 ts = traceset.load([sys.argv[1]], cache_dir=sys.argv[2], jobs=1)
 copies = int(sys.argv[3])
 ev = ts.events
@@ -100,7 +101,7 @@ print(json.dumps({"wall": wall, "events": len(df), "rss_kb": resource.getrusage(
 
 CHILD_IMPORTS = """
 import json, resource
-import tracekit.parsers.kineto, tracekit.traceset  # noqa
+import tracekit.parsers.kineto, tracekit.loading.traceset  # noqa
 print(json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
 

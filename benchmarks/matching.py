@@ -21,7 +21,8 @@ from collections import defaultdict
 import numpy as np
 import pyarrow as pa
 
-from tracekit import collectives, schema
+from tracekit.analysis import collectives
+from tracekit.model import schema
 
 EPOCH = 1_716_423_322_000_000_000
 SIZES = (4 << 20, 4 << 20, 1 << 20, 16 << 20, 256 << 10)  # bytes, a repeating bucket mix

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests import headless  # noqa: E402
-from tracekit import html_report  # noqa: E402
+from tracekit.views import html_report  # noqa: E402
 
 
 def main() -> None:

@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests import headless  # noqa: E402
-from tracekit import figures, traceset  # noqa: E402
-from tracekit.analysis import analyse  # noqa: E402
+from tracekit.analysis.pipeline import analyse  # noqa: E402
+from tracekit.loading import traceset  # noqa: E402
+from tracekit.views import figures  # noqa: E402
 
 
 def plotly_figures(data: figures.ReportData) -> list:

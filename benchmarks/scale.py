@@ -36,8 +36,9 @@ HERE = Path(__file__).resolve().parent
 
 BASELINE = """
 import json, sys, time
-from tracekit import summary, traceset
-from tracekit.analysis import analyse
+from tracekit.views import summary
+from tracekit.loading import traceset
+from tracekit.analysis.pipeline import analyse
 t = time.perf_counter()
 result = analyse(traceset.load(sys.argv[1:-1], use_cache=False, jobs=int(sys.argv[-1])))
 job = summary.job(result.breakdown)
@@ -47,8 +48,9 @@ print(json.dumps({"wall": time.perf_counter() - t, "events": result.events.num_r
 
 DATASET = """
 import json, sys, time
-from tracekit import dataset, engine, summary
-from tracekit.analysis import analyse_dataset
+from tracekit.scale import dataset, engine
+from tracekit.views import summary
+from tracekit.scale.analyse import analyse_dataset
 paths, jobs, eng_name, budget = sys.argv[1:-3], int(sys.argv[-3]), sys.argv[-2], sys.argv[-1]
 t = time.perf_counter()
 eng = engine.make(eng_name, jobs=jobs, total_bytes=10**12)

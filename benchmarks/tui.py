@@ -77,9 +77,9 @@ print(json.dumps(out))
 CHILD_PANZOOM = """
 import asyncio, json, statistics, sys, time
 import numpy as np, pyarrow as pa
-from tracekit import traceset
-from tracekit.analysis import analyse
-from tracekit.timeline import TimelineModel, cell_ns
+from tracekit.loading import traceset
+from tracekit.analysis.pipeline import analyse
+from tracekit.views.timeline import TimelineModel, cell_ns
 from tracekit.tui.app import LAST_PHASE, InspectApp
 from tracekit.tui.data import PATH_MARKS, JobData
 from tracekit.tui.timeline_canvas import TimelineCanvas

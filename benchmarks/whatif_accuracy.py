@@ -74,8 +74,8 @@ def steady(run_dir: Path) -> bool:
 
 def model(run_dir: Path, rate_bps: float):
     """The what-if model of one recording, with the line rate it ran at."""
-    from tracekit import traceset
-    from tracekit.analysis import analyse
+    from tracekit.analysis.pipeline import analyse
+    from tracekit.loading import traceset
 
     return analyse(traceset.load([str(run_dir)], use_cache=False), link_bw_bps=rate_bps).whatif
 
@@ -89,8 +89,8 @@ def _stats(errs: list[float]) -> str:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
-    from tracekit import whatif
-    from tracekit.units import parse_rate
+    from tracekit.analysis import whatif
+    from tracekit.model.units import parse_rate
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", default="ddp,ddp-noshapes,fsdp,fsdp-noshapes,pipeline,accumulate",

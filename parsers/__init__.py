@@ -1,5 +1,5 @@
 """Input formats: sniffing and one parser per format. Each parser turns one file into a
-:class:`tracekit.schema.ParsedFile`; parsers know formats, not analysis."""
+:class:`tracekit.model.schema.ParsedFile`; parsers know formats, not analysis."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tracekit.diagnostics import TraceError
-from tracekit.schema import ParsedFile
+from tracekit.model.diagnostics import TraceError
+from tracekit.model.schema import ParsedFile
 
 from .source import Blocks
 

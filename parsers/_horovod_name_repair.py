@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from tracekit.diagnostics import TraceError
+from tracekit.model.diagnostics import TraceError
 
 # ---------------------------------------------------------------------------------------------------
 # Name repair (unescaped tensor names)

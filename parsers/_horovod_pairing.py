@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tracekit.diagnostics import Diagnostic
+from tracekit.model.diagnostics import Diagnostic
 
 from ._horovod_phases import _TRANSFER_PREFIXES
 from ._horovod_records import (

@@ -29,7 +29,7 @@ _DTYPE_SIZE = {
 
 
 def phase_kind(name: str) -> str:
-    """The event kind (tracekit.schema.KINDS) of a Horovod phase name."""
+    """The event kind (tracekit.model.schema.KINDS) of a Horovod phase name."""
     if name.startswith(_TRANSFER_PREFIXES):
         return "comm"
     if name.startswith("NEGOTIATE_") or name.startswith("WAIT_FOR_"):

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracekit.diagnostics import Diagnostic
-from tracekit.schema import COLLECTIVES, DICT_STR, EVENTS, ITERATIONS, ParsedFile
-from tracekit.schema import table as schema_table
+from tracekit.model.diagnostics import Diagnostic
+from tracekit.model.schema import COLLECTIVES, DICT_STR, EVENTS, ITERATIONS, ParsedFile
+from tracekit.model.schema import table as schema_table
 
 from ._horovod_name_repair import _NameRepair
 from ._horovod_pairing import _MAX_I64, _cat, _Instances, _Parser

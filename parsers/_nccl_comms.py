@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracekit.diagnostics import Diagnostic
+from tracekit.model.diagnostics import Diagnostic
 
 from ._nccl_grammar import LAUNCHER_RANK
 from ._nccl_lines import _Comm, _Parser

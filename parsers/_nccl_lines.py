@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracekit.diagnostics import Diagnostic
+from tracekit.model.diagnostics import Diagnostic
 
 from ._nccl_columnar import _fast_block, _utf8_lines
 from ._nccl_grammar import (

@@ -13,8 +13,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.diagnostics import Diagnostic
-from tracekit.schema import TOPOLOGY, table
+from tracekit.model.diagnostics import Diagnostic
+from tracekit.model.schema import TOPOLOGY, table
 
 from ._nccl_columnar import _DICT, _RAW_COLL
 from ._nccl_comms import _candidates, _graph_rank, _only_comm

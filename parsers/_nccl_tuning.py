@@ -8,7 +8,7 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
-from tracekit.diagnostics import Diagnostic
+from tracekit.model.diagnostics import Diagnostic
 
 from ._nccl_columnar import _TEXT_TUNING, _typed_tuning
 from ._nccl_grammar import _ALGO_NAMES, _PROTO_NAMES, ALGOS, DTYPE_SIZES, OPS, PROTOS

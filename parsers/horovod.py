@@ -51,7 +51,7 @@ Times are int64 ns: ``(T0 + ts) * 1000`` with the >= 0.20.1 header, else ``ts * 
 origin (``meta["clock"]``). Ranks: only rank 0 writes, so every row has ``rank`` 0, and rows are
 (job, tensor) rather than (rank, stream).
 
-``events`` (tracekit.schema.EVENTS), one row per B/E pair. Rows come in chunks, one per input batch,
+``events`` (tracekit.model.schema.EVENTS), one row per B/E pair. Rows come in chunks, one per input batch,
 each sorted by ``start_ns`` (the table as a whole is not: sort it when you need global time order; it is
 nearly sorted, so that is cheap). Phases still open at the end are the last chunk. Columns:
 
@@ -76,7 +76,7 @@ nearly sorted, so that is cheap). Phases still open at the end are the last chun
 **Fused tensors:** every tensor of a fused response repeats the same activities, a few µs apart. Their
 intervals describe *one* transfer: downstream must **union** them (e.g. per ``fusion_group``), never sum.
 
-``collectives`` (tracekit.schema.COLLECTIVES), one row per tensor per top-level op instance (not for
+``collectives`` (tracekit.model.schema.COLLECTIVES), one row per tensor per top-level op instance (not for
 ``ERROR`` responses): ``rank`` 0; ``pg`` ``horovod``; ``seq`` the tensor's repetition index (0, 1, ...;
 so the key is (``lane``, ``seq``), not ``seq`` alone); ``op`` one of allreduce, allgather, broadcast,
 reduce_scatter, all_to_all, adasum, join, barrier; ``dtype`` Horovod's name; ``count`` product(shape)
@@ -106,7 +106,7 @@ below), ``iteration``, ``truncated`` (an event of the instance was closed by the
 each other are grouped (connected components in time order). Normally that is exactly one fused
 response; back-to-back responses may chain into one group, which is harmless for a union.
 
-``tables["horovod_iterations"]`` (tracekit.schema.ITERATIONS): iterations from **tensor repetition**:
+``tables["horovod_iterations"]`` (tracekit.model.schema.ITERATIONS): iterations from **tensor repetition**:
 the tensors seen most often (N instances) are the every-iteration gradients; iteration k starts at the
 earliest start of their k-th instance and ends where k+1 starts (the last one at the last event end).
 With no repeated tensor the whole trace is one iteration (``method`` ``whole-trace``).
@@ -144,8 +144,8 @@ Modules: this one (the entry points and the pipeline), :mod:`._horovod_phases` (
 
 from __future__ import annotations
 
-from tracekit.diagnostics import TraceError
-from tracekit.schema import ParsedFile
+from tracekit.model.diagnostics import TraceError
+from tracekit.model.schema import ParsedFile
 
 from ._horovod_name_repair import _NameRepair
 from ._horovod_pairing import _Parser

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from tracekit import schema
-from tracekit.diagnostics import Diagnostic, TraceError
-from tracekit.schema import ParsedFile, clean_text
+from tracekit.model import schema
+from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.schema import ParsedFile, clean_text
 
 from . import json_stream, kineto_comms
 from .json_stream import Batch, End, Member, stream_array

@@ -16,8 +16,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit import schema
-from tracekit.schema import clean_text, normalise_op
+from tracekit.model import schema
+from tracekit.model.schema import clean_text, normalise_op
 
 #: element size in bytes of c10 ScalarType names (``dtype``), C++ type names (``Input type``) and
 #: common spellings of other writers

@@ -153,8 +153,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.diagnostics import Diagnostic, TraceError
-from tracekit.schema import COLLECTIVES, ParsedFile, table
+from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.schema import COLLECTIVES, ParsedFile, table
 
 from ._nccl_comms import (
     _attribute,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from isal import isal_zlib
 
-from tracekit.diagnostics import TraceError
+from tracekit.model.diagnostics import TraceError
 
 GZIP_MAGIC = b"\x1f\x8b"
 BLOCK = 4 << 20

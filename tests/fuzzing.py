@@ -5,7 +5,7 @@ line (``register(Target("nccl-log", nccl_log.parse, nccl_seeds))``). Inputs are 
 byte flips, truncation at every offset class (inside a string, inside a number, between records,
 inside the gzip header or body), deep nesting, huge numbers, bad UTF-8, wrong types per field, gzip of
 garbage, empty gzip members, NUL bytes — and each case is checked by :func:`check`: the only allowed
-outcomes are a parsed file (possibly with diagnostics) or :class:`tracekit.diagnostics.TraceError`
+outcomes are a parsed file (possibly with diagnostics) or :class:`tracekit.model.diagnostics.TraceError`
 naming the file, in bounded time, and the analysis of whatever was parsed must not fail either.
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from tests import kineto_traces as kt
-from tracekit.diagnostics import TraceError
-from tracekit.schema import ParsedFile
+from tracekit.model.diagnostics import TraceError
+from tracekit.model.schema import ParsedFile
 
 #: time allowed per case: this much, plus SECONDS_PER_MB for every MB of (decompressed) input
 BASE_SECONDS = 10.0
@@ -365,8 +365,8 @@ def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analys
     if elapsed > limit:
         return Finding(target.name, mutation, f"took {elapsed:.1f} s (limit {limit:.1f} s)", data)
     if parsed is not None and analyse:
-        from tracekit.analysis import analyse as run_analysis
-        from tracekit.traceset import assemble
+        from tracekit.analysis.pipeline import analyse as run_analysis
+        from tracekit.loading.traceset import assemble
 
         try:
             result = run_analysis(assemble([parsed]))

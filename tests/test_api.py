@@ -15,7 +15,7 @@ import pytest
 import tracekit
 from tests import kineto_traces as kt
 from tracekit.cli import main
-from tracekit.diagnostics import TraceError
+from tracekit.model.diagnostics import TraceError
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "ddp-gloo"
@@ -35,7 +35,7 @@ def test_import_is_light_and_names_are_lazy() -> None:
     code = ("import sys, tracekit; assert 'polars' not in sys.modules and 'pyarrow' not in sys.modules, "
             "sorted(m for m in sys.modules if m.startswith(('polars', 'pyarrow')))[:3];"
             "from tracekit.cli import build_parser; build_parser();"
-            "assert 'polars' not in sys.modules;"  # (--help's choices come from tracekit.report, which has pyarrow)
+            "assert 'polars' not in sys.modules;"  # (--help's choices: tracekit.views.report, which has pyarrow)
             "assert callable(tracekit.load) and 'polars' in sys.modules; print(tracekit.Job.__name__)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

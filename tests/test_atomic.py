@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import atomic, cache, traceset
+from tracekit.loading import atomic, cache, traceset
 from tracekit.parsers import kineto
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def test_stale_leftovers_of_killed_writers_are_swept(tmp_path: Path) -> None:
 EXPORT_CHILD = """
 import sys
 import numpy as np, pyarrow as pa
-from tracekit.export import write_parquet
+from tracekit.views.export import write_parquet
 rng = np.random.default_rng(0)
 t = pa.table({f"c{i}": rng.integers(0, 1 << 60, 6_000_000) for i in range(6)})
 print("writing", flush=True)
@@ -145,8 +145,9 @@ CACHE_CHILD = """
 import sys
 from pathlib import Path
 import numpy as np, pyarrow as pa
-from tracekit import cache, schema
-from tracekit.schema import ParsedFile
+from tracekit.loading import cache
+from tracekit.model import schema
+from tracekit.model.schema import ParsedFile
 
 def parsed(n):
     ev = schema.table(schema.EVENTS, {"start_ns": np.arange(n, dtype=np.int64), "dur_ns": np.ones(n, np.int64),

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import kineto_traces as kt
-from tracekit import attribution, iterations, schema
-from tracekit.analysis import analyse
-from tracekit.intervals import sweep, union_length
-from tracekit.traceset import load
+from tracekit.analysis import attribution, iterations
+from tracekit.analysis.intervals import sweep, union_length
+from tracekit.analysis.pipeline import analyse
+from tracekit.loading.traceset import load
+from tracekit.model import schema
 
 MS = 1_000_000
 

@@ -10,9 +10,11 @@ import pyarrow as pa
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import attribution, bounded, iterations, traceset
-from tracekit.diagnostics import TraceError
+from tracekit.analysis import attribution, iterations
+from tracekit.loading import traceset
+from tracekit.model.diagnostics import TraceError
 from tracekit.parsers import json_stream, kineto, source
+from tracekit.scale import bounded
 
 REAL = ["hta/df_index_resolver/df_index_resolver.json.gz", "hta/nccl_parser_config/nccl_data.json.gz",
         "hta/trace_diff/control/control.json.gz", "kineto-legacy/hta_triton_example.json.gz",

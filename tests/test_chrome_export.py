@@ -12,10 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tracekit.analysis import Analysis, analyse
-from tracekit.chrome import Flow, lane_table, write_chrome_trace
+from tracekit.analysis.pipeline import Analysis, analyse
 from tracekit.cli import main
-from tracekit.traceset import load
+from tracekit.loading.traceset import load
+from tracekit.views.chrome import Flow, lane_table, write_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = str(ROOT / "samples" / "ddp-gloo")

@@ -8,9 +8,11 @@ import polars as pl
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import collectives, schema, summary
-from tracekit.analysis import Analysis, analyse
-from tracekit.traceset import load
+from tracekit.analysis import collectives
+from tracekit.analysis.pipeline import Analysis, analyse
+from tracekit.loading.traceset import load
+from tracekit.model import schema
+from tracekit.views import summary
 
 MS = kt.MS
 SHIFTS = [0, 3_700_000, -1_200_000, 0]  # rank 1's clock runs 3.7 ms ahead, rank 2's 1.2 ms behind

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tracekit import contention
+from tracekit.analysis import contention
 
 
 def test_coverage_is_the_share_under_the_union_of_the_same_group() -> None:

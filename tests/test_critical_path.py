@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import critical_path, dag, iterations, replay
-from tracekit.traceset import load
+from tracekit.analysis import critical_path, dag, iterations, replay
+from tracekit.loading.traceset import load
 
 MS = 1_000_000
 

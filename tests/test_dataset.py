@@ -19,10 +19,14 @@ import pyarrow as pa
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import analysis, dataset, engine, schema, traceset
-from tracekit.analysis import DATASET_NOTE, analyse, analyse_dataset
+from tracekit.analysis import pipeline as analysis
+from tracekit.analysis.pipeline import analyse
 from tracekit.cli import main
-from tracekit.diagnostics import TraceError
+from tracekit.loading import traceset
+from tracekit.model import schema
+from tracekit.model.diagnostics import TraceError
+from tracekit.scale import dataset, engine
+from tracekit.scale.analyse import DATASET_NOTE, analyse_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples" / "ddp-gloo"
@@ -248,7 +252,7 @@ def test_no_cache_leaves_no_dataset(job: Path, _isolated_cache: Path, capsys: py
 
 BUILD_CHILD = """
 import sys
-from tracekit import dataset, engine
+from tracekit.scale import dataset, engine
 dataset.build([sys.argv[1]], out=sys.argv[2], engine=engine.LocalEngine(jobs=1), force=True)
 """
 

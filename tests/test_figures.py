@@ -1,4 +1,4 @@
-"""The figure data of ``tracekit report`` and the what-if plots (:mod:`tracekit.figures`), without any plotting
+"""The figure data of ``tracekit report`` and the what-if plots (:mod:`tracekit.views.figures`), without any plotting
 library: every table adds up to the analysis it comes from, and every what-if point is the replay's answer."""
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from tracekit import figures, summary, traceset, whatif
-from tracekit.analysis import Analysis, analyse
-from tracekit.critical_path import LABELS
-from tracekit.schema import CLASSES
+from tracekit.analysis import whatif
+from tracekit.analysis.critical_path import LABELS
+from tracekit.analysis.pipeline import Analysis, analyse
+from tracekit.loading import traceset
+from tracekit.model.schema import CLASSES
+from tracekit.views import figures, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "ddp-gloo"

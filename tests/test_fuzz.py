@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from tests import fuzzing
 from tests import kineto_traces as kt
-from tracekit.analysis import analyse
-from tracekit.diagnostics import TraceError
+from tracekit.analysis.pipeline import analyse
+from tracekit.loading.traceset import assemble
+from tracekit.model.diagnostics import TraceError
 from tracekit.parsers import json_stream, kineto, parse, source
-from tracekit.traceset import assemble
 
 ROOT = Path(__file__).resolve().parents[1]
 #: hypothesis examples per registered target in CI (the whole module stays well under 30 s)
@@ -118,7 +118,7 @@ def test_records_larger_than_the_limit_are_skipped_not_buffered(tmp_path: Path,
 BOMB = """
 import gzip, resource, sys
 from tracekit.parsers import kineto, parse, source
-from tracekit.diagnostics import TraceError
+from tracekit.model.diagnostics import TraceError
 source.MIN_BOUND = 64 << 20
 try:
     (kineto.parse if sys.argv[2] == "kineto" else parse)(sys.argv[1])

@@ -13,9 +13,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tracekit.diagnostics import TraceError
+from tracekit.model.diagnostics import TraceError
+from tracekit.model.schema import COLLECTIVES, EVENTS, ITERATIONS, KINDS, ParsedFile
 from tracekit.parsers import horovod
-from tracekit.schema import COLLECTIVES, EVENTS, ITERATIONS, KINDS, ParsedFile
 
 from .horovod_timelines import Timeline, loads_records, make_timeline, reference
 

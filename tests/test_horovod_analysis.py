@@ -16,10 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import horovod, traceset
-from tracekit.analysis import Analysis, analyse
+from tracekit.analysis import horovod
+from tracekit.analysis.pipeline import Analysis, analyse
 from tracekit.cli import main
-from tracekit.schema import BREAKDOWN
+from tracekit.loading import traceset
+from tracekit.model.schema import BREAKDOWN
 
 from .horovod_timelines import Timeline, make_timeline
 

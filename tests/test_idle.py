@@ -1,4 +1,4 @@
-"""The idle split (tracekit/idle.py): host-bound + sync + other = the breakdown's idle_ns to the nanosecond,
+"""The idle split (tracekit/analysis/idle.py): host-bound + sync + other = the breakdown's idle_ns to the nanosecond,
 with hand-computed gaps on generated traces, null on CPU-only ranks, and on real GPU traces."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import idle, traceset
-from tracekit.analysis import analyse
+from tracekit.analysis import idle
+from tracekit.analysis.pipeline import analyse
+from tracekit.loading import traceset
 
 MS = kt.MS
 T0 = kt.EPOCH_NS

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit.diagnostics import TraceError
+from tracekit.model.diagnostics import TraceError
 from tracekit.parsers import detect, kineto, parse
 
 

@@ -9,11 +9,13 @@ import polars as pl
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import links, schema, summary, verdict
-from tracekit.analysis import analyse
-from tracekit.diagnostics import TraceError
-from tracekit.traceset import load
-from tracekit.units import format_rate, parse_rate
+from tracekit.analysis import links
+from tracekit.analysis.pipeline import analyse
+from tracekit.loading.traceset import load
+from tracekit.model import schema
+from tracekit.model.diagnostics import TraceError
+from tracekit.model.units import format_rate, parse_rate
+from tracekit.views import summary, verdict
 
 MS = kt.MS
 
@@ -119,7 +121,7 @@ def test_verdict_without_matching_says_why(tmp_path: Path) -> None:
 
 
 def test_parse_link_rates() -> None:
-    from tracekit.units import parse_link_rates
+    from tracekit.model.units import parse_link_rates
 
     assert parse_link_rates("10gbit") == (10e9, {})
     assert parse_link_rates("dp=25Gbit,tp=900GB/s") == (None, {"dp": 25e9, "tp": 7200e9})
@@ -132,7 +134,7 @@ def test_parse_link_rates() -> None:
 
 def test_a_window_with_a_call_of_unknown_size_has_unknown_bytes() -> None:
     """An unknown size is never summed as zero; a barrier moves nothing, whatever its size."""
-    from tracekit.attribution import bytes_per_window
+    from tracekit.analysis.attribution import bytes_per_window
 
     c = pl.DataFrame({"rank": [0, 0, 0, 0], "start_ns": [10, 20, 110, 120], "op": ["allreduce", "allreduce",
                                                                                   "allreduce", "barrier"],

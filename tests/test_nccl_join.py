@@ -8,8 +8,8 @@ import polars as pl
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit.analysis import analyse
-from tracekit.traceset import load
+from tracekit.analysis.pipeline import analyse
+from tracekit.loading.traceset import load
 
 OLD_NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
 COMM_ID = "0x5d2e9a0c4471b3f8"

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests import nccl_logs as NL
-from tracekit.diagnostics import TraceError
+from tracekit.model.diagnostics import TraceError
+from tracekit.model.schema import COLLECTIVES, TOPOLOGY
 from tracekit.parsers import nccl_log
-from tracekit.schema import COLLECTIVES, TOPOLOGY
 
 COLS = ("rank", "pg", "seq", "op", "dtype", "count", "bytes", "nranks", "peer", "algorithm", "protocol")
 

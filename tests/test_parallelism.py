@@ -14,10 +14,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tracekit import summary, traceset, whatif
-from tracekit.analysis import Analysis, analyse
+from tracekit.analysis import whatif
+from tracekit.analysis.pipeline import Analysis, analyse
 from tracekit.cli import main
-from tracekit.schema import CLASSES
+from tracekit.loading import traceset
+from tracekit.model.schema import CLASSES
+from tracekit.views import summary
 
 JOBS = Path(__file__).resolve().parent / "data" / "jobs"
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tracekit.analysis import analyse
-from tracekit.traceset import load
+from tracekit.analysis.pipeline import analyse
+from tracekit.loading.traceset import load
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 RATES = (60_000_000, 480_000_000)

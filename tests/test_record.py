@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit import record as rec
+from tracekit.capture import record as rec
 from tracekit.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

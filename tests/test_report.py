@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests import headless
-from tracekit import figures, html_report, traceset
-from tracekit.analysis import analyse
+from tracekit.analysis.pipeline import analyse
 from tracekit.cli import main
+from tracekit.loading import traceset
+from tracekit.views import figures, html_report
 
 pytest.importorskip("altair")
 pytest.importorskip("vl_convert")

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 from tracekit import results_cache
-from tracekit.analysis import analyse
-from tracekit.traceset import load
+from tracekit.analysis.pipeline import analyse
+from tracekit.loading.traceset import load
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "ddp-gloo"
@@ -95,7 +95,7 @@ def test_critical_path_tables_join_the_entry(tmp_path: Path) -> None:
 def test_the_graph_joins_the_entry_and_replays_the_same(tmp_path: Path) -> None:
     import numpy as np
 
-    from tracekit import whatif
+    from tracekit.analysis import whatif
 
     job = _job(tmp_path)
     analysis = analyse(load([str(job)], use_cache=False), link_bw_bps=500e6)

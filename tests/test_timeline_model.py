@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import kineto_traces as kt
-from tracekit.analysis import Analysis, analyse
-from tracekit.schema import CLASSES
-from tracekit.timeline import CLASSES_LANE, Intervals, TimelineModel, cell_ns, ticks
-from tracekit.traceset import load
+from tracekit.analysis.pipeline import Analysis, analyse
+from tracekit.loading.traceset import load
+from tracekit.model.schema import CLASSES
+from tracekit.views.timeline import CLASSES_LANE, Intervals, TimelineModel, cell_ns, ticks
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "ddp-gloo"

@@ -1,4 +1,4 @@
-"""Top ops per attribution class (tracekit/top_ops.py): hand-computed on generated GPU and CPU traces, and
+"""Top ops per attribution class (tracekit/analysis/top_ops.py): hand-computed on generated GPU and CPU traces, and
 invariants on real GPU traces."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import polars as pl
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import top_ops, traceset
-from tracekit.analysis import analyse
+from tracekit.analysis import top_ops
+from tracekit.analysis.pipeline import analyse
+from tracekit.loading import traceset
 
 MS = kt.MS
 T0 = kt.EPOCH_NS

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from tests import kineto_traces as kt
-from tracekit import cache, traceset
+from tracekit.loading import cache, traceset
 
 
 def test_rank_sources(tmp_path: Path) -> None:

@@ -16,13 +16,13 @@ from textual import events
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static, Tab, TabbedContent
 
-from tracekit.timeline import CLASSES_LANE, cell_ns
 from tracekit.tui.app import LAST_PHASE, InspectApp
 from tracekit.tui.data import JobData, LoadCallbacks, LoadOptions, load_job
 from tracekit.tui.dialogs import ExportScreen, HelpScreen
 from tracekit.tui.iterations import IterationsView
 from tracekit.tui.timeline_view import TimelineCanvas, TimelineView, matched_instance
 from tracekit.tui.views import View
+from tracekit.views.timeline import CLASSES_LANE, cell_ns
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = str(ROOT / "samples" / "ddp-gloo")
@@ -330,7 +330,7 @@ def test_phases_and_results_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     phases = [s for s in seen if s != "progress"]
     assert phases == ["summary", "analysis", "timeline", "critical_path", "whatif"] and "progress" in seen
     assert not cold.from_cache
-    from tracekit import dag
+    from tracekit.analysis import dag
 
     builds: list[int] = []
     build = dag.build
@@ -414,7 +414,7 @@ def test_no_textual_import_outside_the_tui() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, tracekit.cli, tracekit.timeline, tracekit.chrome, tracekit.results_cache; "
+    code = ("import sys, tracekit.cli, tracekit.views.timeline, tracekit.views.chrome, tracekit.results_cache; "
             "print('textual' in sys.modules or 'tracekit.tui' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

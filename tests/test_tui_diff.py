@@ -1,5 +1,5 @@
 """The Top ops and Diff tabs of ``tracekit inspect`` (driven with Pilot), and the diff loading phase without
-Textual: everything shown is computed by tracekit.top_ops, tracekit.idle and tracekit.diff."""
+Textual: everything shown is computed by tracekit.analysis.top_ops, tracekit.analysis.idle and tracekit.diff."""
 
 from __future__ import annotations
 

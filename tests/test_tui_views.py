@@ -1,7 +1,7 @@
 """The critical-path, collectives and what-if views of ``tracekit inspect`` and the critical path on the
 timeline, driven by Textual's Pilot on the bundled sample (recorded on a 500 Mbit/s link): keys move
 through each view, sort, filter, Enter lands on the timeline at the right place, the what-if numbers follow
-the inputs (and equal :func:`tracekit.whatif.predict`'s), a bad line rate is an inline error."""
+the inputs (and equal :func:`tracekit.analysis.whatif.predict`'s), a bad line rate is an inline error."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ from textual.widgets import Input, TabbedContent
 
 from tests import tui_scenarios as sc
 from tests.test_tui import SIZE, canvas, loaded, text_of
-from tracekit import whatif
-from tracekit.critical_path import runs as path_runs
-from tracekit.report import fmt_ns
+from tracekit.analysis import whatif
+from tracekit.analysis.critical_path import runs as path_runs
 from tracekit.tui.app import InspectApp
 from tracekit.tui.collectives_view import MAX_ROWS, CollectivesView
 from tracekit.tui.critical_path_view import CriticalPathView
@@ -26,6 +25,7 @@ from tracekit.tui.data import PATH_MARKS, JobData, LoadCallbacks, LoadOptions, l
 from tracekit.tui.timeline_view import MARK_GLYPHS
 from tracekit.tui.views import rank_clock
 from tracekit.tui.whatif_view import Inputs, WhatIfView, scenario
+from tracekit.views.report import fmt_ns
 
 
 @pytest.fixture(scope="module")
@@ -289,13 +289,13 @@ async def test_whatif_numbers_follow_the_inputs(data: JobData) -> None:
 
 
 async def test_whatif_curves_are_the_reports(data: JobData, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The what-if tab plots the curves of ``tracekit report`` (:func:`tracekit.figures.whatif_curves`), computed
+    """The what-if tab plots the curves of ``tracekit report`` (:func:`tracekit.views.figures.whatif_curves`), computed
     in a thread worker, never on the UI thread; the plots show their axes and the key names the measured point."""
     import threading
 
     from textual_plotext import PlotextPlot
 
-    from tracekit import figures
+    from tracekit.views import figures
 
     assert data.analysis is not None and data.bottleneck is not None
     real = figures.whatif_curves

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit import traceset, whatif
-from tracekit.analysis import analyse
+from tracekit.analysis import whatif
+from tracekit.analysis.pipeline import analyse
+from tracekit.loading import traceset
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -52,7 +52,7 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], str]] = {
 
 def sample_data() -> JobData:
     """The bundled sample with its line rate, loaded without any cache (deterministic)."""
-    from tracekit.units import parse_rate
+    from tracekit.model.units import parse_rate
 
     return load_job([str(SAMPLE)], LoadOptions(use_cache=False, link_bw_bps=parse_rate(LINK_BW)), LoadCallbacks())
 

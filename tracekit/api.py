@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import pyarrow as pa
 
-from tracekit import schema
-from tracekit.diagnostics import Diagnostic, TraceError
+from tracekit.model import schema
+from tracekit.model.diagnostics import Diagnostic, TraceError
 
 if TYPE_CHECKING:
-    from tracekit.analysis import Analysis
+    from tracekit.analysis.pipeline import Analysis
+    from tracekit.analysis.whatif import Bottleneck, Scenario
     from tracekit.diff import Diff
-    from tracekit.whatif import Bottleneck, Scenario
 
 __all__ = ["Job", "Verdict", "load"]
 
@@ -58,7 +58,7 @@ def _paths(paths: PathArg | Iterable[PathArg]) -> list[str]:
 
 
 def _link_rates(link_bw: RateArg | None) -> tuple[float | None, dict[str, float]]:
-    from tracekit.units import parse_link_rates
+    from tracekit.model.units import parse_link_rates
 
     if link_bw is None:
         return None, {}
@@ -88,10 +88,11 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     called once the inputs are found, ``progress(done_bytes, total_bytes, path)`` while they are read, and
     ``on_note(text)`` with what the user should know about how the job was read (default: logged).
 
-    Raises :class:`~tracekit.diagnostics.TraceError` (one line) for a bad input or option."""
-    from tracekit import dataset as dataset_mod
-    from tracekit import traceset
-    from tracekit.analysis import analyse, analyse_dataset
+    Raises :class:`~tracekit.model.diagnostics.TraceError` (one line) for a bad input or option."""
+    from tracekit.analysis.pipeline import analyse
+    from tracekit.loading import traceset
+    from tracekit.scale import dataset as dataset_mod
+    from tracekit.scale.analyse import analyse_dataset
 
     names = _paths(paths)
     link_bw_bps, line_rates = _link_rates(link_bw)
@@ -111,7 +112,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
         on_start(files, total)
     cache_root = None if cache_dir is None else os.fspath(cache_dir)
     if rank_by_rank:
-        from tracekit import engine as engine_mod
+        from tracekit.scale import engine as engine_mod
 
         eng = engine_mod.make(engine or "local", scheduler=scheduler, jobs=jobs, total_bytes=total)
         ds = dataset_mod.build(names, out=None if dataset is None else os.fspath(dataset), engine=eng,
@@ -184,8 +185,8 @@ def scenarios(bandwidth: RateArg | Mapping[str, RateArg] | Sequence[RateArg | Ma
     the rate the job ran on; ``efficiency`` is ``"measured"`` (as this job's links did; needs the job's line
     rate, ``link_bw_known``), ``"full"`` or a share of the line rate (default: measured when the line rate is
     known, else full); ``codec_cost`` the encode+decode cost of compression in ns per payload byte."""
-    from tracekit import whatif
-    from tracekit.units import parse_link_rates, parse_rate
+    from tracekit.analysis import whatif
+    from tracekit.model.units import parse_link_rates, parse_rate
 
     bands: list[tuple[float | None, tuple[tuple[str, float], ...]]] = []
     for item in _as_list(bandwidth):
@@ -342,19 +343,19 @@ class Job:
 
     @cached_property
     def top_ops(self) -> pl.DataFrame:
-        """Per rank, attribution class and op: calls and time (:mod:`tracekit.top_ops`)."""
+        """Per rank, attribution class and op: calls and time (:mod:`tracekit.analysis.top_ops`)."""
         return _frame(self.analysis.top_ops)
 
     def top_ops_job(self, n: int | None = 10) -> pl.DataFrame:
         """The job's top ``n`` ops per class over every rank (``summary --json``'s ``top_ops``)."""
-        from tracekit import top_ops
+        from tracekit.analysis import top_ops
 
         return top_ops.job_level(self.analysis.top_ops, self.analysis.breakdown, n)
 
     @cached_property
     def idle_breakdown(self) -> pl.DataFrame:
         """Per window: idle time split into host-bound, synchronisation and other (null on CPU-only ranks;
-        :mod:`tracekit.idle`)."""
+        :mod:`tracekit.analysis.idle`)."""
         return _frame(self.analysis.idle_breakdown)
 
     def critical_path(self, iteration: int | None = None) -> pl.DataFrame:
@@ -397,9 +398,9 @@ class Job:
     @property
     def verdict(self) -> Verdict:
         """Is the network the bottleneck? (replays the job's graph on first use; see :class:`Verdict`)."""
-        from tracekit import summary, verdict
-        from tracekit.report import horovod_paragraph
-        from tracekit.report import verdict as rule_of_thumb
+        from tracekit.views import summary, verdict
+        from tracekit.views.report import horovod_paragraph
+        from tracekit.views.report import verdict as rule_of_thumb
 
         a = self.analysis
         job = summary.job(a.breakdown)
@@ -428,10 +429,10 @@ class Job:
 
     def replay(self, scenarios: Sequence[Scenario], *, latency: str | int | None = None
                ) -> tuple[pl.DataFrame, Bottleneck | None]:
-        """The rows of :func:`tracekit.whatif.sweep` for ``scenarios``, and the bottleneck verdict under the same
-        per-call latency (the job's own unless ``latency`` is given)."""
-        from tracekit import whatif
-        from tracekit.units import parse_duration
+        """The rows of :func:`tracekit.analysis.whatif.sweep` for ``scenarios``, and the bottleneck verdict under
+        the same per-call latency (the job's own unless ``latency`` is given)."""
+        from tracekit.analysis import whatif
+        from tracekit.model.units import parse_duration
 
         self._need_memory("the what-if replay")
         model = self.analysis.whatif
@@ -467,7 +468,7 @@ class Job:
         """Write every table as Parquet into the directory ``out`` (one ``<name>.parquet`` each), or one table
         (``table``, default ``breakdown``) into ``out`` when it ends in ``.parquet``; atomically, never over an
         existing file unless ``force``. Returns the paths written."""
-        from tracekit.export import export
+        from tracekit.views.export import export
 
         target = os.fspath(out)
         if table is None and self.analysis.horovod_only and target.endswith(".parquet"):
@@ -478,7 +479,7 @@ class Job:
         """Write every rank as one Chrome-trace JSON file on one aligned clock (for Perfetto UI), with the critical
         path as flow arrows; atomically, never over an existing file unless ``force``. Returns the number of
         trace events written."""
-        from tracekit.chrome import critical_path_flows, write_chrome_trace
+        from tracekit.views.chrome import critical_path_flows, write_chrome_trace
 
         if not self.in_memory:
             raise TraceError(os.fspath(path), "a Chrome trace needs every event in memory: run without --engine, "
@@ -506,9 +507,9 @@ class Job:
 
     def _overview(self) -> tuple[str, list[str], list[list[str]], list[str]]:
         """Title, header, rows and footer lines of the reprs (cheap: nothing is replayed)."""
-        from tracekit import summary
-        from tracekit.report import SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share
-        from tracekit.report import verdict as rule_of_thumb
+        from tracekit.views import summary
+        from tracekit.views.report import SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share
+        from tracekit.views.report import verdict as rule_of_thumb
 
         a = self.analysis
         title = f"tracekit.Job {self.name}: {self.n_ranks} ranks · {self.n_iterations} iterations"
@@ -553,7 +554,8 @@ class Job:
 
 def summary_payload(result: Analysis) -> dict[str, Any]:
     """What ``tracekit summary --json`` prints for ``result``."""
-    from tracekit import idle, summary, top_ops, verdict
+    from tracekit.analysis import idle, top_ops
+    from tracekit.views import summary, verdict
 
     job = summary.job(result.breakdown)
     strag = summary.stragglers(result.instances)
@@ -589,8 +591,8 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
 
 def horovod_payload(result: Analysis) -> dict[str, Any]:
     """The ``horovod`` part of ``summary --json`` (present only when a timeline is)."""
-    from tracekit import horovod
-    from tracekit.report import horovod_paragraph
+    from tracekit.analysis import horovod
+    from tracekit.views.report import horovod_paragraph
 
     res = result.horovod
     assert res is not None
@@ -608,7 +610,7 @@ def horovod_payload(result: Analysis) -> dict[str, Any]:
 
 
 def bottleneck_payload(b: Bottleneck | None) -> dict[str, Any] | None:
-    """A :class:`~tracekit.whatif.Bottleneck` as the ``bottleneck`` object of ``summary --json``."""
+    """A :class:`~tracekit.analysis.whatif.Bottleneck` as the ``bottleneck`` object of ``summary --json``."""
     if b is None:
         return None
     return {"measured_iteration_ns": b.measured_ns, "free_comm_iteration_ns": b.free_ns,

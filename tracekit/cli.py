@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from tracekit import __version__
-from tracekit.diagnostics import Diagnostic, TraceError
+from tracekit.model.diagnostics import Diagnostic, TraceError
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
@@ -45,7 +45,7 @@ def _common(p: argparse.ArgumentParser, *, paths: bool = True) -> None:
 
 
 def _big_jobs(p: argparse.ArgumentParser) -> None:
-    """Options of the rank-by-rank analysis (:mod:`tracekit.dataset`) for jobs too big to hold in memory."""
+    """Options of the rank-by-rank analysis (:mod:`tracekit.scale.dataset`) for jobs too big to hold in memory."""
     g = p.add_argument_group(
         "big jobs", "analyse rank by rank: each file becomes a per-rank Parquet partition (events, collectives, "
         "iterations, breakdown) plus a small summary, and only the small tables are combined. Chosen by any option "
@@ -231,13 +231,13 @@ examples:
 
 
 def _sorts() -> list[str]:
-    from tracekit.report import SORTS
+    from tracekit.views.report import SORTS
 
     return list(SORTS)
 
 
 def _tensor_sorts() -> list[str]:
-    from tracekit.report import TENSOR_SORTS
+    from tracekit.views.report import TENSOR_SORTS
 
     return list(TENSOR_SORTS)
 
@@ -286,7 +286,7 @@ def _job(args: argparse.Namespace, console: Console):
 
 
 def _load(args: argparse.Namespace, console: Console):
-    """The :class:`~tracekit.analysis.Analysis` of the inputs (:func:`_job`)."""
+    """The :class:`~tracekit.analysis.pipeline.Analysis` of the inputs (:func:`_job`)."""
     return _job(args, console).analysis
 
 
@@ -308,7 +308,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(job.summary(), indent=2, default=str) + "\n")
         _warn(result.diagnostics, err, args.quiet)
         return 0
-    from tracekit.report import render_summary
+    from tracekit.views.report import render_summary
 
     out = Console() if sys.stdout.isatty() else Console(width=120)
     if result.horovod_only:
@@ -317,7 +317,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     else:
         render_summary(out, result)
     if result.horovod is not None:
-        from tracekit.report import render_horovod
+        from tracekit.views.report import render_horovod
 
         out.print()
         render_horovod(out, result.horovod, line_rate_bps=result.line_rate_bps)
@@ -334,12 +334,12 @@ def _clocks(result: Any) -> list[dict[str, Any]]:
 def cmd_collectives(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     result = _load(args, err)
-    from tracekit import summary
+    from tracekit.views import summary
 
     if args.json:
         import polars as pl
 
-        from tracekit.report import SORTS
+        from tracekit.views.report import SORTS
 
         inst = pl.from_arrow(result.instances)
         col, desc = SORTS[args.sort]
@@ -356,7 +356,7 @@ def cmd_collectives(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
         _warn(result.diagnostics, err, args.quiet)
         return 0
-    from tracekit.report import render_collectives
+    from tracekit.views.report import render_collectives
 
     out = Console() if sys.stdout.isatty() else Console(width=140)
     render_collectives(out, result, sort=args.sort, limit=args.limit)
@@ -374,7 +374,7 @@ def cmd_tensors(args: argparse.Namespace) -> int:
     if args.json:
         import polars as pl
 
-        from tracekit.report import TENSOR_SORTS
+        from tracekit.views.report import TENSOR_SORTS
 
         col, desc = TENSOR_SORTS[args.sort]
         rows = pl.from_arrow(res.tensors).sort(col, descending=desc, nulls_last=True)  # type: ignore[union-attr]
@@ -382,7 +382,7 @@ def cmd_tensors(args: argparse.Namespace) -> int:
                    "tensors": rows.to_dicts(), "diagnostics": [str(d) for d in result.diagnostics]}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
-        from tracekit.report import render_tensors
+        from tracekit.views.report import render_tensors
 
         out = Console() if sys.stdout.isatty() else Console(width=160)
         render_tensors(out, res, sort=args.sort, limit=args.limit, line_rate_bps=result.line_rate_bps)
@@ -403,7 +403,7 @@ def cmd_critical_path(args: argparse.Namespace) -> int:
                    "diagnostics": [str(d) for d in job.diagnostics]}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
-        from tracekit.report import render_critical_path
+        from tracekit.views.report import render_critical_path
 
         out = Console() if sys.stdout.isatty() else Console(width=140)
         render_critical_path(out, summ, segs, chosen, args.min_share)
@@ -428,7 +428,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                    "verdict": verdict.text if verdict else None}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
-        from tracekit.report import render_whatif
+        from tracekit.views.report import render_whatif
 
         out = Console() if sys.stdout.isatty() else Console(width=120)
         render_whatif(out, rows, model, verdict)
@@ -472,7 +472,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(d.to_dict(), indent=2, default=str) + "\n")
     else:
-        from tracekit.report import render_diff
+        from tracekit.views.report import render_diff
 
         out = Console() if sys.stdout.isatty() else Console(width=140)
         render_diff(out, d, limit=args.limit)
@@ -483,7 +483,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     import time
 
-    from tracekit import html_report
+    from tracekit.views import html_report
 
     if not args.output:
         raise TraceError(None, "say where to write the report: -o report.html")
@@ -494,8 +494,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     t0 = time.perf_counter()
     result = _load(args, err)
-    from tracekit.cache import default_dir
-    from tracekit.figures import collect
+    from tracekit.loading.cache import default_dir
+    from tracekit.views.figures import collect
 
     js_cache = None if args.no_cache else (args.cache_dir or default_dir())
     size = html_report.write(collect(result, inputs=args.paths), args.output, force=args.force, cache_dir=js_cache)
@@ -506,16 +506,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from tracekit import traceset
+    from tracekit.loading import traceset
 
     traceset.discover(args.paths)  # a wrong path is a one-line error before the screen is taken over
     if args.diff:
         traceset.discover(args.diff)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise TraceError(None, "inspect needs a terminal (use `tracekit summary` or `tracekit export` in scripts)")
+    from tracekit.model.units import parse_link_rates
     from tracekit.tui import run
     from tracekit.tui.data import LoadOptions
-    from tracekit.units import parse_link_rates
 
     rate, named = parse_link_rates(args.link_bw) if args.link_bw else (None, {})
     return run(args.paths, LoadOptions(use_cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs,
@@ -524,7 +524,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from tracekit.record import record
+    from tracekit.capture.record import record
 
     if args.command is None:
         stray = " ".join(args.stray)

@@ -16,13 +16,13 @@ both runs):
 ``comm``           per op: calls per iteration, bytes per call, bytes per iteration, achieved bus bandwidth,
                    waiting and transfer per iteration, in each run (an op missing from a run: 0 calls)
 ``ops``            the kernels / CPU operators whose time per iteration changed most, matched by kind and name
-                   (the ops :mod:`tracekit.top_ops` lists; largest change first, ``top`` of them per scope)
+                   (the ops :mod:`tracekit.analysis.top_ops` lists; largest change first, ``top`` of them per scope)
 ``critical_path``  the critical path's composition per iteration: time and share per label in each run
                    (job only; empty when a run was analysed rank by rank)
 
 plus each run's :class:`~tracekit.api.Verdict` and notes on what could not be compared. Every figure here
-comes from the tables of :mod:`tracekit.summary`, :mod:`tracekit.top_ops`, :mod:`tracekit.idle` and
-:mod:`tracekit.critical_path`: the diff only lines them up.
+comes from the tables of :mod:`tracekit.views.summary`, :mod:`tracekit.analysis.top_ops`,
+:mod:`tracekit.analysis.idle` and :mod:`tracekit.analysis.critical_path`: the diff only lines them up.
 
 ``tracekit.diff`` is both this module and its :func:`diff` function: the module is callable.
 """
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import pyarrow as pa
 
-from tracekit.critical_path import LABELS
+from tracekit.analysis.critical_path import LABELS
 
 if TYPE_CHECKING:
     from tracekit.api import Job, PathArg, Verdict

@@ -3,7 +3,7 @@ once: ``tracekit inspect`` paints the overview from here before it has read a si
 
 An entry holds the result tables that are not inputs (``iterations``, ``breakdown``), the ``ranks``
 table, the analysis notes and input diagnostics, and the events' ``iteration`` column (so the full
-:class:`~tracekit.analysis.Analysis` is rebuilt from the parsed events without analysing again); the
+:class:`~tracekit.analysis.pipeline.Analysis` is rebuilt from the parsed events without analysing again); the
 critical-path tables and the job's dependency graph join it once a session has computed them
 (:func:`store_paths`, :func:`store_graph`), so a later launch neither follows the path nor builds the graph.
 
@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tracekit import cache as parse_cache
-from tracekit import schema
-from tracekit.atomic import atomic_write
-from tracekit.diagnostics import Diagnostic
+from tracekit.loading import cache as parse_cache
+from tracekit.loading.atomic import atomic_write
+from tracekit.model import schema
+from tracekit.model.diagnostics import Diagnostic
 
 if TYPE_CHECKING:
-    from tracekit.analysis import Analysis
-    from tracekit.dag import Graph
-    from tracekit.traceset import TraceSet
+    from tracekit.analysis.dag import Graph
+    from tracekit.analysis.pipeline import Analysis
+    from tracekit.loading.traceset import TraceSet
 
 RESULTS_VERSION = "2"
 _PACKAGE = Path(__file__).resolve().parent
@@ -51,8 +51,8 @@ def code_fingerprint() -> str:
 
     h = hashlib.blake2b(digest_size=16)
     for folder in (_PACKAGE, Path(parsers_pkg.__file__).resolve().parent):
-        for f in sorted(folder.glob("*.py")):
-            h.update(f.name.encode())
+        for f in sorted(folder.rglob("*.py")):  # tracekit's subpackages too
+            h.update(str(f.relative_to(folder)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()
 
@@ -124,9 +124,9 @@ class Results:
 
 
 def figures(breakdown: pa.Table) -> dict[str, Any]:
-    """The roll-ups a summary shows: ``job`` (:func:`tracekit.summary.job`), ``per_rank`` and
-    ``per_iteration`` (rows of :func:`tracekit.summary.per_rank` / ``per_iteration``), as plain Python."""
-    from tracekit import summary
+    """The roll-ups a summary shows: ``job`` (:func:`tracekit.views.summary.job`), ``per_rank`` and
+    ``per_iteration`` (rows of :func:`tracekit.views.summary.per_rank` / ``per_iteration``), as plain Python."""
+    from tracekit.views import summary
 
     return {"job": summary.job(breakdown), "per_rank": summary.per_rank(breakdown).to_dicts(),
             "per_iteration": summary.per_iteration(breakdown).to_dicts()}
@@ -244,7 +244,7 @@ def _graph(d: Path) -> Graph | None:
     import numpy as np
     import polars as pl
 
-    from tracekit.dag import Graph
+    from tracekit.analysis.dag import Graph
 
     try:
         act = pl.from_arrow(_read(d / "activities.arrow"))
@@ -265,7 +265,7 @@ def _graph(d: Path) -> Graph | None:
 
 def analysis_from(traces: TraceSet, results: Results) -> Analysis | None:
     """The Analysis of ``traces`` rebuilt from cached results (None if they do not fit the events)."""
-    from tracekit.analysis import Analysis
+    from tracekit.analysis.pipeline import Analysis
 
     col = results.event_iteration
     if col is None or len(col) != traces.events.num_rows or results.collectives is None:

@@ -24,7 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, ProgressBar, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from tracekit.diagnostics import TraceError
+from tracekit.model.diagnostics import TraceError
 from tracekit.tui.data import JobData, LoadCallbacks, LoadOptions, cached_summary, complete, load_job
 from tracekit.tui.dialogs import ExportScreen, HelpScreen
 from tracekit.tui.timeline_canvas import TimelineCanvas
@@ -322,13 +322,13 @@ class InspectApp(App[int]):
         target = str(Path(path).expanduser())
         try:
             if kind == "parquet":
-                from tracekit.export import export
+                from tracekit.views.export import export
 
                 written = export(data.analysis.tables(), target, force=force)
                 message = f"wrote {len(written)} Parquet files to {target}" if len(written) > 1 else \
                     f"wrote {written[0]}"
             else:
-                from tracekit.chrome import critical_path_flows, write_chrome_trace
+                from tracekit.views.chrome import critical_path_flows, write_chrome_trace
 
                 n = write_chrome_trace(data.analysis, target, force=force, flows=critical_path_flows(data.analysis))
                 message = f"wrote {n:,} trace events to {target}"

@@ -17,11 +17,11 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Input, Static
 
-from tracekit.report import SORTS, fmt_bytes, fmt_gbps, fmt_ns, fmt_share
 from tracekit.tui.data import JobData
 from tracekit.tui.iterations import Cell
 from tracekit.tui.table_view import MAX_ROWS, TableView
 from tracekit.tui.views import ShowInTimeline, rank_clock
+from tracekit.views.report import SORTS, fmt_bytes, fmt_gbps, fmt_ns, fmt_share
 
 if TYPE_CHECKING:
     import polars as pl
@@ -114,8 +114,8 @@ class CollectivesView(TableView):
         self._help(matched)
 
     def _help(self, matched: int) -> None:
-        from tracekit import summary
-        from tracekit.units import format_rate
+        from tracekit.model.units import format_rate
+        from tracekit.views import summary
 
         data = self._data
         assert data is not None and data.analysis is not None

@@ -16,11 +16,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Static
 
-from tracekit.report import PATH_STYLES, fmt_ns, fmt_share
 from tracekit.tui.data import JobData
 from tracekit.tui.iterations import Cell
 from tracekit.tui.overview import split_cells
 from tracekit.tui.views import DeferredView, ShowInTimeline, rank_clock
+from tracekit.views.report import PATH_STYLES, fmt_ns, fmt_share
 
 if TYPE_CHECKING:
     import polars as pl
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 MAX_RUNS = 2000
 #: with the short runs hidden (``m``), runs shorter than this share of the iteration are left out
 MIN_SHARE = 0.01
-#: the labels in the order of the summary's columns (tracekit.critical_path.LABELS)
+#: the labels in the order of the summary's columns (tracekit.analysis.critical_path.LABELS)
 LABEL_TITLES = {"compute": "compute", "memory": "memory", "transfer": "transfer", "CPU": "CPU", "launch": "launch",
                 "idle": "idle", "waiting": "waiting"}
 
@@ -143,7 +143,7 @@ class CriticalPathView(DeferredView):
 
     def select(self, iteration: int) -> None:
         """List the path of ``iteration`` as runs."""
-        from tracekit.critical_path import runs as path_runs
+        from tracekit.analysis.critical_path import runs as path_runs
 
         data = self._data
         if data is None or data.analysis is None:

@@ -4,10 +4,10 @@ Loading a big job takes seconds, so the app shows each result as soon as it exis
 
 1. ``summary`` — the breakdown, iterations and ranks (from the results cache when warm, which needs
    no event at all): the overview and the iterations table can paint;
-2. ``analysis`` — the parsed events and the full :class:`~tracekit.analysis.Analysis` (from the parse
+2. ``analysis`` — the parsed events and the full :class:`~tracekit.analysis.pipeline.Analysis` (from the parse
    cache when warm; analysed now, or rebuilt from the results cache): export works, and views that
    need other analysis tables appear;
-3. ``timeline`` — the :class:`~tracekit.timeline.TimelineModel` with its levels of detail;
+3. ``timeline`` — the :class:`~tracekit.views.timeline.TimelineModel` with its levels of detail;
 4. ``critical_path`` — the job's dependency graph and the critical path of every iteration
    (``Analysis.critical_path`` / ``critical_path_summary``, cached properties that compute on first
    access, or come from the results cache when an earlier launch stored them) with its marks on the
@@ -33,15 +33,15 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tracekit import results_cache
-from tracekit.diagnostics import Diagnostic, TraceError
+from tracekit.model.diagnostics import Diagnostic, TraceError
 
 if TYPE_CHECKING:
     import polars as pl
 
-    from tracekit.analysis import Analysis
+    from tracekit.analysis.pipeline import Analysis
+    from tracekit.analysis.whatif import Bottleneck
     from tracekit.diff import Diff
-    from tracekit.timeline import Marks, TimelineModel
-    from tracekit.whatif import Bottleneck
+    from tracekit.views.timeline import Marks, TimelineModel
 
 #: name of the critical path's marks on the timeline (``TimelineCanvas.marks``)
 PATH_MARKS = "critical_path"
@@ -121,17 +121,17 @@ class JobData:
 
     @property
     def job(self) -> dict[str, Any]:
-        """Whole-job figures (:func:`tracekit.summary.job`)."""
+        """Whole-job figures (:func:`tracekit.views.summary.job`)."""
         return self._figures()["job"]
 
     @property
     def per_rank(self) -> list[dict[str, Any]]:
-        """Rows of :func:`tracekit.summary.per_rank`."""
+        """Rows of :func:`tracekit.views.summary.per_rank`."""
         return self._figures()["per_rank"]
 
     @property
     def per_iteration(self) -> list[dict[str, Any]]:
-        """Rows of :func:`tracekit.summary.per_iteration`."""
+        """Rows of :func:`tracekit.views.summary.per_iteration`."""
         return self._figures()["per_iteration"]
 
     @property
@@ -186,7 +186,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     """Load ``paths`` in the three phases of the module docstring; raises TraceError for bad input.
     ``start`` is what :func:`cached_summary` found, when the caller already looked (phase 1 is then
     not reported again)."""
-    from tracekit import traceset  # the heavy modules load here, in the worker, not before the first paint
+    from tracekit.loading import traceset
 
     callbacks.say("finding traces")
     if start is None:
@@ -208,7 +208,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     if traces.events.num_rows == 0 and traces.collectives.num_rows == 0:
         damage = "; ".join(str(d) for d in traces.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
-    from tracekit.analysis import analyse
+    from tracekit.analysis.pipeline import analyse
 
     analysis = results_cache.analysis_from(traces, cached) if cached is not None else None
     key = results_cache.key(paths, options.step_marker, options.link_bw_bps, dict(options.line_rates)) \
@@ -244,7 +244,7 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
     """Phases 3–5 for ``data`` whose analysis exists: each is computed unless it was already, and
     reported in order; none is started once ``callbacks.cancelled()`` says so (a worker thread cannot be
     interrupted, and an app that quits waits for it)."""
-    from tracekit.timeline import TimelineModel
+    from tracekit.views.timeline import TimelineModel
 
     analysis = data.analysis
     assert analysis is not None

@@ -45,7 +45,7 @@ class DiffView(View):
         self.query_one("#diff-scroll", VerticalScroll).focus()
 
     def show_data(self, data: JobData) -> None:
-        from tracekit.report import diff_renderables
+        from tracekit.views.report import diff_renderables
 
         if data.diff is None:
             return

@@ -10,11 +10,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Static
 
-from tracekit.report import CLASS_STYLES, SHORT_LABELS, fmt_bytes, fmt_ns
-from tracekit.schema import CLASSES
+from tracekit.model.schema import CLASSES
 from tracekit.tui.data import JobData
 from tracekit.tui.overview import split_cells
 from tracekit.tui.views import DeferredView, ShowInTimeline
+from tracekit.views.report import CLASS_STYLES, SHORT_LABELS, fmt_bytes, fmt_ns
 
 
 class Cell(Text):

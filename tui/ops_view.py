@@ -1,7 +1,7 @@
 """Top ops: the kernels and CPU operators behind each attribution class (``top_ops``, the job's top ones per
 class over every rank) and, per rank, why the device sat idle — host-bound, synchronisation or other
-(``idle_breakdown``; not applicable on CPU-only ranks). Both are computed in :mod:`tracekit.top_ops` and
-:mod:`tracekit.idle` while the job loads; this tab only lays them out."""
+(``idle_breakdown``; not applicable on CPU-only ranks). Both are computed in :mod:`tracekit.analysis.top_ops` and
+:mod:`tracekit.analysis.idle` while the job loads; this tab only lays them out."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ class OpsView(DeferredView):
         self.query_one("#ops-scroll", VerticalScroll).focus()
 
     def _fill(self) -> None:
-        from tracekit import idle, top_ops
-        from tracekit.report import idle_table, top_ops_table
+        from tracekit.analysis import idle, top_ops
+        from tracekit.views.report import idle_table, top_ops_table
 
         data = self._pending
         if data is None or data.analysis is None:

@@ -17,10 +17,10 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Static
 
-from tracekit.report import CLASS_STYLES, SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share, verdict
-from tracekit.schema import CLASSES
+from tracekit.model.schema import CLASSES
 from tracekit.tui.data import JobData
 from tracekit.tui.views import ShowInTimeline, View
+from tracekit.views.report import CLASS_STYLES, SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share, verdict
 
 VERDICT_STYLES = {"network": "bold red", "partly-network": "bold dark_orange", "idle": "bold yellow",
                   "compute": "bold green", "none": "bold"}

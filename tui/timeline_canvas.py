@@ -1,10 +1,10 @@
 """The timeline canvas (:class:`TimelineCanvas`): the lanes, a ruler and an iterations row, with zoom, pan, a
 cursor, jumps (next communication, critical-path segment or search hit), mouse drag and scroll, and the
-overlays (:class:`tracekit.timeline.Marks`) drawn over the lanes. :mod:`tracekit.tui.timeline_view` puts it
+overlays (:class:`tracekit.views.timeline.Marks`) drawn over the lanes. :mod:`tracekit.tui.timeline_view` puts it
 in the Timeline tab.
 
 The canvas uses Textual's Line API: :meth:`TimelineCanvas.render_line` draws one row from
-:meth:`tracekit.timeline.TimelineModel.cells` — as many cells as the row has, whatever the trace size —
+:meth:`tracekit.views.timeline.TimelineModel.cells` — as many cells as the row has, whatever the trace size —
 and caches each rendered lane by (lane, zoom, offset, width), so moving the cursor redraws from the
 cache and a zoom or pan costs one slice of a stored level per visible lane.
 """
@@ -26,9 +26,9 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from tracekit.report import CLASS_STYLES, KIND_STYLES, fmt_ns
-from tracekit.timeline import Marks, TimelineModel, cell_ns, ticks
 from tracekit.tui.data import PATH_MARKS
+from tracekit.views.report import CLASS_STYLES, KIND_STYLES, fmt_ns
+from tracekit.views.timeline import Marks, TimelineModel, cell_ns, ticks
 
 GLYPHS = " ▁▂▃▄▅▆▇"
 #: how marks of each overlay are highlighted: search hits get a white background; the critical path is a

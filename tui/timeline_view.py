@@ -18,11 +18,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Input, Static
 
-from tracekit.report import CLASS_LABELS, CLASS_STYLES, KIND_STYLES, fmt_bytes, fmt_ns
-from tracekit.timeline import TimelineModel
 from tracekit.tui.data import PATH_MARKS, JobData
 from tracekit.tui.timeline_canvas import MARK_GLYPHS, MARK_STYLES, TimelineCanvas, fmt_time
 from tracekit.tui.views import View
+from tracekit.views.report import CLASS_LABELS, CLASS_STYLES, KIND_STYLES, fmt_bytes, fmt_ns
+from tracekit.views.timeline import TimelineModel
 
 
 class TimelineView(View):

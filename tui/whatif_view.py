@@ -1,14 +1,14 @@
 """What-if: the job replayed with another line rate, compression ratio, number of workers or link
-efficiency (:mod:`tracekit.whatif`, as ``tracekit whatif`` does). The predicted iteration time, speed-up
+efficiency (:mod:`tracekit.analysis.whatif`, as ``tracekit whatif`` does). The predicted iteration time, speed-up
 and scaling factor follow the inputs as they change, with a sweep of line rates around the chosen one
 and the bottleneck verdict.
 
 Below, Zhang et al.'s curves — the scaling factor against the line rate and against the compression ratio, at
 the measured efficiency and at full utilisation, with the job as measured marked — as ``tracekit report`` draws
-them: the points come from :func:`tracekit.figures.whatif_curves`, here only plotted (textual-plotext).
+them: the points come from :func:`tracekit.views.figures.whatif_curves`, here only plotted (textual-plotext).
 
 The what-if model and the verdict were built by the loading worker (phase 5, ``tui/data.py``); each new
-prediction runs :func:`tracekit.whatif.predict` in a thread worker (exclusive, after a short pause in the
+prediction runs :func:`tracekit.analysis.whatif.predict` in a thread worker (exclusive, after a short pause in the
 typing), because one replay takes milliseconds on a small job and up to a second on a big one; the curves
 (some forty replays) are computed once per job in a thread worker of their own.
 """
@@ -31,16 +31,16 @@ from textual.widgets import Input, Label, RadioButton, RadioSet, Static
 from textual.worker import get_current_worker
 from textual_plotext import PlotextPlot
 
-from tracekit.diagnostics import TraceError
-from tracekit.report import fmt_ns
+from tracekit.model.diagnostics import TraceError
 from tracekit.tui.data import JobData
 from tracekit.tui.views import View
+from tracekit.views.report import fmt_ns
 
 if TYPE_CHECKING:
     import polars as pl
 
-    from tracekit.figures import Curves
-    from tracekit.whatif import Model, Scenario
+    from tracekit.analysis.whatif import Model, Scenario
+    from tracekit.views.figures import Curves
 
 #: line rates of the sweep, as multiples of the chosen one
 SWEEP = (0.5, 1.0, 2.0, 4.0, 10.0)
@@ -65,10 +65,10 @@ class Inputs:
 
 
 def scenario(inputs: Inputs, line_rate_bps: float | None) -> Scenario:
-    """The :class:`tracekit.whatif.Scenario` of ``inputs`` for a job that ran on ``line_rate_bps`` (None
+    """The :class:`tracekit.analysis.whatif.Scenario` of ``inputs`` for a job that ran on ``line_rate_bps`` (None
     if unknown); raises ValueError with the message to show under the inputs."""
-    from tracekit.units import parse_rate
-    from tracekit.whatif import Scenario
+    from tracekit.analysis.whatif import Scenario
+    from tracekit.model.units import parse_rate
 
     rate = None
     if inputs.rate.strip():
@@ -122,7 +122,7 @@ class Prediction:
 def predict_all(model: Model, sc: Scenario, free_ns: int, line_rate_bps: float | None,
                 cancelled: Any = lambda: False) -> Prediction | None:
     """The prediction for ``sc`` and its sweep of line rates (None if ``cancelled()`` turned true)."""
-    from tracekit.whatif import predict
+    from tracekit.analysis.whatif import predict
 
     t = predict(model, sc)
     base = sc.bandwidth_bps or line_rate_bps
@@ -221,7 +221,7 @@ class WhatIfView(View, can_focus=True):
         if not self.available(data) or data.analysis is None or self._shown == id(data.analysis):
             return
         self._shown = id(data.analysis)
-        from tracekit.units import format_rate
+        from tracekit.model.units import format_rate
 
         analysis = data.analysis
         rate = analysis.line_rate_bps
@@ -241,8 +241,8 @@ class WhatIfView(View, can_focus=True):
 
     @work(thread=True, exclusive=True, group="whatif-curves")
     def _compute_curves(self, data: JobData) -> None:
-        """The what-if curves of the job (:func:`tracekit.figures.whatif_curves`), off the UI thread."""
-        from tracekit.figures import Cancelled, whatif_curves
+        """The what-if curves of the job (:func:`tracekit.views.figures.whatif_curves`), off the UI thread."""
+        from tracekit.views.figures import Cancelled, whatif_curves
 
         assert data.analysis is not None
         worker = get_current_worker()
@@ -291,13 +291,13 @@ class WhatIfView(View, can_focus=True):
         model = data.analysis.whatif
         free = data.bottleneck.free_ns if data.bottleneck is not None else None
         if free is None:
-            from tracekit.whatif import Scenario, predict
+            from tracekit.analysis.whatif import Scenario, predict
 
             free = predict(model, Scenario(free=True))
         try:
             result = predict_all(model, sc, free, data.analysis.line_rate_bps,
                                  cancelled=lambda: worker.is_cancelled or asked != self._asked)
-        except ValueError as exc:  # a scenario tracekit.whatif refuses
+        except ValueError as exc:  # a scenario tracekit.analysis.whatif refuses
             self.app.call_from_thread(self._refused, str(exc), asked)
             return
         if result is not None and not worker.is_cancelled:
@@ -325,7 +325,7 @@ class WhatIfView(View, can_focus=True):
         box.display = message is not None
 
     def _show(self, p: Prediction | None) -> None:
-        from tracekit.units import format_rate
+        from tracekit.model.units import format_rate
 
         self.prediction = p
         pred = self.query_one("#wi-prediction", Static)
@@ -428,7 +428,7 @@ def _why(curves: Curves, which: str) -> str:
 
 def rate_tick(bps: float) -> str:
     """A line rate as a short axis label: ``500M``, ``4G``."""
-    from tracekit.units import format_rate
+    from tracekit.model.units import format_rate
 
     return format_rate(bps).replace(" ", "").replace("bit/s", "")
 
@@ -446,7 +446,7 @@ def legend(df: pl.DataFrame, point: tuple[float, float] | None, target: float) -
 def draw_curve(plot: PlotextPlot, df: pl.DataFrame, x: str, point: tuple[float, float] | None, target: float,
                tick: Any) -> None:
     """Plot ``scaling_factor`` against ``x`` (log scale) per efficiency, the target and the measured point —
-    the rows of one of :class:`tracekit.figures.Curves`' tables, drawn as they are; the key goes to the
+    the rows of one of :class:`tracekit.views.figures.Curves`' tables, drawn as they are; the key goes to the
     subtitle of the plot's parent card."""
     if plot.parent is not None:
         plot.parent.border_subtitle = legend(df, point, target)

@@ -1,0 +1,643 @@
+"""The dependency graph of a job (DESIGN.md "Critical path"), as arrays.
+
+Activities are what can be on a critical path: top-level operators and runtime calls on each CPU
+thread (nested calls are folded into their outermost operator, at their offset in it), device
+kernels and copies, and gloo work. Each activity ``i`` is two nodes, its start ``2i`` and its end
+``2i+1``, on the job clock. Edges say "the destination cannot happen before the source plus a lag":
+
+``own``        start → end of an activity: its own work (for communication: the transfer only)
+``program``    end → next start on the same CPU thread or device stream
+``launch``     an operator's start → the kernel it launched (lag: where in the op the launch was)
+``sync``       a kernel's end → the end of the operator that waited for it (stream/device/event
+               synchronisation and blocking copies; lag: the operator's work after the wait)
+``stream``     a stream waiting for another: the last kernel launched on another stream before a
+               communication kernel's launch → its start; a communication kernel's end → a kernel
+               that was launched earlier but started only when it ended
+``enqueue``    gloo: the operator that enqueued the work → the work on the gloo thread
+``consume``    gloo: the work's end → the first operator of the enqueuing thread after it, when
+               that thread sat idle until then (DDP waits for its buckets without a traced op)
+``collective`` across ranks: no member ends an instance before every member has arrived; from each
+               member's start to each member's end, with the transfer as lag
+
+Every node's measured time is at least the max over its incoming edges of (source time + lag). The
+difference on the *binding* edge (the one attaining the max) is measured slack: untraced CPU work,
+launch queueing, wake-up latency. It is kept on that edge, so replaying the graph with unchanged
+durations reproduces the trace exactly and the critical path accounts for every nanosecond.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.model.schema import normalise_op
+
+EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume", "collective")
+_ET = {name: i for i, name in enumerate(EDGE_TYPES)}
+ACTIVITY_KINDS = ("compute", "comm", "memory", "cpu_op", "runtime")
+#: consume edges only bind when the thread wakes up this soon after the work ends
+CONSUME_MAX_LAG_NS = 5_000_000
+#: a consumer may start this long before the recorded end of the gloo work it waited for ...
+CONSUME_EARLY_NS = 10_000_000
+#: ... after an idle gap at least this long
+CONSUME_MIN_GAP_NS = 500_000
+#: stream edges out of a comm kernel only when the waiting kernel starts this soon after it
+STREAM_MAX_LAG_NS = 50_000
+#: runtime calls that block the CPU until device work is done (cudaMemcpyAsync does not)
+SYNC_CALL = r"Synchronize|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$"
+
+
+@dataclass
+class Graph:
+    """Activities (one row each) and edges between their start/end nodes."""
+
+    act: pl.DataFrame  # row, rank, lane, lane_id, kind, name, start, end, dur, iteration, device, ...
+    src: np.ndarray  # node ids
+    dst: np.ndarray
+    lag: np.ndarray  # structural lag (ns) before measured slack is added
+    etype: np.ndarray  # index into EDGE_TYPES
+    node_time: np.ndarray  # measured time of every node (job clock)
+    binding: np.ndarray  # per node: index of its binding edge, -1 for a source
+    slack: np.ndarray  # per edge: measured slack added to the lag (nonzero only on binding edges)
+    violated: dict[str, int]  # edges dropped because the measured schedule contradicts them, by type
+
+    @property
+    def n_nodes(self) -> int:
+        return self.node_time.size
+
+    @cached_property
+    def binding_list(self) -> list[int]:
+        return self.binding.tolist()
+
+    @cached_property
+    def src_list(self) -> list[int]:
+        return self.src.tolist()
+
+    @cached_property
+    def etype_list(self) -> list[int]:
+        return self.etype.tolist()
+
+    @cached_property
+    def lag_list(self) -> list[int]:
+        return self.lag.tolist()
+
+    @cached_property
+    def time_list(self) -> list[int]:
+        return self.node_time.tolist()
+
+    @cached_property
+    def gpu_ranks(self) -> set[int]:
+        """Ranks with device activity."""
+        return set(self.act.filter(pl.col("device").is_not_null()).get_column("rank").unique().to_list())
+
+    def column_list(self, name: str) -> list:
+        """An activity column as a plain list (cached: walks over the graph index it per node)."""
+        cache = self.__dict__.setdefault("_lists", {})
+        if name not in cache:
+            cache[name] = self.act.get_column(name).to_list()
+        return cache[name]
+
+    def weight(self) -> np.ndarray:
+        """Edge weights of the measured schedule (lag + slack)."""
+        return self.lag + self.slack
+
+
+def _offsets(ranks: pa.Table | None) -> dict[int, int]:
+    if ranks is None or ranks.num_rows == 0:
+        return {}
+    r = ranks.column("rank").to_pylist()
+    o = ranks.column("clock_offset_ns").to_pylist()
+    return {int(a): int(b or 0) for a, b in zip(r, o, strict=True) if a is not None}
+
+
+def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
+    """The activities of the graph, with their top-level ancestor for nested CPU calls."""
+    kind = events.column("kind").combine_chunks()
+    kinds = kind.dictionary.to_pylist()
+    keep_kind = np.array([k in ACTIVITY_KINDS for k in kinds] + [False])
+    kidx = pc.fill_null(kind.indices, len(kinds)).to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(keep_kind[kidx])
+    sub = events.take(pa.array(rows)).select(
+        ["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "stream", "correlation", "iteration",
+         "collective_id", "sync_stream", "sync_correlation"])
+    df = pl.from_arrow(sub)
+    assert isinstance(df, pl.DataFrame)
+    offsets = _offsets(ranks)
+    df = df.with_columns(
+        pl.Series("event_row", rows),
+        pl.col("lane").cast(pl.String), pl.col("kind").cast(pl.String), pl.col("name").cast(pl.String),
+    )
+    if offsets:
+        off = pl.DataFrame({"rank": list(offsets), "_off": list(offsets.values())},
+                           schema={"rank": pl.Int32, "_off": pl.Int64})
+        df = df.join(off, on="rank", how="left").with_columns(pl.col("_off").fill_null(0))
+    else:
+        df = df.with_columns(pl.lit(0, dtype=pl.Int64).alias("_off"))
+    df = df.with_columns((pl.col("start_ns") + pl.col("_off")).alias("start"),
+                         (pl.col("start_ns") + pl.col("_off") + pl.col("dur_ns")).alias("end"),
+                         pl.col("dur_ns").alias("dur"))
+    # device-side records of synchronisation (cuda_sync) are the CPU's waiting seen from the GPU, not
+    # device work: they only tell which stream a sync call waited for
+    df = df.filter(~(pl.col("device").is_not_null() & (pl.col("kind") == "runtime")))
+    df = _nest(df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_id")))
+    # communication recorded on a CPU thread inside other activity (gloo send/recv annotate the caller's thread,
+    # often running on while the thread goes on) is activity of its own, on a lane beside the thread; it would
+    # otherwise swallow every operator it overlaps. Its operator starts it (gloo's enqueue/consume edges) and,
+    # when it lies wholly inside that operator, waits for it (edges in build)
+    nested = ~df.get_column("top") & (df.get_column("kind") == "comm") & df.get_column("device").is_null()
+    if nested.any():
+        ids = df.get_column("_id").to_numpy()
+        parent = pl.Series("comm_parent", np.where(nested.to_numpy(), ids[df.get_column("ancestor").to_numpy()], -1))
+        slot = _slots(df.get_column("rank").to_numpy(), df.get_column("lane").to_numpy(),
+                      df.get_column("start").to_numpy(), df.get_column("end").to_numpy(), nested.to_numpy())
+        df = df.with_columns(parent.replace(-1, None), pl.when(nested).then(
+            pl.col("lane") + " (comm" + pl.Series(slot).cast(pl.String).replace("0", "") + ")").otherwise(
+            pl.col("lane")).alias("lane"))
+        df = _nest(df.drop("top", "ancestor", "lane_id"))
+    else:
+        df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias("comm_parent"))
+    return _split_waits(df)
+
+
+def _split_waits(df: pl.DataFrame) -> pl.DataFrame:
+    """Cut top-level CPU operators where they wait inside for communication of their rank: a gap of at least
+    :data:`CONSUME_MIN_GAP_NS` in which none of the operator's innermost calls runs (before the first, between
+    two, or after the last) and gloo work of the rank ends (FSDP's backward hooks wait for all-gathers inside
+    ``autograd::engine::evaluate_function``; a pipeline schedule waits for its receives). The wait becomes idle
+    time between two pieces of the operator, which the consume edges then tie to the work it waited for —
+    otherwise the wait would count as the operator's own work, and no faster link would ever shorten it."""
+    cpu = df.get_column("device").is_null().to_numpy()
+    kind = df.get_column("kind").to_numpy()
+    comm = cpu & (kind == "comm")
+    top = df.get_column("top").to_numpy()
+    anc_all = df.get_column("ancestor").to_numpy()
+    start = df.get_column("start").to_numpy()
+    end = df.get_column("end").to_numpy()
+    # leaves: nothing starts inside them on their lane (rows are sorted by lane and start)
+    lane_id = df.get_column("lane_id").to_numpy()
+    leaf = np.ones(df.height, dtype=bool)
+    leaf[:-1] = ~((lane_id[1:] == lane_id[:-1]) & (start[1:] < end[:-1]))
+    # a wait is where no leaf runs: an intermediate operator (RegisterPostBackwardFunctionBackward) may span it
+    child = cpu & ~top & leaf & (kind[anc_all] != "comm")  # operators, never communication itself
+    if not comm.any() or not child.any():
+        return df
+    rank = df.get_column("rank").to_numpy().astype(np.int64)
+    anc = df.get_column("ancestor").to_numpy()
+    ci = np.flatnonzero(child)
+    a = anc[ci]
+    prev = _prev_max_per_lane(a.astype(np.int64), start[ci], end[ci])
+    lo = np.iinfo(np.int64).min
+    gap_s = np.where(prev == lo, start[a], prev)
+    gap_e = start[ci]
+    # after the last child until the operator ends
+    tail_a = a[np.flatnonzero(np.append(a[1:] != a[:-1], True))]
+    child_end_max = pl.DataFrame({"a": a, "e": end[ci]}).group_by("a", maintain_order=True).agg(
+        pl.col("e").max()).get_column("e").to_numpy()
+    g_a = np.concatenate([a, tail_a])
+    g_s = np.concatenate([gap_s, child_end_max])
+    g_e = np.concatenate([gap_e, end[tail_a]])
+    big = (g_e - g_s) >= CONSUME_MIN_GAP_NS
+    g_a, g_s, g_e = g_a[big], g_s[big], g_e[big]
+    if g_a.size == 0:
+        return df
+    # gloo work of the same rank (on another lane) ending inside the gap
+    t0 = int(min(start.min(), g_s.min()))
+    span = int(max(end.max(), g_e.max())) - t0 + 2
+    ck = np.sort(rank[comm] * span + (end[comm] - t0))
+    gr = rank[g_a] * span
+    hits = np.searchsorted(ck, gr + (g_e - t0), side="right") - np.searchsorted(ck, gr + (g_s - t0), side="left")
+    keep = hits > 0
+    g_a, g_s, g_e = g_a[keep], g_s[keep], g_e[keep]
+    if g_a.size == 0:
+        return df
+    ua = np.unique(g_a)
+    seg_a = np.concatenate([ua, g_a])
+    seg_start = np.concatenate([start[ua], g_e])
+    seg_end = np.concatenate([end[ua], g_s])
+    o1 = np.lexsort((seg_start, seg_a))
+    o2 = np.lexsort((seg_end, seg_a))
+    seg_a, seg_start, seg_end = seg_a[o1], seg_start[o1], seg_end[o2]
+    pieces = df[seg_a].with_columns(pl.Series("start", seg_start), pl.Series("end", seg_end),
+                                    pl.Series("dur", seg_end - seg_start))
+    rest = df.filter(~pl.Series(np.isin(np.arange(df.height), ua)))
+    return _nest(pl.concat([rest, pieces]).drop("top", "ancestor", "lane_id"))
+
+
+def _slots(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarray, pick: np.ndarray) -> np.ndarray:
+    """Per picked row, the lowest slot free at its start among the picked rows of its (rank, lane) — so that
+    asynchronous work that overlaps on one thread gets lanes of its own (interval colouring; only the few
+    communication rows recorded inside other activity go through it)."""
+    import heapq
+
+    out = np.zeros(len(start), dtype=np.int64)
+    rows = np.flatnonzero(pick)
+    rows = rows[np.lexsort((start[rows], lane[rows], rank[rows]))]
+    key = None
+    busy: list[tuple[int, int]] = []  # (end, slot) of open rows
+    free: list[int] = []
+    for i in rows.tolist():
+        k = (rank[i], lane[i])
+        if k != key:
+            key, busy, free = k, [], []
+        while busy and busy[0][0] <= start[i]:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        slot = heapq.heappop(free) if free else len(busy)
+        out[i] = slot
+        heapq.heappush(busy, (int(end[i]), slot))
+    return out
+
+
+def _nest(df: pl.DataFrame) -> pl.DataFrame:
+    """Sort by lane and time and mark nesting on each lane: ``top`` (starts after everything before it on its
+    lane ended), ``ancestor`` (position of its top-level ancestor) and ``lane_id``."""
+    df = df.sort(["rank", "lane", "start", "end"], descending=[False, False, False, True])
+    lane_key = df.select(pl.struct(["rank", "lane"]).rank("dense").alias("k")).to_series().to_numpy()
+    end = df.get_column("end").to_numpy()
+    start = df.get_column("start").to_numpy()
+    prev_max = _prev_max_per_lane(lane_key.astype(np.int64), start, end)
+    top = start >= prev_max
+    ancestor = np.maximum.accumulate(np.where(top, np.arange(df.height), -1))
+    return df.with_columns(pl.Series("top", top), pl.Series("ancestor", ancestor), pl.Series("lane_id", lane_key))
+
+
+def _prev_max_per_lane(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For rows sorted by (lane, start): the max end of the earlier rows of the same lane (or a very
+    small number for the first row of a lane) — a segmented running max in one accumulate."""
+    n = lane.size
+    lo = np.iinfo(np.int64).min
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    t0 = int(start.min())
+    rel = end - t0 + 1  # >= 1
+    big = int(rel.max()) + 2
+    shifted = np.empty(n, dtype=np.int64)
+    shifted[0] = 0
+    shifted[1:] = rel[:-1]
+    first = np.ones(n, dtype=bool)
+    first[1:] = lane[1:] != lane[:-1]
+    shifted[first] = 0
+    dense = np.cumsum(first) - 1  # 0, 1, 2 ... per lane, nondecreasing
+    run = np.maximum.accumulate(dense * big + shifted) - dense * big
+    return np.where(run <= 0, lo, run + t0 - 1)
+
+
+def _running_argmax(values: np.ndarray) -> np.ndarray:
+    """Index of the maximum of ``values[:i+1]`` for every i (the latest one on ties)."""
+    is_new = values >= np.maximum.accumulate(values)
+    return np.maximum.accumulate(np.where(is_new, np.arange(values.size), 0))
+
+
+def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFrame | None = None) -> Graph:
+    """Build the dependency graph of every activity of ``events``.
+
+    ``instances`` (optional) maps ``rank, collective_id`` to ``instance``: the same collective call on
+    every member (from :mod:`tracekit.analysis.collectives`); without it communication is plain activity.
+    """
+    full = activities(events, ranks)
+    act = full.filter(pl.col("top")).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("a"))
+    # map every row of `full` to the activity index of its top-level ancestor
+    a_of_pos = np.full(full.height, -1, dtype=np.int64)
+    top_pos = np.flatnonzero(full.get_column("top").to_numpy())
+    a_of_pos[top_pos] = np.arange(top_pos.size)
+    anc_act = a_of_pos[full.get_column("ancestor").to_numpy()]
+    full = full.with_columns(pl.Series("anc", anc_act))
+    n = act.height
+    start = act.get_column("start").to_numpy()
+    end = act.get_column("end").to_numpy().copy()
+    # a job with no activity has no edges: start each list with an empty array of its type
+    srcs: list[np.ndarray] = [np.zeros(0, np.int64)]
+    dsts: list[np.ndarray] = [np.zeros(0, np.int64)]
+    lags: list[np.ndarray] = [np.zeros(0, np.int64)]
+    types: list[np.ndarray] = [np.zeros(0, np.int8)]
+
+    def add(s: np.ndarray, d: np.ndarray, lag: np.ndarray | int, etype: str) -> None:
+        s = np.asarray(s, dtype=np.int64)
+        d = np.asarray(d, dtype=np.int64)
+        if s.size == 0:
+            return
+        srcs.append(s)
+        dsts.append(d)
+        lags.append(np.broadcast_to(np.asarray(lag, dtype=np.int64), s.shape).copy())
+        types.append(np.full(s.size, _ET[etype], dtype=np.int8))
+
+    idx = np.arange(n, dtype=np.int64)
+    kind = act.get_column("kind").to_numpy()
+    # gloo: enqueue -> work -> the wait that consumes it (may move a work's effective end earlier)
+    _gloo_edges(add, act, full, start, end)
+    own = end - start
+    _blocking_comm_edges(add, act, start, end, own)
+    node_time = np.empty(2 * n, dtype=np.int64)
+    node_time[0::2] = start
+    node_time[1::2] = end
+    # communication: own work is the transfer once the collective is matched (set below)
+    is_comm = kind == "comm"
+    # program order on each lane
+    lane_id = act.get_column("lane_id").to_numpy()
+    same = lane_id[1:] == lane_id[:-1]
+    add(2 * idx[:-1][same] + 1, 2 * idx[1:][same], 0, "program")
+    # launches: CPU runtime call (nested or not) with a correlation -> device activity with it
+    launches = full.filter(pl.col("device").is_null() & (pl.col("kind") == "runtime")
+                           & pl.col("correlation").is_not_null()).select(
+        ["rank", "correlation", pl.col("start").alias("l_start"), pl.col("end").alias("l_end"), "anc",
+         pl.col("name").alias("l_name")])
+    dev_act = act.filter(pl.col("device").is_not_null() & pl.col("correlation").is_not_null()).select(
+        ["a", "rank", "correlation", "start", "device", "stream"])
+    lk = dev_act.join(launches.unique(["rank", "correlation"], keep="first"), on=["rank", "correlation"],
+                      how="inner")
+    if lk.height:
+        anc = lk.get_column("anc").to_numpy()
+        add(2 * anc, 2 * lk.get_column("a").to_numpy(), lk.get_column("l_start").to_numpy() - start[anc], "launch")
+    # synchronisation: a CPU call that blocks until device work ends -> the end of its operator
+    sync_calls = launches.filter(pl.col("l_name").str.contains(SYNC_CALL))
+    if sync_calls.height and lk.height:
+        # the device-side record of a synchronisation names the stream it waited for
+        sync_streams = _sync_streams(events)
+        _sync_edges(add, lk, sync_calls, sync_streams, end, own)
+    # communication kernels wait for the streams they depend on (stream-wait-event)
+    if lk.height:
+        _stream_edges(add, act, lk, end, start)
+    # collectives across ranks
+    if instances is not None and instances.height and is_comm.any():
+        _collective_edges(add, act, instances, start, end, own)
+    # own work
+    add(2 * idx, 2 * idx + 1, own, "own")
+    if n == 0:  # a job with no activity: an empty graph
+        none = np.zeros(0, np.int64)
+        return Graph(act=act, src=none, dst=none, lag=none, etype=np.zeros(0, np.int8), node_time=node_time,
+                     binding=none, slack=none, violated={})
+    src = np.concatenate(srcs)
+    dst = np.concatenate(dsts)
+    lag = np.concatenate(lags)
+    etype = np.concatenate(types)
+    # an edge the measured schedule violates is not a real dependency (a wrong guess, or clock error
+    # across ranks beyond what the offsets fixed): drop it
+    keep = node_time[src] + lag <= node_time[dst]
+    bad_types, bad_counts = np.unique(etype[~keep], return_counts=True)
+    violated = {EDGE_TYPES[int(k)]: int(v) for k, v in zip(bad_types, bad_counts, strict=True)}
+    src, dst, lag, etype = src[keep], dst[keep], lag[keep], etype[keep]
+    binding, slack = _bind(src, dst, lag, node_time)
+    return Graph(act=act, src=src, dst=dst, lag=lag, etype=etype, node_time=node_time, binding=binding,
+                 slack=slack, violated=violated)
+
+
+def _bind(src: np.ndarray, dst: np.ndarray, lag: np.ndarray, node_time: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, the edge attaining max(source time + lag), and the slack left on it."""
+    val = node_time[src] + lag
+    order = np.lexsort((val, dst))
+    d_sorted = dst[order]
+    last = np.flatnonzero(np.append(d_sorted[1:] != d_sorted[:-1], True))
+    best_edge = order[last]
+    binding = np.full(node_time.size, -1, dtype=np.int64)
+    binding[d_sorted[last]] = best_edge
+    slack = np.zeros(src.size, dtype=np.int64)
+    slack[best_edge] = np.maximum(node_time[dst[best_edge]] - val[best_edge], 0)
+    return binding, slack
+
+
+def _sync_streams(events: pa.Table) -> pl.DataFrame:
+    """``rank, correlation → synced_stream`` from the device-side records of synchronisation."""
+    df = pl.from_arrow(events.select(["rank", "kind", "device", "stream", "correlation", "sync_stream"]))
+    assert isinstance(df, pl.DataFrame)
+    return (df.filter(pl.col("device").is_not_null() & (pl.col("kind").cast(pl.String) == "runtime")
+                      & pl.col("correlation").is_not_null())
+            .select(["rank", "correlation", pl.coalesce(pl.col("sync_stream"), pl.when(pl.col("stream") >= 0)
+                                                        .then(pl.col("stream"))).alias("synced_stream")])
+            .unique(["rank", "correlation"], keep="first"))
+
+
+def _last_before(group: np.ndarray, time: np.ndarray, ends: np.ndarray, q_group: np.ndarray,
+                 q_time: np.ndarray) -> np.ndarray:
+    """For each query, the index (into the items) of the latest-ending item of its group that started
+    (was launched) before the query time; -1 if none. Items must be sorted by (group, time)."""
+    if time.size == 0:
+        return np.full(q_time.size, -1, dtype=np.int64)
+    t0 = int(min(time.min(), q_time.min()))
+    span = int(max(time.max(), q_time.max())) - t0 + 1
+    key = group * span + (time - t0)
+    e_span = int(ends.max()) - int(ends.min()) + 1
+    best = _running_argmax((ends - int(ends.min())) + group * e_span)
+    pos = np.searchsorted(key, q_group * span + (q_time - t0), side="left") - 1
+    ok = (pos >= 0) & (group[np.maximum(pos, 0)] == q_group)
+    return np.where(ok, best[np.maximum(pos, 0)], -1)
+
+
+def _sync_edges(add, lk: pl.DataFrame, sync_calls: pl.DataFrame, sync_streams: pl.DataFrame, end: np.ndarray,
+                own: np.ndarray) -> None:
+    """A blocking call ends after the device work it waited for: the latest-ending activity launched
+    before it on the stream it synchronised (from the trace's ``cuda_sync`` record when there is one),
+    else on its device."""
+    dev = lk.select(["a", "rank", "stream", pl.col("l_start").alias("launch")]).with_columns(
+        pl.Series("end", end[lk.get_column("a").to_numpy()]))
+    sc = sync_calls.join(sync_streams, on=["rank", "correlation"], how="left")
+    a_all = np.full(sc.height, -1, dtype=np.int64)
+    # per stream where known
+    by_stream = dev.sort(["rank", "stream", "launch"])
+    g_rank = by_stream.get_column("rank").to_numpy().astype(np.int64)
+    g_stream = by_stream.get_column("stream").fill_null(-1).to_numpy().astype(np.int64)
+    s_group = g_rank * (1 << 32) + (g_stream & 0xFFFFFFFF)
+    known = sc.get_column("synced_stream").is_not_null().to_numpy()
+    q_rank = sc.get_column("rank").to_numpy().astype(np.int64)
+    q_time = sc.get_column("l_start").to_numpy()
+    if known.any():
+        q_stream = sc.get_column("synced_stream").fill_null(-1).to_numpy().astype(np.int64)
+        hit = _last_before(s_group, by_stream.get_column("launch").to_numpy(), by_stream.get_column("end").to_numpy(),
+                           q_rank * (1 << 32) + (q_stream & 0xFFFFFFFF), q_time)
+        ids = by_stream.get_column("a").to_numpy()
+        a_all[known] = np.where(hit[known] >= 0, ids[np.maximum(hit[known], 0)], -1)
+    # device-wide otherwise
+    by_rank = dev.sort(["rank", "launch"])
+    hit = _last_before(by_rank.get_column("rank").to_numpy().astype(np.int64), by_rank.get_column("launch").to_numpy(),
+                       by_rank.get_column("end").to_numpy(), q_rank, q_time)
+    ids = by_rank.get_column("a").to_numpy()
+    a_all[~known] = np.where(hit[~known] >= 0, ids[np.maximum(hit[~known], 0)], -1)
+    ok = a_all >= 0
+    anc = sc.get_column("anc").to_numpy()[ok]
+    l_end = sc.get_column("l_end").to_numpy()[ok]
+    waited = a_all[ok]
+    tail = np.maximum(end[anc] - l_end, 0)
+    add(2 * waited + 1, 2 * anc + 1, tail, "sync")
+    # the time an operator spent blocked in the call is waiting, not its own work
+    blocked = (sc.get_column("l_end") - sc.get_column("l_start")).to_numpy()[ok]
+    np.subtract.at(own, anc, blocked)
+    np.maximum(own, 0, out=own)
+
+
+def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, start: np.ndarray) -> None:
+    """Communication kernels and the compute streams of the same device wait for each other.
+
+    Inbound: the last kernel launched on another stream before the communication kernel's launch
+    (PyTorch makes the NCCL stream wait for an event recorded on the current stream at enqueue).
+    Outbound: the first kernel on another stream that was launched before the communication ended
+    but started only right after it (the consumer waited for the result).
+    """
+    kinds = act.get_column("kind").to_numpy()
+    dev = lk.select(["a", "rank", "device", "stream", pl.col("l_start").alias("launch")]).sort(
+        ["rank", "device", "launch"])
+    a_ids = dev.get_column("a").to_numpy()
+    is_comm = kinds[a_ids] == "comm"
+    if not is_comm.any():
+        return
+    group = dev.select(pl.struct(["rank", "device"]).rank("dense")).to_series().to_numpy().astype(np.int64)
+    stream = dev.get_column("stream").fill_null(-1).to_numpy()
+    launch = dev.get_column("launch").to_numpy()
+    # inbound: the launch before the current run of same-stream launches
+    run_break = np.ones(a_ids.size, dtype=bool)
+    run_break[1:] = (stream[1:] != stream[:-1]) | (group[1:] != group[:-1])
+    run_start = np.maximum.accumulate(np.where(run_break, np.arange(a_ids.size), 0))
+    prev = run_start - 1
+    ok = is_comm & (prev >= 0) & (group[np.maximum(prev, 0)] == group)
+    add(2 * a_ids[prev[ok]] + 1, 2 * a_ids[ok], 0, "stream")
+    # outbound: first kernel of the device (other stream) starting at/after the comm's end
+    order = np.lexsort((start[a_ids], group))
+    g_sorted = group[order]
+    s_sorted = start[a_ids][order]
+    span = int(s_sorted.max() - s_sorted.min()) + 2 + STREAM_MAX_LAG_NS
+    base = int(s_sorted.min())
+    key = g_sorted * span + (s_sorted - base)
+    ci = np.flatnonzero(is_comm)
+    e = end[a_ids[ci]]
+    pos = np.searchsorted(key, group[ci] * span + (e - base), side="left")
+    pos = np.minimum(pos, key.size - 1)
+    cand = order[pos]
+    ok = ((group[cand] == group[ci]) & (stream[cand] != stream[ci]) & (start[a_ids[cand]] >= e)
+          & (start[a_ids[cand]] - e <= STREAM_MAX_LAG_NS) & (launch[cand] < e))
+    add(2 * a_ids[ci[ok]] + 1, 2 * a_ids[cand[ok]], 0, "stream")
+
+
+def _gloo_family(name: str) -> str:
+    """The op a c10d operator or a gloo work item runs, as gloo runs it (see :func:`_gloo_edges`)."""
+    op = normalise_op(name) or name
+    return "allreduce" if op == "reduce_scatter" else op
+
+
+def _gloo_edges(add, act: pl.DataFrame, full: pl.DataFrame, start: np.ndarray, end: np.ndarray) -> None:
+    """CPU jobs: c10d enqueue → gloo work (k-th enqueue of a size → k-th work of that size, FIFO), and
+    the work's end → the next operator of the enqueuing thread when that thread idled until then."""
+    work = act.filter((pl.col("kind") == "comm") & pl.col("device").is_null() & pl.col("name").str.starts_with("gloo:"))
+    if work.height == 0:
+        return
+    enq = full.filter(pl.col("name").str.starts_with("c10d::") & pl.col("device").is_null()).select(
+        ["rank", "name", "start", "end", "anc", "lane_id"])
+    if enq.height == 0:
+        return
+    # c10d::allreduce_ and gloo:all_reduce are the same op: pair the k-th of each per rank and op
+    # the same op on both sides (c10d::_allgather_base_ is gloo:all_gather); gloo runs a reduce-scatter as an
+    # all-reduce (FSDP on gloo), so the two pair up too
+    names = pl.concat([work.get_column("name"), enq.get_column("name")]).unique().to_list()
+    family = pl.col("name").replace_strict({n: _gloo_family(n) for n in names}, return_dtype=pl.String).alias("op")
+    work = work.sort(["rank", "start"]).with_columns(family).with_columns(
+        pl.int_range(pl.len()).over(["rank", "op"]).alias("k"))
+    enq = enq.sort(["rank", "start"]).with_columns(family).with_columns(
+        pl.int_range(pl.len()).over(["rank", "op"]).alias("k"))
+    pair = work.select(["a", "rank", "op", "k"]).join(enq.drop("name"), on=["rank", "op", "k"], how="inner")
+    if pair.height == 0:
+        return
+    anc = pair.get_column("anc").to_numpy()
+    a = pair.get_column("a").to_numpy()
+    add(2 * anc, 2 * a, pair.get_column("start").to_numpy() - start[anc], "enqueue")
+    # consume: the operator that ends the idle gap of the enqueuing thread in which the work ended.
+    lane_of = act.get_column("lane_id").to_numpy().astype(np.int64)
+    thread = lane_of[anc]
+    t0 = int(start.min())
+    span = int(end.max()) - t0 + 2 + CONSUME_EARLY_NS
+    order = np.lexsort((start, lane_of))
+    s_lane = lane_of[order]
+    s_start = start[order]
+    key = s_lane * span + (s_start - t0)
+    prev_end = np.empty(order.size, dtype=np.int64)
+    prev_end[1:] = end[order[:-1]]
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = s_lane[1:] != s_lane[:-1]
+    prev_end[first] = np.iinfo(np.int64).min // 4
+    e = end[a].copy()
+    # normal case: the thread is idle when the work ends and wakes up soon after
+    pos = np.searchsorted(key, thread * span + (e - t0), side="left")
+    valid = pos < key.size
+    pos = np.minimum(pos, key.size - 1)
+    normal = valid & (s_lane[pos] == thread) & (prev_end[pos] <= e) & (s_start[pos] - e <= CONSUME_MAX_LAG_NS)
+    # late record: the work's end is recorded after its consumer started (the gloo thread was preempted
+    # after signalling completion): the consumer is the last operator in the preceding window that
+    # follows an idle gap which began while the work was running
+    big_gap = (s_start - prev_end) >= CONSUME_MIN_GAP_NS
+    last_big = np.maximum.accumulate(np.where(big_gap, np.arange(order.size), -1))
+    hi = np.searchsorted(key, thread * span + (e - t0), side="left") - 1
+    lo = np.searchsorted(key, thread * span + (e - CONSUME_EARLY_NS - t0), side="left")
+    j = last_big[np.maximum(hi, 0)]
+    late = (~normal & (hi >= 0) & (j >= lo) & (j >= 0) & (s_lane[np.maximum(j, 0)] == thread)
+            & (prev_end[np.maximum(j, 0)] >= start[a]))
+    consumer = np.where(normal, order[pos], order[np.maximum(j, 0)])
+    ok = normal | late
+    end[a[late]] = start[consumer[late]]
+    add(2 * a[ok] + 1, 2 * consumer[ok], 0, "consume")
+
+
+def _blocking_comm_edges(add, act: pl.DataFrame, start: np.ndarray, end: np.ndarray, own: np.ndarray) -> None:
+    """An operator that runs communication on its own thread and lies around all of it (``comm_parent``, see
+    :func:`activities`) starts it (``enqueue``, lag: where in the operator it began) and waits for it (``sync``,
+    lag: the operator's work after it); the time it was blocked is not its own work. Communication that runs
+    on past its operator is asynchronous: gloo's enqueue and consume edges place it."""
+    child = act.filter(pl.col("comm_parent").is_not_null()).select(["a", "comm_parent"])
+    if child.height == 0:
+        return
+    ids = act.get_column("_id").to_numpy()
+    a_of_id = np.full(int(max(ids.max(), child.get_column("comm_parent").max())) + 1, -1, dtype=np.int64)  # type: ignore[arg-type]
+    a_of_id[ids] = act.get_column("a").to_numpy()
+    parent = a_of_id[child.get_column("comm_parent").to_numpy()]
+    c = child.get_column("a").to_numpy()
+    ok = (parent >= 0) & (end[c] <= end[np.maximum(parent, 0)]) & (start[c] >= start[np.maximum(parent, 0)])
+    c, parent = c[ok], parent[ok]
+    add(2 * parent, 2 * c, start[c] - start[parent], "enqueue")
+    add(2 * c + 1, 2 * parent + 1, np.maximum(end[parent] - end[c], 0), "sync")
+    np.subtract.at(own, parent, end[c] - start[c])
+    np.maximum(own, 0, out=own)
+
+
+def _collective_edges(add, act: pl.DataFrame, instances: pl.DataFrame, start: np.ndarray, end: np.ndarray,
+                      own: np.ndarray) -> None:
+    """No member ends before the data could move: member k's start → member j's end, lag = j's transfer (its
+    end minus the latest start); j's own work becomes that transfer. A send/recv pair (``send`` known) is
+    one-sided: the receive cannot end before the send began plus its transfer, while an eager send may
+    finish before the receive is posted — one edge, send start → receive end."""
+    cols = ["rank", "collective_id", "instance", *(["send"] if "send" in instances.columns else [])]
+    comm = act.filter((pl.col("kind") == "comm") & pl.col("collective_id").is_not_null()).select(
+        ["a", "rank", "collective_id"])
+    m = comm.join(instances.select(cols).with_columns(
+        pl.col("rank").cast(pl.Int32), pl.col("collective_id").cast(pl.Int64)),
+        on=["rank", "collective_id"], how="inner")
+    if "send" not in m.columns:
+        m = m.with_columns(pl.lit(None, dtype=pl.Boolean).alias("send"))
+    if m.height == 0:
+        return
+    m = m.with_columns(pl.Series("s", start[m.get_column("a").to_numpy()]),
+                       pl.Series("e", end[m.get_column("a").to_numpy()]))
+    p2p = pl.col("send").is_not_null().any().over("instance")
+    m = m.with_columns(pl.when(p2p).then(pl.col("s").filter(pl.col("send")).min().over("instance"))
+                       .otherwise(pl.col("s").max().over("instance")).alias("last"),
+                       pl.len().over("instance").alias("n"), p2p.alias("p2p"))
+    m = m.filter((pl.col("n") > 1) & pl.col("last").is_not_null())
+    if m.height == 0:
+        return
+    receives = ~(m.get_column("p2p") & m.get_column("send").fill_null(False)).to_numpy()  # ends constrained
+    p2p = m.get_column("p2p").to_numpy()
+    last = m.get_column("last").to_numpy()
+    s = m.get_column("s").to_numpy()
+    e = m.get_column("e").to_numpy()
+    # a collective member transfers from the last arrival; a receive gets its data from the send's start on,
+    # however late it was posted (at a slow link the data is still on the wire), so its own work is nil and
+    # the data's time is all on the edge from the send
+    transfer = np.where(p2p, np.maximum(e - last, 0), np.maximum(e - np.maximum(last, s), 0))
+    a = m.get_column("a").to_numpy()
+    own[a[receives]] = np.where(p2p[receives], 0, transfer[receives])
+    m = m.with_columns(pl.Series("t", transfer), pl.Series("_in", receives))
+    # sources: every member of a collective; only the sender of a pair
+    src = m.filter(~pl.col("p2p") | pl.col("send").fill_null(False)).select(["instance", pl.col("a").alias("src")])
+    pairs = src.join(m.filter(pl.col("_in")).select(["instance", pl.col("a").alias("dst"), "t"]), on="instance")
+    pairs = pairs.filter(pl.col("src") != pl.col("dst"))
+    add(2 * pairs.get_column("src").to_numpy(), 2 * pairs.get_column("dst").to_numpy() + 1,
+        pairs.get_column("t").to_numpy(), "collective")

@@ -1,0 +1,219 @@
+"""Iterations (DESIGN.md "Iterations"): which iteration each event belongs to, and each iteration's
+window on each rank.
+
+Steps come from ``ProfilerStep#N`` annotations (or a user regex). CPU activity belongs to the step
+that encloses it in time; device activity belongs to the step that encloses the CPU call that
+launched it (correlation id, then External id), because GPU work spills past the step's end. A
+window runs from the first *activity* of its iteration to the first activity of the next one (the
+last to its last end), where activity means device kernels/copies on ranks that have them and CPU
+work on CPU-only ranks — the lanes attribution looks at.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.model import schema
+from tracekit.model.diagnostics import TraceError
+
+DEFAULT_STEP = r"ProfilerStep\s*#\s*(\d+)"
+ACTIVITY_KINDS = ("compute", "comm", "memory")
+
+
+def _dict_flags(col: pa.ChunkedArray | pa.Array, predicate) -> np.ndarray:
+    """Evaluate ``predicate`` once per dictionary value and map it to every row (nulls are False)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()
+    flags = np.array([bool(predicate(v)) for v in arr.dictionary.to_pylist()] + [False], dtype=bool)
+    idx = pc.fill_null(arr.indices, len(flags) - 1).to_numpy(zero_copy_only=False)
+    return flags[idx]
+
+
+def _frame(events: pa.Table) -> pl.DataFrame:
+    """The columns iteration finding needs, with string tests done once per dictionary value."""
+    kind = events.column("kind")
+    is_cpu = _dict_flags(events.column("lane"), lambda v: v is not None and v.startswith("cpu"))
+    df = pl.from_arrow(events.select(["rank", "start_ns", "dur_ns", "correlation", "external_id"]))
+    assert isinstance(df, pl.DataFrame)
+    return df.with_columns(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
+        pl.Series("is_cpu", is_cpu),
+        pl.Series("on_device", pc.is_valid(events.column("device")).to_numpy(zero_copy_only=False)),
+        pl.Series("is_runtime", _dict_flags(kind, lambda v: v == "runtime")),
+        pl.Series("is_cpu_op", _dict_flags(kind, lambda v: v == "cpu_op")),
+        pl.Series("is_activity", _dict_flags(kind, lambda v: v in ACTIVITY_KINDS)),
+        pl.Series("is_step_kind", _dict_flags(kind, lambda v: v in ("annotation", "cpu_op")) & is_cpu),
+    )
+
+
+def step_annotations(events: pa.Table, df: pl.DataFrame, step_marker: str | None) -> pl.DataFrame:
+    """Step intervals per rank: ``rank, iteration, s_start, s_end`` from annotations on CPU lanes."""
+    pattern = step_marker or DEFAULT_STEP
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise TraceError(None, f"--step-marker {pattern!r} is not a valid regular expression: {exc}") from exc
+    matches = _dict_flags(events.column("name"), lambda v: v is not None and regex.search(v) is not None)
+    rows = np.flatnonzero(matches & df.get_column("is_step_kind").to_numpy())
+    empty = pl.DataFrame(schema={"rank": pl.Int32, "iteration": pl.Int64, "s_start": pl.Int64, "s_end": pl.Int64})
+    if rows.size == 0:
+        return empty
+    names = events.column("name").take(pa.array(rows)).cast(pa.string()).to_pylist()
+    numbers = []
+    for nm in names:
+        m = regex.search(nm)
+        g = m.group(1) if m and m.groups() else None
+        # a number beyond int64 is no step number: such steps are numbered by order like unnumbered ones
+        numbers.append(int(g) if g is not None and g.isdigit() and len(g) < 19 else None)
+    cand = df[rows].with_columns(pl.Series("number", numbers, dtype=pl.Int64)).sort(["rank", "start_ns"],
+                                                                                     maintain_order=True)
+    # without a numeric group, number the matches in order per rank
+    cand = cand.with_columns(pl.coalesce("number", pl.int_range(pl.len()).over("rank").cast(pl.Int64))
+                             .alias("iteration"))
+    # a step name may repeat (e.g. nested markers): keep the outermost, first occurrence
+    cand = cand.unique(["rank", "iteration"], keep="first", maintain_order=True)
+    return cand.select(["rank", "iteration", pl.col("start_ns").alias("s_start"),
+                        (pl.col("start_ns") + pl.col("dur_ns")).alias("s_end")]).sort(["rank", "s_start"])
+
+
+def assign(events: pa.Table, step_marker: str | None = None, *, require_steps: bool = True
+           ) -> tuple[pa.Table, pa.Table]:
+    """Return ``(events with the iteration column filled, iterations table)``.
+
+    A ``step_marker`` that matches nothing is an error, unless ``require_steps`` is False (one rank of
+    many: the caller decides once it has seen them all)."""
+    if events.num_rows == 0:
+        return events, schema.empty(schema.ITERATIONS)
+    df = _frame(events)
+    steps = step_annotations(events, df, step_marker)
+    method = "step-marker" if step_marker else "ProfilerStep"
+    if step_marker and steps.height == 0 and require_steps:
+        raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
+    it, ok = step_of(df.get_column("rank").to_numpy(), df.get_column("start_ns").to_numpy(), steps)
+    if steps.height:
+        # device activity: through the launching CPU call (External id first, then the CUPTI
+        # correlation, which is 1:1 and overrides it); only the few rows involved are touched
+        by_time = df.select(["row", "rank", "correlation", "external_id"]).with_columns(
+            pl.Series("it", it.copy()).scatter(np.flatnonzero(~ok), None))
+        for key, source, target in (
+            ("external_id", pl.col("is_cpu") & pl.col("is_cpu_op"), pl.col("on_device")),
+            ("correlation", pl.col("is_cpu") & pl.col("is_runtime"), pl.col("on_device")),
+        ):
+            # the first source in file order wins (sorted explicitly: filters keep order, joins need not)
+            src = (by_time.filter(df.select(source & pl.col(key).is_not_null()).to_series()
+                                  & pl.col("it").is_not_null())
+                   .select(["rank", key, "it"]).unique(["rank", key], keep="first", maintain_order=True))
+            dst = by_time.filter(df.select(target & pl.col(key).is_not_null()).to_series()).select(["row", "rank", key])
+            hit = dst.join(src, on=["rank", key], how="inner")
+            rows = hit.get_column("row").to_numpy()
+            it[rows] = hit.get_column("it").to_numpy()
+            ok[rows] = True
+    iteration = pa.array(it, pa.int64(), mask=~ok)
+    events = events.set_column(events.schema.get_field_index("iteration"), schema.EVENTS.field("iteration"),
+                               iteration)
+    windows = _windows(df.with_columns(pl.Series("iteration", iteration)), steps, method)
+    return events, windows
+
+
+def step_of(rank: np.ndarray, start: np.ndarray, steps: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Iteration of each event by time: the step on its rank whose interval contains its start.
+
+    Returns ``(iteration int64, found bool)``. Exact for any int64 times (a search per rank that has
+    steps, no combined keys); among steps starting at the same instant the highest number wins. An
+    elementwise function of each event, so it gives the same answer batch by batch as on a whole table.
+    """
+    n = len(start)
+    out = np.zeros(n, dtype=np.int64)
+    found = np.zeros(n, dtype=bool)
+    if steps.height == 0 or n == 0:
+        return out, found
+    s_rank = steps.get_column("rank").to_numpy().astype(np.int64)
+    s_start = steps.get_column("s_start").to_numpy()
+    s_end = steps.get_column("s_end").to_numpy()
+    s_it = steps.get_column("iteration").to_numpy()
+    so = np.lexsort((s_it, s_start, s_rank))
+    s_rank, s_start, s_end, s_it = s_rank[so], s_start[so], s_end[so], s_it[so]
+    rank = np.asarray(rank).astype(np.int64)
+    ranks = np.unique(s_rank)
+    if ranks.size == 1:
+        segments = [(int(ranks[0]), np.flatnonzero(rank == ranks[0]))]
+    else:
+        eo = np.argsort(rank, kind="stable")
+        r_sorted = rank[eo]
+        segments = [(int(r), eo[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")])
+                    for r in ranks]
+    for r, idx in segments:
+        if not idx.size:
+            continue
+        lo, hi = np.searchsorted(s_rank, r, "left"), np.searchsorted(s_rank, r, "right")
+        t = start[idx]
+        pos = np.searchsorted(s_start[lo:hi], t, side="right") - 1
+        j = lo + np.maximum(pos, 0)
+        inside = (pos >= 0) & (t < s_end[j])
+        out[idx] = np.where(inside, s_it[j], 0)
+        found[idx] = inside
+    return out, found
+
+
+def activity_mask(df: pl.DataFrame, gpu_ranks: pl.Series) -> pl.Expr:
+    """Rows that open and close iteration windows: device activity on ranks that have it, CPU work
+    (activity or operators) on CPU-only ranks — the lanes attribution looks at."""
+    is_gpu = pl.col("rank").is_in(gpu_ranks.implode())
+    return ((is_gpu & pl.col("on_device") & pl.col("is_activity"))
+            | (~is_gpu & (pl.col("is_activity") | pl.col("is_cpu_op"))))
+
+
+def aggregate(activity: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, iteration): first start and last end of the activity (partial aggregates of batches
+    combine by min/max)."""
+    return activity.filter(pl.col("iteration").is_not_null()).group_by(["rank", "iteration"]).agg(
+        pl.col("start_ns").min().alias("first"), (pl.col("start_ns") + pl.col("dur_ns")).max().alias("last"))
+
+
+def aggregate_whole(activity: pl.DataFrame) -> pl.DataFrame:
+    """Per rank: first start and last end of the activity (for the whole-trace window)."""
+    return activity.group_by("rank").agg(pl.col("start_ns").min().alias("start_ns"),
+                                         (pl.col("start_ns") + pl.col("dur_ns")).max().alias("end_ns"))
+
+
+def whole_trace_windows(whole: pl.DataFrame) -> pa.Table:
+    """One window per rank over all its activity, when there are no steps."""
+    whole = whole.sort("rank")
+    return schema.table(schema.ITERATIONS, {
+        "rank": whole.get_column("rank").to_arrow(), "iteration": [0] * whole.height,
+        "start_ns": whole.get_column("start_ns").to_arrow(), "end_ns": whole.get_column("end_ns").to_arrow(),
+        "method": ["whole-trace"] * whole.height})
+
+
+def windows_from(act: pl.DataFrame, steps: pl.DataFrame, gpu_ranks: pl.Series, method: str) -> pa.Table:
+    """Iteration windows from the per-(rank, iteration) activity aggregates."""
+    # CPU-only ranks: the step annotation itself opens the iteration
+    cpu_steps = steps.filter(~pl.col("rank").is_in(gpu_ranks.implode())).select(
+        ["rank", "iteration", pl.col("s_start").alias("first_s")])
+    act = act.join(cpu_steps, on=["rank", "iteration"], how="left").with_columns(
+        pl.min_horizontal("first", "first_s").alias("first")).drop("first_s")
+    act = act.sort(["rank", "iteration"]).with_columns(
+        pl.col("first").cum_max().over("rank").alias("first"))
+    act = act.with_columns(
+        pl.col("first").shift(-1).over("rank").alias("next"))
+    act = act.with_columns(pl.coalesce("next", pl.max_horizontal("last", "first")).alias("end"))
+    act = act.filter(pl.col("end") > pl.col("first"))
+    return schema.table(schema.ITERATIONS, {
+        "rank": act.get_column("rank").to_arrow(), "iteration": act.get_column("iteration").to_arrow(),
+        "start_ns": act.get_column("first").to_arrow(), "end_ns": act.get_column("end").to_arrow(),
+        "method": [method] * act.height})
+
+
+def _windows(df: pl.DataFrame, steps: pl.DataFrame, method: str) -> pa.Table:
+    """Iteration windows per rank from the activity that belongs to each iteration."""
+    gpu_ranks = df.filter(pl.col("on_device") & pl.col("is_activity")).get_column("rank").unique()
+    activity = df.filter(activity_mask(df, gpu_ranks))
+    if steps.height == 0:
+        return whole_trace_windows(aggregate_whole(activity))
+    return windows_from(aggregate(activity), steps, gpu_ranks, method)

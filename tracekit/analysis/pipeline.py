@@ -1,0 +1,260 @@
+"""The analysis pipeline: a TraceSet in, every result table out. Pure functions of the tables; the CLI,
+the exporters and the TUI only read an :class:`Analysis`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import polars as pl
+import pyarrow as pa
+
+from tracekit.analysis import (
+    attribution,
+    collectives,
+    critical_path,
+    dag,
+    horovod,
+    idle,
+    iterations,
+    links,
+    nccl_join,
+    top_ops,
+    whatif,
+)
+from tracekit.loading.traceset import TraceSet
+from tracekit.model import schema
+from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.units import memory_budget
+
+if TYPE_CHECKING:
+    from tracekit.scale.dataset import Dataset
+
+#: memory one event takes while its rank's exposed communication is split (events table + attribution sweep)
+SPLIT_BYTES_PER_EVENT = 400
+
+
+@dataclass
+class EventBatches:
+    """The events of every rank as a stream of batches (for exports that must not hold them all)."""
+
+    dataset: Dataset
+    schema: pa.Schema = schema.EVENTS
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        return self.dataset.event_batches()
+
+
+@dataclass
+class Analysis:
+    """Results of analysing one job. Table column names are a public contract (DESIGN.md)."""
+
+    traces: TraceSet
+    events: pa.Table  # with the iteration column filled
+    iterations: pa.Table
+    breakdown: pa.Table
+    ranks: pa.Table  # the TraceSet's ranks with the clock columns filled
+    collectives: pa.Table  # the TraceSet's, with NCCL-log facts joined into the trace rows
+    instances: pa.Table  # collective_instances
+    members: pa.Table  # collective_members: one row per (instance, rank)
+    line_rate_bps: float | None = None
+    line_rate_source: str | None = None  # "given", "topology" or None
+    #: line rates of some links only, by selector (process group name or description, ``intra``, ``inter``)
+    line_rates: dict[str, float] = field(default_factory=dict)
+    matched: bool = False  # whether collectives were matched across ranks (wait/transfer known)
+    notes: list[str] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)  # the inputs' and the analysis' warnings
+    horovod: horovod.Result | None = None  # Horovod timelines' tables (tracekit/analysis/horovod.py), None without one
+    dataset: Dataset | None = None  # set when analysed rank by rank: the events stay on disk (``events`` is empty)
+    memory_budget: str | int | None = None  # rank by rank: the memory one rank's events may take (--memory-budget)
+
+    @property
+    def horovod_only(self) -> bool:
+        """A job of Horovod timelines without profiler traces: no compute to attribute, no five-way breakdown."""
+        return self.horovod is not None and self.horovod.only
+
+    @cached_property
+    def graph(self) -> dag.Graph:
+        """The dependency graph of the whole job (built on first use)."""
+        if self.dataset is not None:
+            raise TraceError(None, "the critical path and what-if need the whole job in memory: run without "
+                             "--engine, --scheduler, --dataset and --memory-budget")
+        # Horovod's phases are a coordinator's per-tensor view, not a thread's program order: the graph (critical
+        # path, what-if) is built from the profiler traces only
+        events = self.events if self.horovod is None else horovod.without_timeline(self.events)
+        return dag.build(events, self.ranks, whatif.consistent_members(self.members, self.instances, self.collectives))
+
+    @cached_property
+    def critical_path(self) -> pl.DataFrame:
+        """Critical-path segments of every iteration (:mod:`tracekit.analysis.critical_path`)."""
+        return critical_path.paths(self.graph, self.iterations, self.ranks)
+
+    @cached_property
+    def critical_path_summary(self) -> pl.DataFrame:
+        """Per iteration: path length, share of each label, ranks crossed, most waited-on rank."""
+        return critical_path.summary(self.critical_path, self.iterations, self.ranks)
+
+    @property
+    def pg_desc(self) -> dict[str, str]:
+        """Process group name -> description, from the traces' ``pg_config``."""
+        return collectives.group_descs(f.meta for f in self.traces.files)
+
+    @cached_property
+    def whatif(self) -> whatif.Model:
+        """The what-if model of the job (its graph with re-costable transfers)."""
+        return whatif.build(self.events, self.collectives, self.ranks, self.members, self.instances,
+                            line_rate_bps=self.line_rate_bps, graph=self.graph, line_rates=self.line_rates,
+                            pg_desc=self.pg_desc)
+
+    @cached_property
+    def bottleneck(self) -> whatif.Bottleneck | None:
+        """Is the network the bottleneck? None when the job has no communication."""
+        if self.horovod_only or self.dataset is not None or self.whatif.comm.height == 0:
+            return None
+        return whatif.bottleneck(self.whatif)
+
+    @cached_property
+    def top_ops(self) -> pa.Table:
+        """Per rank, attribution class and op: the time of the kernels and CPU operators behind each class
+        (:mod:`tracekit.analysis.top_ops`)."""
+        return self._per_rank_events(lambda ev, it: top_ops.table(ev, it), schema.TOP_OPS)
+
+    @cached_property
+    def op_totals(self) -> pa.Table:
+        """Per rank and op: calls and time inside the iteration windows (:func:`tracekit.analysis.top_ops.totals`)."""
+        return self._per_rank_events(lambda ev, it: top_ops.totals(ev, it), top_ops.TOTALS_SCHEMA)
+
+    @cached_property
+    def idle_breakdown(self) -> pa.Table:
+        """Per window: its idle time split into host-bound, synchronisation and other
+        (:mod:`tracekit.analysis.idle`)."""
+        return self._per_rank_events(lambda ev, it: idle.breakdown(ev, it, self.breakdown), schema.IDLE_BREAKDOWN)
+
+    def _per_rank_events(self, fn, out_schema: pa.Schema) -> pa.Table:
+        """``fn(events, iterations)`` of the job — of each rank in turn when the events stay on disk (a rank over the
+        memory budget is left out, and a note says so)."""
+        if self.horovod_only or self.breakdown.num_rows == 0:
+            return schema.empty(out_schema)
+        if self.dataset is None:
+            events = self.events if self.horovod is None else horovod.without_timeline(self.events)
+            return schema.conform(fn(events, self.iterations), out_schema)
+        budget = memory_budget(self.memory_budget)
+        iters = pl.from_arrow(self.iterations)
+        assert isinstance(iters, pl.DataFrame)
+        parts, too_big = [], []
+        for rank, n in sorted(self.dataset.rank_event_counts().items()):
+            if n * SPLIT_BYTES_PER_EVENT > budget:
+                too_big.append(rank)
+                continue
+            parts.append(schema.conform(fn(self.dataset.rank_events(rank),
+                                           iters.filter(pl.col("rank") == rank).to_arrow()), out_schema))
+        if too_big:
+            note = (f"top ops and idle split of rank{'s' if len(too_big) > 1 else ''} {_ranks_text(too_big)} left out: "
+                    "its events exceed the memory budget")
+            if note not in self.notes:
+                self.notes.append(note)
+        return pa.concat_tables(parts) if parts else schema.empty(out_schema)
+
+    def tables(self, *, paths: bool = True) -> Tables:
+        """Every exportable table by name (the events as a stream of batches when they stay on disk), each
+        computed when first looked up (exporting one table computes no other); ``paths=False`` leaves out the
+        critical-path tables, which build the job's dependency graph on first use (the TUI asks without them
+        until a worker has built it)."""
+        out: dict[str, Callable[[], pa.Table | EventBatches]] = {
+            "ranks": lambda: self.ranks,
+            "events": lambda: self.events if self.dataset is None else EventBatches(self.dataset),
+            "iterations": lambda: self.iterations,
+            "breakdown": lambda: self.breakdown,
+            "collectives": lambda: self.collectives,
+            "collective_instances": lambda: self.instances,
+            "collective_members": lambda: self.members,
+        }
+        if self.traces.topology.num_rows:
+            out["topology"] = lambda: self.traces.topology
+        if not self.horovod_only:
+            out["top_ops"] = lambda: self.top_ops
+            out["idle_breakdown"] = lambda: self.idle_breakdown
+        # a timeline alone has no compute to follow a path through; rank by rank there is no graph
+        if paths and not self.horovod_only and self.dataset is None:
+            out["critical_path"] = lambda: self.critical_path.to_arrow()
+            out["critical_path_summary"] = lambda: self.critical_path_summary.to_arrow()
+        if self.horovod is not None:
+            for name, table in self.horovod.tables().items():
+                out[name] = lambda t=table: t
+        return Tables(out)
+
+
+class Tables(Mapping[str, "pa.Table | EventBatches"]):
+    """Result tables by name, each computed when first looked up (``dict(tables)`` computes them all)."""
+
+    def __init__(self, makers: dict[str, Callable[[], pa.Table | EventBatches]]) -> None:
+        self._makers = makers
+        self._made: dict[str, pa.Table | EventBatches] = {}
+
+    def __getitem__(self, name: str) -> pa.Table | EventBatches:
+        if name not in self._made:
+            self._made[name] = self._makers[name]()
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
+def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: float | None = None,
+            align_clocks: bool = True, line_rates: dict[str, float] | None = None) -> Analysis:
+    """Iterations, cross-rank matching and clocks, attribution (with wait/transfer where matched) and link
+    figures for every rank of ``traces``. ``link_bw_bps`` is the line rate (bits/s) to compare with;
+    ``line_rates`` that of some links only (the what-if's, by selector: :func:`tracekit.analysis.whatif.selects`)."""
+    hvd = horovod.prepare(traces, step_marker)  # None without a Horovod timeline
+    if hvd is not None:  # Horovod's collectives on the clock its timeline was aligned to
+        traces = replace(traces, collectives=hvd.collectives)
+    colls, join_notes = nccl_join.join(traces.collectives)
+    events, iters = iterations.assign(traces.events if hvd is None else hvd.base_events(traces.events),
+                                      step_marker)
+    if hvd is not None:
+        events, iters = hvd.use_iterations(events, iters)
+    attr_events = events if hvd is None else hvd.attribution_events(events)
+    groups = collectives.groups_from_meta(f.meta for f in traces.files)
+    matching = collectives.match(colls, traces.ranks, groups=groups, events=events, align=align_clocks)
+    colls = collectives.fill_sizes(colls, matching)
+    split = collectives.comm_split(attr_events, matching) if matching.matched else None
+    breakdown = attribution.breakdown(attr_events, iters, colls, comm_split=split)
+    if hvd is not None:
+        breakdown = hvd.attribute(breakdown, attr_events, iters, colls, split)
+    rate, rate_source = links.line_rate(link_bw_bps, traces.topology)
+    breakdown = links.window_links(breakdown, colls, rate)
+    instances = links.instance_links(matching.instances, rate)
+    ranks = collectives.apply_clocks(traces.ranks, matching.clocks)
+    notes = []
+    sizes_note = collectives.transfer_sizes(colls)["note"]
+    if sizes_note:
+        notes.append(sizes_note)
+    methods = sorted(set(iters.column("method").to_pylist())) if iters.num_rows else []
+    if methods:
+        notes.append("iterations from " + ", ".join(methods))
+    hvd_result = None
+    if hvd is not None:
+        notes.extend(hvd.notes)
+        if hvd.only:
+            notes.append("Horovod timeline without profiler traces: no compute to attribute (give rank 0's "
+                         "trace for the five-way breakdown)")
+        else:
+            notes.append("critical path and what-if use the profiler traces only (Horovod's phases are not in "
+                         "their graph)")
+        hvd_result = horovod.result(hvd, iters, rate)
+    return Analysis(traces=traces, events=events, iterations=iters, breakdown=breakdown, ranks=ranks,
+                    collectives=colls, instances=instances, members=matching.members, line_rate_bps=rate,
+                    line_rate_source=rate_source, line_rates=dict(line_rates or {}), matched=matching.matched,
+                    notes=notes,
+                    diagnostics=[*traces.diagnostics, *join_notes, *matching.diagnostics,
+                                 *(hvd.diagnostics if hvd is not None else [])],
+                    horovod=hvd_result)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")

@@ -1,0 +1,132 @@
+"""Replay a dependency graph with new edge weights: the as-soon-as-possible schedule it implies.
+
+Every node happens at the max over its incoming edges of (source time + weight); sources keep their
+measured times. Edges along a lane (an activity's own work, program order) form chains, solved for a
+whole lane at once as a max-plus prefix scan: ``T[m] = max(X[m], T[m-1] + w[m])`` is
+``A[m] + cummax(X - A)`` with ``A`` the prefix sum of chain weights. Cross-lane edges feed ``X``; the
+two steps alternate until nothing moves, which takes one round per lane change on the longest
+dependency chain, not one per node. Replaying the measured weights reproduces the trace exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from tracekit.analysis.dag import EDGE_TYPES, Graph
+
+_OWN = EDGE_TYPES.index("own")
+_PROGRAM = EDGE_TYPES.index("program")
+MAX_ROUNDS = 100_000
+
+
+@dataclass(frozen=True)
+class Chains:
+    """The graph split into lane chains and cross edges (computed once, reused for every scenario)."""
+
+    chain_edge: np.ndarray  # per node: the edge from its chain predecessor, -1 at a lane's start
+    seg: np.ndarray  # per node: chain segment id (nondecreasing)
+    cross: np.ndarray  # indices of cross edges, sorted by destination
+    cross_dst_bounds: np.ndarray  # reduceat boundaries into cross (one per distinct destination)
+    cross_dsts: np.ndarray  # the distinct destinations
+    sources: np.ndarray  # nodes without any incoming edge
+
+
+def chains(graph: Graph) -> Chains:
+    """Split ``graph`` into per-lane chains (own + program edges) and cross edges."""
+    n = graph.n_nodes
+    chain_edge = np.full(n, -1, dtype=np.int64)
+    is_chain = (graph.etype == _OWN) | (graph.etype == _PROGRAM)
+    ce = np.flatnonzero(is_chain)
+    # own: S_i -> E_i (consecutive nodes); program: E_i -> S_{i+1} (consecutive activities on a lane)
+    consecutive = graph.dst[ce] == graph.src[ce] + 1
+    chain_edge[graph.dst[ce[consecutive]]] = ce[consecutive]
+    seg = np.cumsum(chain_edge < 0) - 1
+    cross = np.flatnonzero(~np.isin(np.arange(graph.src.size), ce[consecutive]))
+    cross = cross[np.argsort(graph.dst[cross], kind="stable")]
+    d = graph.dst[cross]
+    starts = np.flatnonzero(np.concatenate(([True], d[1:] != d[:-1]))) if d.size else np.zeros(0, np.int64)
+    has_in = np.zeros(n, dtype=bool)
+    has_in[graph.dst] = True
+    return Chains(chain_edge=chain_edge, seg=seg, cross=cross, cross_dst_bounds=starts,
+                  cross_dsts=d[starts] if d.size else d, sources=np.flatnonzero(~has_in))
+
+
+def _with_extra(graph: Graph, ch: Chains, extra_dst: np.ndarray) -> Chains:
+    """``ch`` with extra cross edges (numbered after the graph's own) merged in, sorted by destination."""
+    ids = np.arange(graph.src.size, graph.src.size + extra_dst.size)
+    cross = np.concatenate([ch.cross, ids])
+    dst = np.concatenate([graph.dst[ch.cross], extra_dst])
+    order = np.argsort(dst, kind="stable")
+    cross, dst = cross[order], dst[order]
+    starts = np.flatnonzero(np.concatenate(([True], dst[1:] != dst[:-1])))
+    return Chains(chain_edge=ch.chain_edge, seg=ch.seg, cross=cross, cross_dst_bounds=starts,
+                  cross_dsts=dst[starts], sources=np.setdiff1d(ch.sources, extra_dst))
+
+
+def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_rounds: int = MAX_ROUNDS,
+           extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, int]:
+    """Node times of the ASAP schedule under ``weight`` (one per edge); returns (times, rounds).
+
+    ``extra`` adds edges ``(src, dst, weight)`` that only this replay has (e.g. transfers sharing a
+    link one after the other, which the measured schedule overlapped).
+    """
+    ch = ch or chains(graph)
+    if extra is not None and extra[0].size:
+        ch = _with_extra(graph, ch, extra[1])
+    n = graph.n_nodes
+    t_meas = graph.node_time
+    t0 = int(t_meas.min()) if n else 0
+    span = int(t_meas.max()) - t0 + 1 if n else 1
+    # chain prefix sums per segment
+    w_chain = np.where(ch.chain_edge >= 0, weight[np.maximum(ch.chain_edge, 0)], 0).astype(np.int64)
+    csum = np.cumsum(w_chain)
+    seg_first = np.flatnonzero(ch.chain_edge < 0)
+    # a[m]: sum of the chain weights from the first node of m's lane up to m
+    a = csum - csum[seg_first][ch.seg]
+    scale = int(max(span, int(np.abs(a).max()) if a.size else 0, int(weight.max()) if weight.size else 0)) + 1
+    n_seg = int(ch.seg.max()) + 1 if ch.seg.size else 1
+    # exact int64 arithmetic while every value stays far from overflow; damaged timestamps spanning years
+    # fall back to float64 (the replay of such a trace is not worth nanoseconds)
+    exact = 64 * scale < 1 << 62
+    dt = np.int64 if exact else np.float64
+    neg = -8 * scale if exact else -8.0 * scale  # "no constraint", far below any real time (relative to t0)
+    # segments are separated in one running max by offsets, when those fit; else a per-segment cummax
+    big = 32 * scale  # separates segments in the running max
+    offsets = exact and big * (n_seg + 1) < 1 << 62
+    seg_off = ch.seg.astype(np.int64) * big if offsets else None
+    a = a.astype(dt)
+    t_rel = (t_meas - t0).astype(dt)
+    x = np.full(n, neg, dtype=dt)
+    x[ch.sources] = t_rel[ch.sources]
+    times = np.full(n, neg, dtype=dt)
+    all_src = graph.src if extra is None else np.concatenate([graph.src, extra[0]])
+    all_w = weight if extra is None else np.concatenate([weight, extra[2]])
+    src = all_src[ch.cross]
+    w = all_w[ch.cross].astype(dt)
+    rounds = 0
+    while rounds < max_rounds:
+        rounds += 1
+        # chain scan: T = A + segmented cummax(X - A)
+        v = np.maximum(x - a, neg)
+        if seg_off is not None:
+            new = np.maximum.accumulate(v + seg_off) - seg_off + a
+        else:
+            new = pl.DataFrame({"s": ch.seg, "v": v}).select(pl.col("v").cum_max().over("s")).to_series().to_numpy()
+            new = new + a
+        new = np.where(new < neg // 2, neg, new)
+        if np.array_equal(new, times):
+            break
+        times = new
+        # cross edges: X = max over incoming (T[src] + w), sources keep their time
+        if ch.cross.size:
+            vals = np.where(times[src] <= neg // 2, neg, times[src] + w)
+            best = np.maximum.reduceat(vals, ch.cross_dst_bounds)
+            x = np.full(n, neg, dtype=dt)
+            x[ch.cross_dsts] = best
+            x[ch.sources] = t_rel[ch.sources]
+    if not exact:
+        times = np.rint(times).astype(np.int64)
+    return times + t0, rounds

@@ -1,0 +1,237 @@
+"""The kernels and CPU operators behind each attribution class: which ops the compute, overlapped, exposed
+communication and memory time of every rank was spent in (the kernel breakdown Holistic Trace Analysis
+users know, cut along tracekit's classes).
+
+Every activity attribution looks at (:func:`tracekit.analysis.attribution.activity`) is measured against the
+rank's attribution of each instant, inside the iteration windows:
+
+- compute kernels (and, on CPU-only ranks, the CPU operators) count in ``compute`` and ``overlapped``;
+- communication (NCCL kernels, gloo work) in ``overlapped`` and ``exposed_comm``;
+- copies and sets in ``memory`` (a copy running under a kernel is that kernel's class, not memory).
+
+An op's ``time_ns`` in a class is the time at least one of its calls ran in the instants of that class
+(calls of one op running at once — gloo work on two threads, one kernel on two streams — count once), so
+``class_share`` — how much of the class the op covers — is at most 1; different ops running at once each
+count, so the ops of a class can add up to more than the class. CPU operators nest: only each thread's
+top-level operators are listed (their nested calls folded in, as the critical path names them), so a
+thread's time is never counted twice.
+
+One sweep over the activity (:func:`tracekit.analysis.intervals.sweep`) gives the class segments; each op's time
+per class is a difference of prefix sums at its start and end (one ``searchsorted`` per rank); an op's calls
+are merged into runs first (a cumulative maximum per op), so its time is their union.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.analysis import attribution
+from tracekit.analysis.intervals import sweep
+from tracekit.model import schema
+
+#: the classes ops are listed under, in display order (idle has no ops)
+CLASSES = ("compute", "overlapped", "exposed_comm", "memory")
+#: classes an activity of each attribution interval class can be in
+_ELIGIBLE = {attribution.COMPUTE: (0, 1), attribution.TRANSFER: (1, 2), attribution.MEMORY: (3,)}
+
+
+def class_segments(act: pl.DataFrame, iterations: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The attribution of every instant inside the windows, as segments in time order per rank:
+    ``(rank, start, length, class)`` with class an index of :data:`CLASSES`, -1 for idle."""
+    win = attribution.sorted_windows(iterations)
+    w_rank = win.get_column("rank").to_numpy().astype(np.int64)
+    s = sweep(act.get_column("rank").to_numpy().astype(np.int64), act.get_column("start_ns").to_numpy(),
+              act.get_column("end_ns").to_numpy(), act.get_column("cls").to_numpy(), 5, w_rank,
+              win.get_column("start_ns").to_numpy(), win.get_column("end_ns").to_numpy())
+    assert s.start is not None
+    c = (s.state & (1 << attribution.COMPUTE)) != 0
+    comm = (s.state & ((1 << attribution.TRANSFER) | (1 << attribution.WAIT) | (1 << attribution.UNSPLIT))) != 0
+    mem = (s.state & (1 << attribution.MEMORY)) != 0
+    code = np.select([c & ~comm, c & comm, ~c & comm, mem], [0, 1, 2, 3], -1)
+    return w_rank[s.window], s.start, s.length, code
+
+
+def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Dictionary codes of a column (-1 for null) and the dictionary they index."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.unify_dictionaries() if pa.types.is_dictionary(col.type) else col
+        col = col.combine_chunks() if col.num_chunks else pa.array([], col.type)
+    if not pa.types.is_dictionary(col.type):
+        col = col.dictionary_encode()
+    codes = pc.fill_null(col.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, col.dictionary.cast(pa.string())
+
+
+def _listed(events: pa.Table, act: pl.DataFrame) -> tuple[pl.DataFrame, pa.Array, pa.Array]:
+    """The activities an op row can name — device activity as is, CPU work only at the top of its thread — with
+    integer ``lane, kind, name`` codes (sorting and grouping on codes, not strings), and the kind and name
+    dictionaries."""
+    rows = act.get_column("row").to_numpy()
+    lane, _ = _codes(events.column("lane"))
+    kind, kinds = _codes(events.column("kind"))
+    name, names = _codes(events.column("name"))
+    dev = np.asarray(pc.is_valid(events.column("device")).to_numpy(zero_copy_only=False), dtype=bool)
+    a = act.with_columns(pl.Series("lane", lane[rows]), pl.Series("kind", kind[rows]), pl.Series("name", name[rows]),
+                         pl.Series("on_device", dev[rows]))
+    a = a.sort(["rank", "lane", "start_ns", "end_ns"], descending=[False, False, False, True])
+    reach = pl.col("end_ns").cum_max().shift(1).over(["rank", "lane"])
+    top = pl.col("on_device") | reach.is_null() | (pl.col("start_ns") >= reach)
+    return a.filter(top), kinds, names
+
+
+def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], rank: np.ndarray, start: np.ndarray,
+                 end: np.ndarray) -> np.ndarray:
+    """Time of each interval ``[start, end)`` of ``rank`` in each class (a column per :data:`CLASSES`), and in
+    the windows in all (the last column)."""
+    seg_rank, seg_start, seg_len, seg_code = segs
+    k = len(CLASSES)
+    times = np.zeros((rank.size, k + 1), dtype=np.int64)
+    for r in np.unique(seg_rank):
+        mine = np.flatnonzero(rank == r)
+        if mine.size == 0:
+            continue
+        sel = seg_rank == r
+        st, ln, code = seg_start[sel], seg_len[sel], seg_code[sel]
+        i0 = np.searchsorted(st, start[mine], side="right") - 1
+        i1 = np.searchsorted(st, end[mine], side="right") - 1
+        for c in range(k + 1):
+            hit = np.ones(code.size, dtype=bool) if c == k else code == c
+            cum = np.concatenate([[0], np.cumsum(np.where(hit, ln, 0))])
+            times[mine, c] = _upto(end[mine], i1, st, ln, hit, cum) - _upto(start[mine], i0, st, ln, hit, cum)
+    return times
+
+
+def _eligible(cls: np.ndarray) -> np.ndarray:
+    """Which classes an activity of each attribution interval class can be listed under."""
+    out = np.zeros((cls.size, len(CLASSES)), dtype=bool)
+    for c, allowed in _ELIGIBLE.items():
+        out[np.ix_(cls == c, list(allowed))] = True
+    return out
+
+
+_KEY = ["rank", "kind", "name"]
+
+
+def _op_times(events: pa.Table, iterations: pa.Table) -> tuple[pl.DataFrame, pl.DataFrame, dict[int, np.ndarray]]:
+    """Per op (rank, kind, name) and class: ``calls`` (its events with time in the class) and ``time_ns`` (the
+    time at least one of them ran in the class: calls of one op running at once count once), with class -1 for
+    the windows as a whole; and each rank's time per class."""
+    act = attribution.activity(events)
+    segs = class_segments(act, iterations)
+    seg_rank, _, seg_len, seg_code = segs
+    k = len(CLASSES)
+    totals = {int(r): np.array([seg_len[(seg_rank == r) & (seg_code == c)].sum() for c in range(k)], dtype=np.int64)
+              for r in np.unique(seg_rank)}
+    ops, kinds, names = _listed(events, act)
+    ops = ops.with_columns(pl.max_horizontal("start_ns", "end_ns").alias("end_ns"))
+    # the union of each op's calls: runs of overlapping calls merged
+    reach = pl.col("end_ns").cum_max().shift(1).over(_KEY)
+    merged = (ops.sort([*_KEY, "start_ns"]).with_columns((reach.is_null() | (pl.col("start_ns") > reach))
+                                                         .cum_sum().alias("_run"))
+              .group_by("_run").agg(*[pl.col(c).first() for c in _KEY], pl.col("cls").first(),
+                                    pl.col("start_ns").min(), pl.col("end_ns").max()))
+
+    def long(frame: pl.DataFrame, value: str) -> pl.DataFrame:
+        rank = frame.get_column("rank").to_numpy().astype(np.int64)
+        t = _class_times(segs, rank, frame.get_column("start_ns").to_numpy(), frame.get_column("end_ns").to_numpy())
+        t = np.concatenate([np.where(_eligible(frame.get_column("cls").to_numpy()), t[:, :k], 0), t[:, k:]], axis=1)
+        idx, cidx = np.nonzero(t > 0)
+        return pl.DataFrame({"rank": rank[idx].astype(np.int32), "kind": frame.get_column("kind").gather(idx),
+                             "name": frame.get_column("name").gather(idx),
+                             "_c": np.where(cidx == k, -1, cidx).astype(np.int64), value: t[idx, cidx]})
+
+    calls = long(ops, "_t").group_by([*_KEY, "_c"]).agg(pl.len().cast(pl.Int64).alias("calls"))
+    time = long(merged, "time_ns").group_by([*_KEY, "_c"]).agg(pl.col("time_ns").sum())
+
+    def named(frame: pl.DataFrame) -> pl.DataFrame:
+        k_idx, n_idx = frame.get_column("kind").to_numpy(), frame.get_column("name").to_numpy()
+        kind_s = pl.Series("kind", kinds.take(pa.array(np.maximum(k_idx, 0))), dtype=pl.String)
+        name_s = pl.Series("name", names.take(pa.array(np.maximum(n_idx, 0))), dtype=pl.String)
+        return frame.with_columns(pl.when(pl.Series(k_idx >= 0)).then(kind_s).alias("kind"),
+                                  pl.when(pl.Series(n_idx >= 0)).then(name_s).alias("name"))
+
+    return named(calls), named(time), totals
+
+
+def _upto(t: np.ndarray, i: np.ndarray, st: np.ndarray, ln: np.ndarray, hit: np.ndarray, cum: np.ndarray
+          ) -> np.ndarray:
+    """Time of the ``hit`` segments (starts ``st``, lengths ``ln``, prefix sums ``cum``) before each time ``t``;
+    ``i`` is the last segment starting at or before ``t`` (-1: none)."""
+    j = np.maximum(i, 0)
+    part = np.where(hit[j], np.clip(t - st[j], 0, ln[j]), 0)
+    return np.where(i >= 0, cum[j] + part, 0)
+
+
+def _windows(iterations: pa.Table) -> pl.DataFrame:
+    w = pl.from_arrow(iterations.select(["rank"]))
+    assert isinstance(w, pl.DataFrame)
+    return w.group_by("rank").len().rename({"len": "_windows"}).with_columns(pl.col("rank").cast(pl.Int32))
+
+
+def table(events: pa.Table, iterations: pa.Table) -> pa.Table:
+    """The ``top_ops`` table (:data:`schema.TOP_OPS`): per rank, class and op (kind, name), the calls and time,
+    largest first within each class."""
+    if iterations.num_rows == 0 or events.num_rows == 0:
+        return schema.empty(schema.TOP_OPS)
+    calls, time, totals = _op_times(events, iterations)
+    k = len(CLASSES)
+    tot = pl.DataFrame({"rank": np.repeat(np.array(list(totals), dtype=np.int32), k),
+                        "_c": np.tile(np.arange(k, dtype=np.int64), len(totals)),
+                        "_class_ns": np.concatenate(list(totals.values())) if totals else np.zeros(0, np.int64)})
+    out = (time.filter(pl.col("_c") >= 0).join(calls, on=[*_KEY, "_c"], how="left")
+           .join(_windows(iterations), on="rank", how="left").join(tot, on=["rank", "_c"], how="left")
+           .with_columns((pl.col("time_ns") / pl.col("_windows")).round().cast(pl.Int64).alias("per_iteration_ns"),
+                         (pl.col("time_ns") / pl.col("_class_ns")).alias("class_share"),
+                         pl.col("_c").replace_strict(dict(enumerate(CLASSES)), return_dtype=pl.String).alias("class"))
+           .sort(["rank", "_c", "time_ns", "name"], descending=[False, False, True, False])
+           .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over(["rank", "_c"]).alias("rank_in_class")))
+    return schema.conform(out.select(schema.TOP_OPS.names).to_arrow(), schema.TOP_OPS)
+
+
+#: columns of :func:`totals`
+TOTALS_SCHEMA = pa.schema([("rank", pa.int32()), ("kind", pa.string()), ("name", pa.string()), ("calls", pa.int64()),
+                           ("time_ns", pa.int64()), ("per_iteration_ns", pa.int64())])
+
+
+def totals(events: pa.Table, iterations: pa.Table) -> pa.Table:
+    """Per rank and op (kind, name; the ops :func:`table` lists): ``calls`` (with time inside the iteration
+    windows), ``time_ns`` (the time at least one of them ran inside the windows, whatever the class) and
+    ``per_iteration_ns``."""
+    if iterations.num_rows == 0 or events.num_rows == 0:
+        return TOTALS_SCHEMA.empty_table()
+    calls, time, _ = _op_times(events, iterations)
+    out = (time.filter(pl.col("_c") == -1).join(calls.filter(pl.col("_c") == -1), on=[*_KEY, "_c"], how="left")
+           .join(_windows(iterations), on="rank", how="left")
+           .with_columns((pl.col("time_ns") / pl.col("_windows")).round().cast(pl.Int64).alias("per_iteration_ns"))
+           .sort(["rank", "time_ns", "name"], descending=[False, True, False]))
+    return out.select(TOTALS_SCHEMA.names).to_arrow().cast(TOTALS_SCHEMA)
+
+
+def job_level(top_ops: pa.Table | pl.DataFrame, breakdown: pa.Table | pl.DataFrame, n: int | None = 10
+              ) -> pl.DataFrame:
+    """The job's top ops per class over every rank: ``class, kind, name, calls, time_ns, per_iteration_ns`` (per
+    rank-iteration window), ``class_share`` (of the class's time over all ranks, from ``breakdown``) and
+    ``rank_in_class``; the first ``n`` per class (all with ``n=None``)."""
+    t = pl.from_arrow(top_ops) if isinstance(top_ops, pa.Table) else top_ops
+    b = pl.from_arrow(breakdown) if isinstance(breakdown, pa.Table) else breakdown
+    assert isinstance(t, pl.DataFrame) and isinstance(b, pl.DataFrame)
+    cols = {"class": pl.String, "kind": pl.String, "name": pl.String, "calls": pl.Int64, "time_ns": pl.Int64,
+            "per_iteration_ns": pl.Int64, "class_share": pl.Float64, "rank_in_class": pl.Int64}
+    if t.height == 0 or b.height == 0:
+        return pl.DataFrame(schema=cols)
+    windows = b.height
+    class_ns = {c: int(b.get_column(f"{c}_ns").sum()) for c in CLASSES}
+    order = {c: i for i, c in enumerate(CLASSES)}
+    out = (t.group_by(["class", "kind", "name"]).agg(pl.col("calls").sum(), pl.col("time_ns").sum())
+           .with_columns((pl.col("time_ns") / windows).round().cast(pl.Int64).alias("per_iteration_ns"),
+                         (pl.col("time_ns") / pl.col("class").replace_strict(class_ns, return_dtype=pl.Float64))
+                         .alias("class_share"),
+                         pl.col("class").replace_strict(order, return_dtype=pl.Int64).alias("_o"))
+           .sort(["_o", "time_ns", "name"], descending=[False, True, False])
+           .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over("class").alias("rank_in_class")))
+    if n is not None:
+        out = out.filter(pl.col("rank_in_class") <= n)
+    return out.select(list(cols))

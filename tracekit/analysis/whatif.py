@@ -1,0 +1,686 @@
+"""What-if: replay the job's dependency graph with other links (DESIGN.md "What-if").
+
+Every communication activity's transfer is re-costed; compute, CPU work and the measured slack stay as
+they were; the graph decides what moves. A transfer of ``B`` bus bytes costs
+
+    latency + B / (c · R' · η)        (+ encode/decode of the payload when c > 1)
+
+for line rate ``R'``, compression ratio ``c`` and efficiency ``η``: 1 for full utilisation of the link,
+or as measured. As measured, a rank's link achieved some bus bandwidth ``A`` over the union of its
+transfer time while running at line rate ``R`` (``--link-bw``); that time is wire time at the protocol's
+efficiency (:data:`WIRE_EFFICIENCY`) plus per-byte work of the hosts (reductions, copies, the network
+stack: ``1/A - 1/(0.95 R)`` per byte), and only the wire time scales with the line rate. A job limited
+by its hosts therefore stays limited by them on a faster link, and a job limited by its link speeds up
+with it. ``n'`` workers change the bus bytes through the bus factor of each op
+(all-reduce ``2(n−1)/n``, ...) with the per-worker work unchanged (weak scaling, as data parallelism is).
+
+The predicted iteration time is the median time between consecutive iteration starts of the replayed
+schedule; the scaling factor is the iteration time with free communication divided by the predicted
+one — Zhang et al.'s ``T_n / (n·T)`` for a job whose per-worker work does not change with ``n``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from tracekit.analysis import contention, dag, replay
+from tracekit.analysis.dag import EDGE_TYPES, Graph
+from tracekit.analysis.intervals import union_length
+from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
+from tracekit.model.units import format_rate
+
+_OWN = EDGE_TYPES.index("own")
+_COLLECTIVE = EDGE_TYPES.index("collective")
+
+#: fixed cost of one collective call, by backend; small against real transfers, large against tiny ones
+DEFAULT_LATENCY_NS = {"nccl": 20_000, "gloo": 100_000}
+#: share of the line rate a busy link carries as payload (headers, acknowledgements; TCP over Ethernet
+#: carries 1448 of 1514 bytes per frame, 95.6 %; InfiniBand is similar)
+WIRE_EFFICIENCY = 0.95
+#: replays that re-cost compute by the predicted schedule's overlap with transfers (a fixed-point iteration)
+CONTENTION_ROUNDS = 2
+#: encode + decode cost of gradient compression, ns per payload byte (about 15 ms for ResNet-50's
+#: 102 MB, in the range Agarwal et al. (MLSys 2022) measured for PowerSGD / top-k on V100s)
+DEFAULT_CODEC_NS_PER_BYTE = 0.15
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One what-if question. ``None`` means "as the job ran".
+
+    ``bandwidth_bps`` sets the line rate of every link; ``links`` sets it for the links of some process groups
+    only — ``(selector, rate)`` pairs where the selector is a process group's name or description
+    (``dp`` also matches DeviceMesh's ``mesh_dp``) or a link class (``intra``: every member on one host,
+    ``inter``: across hosts) — and wins over ``bandwidth_bps`` where both apply."""
+
+    bandwidth_bps: float | None = None
+    compression: float = 1.0
+    workers: int | None = None
+    efficiency: str | float = "measured"  # "measured", "full" (= 1.0) or a number in (0, 1]
+    codec_ns_per_byte: float = DEFAULT_CODEC_NS_PER_BYTE
+    free: bool = False  # communication costs nothing (the reference for the scaling factor)
+    links: tuple[tuple[str, float], ...] = ()
+    bandwidth_scale: float = 1.0  # every link's rate (as set above, else as the job ran) times this
+
+
+#: what a transfer's size rests on, per communication activity of the model (``Model.comm["size"]``)
+SIZE_MEASURED, SIZE_ESTIMATED, SIZE_UNKNOWN = "measured", "estimated", "unknown"
+#: how to get sizes, for every message that has to admit they are unknown
+RECORD_SHAPES_HINT = ("record with tracekit.torch.profile(), which sets record_shapes=True, or give the job's NCCL "
+                      "debug log (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL)")
+
+
+class UnknownSizes(ValueError):
+    """A scenario needs transfer sizes that neither the traces nor a line rate can give."""
+
+
+@dataclass
+class Model:
+    """Everything a scenario needs, computed once per job.
+
+    ``comm`` has one row per communication activity: ``a`` (activity), ``rank``, ``transfer_ns`` (measured),
+    ``op``, ``nranks``, ``instance``, ``link`` (its process group), ``link_class`` (``intra``/``inter``/null),
+    ``bus`` (bus bytes at the job's group size; NaN when unknown), ``size`` (:data:`SIZE_MEASURED`,
+    :data:`SIZE_ESTIMATED` from transfer time at the line rate, or :data:`SIZE_UNKNOWN`), ``line_rate_bps``
+    (the rate its link ran at, NaN when not given) and ``speed`` (its link's measured bus bandwidth, bytes/ns).
+    """
+
+    graph: Graph
+    chains: replay.Chains
+    comm: pl.DataFrame
+    own_edge: np.ndarray  # per comm row: its own edge index
+    coll_edges: np.ndarray  # collective edges, and the comm row of their destination
+    coll_edge_row: np.ndarray
+    iteration_of: np.ndarray  # per activity: its iteration (or a huge negative number)
+    fifo: tuple[np.ndarray, np.ndarray, np.ndarray]  # consecutive transfers on a rank's link: (prev row, row, dst)
+    line_rate_bps: float | None
+    workers: int
+    latency_ns: int
+    measured_iteration_ns: int
+    backend: str = "nccl"
+    pg_desc: dict[str, str] = field(default_factory=dict)  # process group name -> description (pg_config)
+    #: compute slowed by communication in flight (:mod:`tracekit.analysis.contention`), and per compute activity its
+    #: own edge, the duration it would take alone, and its rank
+    contention: contention.Contention = contention.NONE
+    compute_edge: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    compute_base: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    compute_act: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def receiver(self) -> np.ndarray:
+        """Per comm row: the receiving side of a matched send/recv pair (its link time is the sender's)."""
+        if "send" not in self.comm.columns:
+            return np.zeros(self.comm.height, dtype=bool)
+        return (self.comm.get_column("send") == False).fill_null(False).to_numpy()  # noqa: E712
+
+    @property
+    def sizes(self) -> dict[str, Any]:
+        """How the transfer sizes the model uses were obtained: counts per kind, and the assumption behind the
+        estimated ones (``None`` when every size was recorded)."""
+        size = self.comm.get_column("size")
+        n = {k: int((size == k).sum()) for k in (SIZE_MEASURED, SIZE_ESTIMATED, SIZE_UNKNOWN)}
+        note = None
+        if n[SIZE_ESTIMATED]:
+            host = HOST_NS_PER_BYTE.get(self.backend, 0.0)
+            note = (f"transfer sizes of {n[SIZE_ESTIMATED]} of {self.comm.height} calls are not in the traces: they "
+                    "were estimated from the transfer times at the line rate the job ran on, assuming the link carried "
+                    f"payload at {100 * WIRE_EFFICIENCY:.0f} % of it" + (f" plus {host:g} ns of host work per byte "
+                                                                          f"({self.backend})" if host else ""))
+        elif n[SIZE_UNKNOWN]:
+            note = (f"transfer sizes of {n[SIZE_UNKNOWN]} of {self.comm.height} calls are not in the traces and no "
+                    "line rate was given to estimate them from transfer times")
+        return {**n, "calls": self.comm.height, "note": note}
+
+    @property
+    def line_rate_known(self) -> bool:
+        """Whether every communication activity's link has a known line rate."""
+        return bool(self.comm.height) and not self.comm.get_column("line_rate_bps").is_nan().any()
+
+
+#: host work per byte of a transfer (reductions, copies, the network stack) assumed when no transfer of the
+#: job has a known size: gloo's CPU reduction and TCP stack measured 1.4-2.9 ns/B on this project's 2-core VM
+#: with sizes recorded (benchmarks/whatif_accuracy.py); NCCL reduces on the GPU, off the host's path
+HOST_NS_PER_BYTE = {"gloo": 1.5, "nccl": 0.0}
+#: the most host work per byte a measured link is credited with; what a slow link loses beyond the wire and
+#: this is the protocol's inefficiency (TCP at a low rate, small messages), which shrinks with a faster link.
+#: gloo: the most this VM's cores spent reducing and pushing a byte through TCP on a fast link (1.4-2.9 ns/B
+#: with sizes recorded at 1-3 Gbit/s); NCCL reduces on the GPU
+HOST_NS_PER_BYTE_MAX = {"gloo": 3.0, "nccl": 0.0}
+
+
+def consistent_members(members: pa.Table | None, instances: pa.Table | None,
+                       collectives: pa.Table | None = None) -> pl.DataFrame | None:
+    """``rank, collective_id, instance, send`` of the members of instances that are consistent in time (the
+    collective edges of the dependency graph); ``send`` is true for the sending member of a send/recv pair,
+    false for the receiving one, null in a collective (from ``collectives``' ops when given)."""
+    if members is None or members.num_rows == 0:
+        return None
+    m = pl.from_arrow(members.select(["instance", "rank", "collective_id"]))
+    assert isinstance(m, pl.DataFrame)
+    if instances is not None and instances.num_rows and "consistent" in instances.column_names:
+        ok = pl.from_arrow(instances.select(["instance", "consistent"]))
+        assert isinstance(ok, pl.DataFrame)
+        m = m.join(ok.filter(pl.col("consistent").fill_null(False)).select("instance"), on="instance", how="semi")
+    if collectives is not None and collectives.num_rows and instances is not None and instances.num_rows:
+        ops = pl.from_arrow(collectives.select(["rank", "collective_id", "op"]))
+        pair = pl.from_arrow(instances.select(["instance", "op"]))
+        assert isinstance(ops, pl.DataFrame) and isinstance(pair, pl.DataFrame)
+        pairs = pair.filter(pl.col("op") == "sendrecv").select("instance")
+        m = m.join(ops.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "collective_id"], how="left").join(
+            pairs.with_columns(pl.lit(True).alias("_p2p")), on="instance", how="left").with_columns(
+            pl.when(pl.col("_p2p")).then(pl.col("op") == "send").alias("send")).drop("op", "_p2p")
+    else:
+        m = m.with_columns(pl.lit(None, dtype=pl.Boolean).alias("send"))
+    return m
+
+
+def selects(selector: str, pg: str | None, desc: str | None, link_class: str | None) -> bool:
+    """Whether ``selector`` names this link: its process group's name or description (``dp`` also matches
+    DeviceMesh's ``mesh_dp``), or its class (``intra``/``inter``)."""
+    s = selector.strip().lower()
+    if link_class is not None and s == link_class:
+        return True
+    if pg is not None and s == pg.lower():
+        return True
+    d = (desc or "").lower()
+    return bool(d) and (s == d or d.endswith("_" + s))
+
+
+def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None,
+          members: pa.Table | None = None, instances: pa.Table | None = None,
+          line_rate_bps: float | None = None, latency_ns: int | None = None, graph: Graph | None = None,
+          line_rates: dict[str, float] | None = None, pg_desc: dict[str, str] | None = None) -> Model:
+    """The dependency graph of the job (built here unless given) plus what re-costing transfers needs.
+
+    ``line_rate_bps`` is the rate every link ran at; ``line_rates`` maps selectors (:func:`selects`) to the rate
+    of some links only, and wins where both apply. ``pg_desc`` names process groups' descriptions."""
+    inst = consistent_members(members, instances, collectives)
+    g = graph if graph is not None else dag.build(events, ranks, inst)
+    act = g.act
+    coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source", "pg"]))
+    assert isinstance(coll, pl.DataFrame)
+    comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end"]).join(
+        coll, on=["rank", "collective_id"], how="left")
+    if inst is not None:
+        comm = comm.join(inst.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "collective_id"], how="left")
+    else:
+        comm = comm.with_columns(pl.lit(None, dtype=pl.Int64).alias("instance"))
+    a = comm.get_column("a").to_numpy()
+    # each comm activity's own edge (start -> end) carries its transfer
+    own_mask = g.etype == _OWN
+    own_of_node = np.full(g.n_nodes, -1, dtype=np.int64)
+    own_of_node[g.dst[own_mask]] = np.flatnonzero(own_mask)
+    own_edge = own_of_node[2 * a + 1]
+    transfer = g.lag[own_edge]
+    comm = comm.with_columns(pl.Series("transfer_ns", transfer), pl.coalesce("pg", pl.lit("default")).alias("link"),
+                             _link_class(comm, members, ranks))
+    backend = "gloo" if (comm.get_column("source") == "gloo").any() else "nccl"
+    descs = pg_desc or {}
+    rate = np.full(comm.height, float(line_rate_bps) if line_rate_bps else np.nan)
+    for sel, r in (line_rates or {}).items():
+        hit = np.array([selects(sel, pg, descs.get(pg), cls) for pg, cls in
+                        comm.select(["link", "link_class"]).iter_rows()], dtype=bool)
+        rate[hit] = r
+    comm = comm.with_columns(pl.Series("line_rate_bps", rate))
+    comm = _sizes_and_speeds(_data_spans(comm), backend)
+    row_of_act = np.full(act.height, -1, dtype=np.int64)
+    row_of_act[a] = np.arange(a.size)
+    coll_edges = np.flatnonzero(g.etype == _COLLECTIVE)
+    coll_edge_row = row_of_act[g.dst[coll_edges] // 2]
+    n = comm.get_column("nranks").drop_nulls()
+    workers = int(n.max()) if n.len() else (ranks.num_rows if ranks is not None else 1)  # type: ignore[arg-type]
+    # iteration windows count device work on ranks that have it, everything on CPU-only ranks
+    # (as tracekit.analysis.iterations does)
+    on_dev = act.get_column("device").is_not_null().to_numpy()
+    dev_rank = np.isin(act.get_column("rank").to_numpy(), act.filter(pl.col("device").is_not_null())
+                       .get_column("rank").unique().to_numpy())
+    it = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
+    it = np.where(dev_rank & ~on_dev, -(1 << 62), it)
+    model = Model(graph=g, chains=replay.chains(g), comm=comm, own_edge=own_edge, coll_edges=coll_edges,
+                  coll_edge_row=coll_edge_row, iteration_of=it, fifo=_fifo(comm),
+                  line_rate_bps=line_rate_bps, workers=workers,
+                  latency_ns=DEFAULT_LATENCY_NS[backend] if latency_ns is None else latency_ns,
+                  measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
+    _measure_contention(model, own_of_node, events)
+    model.measured_iteration_ns = iteration_time(model, g.node_time)
+    return model
+
+
+def _compute_mask(g: Graph) -> np.ndarray:
+    """Activities that are compute: device kernels on ranks with devices, CPU operators on CPU-only ranks."""
+    act = g.act
+    kind = act.get_column("kind").to_numpy()
+    rank = act.get_column("rank").to_numpy()
+    gpu = np.isin(rank, np.array(sorted(g.gpu_ranks), dtype=rank.dtype))
+    return np.where(gpu, kind == "compute", kind == "cpu_op")
+
+
+def _transfer_spans(model: Model, times: np.ndarray, new_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of every communication activity's transfer in the schedule ``times`` (node times)."""
+    a = model.comm.get_column("a").to_numpy()
+    end = times[2 * a + 1]
+    return np.maximum(end - new_t, times[2 * a]), end
+
+
+def _measure_contention(model: Model, own_of_node: np.ndarray, events: pa.Table | None) -> None:
+    """Fill the model's contention fields: fitted on the innermost compute operations of the trace (an
+    operator with calls inside may hide a wait, which grows with communication in flight for another reason),
+    applied to the graph's compute activities."""
+    g = model.graph
+    compute = _compute_mask(g)
+    if not compute.any() or model.comm.height == 0:
+        return
+    t = model.comm.get_column("transfer_ns").to_numpy()
+    cs, ce = _transfer_spans(model, g.node_time, t)
+    crank = model.comm.get_column("rank").to_numpy()
+    leaves = _compute_leaves(events, g) if events is not None else g.act.filter(pl.Series(compute))
+    if leaves.height == 0:
+        return
+    lf = contention.coverage(leaves.get_column("start").to_numpy(), leaves.get_column("end").to_numpy(),
+                             leaves.get_column("rank").to_numpy(), cs, ce, crank)
+    found = contention.measure(leaves, lf, np.ones(leaves.height, dtype=bool))
+    model.contention = found
+    if not found.measured or found.slowdown <= 1.0:
+        return
+    act = g.act
+    idx = np.flatnonzero(compute)
+    f = contention.coverage(g.node_time[2 * idx], g.node_time[2 * idx + 1], act.get_column("rank").to_numpy()[idx],
+                            cs, ce, crank)
+    edge = own_of_node[2 * idx + 1]
+    ok = edge >= 0
+    model.compute_act = idx[ok]
+    model.compute_edge = edge[ok]
+    model.compute_base = contention.base(g.lag[edge[ok]].astype(np.float64), f[ok], found.slowdown)
+
+
+def _compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
+    """``rank, iteration, name, start, end`` (job clock) of the innermost compute operations: device kernels
+    on ranks with devices, CPU operators with nothing nested inside on CPU-only ranks."""
+    ev = pl.from_arrow(events.select(["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "iteration"]))
+    assert isinstance(ev, pl.DataFrame)
+    gpu = sorted(g.gpu_ranks)
+    ev = ev.with_columns(pl.col("kind").cast(pl.String), pl.col("lane").cast(pl.String), pl.col("name").cast(pl.String))
+    ev = ev.filter(pl.when(pl.col("rank").is_in(gpu)).then(pl.col("kind") == "compute")
+                   .otherwise((pl.col("kind") == "cpu_op") & pl.col("device").is_null())
+                   & pl.col("iteration").is_not_null())
+    ev = ev.sort(["rank", "lane", "start_ns", "dur_ns"], descending=[False, False, False, True])
+    start = ev.get_column("start_ns").to_numpy()
+    end = start + ev.get_column("dur_ns").to_numpy()
+    lane = ev.select(pl.struct(["rank", "lane"]).rank("dense")).to_series().to_numpy() if ev.height else start
+    leaf = np.ones(ev.height, dtype=bool)
+    leaf[:-1] = ~((lane[1:] == lane[:-1]) & (start[1:] < end[:-1]))
+    # the graph's clock offset of each rank (its activities' start minus their own-clock start)
+    off = g.act.group_by("rank").agg((pl.col("start") - pl.col("start_ns")).first().alias("_off"))
+    ev = ev.join(off, on="rank", how="left").with_columns(pl.col("_off").fill_null(0))
+    shift = ev.get_column("_off").to_numpy()
+    return ev.select(["rank", "iteration", "name"]).with_columns(
+        pl.Series("start", start + shift), pl.Series("end", end + shift)).filter(pl.Series(leaf))
+
+
+def _link_class(comm: pl.DataFrame, members: pa.Table | None, ranks: pa.Table | None) -> pl.Expr:
+    """``intra`` when every member of the call's instance is on one named host, ``inter`` when they span
+    hosts, null when unknown (unmatched, or hosts not named)."""
+    if members is None or members.num_rows == 0 or ranks is None or ranks.num_rows == 0:
+        return pl.lit(None, dtype=pl.String).alias("link_class")
+    hosts = pl.from_arrow(ranks.select(["rank", "host"]))
+    m = pl.from_arrow(members.select(["instance", "rank"]))
+    assert isinstance(hosts, pl.DataFrame) and isinstance(m, pl.DataFrame)
+    per = m.join(hosts, on="rank", how="left").group_by("instance").agg(
+        pl.col("host").null_count().alias("_nul"), pl.col("host").n_unique().alias("_nh"))
+    cls = dict(per.select(["instance", pl.when(pl.col("_nul") > 0).then(None).when(pl.col("_nh") == 1)
+                           .then(pl.lit("intra")).otherwise(pl.lit("inter"))]).iter_rows())
+    return pl.col("instance").replace_strict(cls, default=None, return_dtype=pl.String).alias("link_class")
+
+
+def _data_spans(comm: pl.DataFrame) -> pl.DataFrame:
+    """Add when each call's data was on the wire (``x_start``, ``x_end``) and whose link carried it (``x_rank``,
+    ``x_link``): a collective's transfer on its own rank's link; both sides of a send/recv pair, the span from
+    the send's start to the receive's end, on the sender's link (a send can return before its data arrives, or
+    wait for a receiver that is late; the data leaves with the send and has come when the receive ends)."""
+    end = pl.col("end")
+    comm = comm.with_columns((end - pl.col("transfer_ns")).alias("x_start"), end.alias("x_end"),
+                             pl.col("rank").alias("x_rank"), pl.col("link").alias("x_link"))
+    if "send" not in comm.columns or comm.get_column("send").is_null().all():
+        return comm
+    pair = comm.filter(pl.col("send").is_not_null()).group_by("instance").agg(
+        pl.col("start").filter(pl.col("send")).first().alias("_ss"),
+        pl.col("start").filter(~pl.col("send")).first().alias("_rs"),
+        pl.col("end").filter(~pl.col("send")).first().alias("_re"),
+        pl.col("rank").filter(pl.col("send")).first().alias("_sr"),
+        pl.col("link").filter(pl.col("send")).first().alias("_sl"),
+    ).filter(pl.all_horizontal(pl.col(c).is_not_null() for c in ("_ss", "_rs", "_re", "_sr")))
+    comm = comm.join(pair, on="instance", how="left")
+    p2p = pl.col("send").is_not_null() & pl.col("_re").is_not_null()
+    return comm.with_columns(
+        pl.when(p2p).then(pl.col("_ss")).otherwise("x_start").alias("x_start"),
+        pl.when(p2p).then(pl.col("_re")).otherwise("x_end").alias("x_end"),
+        pl.when(p2p).then(pl.col("_sr")).otherwise("x_rank").alias("x_rank"),
+        pl.when(p2p).then(pl.col("_sl")).otherwise("x_link").alias("x_link"),
+    ).drop("_ss", "_rs", "_re", "_sr", "_sl")
+
+
+def _sizes_and_speeds(comm: pl.DataFrame, backend: str) -> pl.DataFrame:
+    """Add ``bus``, ``size`` and ``speed`` to ``comm``.
+
+    Per rank and link, the link's bus bandwidth is measured as bus bytes over the union of transfer time of the
+    calls of known size (concurrent transfers sharing the link count once). Where no call of a link has a known
+    size but its line rate R is known, the link is taken to have run at ``1 / (8 / (0.95 R) + h)`` bytes per ns
+    (payload at :data:`WIRE_EFFICIENCY` of the line rate, plus :data:`HOST_NS_PER_BYTE` of the backend), and a
+    call of unknown size is given the bus bytes that speed moves in its share of the link's busy time. Never is
+    an unknown size taken as zero."""
+    bus = _bus_bytes(comm, None)
+    barrier = (comm.get_column("op") == "barrier").fill_null(False).to_numpy()
+    known = ~np.isnan(bus) | barrier
+    bus = np.where(barrier, 0.0, bus)
+    # each call's data on the wire, on the link that carried it (:func:`_data_spans`); the receive of a pair
+    # shares its send's bytes, so only one side is counted
+    end = comm.get_column("x_end").to_numpy()
+    start = comm.get_column("x_start").to_numpy()
+    t = (end - start).astype(np.float64)
+    counted = ~((comm.get_column("send") == False).fill_null(False).to_numpy()) if "send" in comm.columns \
+        else np.ones(comm.height, dtype=bool)  # noqa: E712
+    key = comm.select(pl.struct(["x_rank", "x_link"]).rank("dense")).to_series().to_numpy().astype(np.int64) \
+        if comm.height else np.zeros(0, np.int64)
+    rate = comm.get_column("line_rate_bps").to_numpy()
+    speed = np.full(comm.height, np.nan)
+    estimated = np.zeros(comm.height, dtype=bool)
+    host = HOST_NS_PER_BYTE.get(backend, 0.0)
+    for k in np.unique(key):
+        grp = key == k
+        kn = grp & known & (bus > 0) & counted
+        if kn.any():
+            active = union_length(np.zeros(int(kn.sum()), np.int64), start[kn], end[kn], np.zeros(1, np.int64),
+                                  np.array([start[kn].min()]), np.array([end[kn].max() + 1]))[0]
+            speed[grp] = bus[kn].sum() / max(float(active), 1.0)
+        elif np.isfinite(rate[grp]).all():
+            speed[grp] = 1.0 / (8e9 / (WIRE_EFFICIENCY * rate[grp]) + host)
+        unk = grp & ~known
+        if unk.any() and np.isfinite(speed[unk]).all():
+            active = union_length(np.zeros(int(unk.sum()), np.int64), start[unk], end[unk], np.zeros(1, np.int64),
+                                  np.array([start[unk].min()]), np.array([end[unk].max() + 1]))[0]
+            share = t[unk] / max(float(t[unk].sum()), 1.0)
+            bus[unk] = speed[unk] * float(active) * share
+            estimated[unk] = True
+    size = np.where(known, SIZE_MEASURED, np.where(estimated, SIZE_ESTIMATED, SIZE_UNKNOWN))
+    return comm.with_columns(pl.Series("bus", bus), pl.Series("size", size), pl.Series("speed", speed))
+
+
+def _fifo(comm: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Consecutive transfers on each link (a rank's link per process group) in the order their data went out:
+    ``(previous row, row, destination node)`` — the FIFO channel of Zhang et al. that a replay queues transfers
+    on. A send/recv pair is queued by its receive (the data has crossed when the receive ends, on the sender's
+    link); the send itself is left out (it returns once its data is handed over)."""
+    if comm.height == 0:
+        return (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
+    rows = np.flatnonzero(~(comm.get_column("send") == True).fill_null(False).to_numpy()) \
+        if "send" in comm.columns else np.arange(comm.height)  # noqa: E712
+    sub = comm[rows]
+    key = sub.select(pl.struct(["x_rank", "x_link"]).rank("dense")).to_series().to_numpy().astype(np.int64)
+    order = np.lexsort((sub.get_column("x_start").to_numpy(), key))
+    same = key[order][1:] == key[order][:-1]
+    prev, cur = rows[order[:-1][same]], rows[order[1:][same]]
+    dst = 2 * comm.get_column("a").to_numpy()[cur] + 1
+    return prev, cur, dst
+
+
+def _bus_factor(comm: pl.DataFrame, workers: int | None) -> np.ndarray:
+    """Bus factor of every comm activity for its own group size or ``workers`` (NaN when unknown)."""
+    n = pl.lit(workers, dtype=pl.Int64) if workers else pl.col("nranks").cast(pl.Int64)
+    out = comm.with_columns(n.alias("_n")).select(bus_factor_expr(n="_n").alias("f"))
+    return out.get_column("f").fill_null(np.nan).to_numpy()
+
+
+def _bus_bytes(comm: pl.DataFrame, workers: int | None) -> np.ndarray:
+    """Bus bytes of every comm activity, for its own group size or ``workers`` (NaN when unknown)."""
+    n = pl.lit(workers, dtype=pl.Int64) if workers else pl.col("nranks").cast(pl.Int64)
+    out = comm.with_columns(n.alias("_n")).select(bus_bytes_expr(nbytes="bytes", n="_n").alias("bus"))
+    return out.get_column("bus").cast(pl.Float64).fill_null(np.nan).to_numpy()
+
+
+def transfers(model: Model, sc: Scenario) -> np.ndarray:
+    """New transfer time (ns) of every communication activity under ``sc``, each on its own.
+
+    Raises :class:`UnknownSizes` when the scenario changes a transfer whose size is unknown (no size in the
+    traces and no line rate to estimate it from), and ``ValueError`` when it needs a line rate nobody gave."""
+    comm = model.comm
+    t = comm.get_column("transfer_ns").to_numpy().astype(np.float64)
+    if sc.free:
+        return np.zeros_like(t)
+    r_line = comm.get_column("line_rate_bps").to_numpy()
+    r_new = np.full(t.size, float(sc.bandwidth_bps) if sc.bandwidth_bps else np.nan)
+    r_new = np.where(np.isnan(r_new), r_line, r_new)
+    for sel, r in sc.links:
+        hit = np.array([selects(sel, pg, model.pg_desc.get(pg), cls) for pg, cls in
+                        comm.select(["link", "link_class"]).iter_rows()], dtype=bool)
+        if not hit.any():
+            raise ValueError(f"no link matches {sel!r}: give a process group's name or description "
+                             f"({', '.join(_link_names(model)) or 'none named'}), intra or inter")
+        r_new[hit] = r
+    r_new = r_new * sc.bandwidth_scale
+    c = max(sc.compression, 1.0)
+    job_factor = _bus_factor(comm, None)
+    new_factor = _bus_factor(comm, sc.workers)
+    bus = comm.get_column("bus").to_numpy()
+    new_bus = bus * np.where(job_factor > 0, new_factor / np.where(job_factor > 0, job_factor, 1.0), 0.0)
+    payload = bus / np.where(job_factor > 0, job_factor, np.nan)
+    codec = sc.codec_ns_per_byte * np.nan_to_num(payload) if c > 1 else 0.0
+    changed = (~np.isclose(r_new, r_line) & ~(np.isnan(r_new) & np.isnan(r_line))) | (c > 1) \
+        | (sc.workers is not None and sc.workers != model.workers) | (sc.efficiency != "measured")
+    if sc.efficiency == "measured":
+        need = changed & ~np.isnan(r_new) & np.isnan(r_line)
+        if need.any():
+            raise ValueError("--efficiency measured needs the line rate the job ran on (--link-bw)")
+        speed = comm.get_column("speed").to_numpy()
+        wire = 8e9 / (WIRE_EFFICIENCY * r_line)  # ns per byte on the wire
+        per_byte = 1.0 / np.maximum(speed, 1e-12)
+        # what the link lost beyond the wire: host work per byte up to what the backend's hosts plausibly
+        # spend, the rest the protocol's inefficiency on the wire, which scales with the line rate
+        host = np.minimum(np.maximum(per_byte - wire, 0.0), HOST_NS_PER_BYTE_MAX.get(model.backend, 0.0))
+        eta = np.minimum(wire / np.maximum(per_byte - host, 1e-12), 1.0)
+        speed = np.where(np.isnan(r_line) | np.isnan(r_new), speed,
+                         1.0 / (8e9 / (WIRE_EFFICIENCY * r_new) / eta + host))
+    else:
+        eta = 1.0 if sc.efficiency == "full" else float(sc.efficiency)
+        if np.isnan(r_new).any():
+            raise ValueError("efficiency 'full' needs a line rate (--bandwidth or --link-bw)")
+        speed = eta * r_new / 8e9  # bytes per ns
+    unknown = np.isnan(new_bus) | np.isnan(speed)
+    if (unknown & changed).any():
+        raise UnknownSizes("the transfer sizes are not in the traces, so another link cannot be costed: pass "
+                           "--link-bw (the line rate the job ran on) to estimate them from transfer times, or "
+                           + RECORD_SHAPES_HINT)
+    new = model.latency_ns + new_bus / (c * np.maximum(np.nan_to_num(speed, nan=1.0), 1e-12)) + codec
+    # the send of a pair takes what it measured, changed by how much longer or shorter its data now is on the
+    # wire: what it spent on a late receiver stays
+    sender = (comm.get_column("send") == True).fill_null(False).to_numpy() if "send" in comm.columns \
+        else np.zeros(t.size, dtype=bool)  # noqa: E712
+    if sender.any():
+        before = model.latency_ns + bus / np.maximum(np.nan_to_num(comm.get_column("speed").to_numpy(), nan=1.0),
+                                                     1e-12)
+        new = np.where(sender, np.maximum(t + new - before, model.latency_ns), new)
+    # calls the scenario leaves alone and whose size is unknown keep their measured cost
+    return np.where(unknown, t, new)
+
+
+def _link_names(model: Model) -> list[str]:
+    """The selectors a user can give for this job's links."""
+    names = sorted(set(model.comm.get_column("link").drop_nulls().to_list()))
+    out = [f"{n} ({model.pg_desc[n]})" if model.pg_desc.get(n) else n for n in names]
+    return out[:8] + (["…"] if len(out) > 8 else [])
+
+
+def predict(model: Model, sc: Scenario) -> int:
+    """Predicted iteration time (ns) under ``sc``: transfers re-costed and queued one after the other on
+    their rank's link (Zhang et al.'s FIFO channel), everything else as measured."""
+    g = model.graph
+    w = g.weight().copy()
+    new_t = np.rint(transfers(model, sc)).astype(np.int64)
+    # the receiver of a send/recv pair: the data's time is on the edge from the send; its own edge is local work
+    valid = (model.own_edge >= 0) & ~model.receiver
+    w[model.own_edge[valid]] = new_t[valid] + g.slack[model.own_edge[valid]]
+    ok = model.coll_edge_row >= 0
+    w[model.coll_edges[ok]] = new_t[model.coll_edge_row[ok]] + g.slack[model.coll_edges[ok]]
+    extra = None
+    if not sc.free:
+        prev, cur, dst = model.fifo
+        # a transfer of unknown size keeps its measured time, which already includes sharing the link with
+        # concurrent transfers: queueing it behind them would count that twice
+        sized = model.comm.get_column("size").to_numpy() != SIZE_UNKNOWN
+        q = sized[prev] & sized[cur]
+        prev, cur, dst = prev[q], cur[q], dst[q]
+        a = model.comm.get_column("a").to_numpy()
+        extra = (2 * a[prev] + 1, dst, new_t[cur])
+    times, _ = replay.replay(g, w, model.chains, extra=extra)
+    if model.compute_act.size:  # compute slowed by transfers in flight: re-cost it by the new overlap
+        rank = g.act.get_column("rank").to_numpy()
+        crank = model.comm.get_column("rank").to_numpy()
+        a = model.compute_act
+        for _ in range(CONTENTION_ROUNDS):
+            cs, ce = _transfer_spans(model, times, new_t) if not sc.free else (np.zeros(0, np.int64),) * 2
+            f = contention.coverage(times[2 * a], times[2 * a + 1], rank[a], cs, ce, crank[:cs.size])
+            w[model.compute_edge] = np.rint(contention.recost(model.compute_base, f, model.contention.slowdown)
+                                            ).astype(np.int64) + g.slack[model.compute_edge]
+            times, _ = replay.replay(g, w, model.chains, extra=extra)
+    return iteration_time(model, times)
+
+
+def iteration_time(model: Model, times: np.ndarray) -> int:
+    """Median time between consecutive iteration starts (one iteration: its span)."""
+    it = model.iteration_of
+    valid = it > -(1 << 61)
+    if times.size == 0:
+        return 0
+    if not valid.any():
+        return int(times.max() - times.min())
+    starts = pl.DataFrame({"it": it[valid], "s": times[0::2][valid], "e": times[1::2][valid]}).group_by("it").agg(
+        pl.col("s").min(), pl.col("e").max()).sort("it")
+    s = starts.get_column("s").to_numpy()
+    gaps = np.diff(s)
+    gaps = gaps[gaps > 0]  # ranks from unrelated runs can put iteration k+1 no later than k: not a period
+    if gaps.size == 0:
+        return int(np.median(starts.get_column("e").to_numpy() - s))
+    return int(np.median(gaps))
+
+
+def sweep(model: Model, scenarios: list[Scenario]) -> pl.DataFrame:
+    """Rows ``bandwidth_bps, compression, workers, efficiency, links, iteration_ns, speedup, scaling_factor``
+    (``bandwidth_bps`` NaN where links keep different rates; ``links`` the per-link rates a scenario set)."""
+    free = predict(model, Scenario(free=True))
+    rows = []
+    for sc in scenarios:
+        t = predict(model, sc)
+        rows.append({
+            "bandwidth_bps": (sc.bandwidth_bps or model.line_rate_bps or math.nan) * sc.bandwidth_scale,
+            "compression": sc.compression,
+            "workers": sc.workers or model.workers,
+            "efficiency": str(sc.efficiency),
+            "links": ",".join(f"{k}={format_rate(v)}" for k, v in sc.links) or None,
+            "iteration_ns": t,
+            "speedup": model.measured_iteration_ns / t if t else math.inf,
+            "scaling_factor": free / t if t else 1.0,
+        })
+    return pl.DataFrame(rows, schema={"bandwidth_bps": pl.Float64, "compression": pl.Float64, "workers": pl.Int64,
+                                      "efficiency": pl.String, "links": pl.String, "iteration_ns": pl.Int64,
+                                      "speedup": pl.Float64, "scaling_factor": pl.Float64})
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """The answer to "is the network the bottleneck?", in Zhang et al.'s terms. ``sizes`` says what the transfer
+    sizes rest on (:attr:`Model.sizes`); ``assumption`` is the sentence a verdict built on estimated sizes must
+    carry; ``scaling_full`` is None when it could not be computed (no line rate, or sizes unknown)."""
+
+    measured_ns: int
+    free_ns: int
+    scaling_measured: float
+    scaling_full: float | None  # at full utilisation of the job's line rate
+    line_rate_bps: float | None
+    compression_needed: float | None  # for the target scaling at full utilisation of the same link
+    bandwidth_needed_bps: float | None
+    target: float
+    text: str
+    sizes: dict[str, Any] = field(default_factory=dict)
+    assumption: str | None = None
+    bandwidth_needed_factor: float | None = None  # every link's rate times this (per-link rates)
+
+
+def _first_reaching(steps: list[float], target: float, scaling: Callable[[float], float]) -> float | None:
+    """The smallest of ``steps`` whose scaling factor reaches ``target`` (None if none does), by bisection: the
+    scaling factor only grows with compression and bandwidth, so a few replays answer instead of one per step."""
+    lo, hi = 0, len(steps)  # steps[hi] reaches (hi = len: none known to), steps[< lo] do not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if scaling(steps[mid]) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(steps[lo]) if lo < len(steps) else None
+
+
+def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
+    """Measured vs full-utilisation vs infinite-bandwidth predictions, and what would reach ``target``; None
+    when the replay predicts no iteration time to compare. No verdict rests on a size nobody knows: without
+    sizes and without a line rate it says what to pass instead; with sizes estimated from transfer times the
+    verdict names that assumption."""
+    free = predict(model, Scenario(free=True))
+    measured = predict(model, Scenario())
+    if free <= 0 or measured <= 0:
+        return None
+    sf_measured = free / measured if measured else 1.0
+    sizes = model.sizes
+    rate = model.line_rate_bps
+    base = (f"Communication free, this job would run {measured / free:.2f}x faster (scaling factor "
+            f"{sf_measured:.2f} now).")
+    if model.contention.measured and model.contention.slowdown > 1.0:
+        base += " " + model.contention.sentence()
+    if not model.line_rate_known:
+        if sizes[SIZE_UNKNOWN]:
+            text = (f"{base} Whether the link or its use is the bottleneck cannot be told: the transfer sizes are "
+                    "not in the traces (profiled without record_shapes?) and no line rate was given. Pass --link-bw "
+                    "(the line rate the job ran on) for an estimate from transfer times, or " + RECORD_SHAPES_HINT
+                    + " for a measured answer.")
+        else:
+            text = f"{base} Pass --link-bw (the line rate the job ran on) to learn whether the link or its use is " \
+                   "the bottleneck."
+        return Bottleneck(measured, free, sf_measured, None, rate, None, None, target, text, sizes)
+    assumption = None
+    if sizes[SIZE_ESTIMATED]:
+        assumption = (f"This rests on an assumption: {sizes['note']}. For measured sizes, "
+                      + RECORD_SHAPES_HINT + ".")
+    full = predict(model, Scenario(efficiency="full"))
+    sf_full = free / full if full else 1.0
+    r = format_rate(rate) if rate else "each link's"
+    link = f"the {r} link" if rate else "each link's line rate"
+    tail = f" {assumption}" if assumption else ""
+    if model.contention.measured and model.contention.slowdown > 1.0:
+        tail += " " + model.contention.sentence()
+    if sf_measured >= target:
+        text = (f"The network is not the bottleneck: the job scales at {sf_measured:.2f} on {link} "
+                f"(communication costs {100 * (1 - sf_measured):.0f} % of an iteration).{tail}")
+        return Bottleneck(measured, free, sf_measured, sf_full, rate, None, None, target, text, sizes, assumption)
+    if sf_full >= target:
+        text = (f"At full utilisation of {link} this job would scale at {sf_full:.2f} instead of "
+                f"{sf_measured:.2f}: the link is not the bottleneck, its use is.{tail}")
+        return Bottleneck(measured, free, sf_measured, sf_full, rate, None, None, target, text, sizes, assumption)
+    need_c = _first_reaching([1.5, 2, 3, 4, 5, 8, 10, 16, 32, 64, 100], target,
+                             lambda c: free / predict(model, Scenario(efficiency="full", compression=c)))
+    need_mult = _first_reaching([1.5, 2, 2.5, 4, 5, 8, 10, 16, 25, 40, 64, 100, 250, 1000], target,
+                                lambda m: free / predict(model, Scenario(efficiency="full", bandwidth_scale=m)))
+    need_r = rate * need_mult if rate and need_mult else None
+    wants = []
+    if need_c:
+        wants.append(f"≥ {need_c:g}x compression")
+    if need_mult:
+        wants.append(f"≥ {format_rate(need_r)}" if need_r else f"≥ {need_mult:g}x the bandwidth")
+    want = " or ".join(wants) if wants else "more than 100x compression or 1000x the bandwidth"
+    text = (f"The link is the bottleneck: even at full utilisation of {link} this job would scale at "
+            f"{sf_full:.2f} (now {sf_measured:.2f}); it needs {want} to reach {target:.1f}.{tail}")
+    return Bottleneck(measured, free, sf_measured, sf_full, rate, need_c, need_r, target, text, sizes, assumption,
+                      need_mult)

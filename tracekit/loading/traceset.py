@@ -1,0 +1,315 @@
+"""A TraceSet: every input of one job, parsed (in parallel, through the cache) into one set of tables
+with ranks assigned.
+
+Ranks come from what each file says (``distributedInfo.rank``, NCCL Init lines), else from the file
+name (``rank-3``, ``worker3``), else from the order given, and the ``ranks`` table says which.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.loading import cache
+from tracekit.model import schema
+from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.schema import ParsedFile
+from tracekit.parsers import detect, parse
+
+#: below this much input, parsing in worker processes costs more than it saves
+PARALLEL_MIN_BYTES = 64 << 20
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class TraceSet:
+    """All tables of a job. Events, collectives and topology carry a ``rank`` column."""
+
+    ranks: pa.Table
+    events: pa.Table
+    collectives: pa.Table
+    topology: pa.Table
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    files: list[ParsedFile] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    @property
+    def rank_ids(self) -> list[int]:
+        return sorted(self.ranks.column("rank").to_pylist())
+
+
+def discover(paths: Iterable[str]) -> tuple[list[str], list[Diagnostic]]:
+    """Expand directories into the trace files they contain (by content, not name)."""
+    found: list[str] = []
+    notes: list[Diagnostic] = []
+    for p in paths:
+        if os.path.isdir(p):
+            skipped = 0
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(files):
+                    if name.startswith("."):
+                        continue
+                    fp = os.path.join(root, name)
+                    if os.path.getsize(fp) and detect(fp) is not None:
+                        found.append(fp)
+                    else:
+                        skipped += 1
+            if not any(f.startswith(os.path.join(p, "")) or f == p for f in found):
+                raise TraceError(p, "no traces found in this directory")
+            if skipped:
+                notes.append(Diagnostic(p, f"skipped {skipped} files that are not traces", level="info"))
+        elif os.path.exists(p):
+            found.append(p)
+        else:
+            raise TraceError(p, "no such file or directory")
+    seen: set[str] = set()
+    unique = []
+    for f in found:
+        key = os.path.realpath(f)
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique, notes
+
+
+def _parse_cached(path: str, cache_root: str | None) -> ParsedFile:
+    """Parse one file, through the cache when ``cache_root`` is given."""
+    fmt = detect(path) if os.path.getsize(path) else None
+    if cache_root is None or fmt is None:
+        return parse(path)
+    entry = Path(cache_root) / cache.entry_key(path, fmt.version)
+    hit = cache.load(entry)
+    if hit is not None:
+        return hit
+    parsed = parse(path)
+    try:
+        cache.store(parsed, entry)
+    except OSError:
+        return parsed  # an unwritable cache never stops the analysis
+    return cache.load(entry) or parsed
+
+
+def _worker(path: str, cache_root: str) -> str:
+    """Process-pool task: parse into a cache entry and return the entry's path."""
+    fmt = detect(path)
+    entry = Path(cache_root) / cache.entry_key(path, fmt.version if fmt else "?")
+    if cache.load(entry) is None:
+        cache.store(parse(path), entry)
+    return str(entry)
+
+
+def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.PathLike | None = None,
+         jobs: int | None = None, progress: Progress | None = None) -> TraceSet:
+    """Load every trace under ``paths`` (files or directories) into one TraceSet."""
+    files, notes = discover(paths)
+    if not files:
+        raise TraceError(None, "no input files")
+    sizes = [os.path.getsize(f) for f in files]
+    total = sum(sizes)
+    cache_root = str(cache_dir or cache.default_dir()) if use_cache else None
+    jobs = jobs or min(len(files), os.cpu_count() or 1)
+    parsed: list[ParsedFile | None] = [None] * len(files)
+    done = 0
+    if cache_root is not None:  # cache hits reopen here: no worker process is started for them
+        for i, f in enumerate(files):
+            fmt = detect(f) if sizes[i] else None
+            parsed[i] = cache.load(Path(cache_root) / cache.entry_key(f, fmt.version)) if fmt else None
+            if parsed[i] is not None:
+                done += sizes[i]
+                if progress:
+                    progress(done, total, f)
+    todo = [i for i in range(len(files)) if parsed[i] is None]
+    if jobs > 1 and len(todo) > 1 and sum(sizes[i] for i in todo) >= PARALLEL_MIN_BYTES:
+        scratch = None if cache_root else tempfile.mkdtemp(prefix="tracekit-")
+        root = cache_root or scratch
+        assert root is not None
+        try:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
+                futures = {pool.submit(_worker, files[i], root): i for i in todo}
+                for fut in as_completed(futures):
+                    i = futures[fut]
+                    entry = fut.result()
+                    parsed[i] = cache.load(Path(entry))
+                    if parsed[i] is None:
+                        raise TraceError(files[i], "parsed, but its cache entry could not be read back")
+                    done += sizes[i]
+                    if progress:
+                        progress(done, total, files[i])
+        finally:
+            if scratch:
+                # tables are memory-mapped: the mapping survives the unlink on POSIX
+                shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        for i in todo:
+            f = files[i]
+            parsed[i] = _parse_cached(f, cache_root)
+            done += sizes[i]
+            if progress:
+                progress(done, total, f)
+    return assemble([p for p in parsed if p is not None], notes)
+
+
+def _rank_from_name(path: str) -> int | None:
+    m = _RANK_IN_NAME.search(os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def assign_ranks(claims: list[tuple[str, int | None]]) -> tuple[list[int], list[str], list[Diagnostic]]:
+    """Ranks of per-rank traces from ``(path, rank the file claims)`` in input order: what the file says
+    (``distributedInfo``), else the file name (``rank-3``, ``worker3``), else the order given.
+
+    Returns ``(ranks, sources, diagnostics)``; a rank claimed twice is kept by the first file only.
+    """
+    diags: list[Diagnostic] = []
+    assigned: dict[int, int] = {}
+    source: dict[int, str] = {}
+    taken: set[int] = set()
+    for i, (path, r) in enumerate(claims):
+        if r is not None and r not in taken:
+            assigned[i], source[i] = r, "distributedInfo"
+            taken.add(r)
+        elif r is not None:
+            diags.append(Diagnostic(path, f"rank {r} is claimed by another file too; "
+                                          "are these traces from the same job?"))
+    for i, (path, _) in enumerate(claims):
+        if i in assigned:
+            continue
+        r = _rank_from_name(path)
+        if r is not None and r not in taken:
+            assigned[i], source[i] = r, "file name"
+            taken.add(r)
+    nxt = 0
+    for i in range(len(claims)):
+        if i in assigned:
+            continue
+        while nxt in taken:
+            nxt += 1
+        assigned[i], source[i] = nxt, "order"
+        taken.add(nxt)
+    return [assigned[i] for i in range(len(claims))], [source[i] for i in range(len(claims))], diags
+
+
+#: formats with one file per rank that does not know its global rank in its tables
+PER_RANK_FORMATS = frozenset({"kineto"})
+
+
+def assemble(files: list[ParsedFile], notes: list[Diagnostic] | None = None) -> TraceSet:
+    """Assign ranks and concatenate the tables of parsed files."""
+    diags = list(notes or [])
+    for f in files:
+        diags.extend(f.diagnostics)
+    # ranks of per-rank traces (Kineto): file content, then file name, then order
+    traced = [f for f in files if f.format in PER_RANK_FORMATS]
+    rank_list, source_list, rank_diags = assign_ranks([(f.path, f.meta.get("rank")) for f in traced])
+    diags.extend(rank_diags)
+    assigned = dict(enumerate(rank_list))
+    source = dict(enumerate(source_list))
+    events, colls, topo = [], [], []
+    rank_rows: list[dict] = []
+    extra: dict[str, list[pa.Table]] = {}
+    for i, f in enumerate(traced):
+        r = assigned[i]
+        events.append(_with_rank(f.events, r))
+        colls.append(_with_rank(f.collectives, r))
+        topo.append(f.topology)
+        rank_rows.append(_rank_row(f, r, source[i]))
+    for f in files:
+        if f.format in PER_RANK_FORMATS:
+            for k, t in f.tables.items():
+                extra.setdefault(k, []).append(t)
+            continue
+        # formats that know their ranks themselves (NCCL logs, Horovod timelines)
+        events.append(f.events)
+        colls.append(f.collectives)
+        topo.append(f.topology)
+        for k, t in f.tables.items():
+            extra.setdefault(k, []).append(t)
+    ev = _concat(events, schema.EVENTS)
+    ranks = schema.table(schema.RANKS, {k: [row.get(k) for row in rank_rows] for k in schema.RANKS.names}) \
+        if rank_rows else schema.empty(schema.RANKS)
+    # ranks only seen by other formats
+    known = set(ranks.column("rank").to_pylist())
+    others = sorted({int(r) for t in events for r in pc.unique(t.column("rank")).to_pylist() if r is not None}
+                    - known)
+    if others:
+        more = schema.table(schema.RANKS, {"rank": others, "rank_source": ["other format"] * len(others),
+                                           "clock_offset_ns": [0] * len(others)})
+        ranks = pa.concat_tables([ranks, more])
+    return TraceSet(ranks=ranks, events=ev, collectives=_concat(colls, schema.COLLECTIVES),
+                    topology=_concat(topo, schema.TOPOLOGY),
+                    tables={k: pa.concat_tables(v, promote_options="permissive") for k, v in extra.items()},
+                    files=files, diagnostics=diags)
+
+
+def _with_rank(t: pa.Table, rank: int) -> pa.Table:
+    i = t.schema.get_field_index("rank")
+    return t.set_column(i, t.schema.field(i), pa.array(np.full(t.num_rows, rank, dtype=np.int32)))
+
+
+def _concat(tables: list[pa.Table], sch: pa.Schema) -> pa.Table:
+    tables = [schema.conform(t, sch) for t in tables if t.num_rows]
+    if not tables:
+        return schema.empty(sch)
+    return pa.concat_tables(tables).unify_dictionaries()
+
+
+class RankFacts:
+    """The ``ranks`` row facts that need the events (most common CPU pid and device), gathered batch by
+    batch: counts per value in order of first appearance, so the mode equals the whole table's."""
+
+    def __init__(self) -> None:
+        self.pids: dict[int, int] = {}
+        self.devices: dict[int, int] = {}
+        self.events = 0
+
+    def add(self, ev: pa.Table | pa.RecordBatch) -> None:
+        self.events += ev.num_rows
+        if not ev.num_rows:
+            return
+        lane = ev.column("lane")
+        cpu = ev.filter(pc.starts_with(lane.cast(pa.string()), "cpu"))
+        for target, col in ((self.pids, cpu.column("pid")), (self.devices, ev.column("device"))):
+            vals = pc.drop_null(col)
+            if len(vals):
+                counts = pc.value_counts(vals)
+                for v, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(),
+                                strict=True):
+                    target[v] = target.get(v, 0) + n
+
+    @staticmethod
+    def _best(counts: dict[int, int]) -> int | None:
+        best = None
+        for v, n in counts.items():
+            if best is None or n > counts[best]:
+                best = v
+        return best
+
+    def row(self, f: ParsedFile, rank: int, rank_source: str) -> dict:
+        """A ``ranks`` row (schema.RANKS) for the rank read from ``f``."""
+        return {
+            "rank": rank, "rank_source": rank_source, "host": f.meta.get("host"),
+            "pid": self._best(self.pids), "device": self._best(self.devices),
+            "world_size": f.meta.get("world_size"), "backend": f.meta.get("backend"),
+            "source_files": [f.path], "format": f.format, "format_version": f.meta.get("format_version"),
+            "clock_offset_ns": 0, "events": self.events, "bytes_lost": f.bytes_lost, "complete": f.complete,
+        }
+
+
+def _rank_row(f: ParsedFile, rank: int, rank_source: str) -> dict:
+    facts = RankFacts()
+    facts.add(f.events)
+    return facts.row(f, rank, rank_source)

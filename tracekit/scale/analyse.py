@@ -1,0 +1,85 @@
+"""The analysis of a job analysed rank by rank (:mod:`tracekit.scale.dataset`): what needs every rank but not
+every event, from the per-rank parts' small tables, and exposed communication split into waiting and transfer
+one rank at a time."""
+
+from __future__ import annotations
+
+import polars as pl
+import pyarrow as pa
+
+from tracekit.analysis import attribution, collectives, links, nccl_join, pipeline
+from tracekit.analysis.pipeline import Analysis, _ranks_text
+from tracekit.loading.traceset import TraceSet
+from tracekit.model import schema
+from tracekit.model.units import memory_budget
+from tracekit.scale.dataset import Dataset
+
+# what a job analysed rank by rank (--engine/--dataset, or too big for memory) does not have
+DATASET_NOTE = ("analysed rank by rank from a per-rank dataset: the critical path and what-if need the whole job "
+                "in memory")
+
+
+def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_clocks: bool = True,
+                    memory_budget: str | int | None = None) -> Analysis:
+    """The results of a job whose ranks were parsed and attributed one by one (:mod:`tracekit.scale.dataset`): the
+    per-rank breakdowns as written, then what needs every rank but not every event — collectives matched across
+    ranks (clocks, skew, stragglers; an instance's iteration from the events' ``collective_id`` column only) and
+    link figures — and, one rank at a time, exposed communication split into waiting and transfer.
+    ``memory_budget`` (bytes; default :func:`tracekit.scale.dataset.memory_budget`) bounds the rank held at once: a
+    rank with more events keeps its split unknown, and a note says so."""
+    colls, join_notes = nccl_join.join(ds.table("collectives"))
+    comm_events = (ds.scan("events").filter(pl.col("collective_id").is_not_null())
+                   .select(["rank", "collective_id", "iteration"]).collect().to_arrow())
+    groups = collectives.groups_from_meta(s.get("meta") or {} for s in ds.summaries)
+    ranks = ds.ranks
+    matching = collectives.match(colls, ranks, groups=groups, events=comm_events, align=align_clocks)
+    colls = collectives.fill_sizes(colls, matching)
+    topology = ds.table("topology")
+    rate, rate_source = links.line_rate(link_bw_bps, topology)
+    breakdown, unsplit = _split_rank_by_rank(ds, colls, matching, memory_budget) if matching.matched else \
+        (ds.table("breakdown"), [])
+    breakdown = links.window_links(breakdown, colls, rate)
+    instances = links.instance_links(matching.instances, rate)
+    ranks = collectives.apply_clocks(ranks, matching.clocks)
+    traces = TraceSet(ranks=ranks, events=schema.empty(schema.EVENTS), collectives=colls, topology=topology,
+                      diagnostics=ds.diagnostics)
+    return Analysis(traces=traces, events=traces.events, iterations=ds.table("iterations"), breakdown=breakdown,
+                    ranks=ranks, collectives=colls, instances=instances, members=matching.members,
+                    line_rate_bps=rate, line_rate_source=rate_source, matched=matching.matched,
+                    notes=[*ds.notes, DATASET_NOTE, *unsplit],
+                    diagnostics=[*ds.diagnostics, *join_notes, *matching.diagnostics], dataset=ds,
+                    memory_budget=memory_budget)
+
+
+def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matching,
+                        budget: str | int | None) -> tuple[pa.Table, list[str]]:
+    """The breakdown again, rank by rank, with exposed communication split into waiting and transfer (the
+    split needs the cross-rank matching, which the per-rank units ran before); returns it and a note naming
+    the ranks left unsplit because their events exceed ``budget``."""
+    budget = memory_budget(budget)
+    written = ds.table("breakdown")
+    iters = pl.from_arrow(ds.table("iterations"))
+    coll = pl.from_arrow(colls)
+    assert isinstance(iters, pl.DataFrame) and isinstance(coll, pl.DataFrame)
+    parts: list[pa.Table] = []
+    done: list[int] = []
+    too_big: list[int] = []
+    for rank, n in sorted(ds.rank_event_counts().items()):
+        if n * pipeline.SPLIT_BYTES_PER_EVENT > budget:
+            too_big.append(rank)
+            continue
+        events = ds.rank_events(rank)
+        it = iters.filter(pl.col("rank") == rank).to_arrow()
+        split = collectives.comm_split(events, matching)
+        parts.append(attribution.breakdown(events, it, coll.filter(pl.col("rank") == rank).to_arrow(),
+                                           comm_split=split))
+        done.append(rank)
+        del events
+    kept = pl.from_arrow(written)
+    assert isinstance(kept, pl.DataFrame)
+    parts.append(kept.filter(~pl.col("rank").is_in(done)).to_arrow())
+    out = pa.concat_tables([schema.conform(p, schema.BREAKDOWN) for p in parts])
+    out = out.sort_by([("rank", "ascending"), ("start_ns", "ascending")]) if out.num_rows else out
+    notes = [f"exposed communication of rank{'s' if len(too_big) > 1 else ''} {_ranks_text(too_big)} not split "
+             "into waiting and transfer: its events exceed the memory budget (--memory-budget)"] if too_big else []
+    return out, notes

@@ -1,0 +1,556 @@
+"""The per-rank dataset: every input file turned, independently and anywhere (local processes or a Dask
+cluster, :mod:`tracekit.scale.engine`), into per-rank Parquet files plus a small JSON summary, then combined
+lazily with polars.
+
+The unit of work is :func:`run_unit`: one file → its events (iteration filled), collectives, iterations
+and breakdown — attribution is per rank, so it is computed where the rank is parsed — written under a
+staging directory, and a summary (rank claim, meta, diagnostics, file checksums). A file larger than the
+memory budget is parsed and analysed in bounded memory (:mod:`tracekit.scale.bounded`). The combine step,
+:func:`build`, only reads the summaries: it assigns ranks exactly like :func:`tracekit.loading.traceset.assemble`,
+renames each part to ``rank=R`` and writes the ``ranks`` table. Analyses then read the small tables
+(breakdown, iterations, collectives) and :meth:`Dataset.scan` the events lazily — no step ever holds every
+rank's events. Cross-rank analyses need only the collectives of all ranks.
+
+Layout (a Hive-partitioned Parquet dataset; polars, pyarrow.dataset and DuckDB read it as is)::
+
+    DATASET/
+      manifest.json             version, key of the inputs, ranks, files with sizes and CRC-32 (sealed)
+      ranks.parquet             one row per rank (schema.RANKS)
+      rank=R/events.parquet     that rank's events, iteration filled (schema.EVENTS without rank)
+      rank=R/collectives.parquet, iterations.parquet, breakdown.parquet   (likewise without rank)
+      rank=R/summary.json       the unit's summary: source file, meta, diagnostics, timings
+      shared/part-N/...         files of formats that hold several ranks (tables keep their rank column)
+
+A dataset is written into a hidden directory beside its name and published atomically
+(:mod:`tracekit.loading.atomic`); it is reused as long as its inputs (path, size, mtime), the parser versions, the
+step marker and the layout version are unchanged and its files verify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracekit.analysis import attribution, iterations
+from tracekit.loading.atomic import new_data_dir, publish_dir, remove_dir, sweep_stale
+from tracekit.loading.cache import file_crc32, seal, unseal, verify_files
+from tracekit.loading.traceset import PER_RANK_FORMATS, RankFacts, assign_ranks, discover
+from tracekit.model import schema
+from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.units import DEFAULT_BUDGET, memory_budget, parse_size  # noqa: F401 (re-exported)
+from tracekit.scale import bounded
+
+DATASET_VERSION = "1"
+#: the per-rank tables of a part (besides events), in write order
+SMALL_TABLES = ("collectives", "iterations", "breakdown", "topology")
+SCHEMAS = {"events": schema.EVENTS, "collectives": schema.COLLECTIVES, "iterations": schema.ITERATIONS,
+           "breakdown": schema.BREAKDOWN, "topology": schema.TOPOLOGY}
+Progress = Callable[[int, int, str], None]
+
+
+def json_bytes(path: str) -> int:
+    """The (decompressed) size of an input: gzip's ISIZE trailer when it is plausible, else 10x."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return size
+        f.seek(max(0, size - 4))
+        isize = int.from_bytes(f.read(4), "little")
+    return isize if isize >= size else size * 10  # ISIZE is mod 2^32: wrapped for big files
+
+
+#: peak memory of the whole-job (in-memory) analysis per byte of JSON input (measured 1.9x by
+#: benchmarks/ingest.py, with room for the cross-rank tables) and its fixed cost
+IN_MEMORY_FACTOR = 2.5
+IN_MEMORY_BASE = 256 << 20
+
+
+def in_memory_need(files: list[str]) -> int:
+    """About how much memory analysing ``files`` as one job in memory would take (bytes)."""
+    return IN_MEMORY_BASE + int(IN_MEMORY_FACTOR * sum(json_bytes(f) for f in files))
+
+
+def available_memory() -> int:
+    """Memory this process can still use: ``MemAvailable`` (Linux), else free physical pages, else unbounded."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: ``VmHWM`` (ru_maxrss of a process started by vfork +
+    exec also counts its parent's), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --- the unit --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One file's work: parse ``path``, analyse it, write the part ``staging/part-{index}``."""
+
+    index: int
+    path: str
+    staging: str
+    step_marker: str | None = None
+    memory_budget: int = DEFAULT_BUDGET
+
+
+class _ParquetSink:
+    """Streams batches into one Parquet file (zstd, page checksums), dropping the rank column; small
+    batches are gathered into row groups of about :data:`ROW_GROUP` rows (bounded buffering)."""
+
+    ROW_GROUP = 1 << 17
+
+    def __init__(self, path: Path, sch: pa.Schema) -> None:
+        self.path = path
+        self.schema = _without_rank(sch)
+        self.writer: pq.ParquetWriter | None = None
+        self.pending: list[pa.Table] = []
+        self.rows = 0
+
+    def write(self, data: pa.Table | pa.RecordBatch) -> None:
+        t = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        self.pending.append(_drop_rank(t).cast(self.schema))
+        self.rows += t.num_rows
+        if self.rows >= self.ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(str(self.path), self.schema, compression="zstd",
+                                           write_page_checksum=True)
+        t = pa.concat_tables(self.pending) if self.pending else self.schema.empty_table()
+        self.writer.write_table(t, row_group_size=1 << 20)
+        self.pending, self.rows = [], 0
+
+    def close(self) -> None:
+        if self.pending or self.writer is None:
+            self._flush()
+        assert self.writer is not None
+        self.writer.close()
+
+
+def _without_rank(sch: pa.Schema) -> pa.Schema:
+    i = sch.get_field_index("rank")
+    return sch.remove(i) if i >= 0 else sch
+
+
+def _drop_rank(t: pa.Table) -> pa.Table:
+    return t.drop_columns(["rank"]) if "rank" in t.column_names else t
+
+
+def _add_rank(t: pa.Table, rank: int) -> pa.Table:
+    """A per-rank part's table (stored without its rank: the partition key says it) with ``rank`` added."""
+    return t.append_column(schema.EVENTS.field("rank"), pa.array(np.full(t.num_rows, rank, np.int32)))
+
+
+def _with_rank(t: pa.Table, rank: int) -> pa.Table:
+    i = t.schema.get_field_index("rank")
+    return t.set_column(i, t.schema.field(i), pa.array(np.full(t.num_rows, rank, dtype=np.int32)))
+
+
+def _write(table: pa.Table, path: Path, keep_rank: bool = False) -> None:
+    pq.write_table(table if keep_rank else _drop_rank(table), str(path), compression="zstd",
+                   write_page_checksum=True)
+
+
+def run_unit(u: Unit) -> dict[str, Any]:
+    """The per-rank unit: parse one file and analyse it, write its part, return its summary.
+
+    Pure in the sense that matters for distribution: its only effects are the files under
+    ``staging/part-{index}`` (written to a temporary directory and renamed), and the same input gives
+    the same part wherever it runs.
+    """
+    from tracekit.parsers import detect, kineto, parse
+
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    staging = Path(u.staging)
+    part = staging / f"part-{u.index:06d}"
+    if not staging.is_dir():
+        raise TraceError(str(staging), f"the dataset directory is not visible on worker {socket.gethostname()}: "
+                         "give --dataset a path on a filesystem every worker shares")
+    if not os.path.exists(u.path):
+        raise TraceError(u.path, f"no such file on worker {socket.gethostname()} (workers must see the inputs "
+                         "at the same paths)")
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=staging))
+    try:
+        fmt = detect(u.path) if os.path.getsize(u.path) else None
+        spilled = fmt is not None and fmt.name == "kineto" and 1.5 * json_bytes(u.path) > u.memory_budget
+        if spilled:
+            (tmp / "spill").mkdir()
+            parsed = kineto.parse(u.path, spill_dir=str(tmp / "spill"))
+        else:
+            parsed = parse(u.path)
+        per_rank = parsed.format in PER_RANK_FORMATS
+        facts = RankFacts()
+        has_steps = True
+        if per_rank:
+            # attribution is per rank: analyse with a stand-in rank (0); the real one is the partition key
+            colls = _with_rank(parsed.collectives, 0)
+            sink = _ParquetSink(tmp / "events.parquet", schema.EVENTS)
+            if parsed.events_file:
+                def take(b: pa.RecordBatch) -> None:
+                    facts.add(b)
+                    sink.write(b)
+
+                iters, bd = bounded.analyse(parsed.events_file, 0, colls, u.step_marker, take, require_steps=False)
+            else:
+                ev, iters = iterations.assign(_with_rank(parsed.events, 0), u.step_marker, require_steps=False)
+                bd = attribution.breakdown(ev, iters, colls)
+                facts.add(ev)
+                sink.write(ev)
+            sink.close()
+            has_steps = iters.num_rows > 0 and "whole-trace" not in iters.column("method").to_pylist()
+            tables = {"collectives": colls, "iterations": iters, "breakdown": bd, "topology": parsed.topology}
+        else:  # a format that holds several ranks: its tables carry their ranks
+            ev, iters = iterations.assign(parsed.events, u.step_marker, require_steps=False)
+            bd = attribution.breakdown(ev, iters, parsed.collectives)
+            _write(ev, tmp / "events.parquet", keep_rank=True)
+            facts.add(ev)
+            tables = {"collectives": parsed.collectives, "iterations": iters, "breakdown": bd,
+                      "topology": parsed.topology}
+        for name, t in tables.items():
+            _write(t, tmp / f"{name}.parquet", keep_rank=not per_rank)
+        for name, t in parsed.tables.items():
+            _write(t, tmp / f"extra.{name}.parquet", keep_rank=True)
+        shutil.rmtree(tmp / "spill", ignore_errors=True)
+        files = {p.name: {"size": p.stat().st_size, "crc32": file_crc32(p)} for p in sorted(tmp.iterdir())}
+        st = os.stat(u.path)
+        summary = {
+            "version": DATASET_VERSION, "index": u.index, "path": u.path, "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns, "format": parsed.format, "parser_version": fmt.version if fmt else None,
+            "per_rank": per_rank, "claimed_rank": parsed.meta.get("rank"), "meta": parsed.meta,
+            "diagnostics": [d.__dict__ for d in parsed.diagnostics], "bytes_lost": parsed.bytes_lost,
+            "complete": parsed.complete, "events": facts.events, "has_steps": has_steps,
+            "collectives": parsed.collectives.num_rows,
+            "methods": sorted(set(iters.column("method").to_pylist())) if iters.num_rows else [],
+            "rank_row": facts.row(parsed, 0, "") if per_rank else None,
+            "ranks_seen": sorted({int(r) for r in ev.column("rank").to_pylist() if r is not None})
+            if not per_rank else [],
+            "spilled": spilled, "files": files, "host": socket.gethostname(), "pid": os.getpid(),
+            "wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0,
+            "peak_rss_mb": peak_rss_mb(),
+        }
+        (tmp / "summary.json").write_text(json.dumps(summary, default=str))
+        if part.exists():
+            shutil.rmtree(part)
+        os.replace(tmp, part)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return summary
+
+
+# --- the dataset -----------------------------------------------------------------------------------
+
+
+def inputs_key(files: list[str], step_marker: str | None) -> tuple[str, list[list[Any]]]:
+    """Key of a set of inputs: changes when a file, a parser, the step marker or the layout does."""
+    from tracekit.parsers import detect
+
+    ident = []
+    for f in files:
+        st = os.stat(f)
+        fmt = detect(f) if st.st_size else None
+        ident.append([os.path.abspath(f), st.st_size, st.st_mtime_ns, fmt.version if fmt else None])
+    text = json.dumps([DATASET_VERSION, step_marker, ident])
+    return hashlib.sha256(text.encode()).hexdigest()[:32], ident
+
+
+@dataclass
+class Dataset:
+    """A per-rank dataset on disk: small tables read whole, events scanned lazily."""
+
+    root: Path
+    manifest: dict[str, Any]
+    reused: bool = False
+    temporary: bool = False
+    _cache: dict[str, pa.Table] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, root: str | os.PathLike) -> Dataset | None:
+        """The dataset at ``root``, or None if there is none (or its manifest is damaged)."""
+        root = Path(root)
+        try:
+            manifest = unseal((root / "manifest.json").read_text())
+        except OSError:
+            return None
+        if manifest is None or manifest.get("version") != DATASET_VERSION:
+            return None
+        return cls(root, manifest)
+
+    def verify(self) -> bool:
+        """Every file is there with its size and CRC-32 (events: size only — reading gigabytes on every
+        reuse would defeat the reuse; they are written with Parquet page checksums, which a reader can
+        verify with ``page_checksum_verification=True``, and their CRC-32 is in the manifest)."""
+        files = self.manifest.get("files", {})
+        small = {k: v for k, v in files.items() if not k.endswith("events.parquet")}
+        big = {k: {**v} for k, v in files.items() if k.endswith("events.parquet")}
+        return verify_files(self.root, small) and verify_files(self.root, big, mode="size")
+
+    @property
+    def parts(self) -> list[tuple[str, int | None]]:
+        """``(relative directory, rank or None for shared parts)``."""
+        return [(p["dir"], p.get("rank")) for p in self.manifest["parts"]]
+
+    def _files(self, name: str) -> tuple[list[Path], list[Path]]:
+        ranked = [self.root / d / f"{name}.parquet" for d, r in self.parts if r is not None]
+        shared = [self.root / d / f"{name}.parquet" for d, r in self.parts if r is None]
+        return [p for p in ranked if p.exists()], [p for p in shared if p.exists()]
+
+    def scan(self, name: str = "events") -> pl.LazyFrame:
+        """A lazy frame over one table of every rank (``rank`` from the partition key): nothing is read
+        until it is collected, and then only the columns and row groups a query needs."""
+        ranked, shared = self._files(name)
+        frames = []
+        if ranked:
+            frames.append(pl.scan_parquet(ranked, hive_partitioning=True, hive_schema={"rank": pl.Int32}))
+        if shared:
+            frames.append(pl.scan_parquet(shared, hive_partitioning=False))
+        if not frames:
+            empty = pl.from_arrow(SCHEMAS[name].empty_table())
+            assert isinstance(empty, pl.DataFrame)
+            return empty.lazy()
+        frames = [f.select(SCHEMAS[name].names) for f in frames]
+        return pl.concat(frames, how="vertical_relaxed") if len(frames) > 1 else frames[0]
+
+    def table(self, name: str) -> pa.Table:
+        """A small table (collectives, iterations, breakdown, topology) of every rank, in rank order."""
+        if name not in self._cache:
+            parts = []
+            for d, r in self.parts:
+                p = self.root / d / f"{name}.parquet"
+                if not p.exists():
+                    continue
+                t = pq.read_table(str(p))
+                if r is not None:
+                    t = _add_rank(t, r)
+                parts.append(schema.conform(t, SCHEMAS[name]))
+            t = pa.concat_tables(parts) if parts else schema.empty(SCHEMAS[name])
+            if name in ("iterations", "breakdown") and t.num_rows:
+                t = t.sort_by([("rank", "ascending"), ("start_ns", "ascending")])
+            self._cache[name] = t
+        return self._cache[name]
+
+    def rank_event_counts(self) -> dict[int, int]:
+        """Events per rank of the per-rank parts (from the Parquet footers: nothing else is read)."""
+        out: dict[int, int] = {}
+        for d, r in self.parts:
+            p = self.root / d / "events.parquet"
+            if r is not None and p.exists():
+                out[r] = out.get(r, 0) + pq.ParquetFile(str(p)).metadata.num_rows
+        return out
+
+    def rank_events(self, rank: int) -> pa.Table:
+        """Every event of one rank (of its per-rank parts), as one EVENTS table."""
+        parts = []
+        for d, r in self.parts:
+            p = self.root / d / "events.parquet"
+            if r == rank and p.exists():
+                t = pq.read_table(str(p))
+                t = _add_rank(t, rank)
+                parts.append(schema.conform(t, schema.EVENTS))
+        return pa.concat_tables(parts).unify_dictionaries() if parts else schema.empty(schema.EVENTS)
+
+    def event_batches(self) -> Iterator[pa.RecordBatch]:
+        """Every rank's events as EVENTS batches, one row group at a time (bounded memory)."""
+        for d, r in self.parts:
+            p = self.root / d / "events.parquet"
+            if not p.exists():
+                continue
+            f = pq.ParquetFile(str(p))
+            for b in f.iter_batches(batch_size=1 << 20):
+                t = pa.Table.from_batches([b])
+                if r is not None:
+                    t = _add_rank(t, r)
+                yield from schema.conform(t, schema.EVENTS).to_batches()
+
+    @property
+    def ranks(self) -> pa.Table:
+        return pq.read_table(str(self.root / "ranks.parquet")).cast(schema.RANKS)
+
+    @property
+    def diagnostics(self) -> list[Diagnostic]:
+        return [Diagnostic(**d) for d in self.manifest.get("diagnostics", [])]
+
+    @property
+    def notes(self) -> list[str]:
+        methods = self.manifest.get("methods", [])
+        return ["iterations from " + ", ".join(methods)] if methods else []
+
+    @property
+    def summaries(self) -> list[dict[str, Any]]:
+        return list(self.manifest.get("summaries", []))
+
+    def cleanup(self) -> None:
+        """Remove a temporary dataset (``--no-cache``)."""
+        if self.temporary:
+            remove_dir(self.root)
+            if self.root.parent.name.startswith("tracekit-dataset-"):
+                shutil.rmtree(self.root.parent, ignore_errors=True)
+
+
+def default_root(cache_dir: str | os.PathLike | None) -> Path:
+    from tracekit.loading import cache
+
+    return Path(cache_dir or cache.default_dir()) / "datasets"
+
+
+def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any = None,
+          step_marker: str | None = None, budget: str | int | None = None, use_cache: bool = True,
+          cache_dir: str | os.PathLike | None = None, force: bool = False, jobs: int | None = None,
+          progress: Progress | None = None) -> Dataset:
+    """Turn the traces under ``paths`` into a per-rank dataset (reusing a matching one) and open it.
+
+    ``out``: where (default: ``<cache>/datasets/<key of the inputs>``; a temporary directory without
+    the cache). ``engine``: from :func:`tracekit.scale.engine.make` (default: local processes).
+    """
+    from tracekit.scale import engine as engines
+
+    files, notes = discover(paths)
+    if not files:
+        raise TraceError(None, "no input files")
+    key, ident = inputs_key(files, step_marker)
+    temporary = False
+    if out is not None:
+        target = Path(out)
+    elif use_cache:
+        target = default_root(cache_dir) / key
+    else:
+        target = Path(tempfile.mkdtemp(prefix="tracekit-dataset-")) / "dataset"
+        temporary = True
+    existing = Dataset.open(target) if target.exists() else None
+    if existing is not None and existing.manifest.get("key") == key and existing.verify():
+        existing.reused = True
+        return existing
+    if target.exists() and out is not None and not force and existing is None and any(Path(target).iterdir()):
+        raise TraceError(str(target), "exists and is not a tracekit dataset (use --force to replace it)")
+    if target.exists() and out is not None and not force and existing is not None:
+        raise TraceError(str(target), "holds a dataset of other inputs (use --force to replace it)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(target.parent)
+    data = new_data_dir(target)
+    try:
+        staging = data / ".staging"
+        staging.mkdir()
+        b = memory_budget(budget)
+        units = [Unit(i, f, str(staging), step_marker, b) for i, f in enumerate(files)]
+        total = sum(os.path.getsize(f) for f in files)
+        eng = engine or engines.LocalEngine(jobs, total)
+        summaries: list[dict[str, Any] | None] = [None] * len(units)
+        done = 0
+        with eng:
+            for i, summary in eng.map(run_unit, units):
+                summaries[i] = summary
+                done += os.path.getsize(files[i])
+                if progress:
+                    progress(done, total, files[i])
+        manifest = _combine(data, [s for s in summaries if s is not None], notes, step_marker)
+        manifest.update(key=key, inputs=ident, step_marker=step_marker, engine=getattr(eng, "name", "?"))
+        (data / "manifest.json").write_text(seal(manifest))
+        shutil.rmtree(staging, ignore_errors=True)
+        if target.exists() or target.is_symlink():
+            publish_dir(data, target)
+        elif temporary or out is not None:
+            os.replace(data, target)
+        else:
+            publish_dir(data, target)
+    except BaseException:
+        shutil.rmtree(data, ignore_errors=True)
+        raise
+    ds = Dataset.open(target)
+    if ds is None:
+        raise TraceError(str(target), "the dataset just written cannot be read back")
+    ds.temporary = temporary
+    return ds
+
+
+def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic], step_marker: str | None
+             ) -> dict[str, Any]:
+    """Assign ranks from the summaries, move each part to its partition, write the ranks table."""
+    diags = [*notes]
+    for s in summaries:
+        diags.extend(Diagnostic(**d) for d in s["diagnostics"])
+    per_rank = [s for s in summaries if s["per_rank"]]
+    ranks, sources, rank_diags = assign_ranks([(s["path"], s["claimed_rank"]) for s in per_rank])
+    diags.extend(rank_diags)
+    if step_marker and not any(s["has_steps"] for s in summaries):
+        raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
+    any_steps = any(s["has_steps"] for s in per_rank)
+    staging = data / ".staging"
+    parts: list[dict[str, Any]] = []
+    files: dict[str, Any] = {}
+    rows = []
+    methods: set[str] = set()
+    for s, r, src in zip(per_rank, ranks, sources, strict=True):
+        d = f"rank={r}"
+        os.replace(staging / f"part-{s['index']:06d}", data / d)
+        part_files = dict(s["files"])
+        if any_steps and not s["has_steps"]:
+            # as in the whole-job analysis: once any rank has steps, a rank without them has no windows
+            for name in ("iterations", "breakdown"):
+                p = data / d / f"{name}.parquet"
+                _write(schema.empty(SCHEMAS[name]), p)
+                part_files[p.name] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
+        else:
+            methods.update(s["methods"])
+        parts.append({"dir": d, "rank": r, "path": s["path"]})
+        files.update({f"{d}/{k}": v for k, v in part_files.items()})
+        rows.append({**s["rank_row"], "rank": r, "rank_source": src})
+    seen: set[int] = set()
+    for s in summaries:
+        if s["per_rank"]:
+            continue
+        d = f"shared/part-{s['index']:06d}"
+        (data / "shared").mkdir(exist_ok=True)
+        os.replace(staging / f"part-{s['index']:06d}", data / d)
+        parts.append({"dir": d, "rank": None, "path": s["path"]})
+        files.update({f"{d}/{k}": v for k, v in s["files"].items()})
+        seen.update(s["ranks_seen"])
+        methods.update(s["methods"])
+    ranks_table = schema.table(schema.RANKS, {k: [row.get(k) for row in rows] for k in schema.RANKS.names}) \
+        if rows else schema.empty(schema.RANKS)
+    others = sorted(seen - set(ranks))
+    if others:
+        more = schema.table(schema.RANKS, {"rank": others, "rank_source": ["other format"] * len(others),
+                                           "clock_offset_ns": [0] * len(others)})
+        ranks_table = pa.concat_tables([ranks_table, more])
+    _write(ranks_table, data / "ranks.parquet", keep_rank=True)
+    p = data / "ranks.parquet"
+    files["ranks.parquet"] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
+    return {"version": DATASET_VERSION, "parts": parts, "files": files, "methods": sorted(methods),
+            "diagnostics": [d.__dict__ for d in diags], "summaries": summaries,
+            "events": sum(s["events"] for s in summaries),
+            "collectives": sum(s["collectives"] for s in summaries)}

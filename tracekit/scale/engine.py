@@ -1,0 +1,126 @@
+"""Where per-file work runs: local processes (the default) or a Dask distributed cluster.
+
+An engine maps a picklable function over picklable tasks and yields ``(task index, result)`` as each
+finishes; the first exception raised by a task (a :class:`~tracekit.model.diagnostics.TraceError` naming
+its file, usually) is raised by the iteration. The function must be pure — its effects are the files it
+writes — so that where it runs never changes what it produces:
+
+- :class:`LocalEngine` — in this process for one task or a small input, else a pool of ``jobs`` spawned
+  processes.
+- :class:`DaskEngine` — ``client.map`` on a cluster: an existing scheduler (``tcp://HOST:PORT``, e.g.
+  started by ``dask scheduler`` + ``srun dask worker`` on SLURM, or by dask-kubernetes) or a
+  ``LocalCluster`` started for the run. Workers must see the input files and the output directory at
+  the same paths (a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from typing import Any
+
+from tracekit.model.diagnostics import TraceError
+
+#: below this much input, worker processes cost more than they save
+PARALLEL_MIN_BYTES = 64 << 20
+#: how long to wait for a Dask scheduler to answer
+CONNECT_TIMEOUT = "20s"
+
+
+class LocalEngine:
+    """Tasks in this process, or in ``jobs`` spawned worker processes."""
+
+    name = "local"
+
+    def __init__(self, jobs: int | None = None, total_bytes: int | None = None) -> None:
+        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.total_bytes = total_bytes
+
+    def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        small = self.total_bytes is not None and self.total_bytes < PARALLEL_MIN_BYTES
+        if self.jobs == 1 or len(tasks) <= 1 or small:
+            for i, t in enumerate(tasks):
+                yield i, fn(t)
+            return
+        with ProcessPoolExecutor(max_workers=min(self.jobs, len(tasks)), mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(fn, t): i for i, t in enumerate(tasks)}
+            try:
+                for fut in as_completed(futures):
+                    yield futures[fut], fut.result()
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class DaskEngine:
+    """Tasks on a Dask distributed cluster: the one at ``scheduler``, or a LocalCluster of ``jobs``
+    single-threaded worker processes (``processes=False``: threads of this process, for tests)."""
+
+    name = "dask"
+
+    def __init__(self, scheduler: str | None = None, jobs: int | None = None, processes: bool = True) -> None:
+        self.scheduler = scheduler
+        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.processes = processes
+        self.client: Any = None
+        self._cluster: Any = None
+
+    def __enter__(self) -> DaskEngine:
+        try:
+            from dask.distributed import Client, LocalCluster
+        except ImportError as exc:
+            raise TraceError(None, "the Dask engine needs dask[distributed]: pip install 'tracekit[dask]'") from exc
+        try:
+            if self.scheduler:
+                self.client = Client(self.scheduler, timeout=CONNECT_TIMEOUT)
+            else:
+                self._cluster = LocalCluster(n_workers=self.jobs, threads_per_worker=1, processes=self.processes,
+                                             dashboard_address=None, silence_logs=40)
+                self.client = Client(self._cluster)
+        except (OSError, TimeoutError) as exc:
+            self.__exit__()
+            raise TraceError(self.scheduler, f"cannot reach the Dask scheduler: {exc}") from exc
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+
+    def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        from dask.distributed import as_completed as dask_completed
+
+        assert self.client is not None, "use the engine as a context manager"
+        futures = self.client.map(fn, list(tasks), pure=False)
+        index = {f.key: i for i, f in enumerate(futures)}
+        try:
+            for fut in dask_completed(futures):
+                yield index[fut.key], fut.result()
+        except BaseException:
+            self.client.cancel(futures)
+            raise
+
+
+Engine = LocalEngine | DaskEngine
+
+
+def make(engine: str = "local", *, scheduler: str | None = None, jobs: int | None = None,
+         total_bytes: int | None = None) -> Engine:
+    """The engine the command line asked for: ``--engine local|dask``; ``--scheduler`` implies dask."""
+    if scheduler or engine == "dask":
+        return DaskEngine(scheduler, jobs)
+    if engine != "local":
+        raise TraceError(None, f"unknown engine {engine!r} (local or dask)")
+    return LocalEngine(jobs, total_bytes)

@@ -1,0 +1,54 @@
+"""Number formats every view shares: durations, sizes, shares, rates and changes, as people read them."""
+
+from __future__ import annotations
+
+
+def fmt_ns(ns: float | int | None) -> str:
+    """``1234567`` → ``1.23 ms``."""
+    if ns is None:
+        return "–"
+    ns = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= scale:
+            v = ns / scale
+            return f"{v:.3g} {unit}" if abs(v) < 100 else f"{v:.0f} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def fmt_bytes(n: float | int | None) -> str:
+    """``3145728`` → ``3.15 MB`` (decimal units, as link rates are)."""
+    if n is None:
+        return "–"
+    n = float(n)
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_share(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f} %"
+
+
+def fmt_gbps(x: float | None) -> str:
+    """Gbit/s → ``348 Mbit/s``."""
+    from tracekit.model.units import format_rate
+
+    return "–" if x is None else format_rate(x * 1e9)
+
+
+def fmt_delta_ns(ns: float | int | None) -> str:
+    """``-1234567`` → ``−1.23 ms``; ``+`` for growth."""
+    if ns is None:
+        return "–"
+    if ns == 0:
+        return "0"
+    return ("+" if ns > 0 else "−") + fmt_ns(abs(ns))
+
+
+def fmt_change(base: float | None, new: float | None) -> str:
+    """Relative change, ``+12.3 %``."""
+    if base is None or new is None or not base:
+        return ""
+    x = 100 * (new - base) / base
+    return f"{x:+.1f} %".replace("-", "−")
