@@ -386,6 +386,8 @@ def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch:
 
 #: below this size a file is not worth splitting (starting a process costs ~0.3 s)
 SPLIT_MIN_BYTES = 64 << 20
+#: what this process parses while a worker starts (~0.3 s): it takes that much more than its share
+SPLIT_START_BYTES = 48 << 20
 #: a record boundary is looked for this far after each place a file is split
 _CUT_WINDOW = 4 << 20
 _OPEN = b'{"traceEvents":['
@@ -417,18 +419,21 @@ class _Range:
 
 
 def _cuts(path: str, size: int, parts: int) -> list[int] | None:
-    """Positions of the separating commas of likely record boundaries near ``size * k / parts`` (k = 1 ..
-    parts - 1), or None. A wrong guess (a ``}, {`` inside a string) is caught later: the part before it
-    does not end as a complete document."""
+    """Positions of the separating commas of likely record boundaries after the first part (this process's:
+    :data:`SPLIT_START_BYTES` more than an equal share) and between equal shares of the rest, or None. A
+    wrong guess (a ``}, {`` inside a string) is caught later: the part before it does not end as a complete
+    document."""
     cuts = []
+    first = min((size + (parts - 1) * SPLIT_START_BYTES) // parts, size // 2 + size // (2 * parts))
     with open(path, "rb") as f:
         for k in range(1, parts):
-            f.seek(size * k // parts)
+            at = first + (size - first) * (k - 1) // (parts - 1)
+            f.seek(at)
             window = f.read(_CUT_WINDOW)
             m = _SEPARATOR.search(window)
             if m is None:
                 return None
-            cut = size * k // parts + window.index(b",", m.start())
+            cut = at + window.index(b",", m.start())
             if cuts and cut <= cuts[-1]:
                 return None
             cuts.append(cut)
