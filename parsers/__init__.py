@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tracekit.model.diagnostics import TraceError
@@ -23,17 +24,22 @@ class Format:
     version: str
 
 
+#: (format name, module) of the registered formats, most specific sniffer first. Horovod first: its sniffer
+#: rejects anything Kineto-like ("traceEvents", "cat", "tid")
+_REGISTERED = (("horovod", "horovod"), ("kineto", "kineto"), ("nccl-log", "nccl_log"))
+
+
+def _formats() -> Iterator[Format]:
+    """The registered formats in order, each parser module imported only when its turn comes (a job of
+    Kineto traces never imports the NCCL-log parser)."""
+    for name, module in _REGISTERED:
+        mod = importlib.import_module(f".{module}", __name__)
+        yield Format(name, mod.sniff, mod.parse, mod.PARSER_VERSION)
+
+
 def formats() -> list[Format]:
     """The registered formats, most specific sniffer first."""
-    from . import horovod, kineto, nccl_log
-
-    # Horovod first: its sniffer rejects anything Kineto-like ("traceEvents", "cat", "tid")
-    found = [
-        Format("horovod", horovod.sniff, horovod.parse, horovod.PARSER_VERSION),
-        Format("kineto", kineto.sniff, kineto.parse, kineto.PARSER_VERSION),
-        Format("nccl-log", nccl_log.sniff, nccl_log.parse, nccl_log.PARSER_VERSION),
-    ]
-    return found
+    return list(_formats())
 
 
 def _head(path: str, size: int = 1 << 16) -> tuple[bytes, TraceError | None]:
@@ -52,7 +58,7 @@ def detect(path: str) -> Format | None:
     head, _ = _head(path)
     if not head.strip():
         return None
-    for fmt in formats():
+    for fmt in _formats():
         if fmt.sniff(head):
             return fmt
     return None
@@ -71,7 +77,7 @@ def parse(path: str) -> ParsedFile:
         if error is not None:
             raise error
         raise TraceError(path, "empty file (nothing but whitespace)")
-    for fmt in formats():
+    for fmt in _formats():
         if fmt.sniff(head):
             return fmt.parse(path)
     raise TraceError(path, "not a trace tracekit can read (expected a PyTorch-profiler JSON, "

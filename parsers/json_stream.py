@@ -45,6 +45,18 @@ class Batch:
     offset: int
     data: bytes
     _bounds: np.ndarray | None = None
+    #: cut where elements most likely end but not checked yet (``stream_array(..., lazy=True)``): decoding the
+    #: whole of ``data`` successfully proves the cut right; otherwise call :meth:`check` before using it
+    lazy: bool = False
+    _verdict: bool | None = None
+
+    def check(self) -> bool:
+        """Whether ``data`` is valid JSON (always, for a batch that is not :attr:`lazy`). A lazy batch that is not
+        is dropped: the stream splits those bytes again exactly and yields what they hold instead, so the
+        caller must not use it."""
+        if self._verdict is None:
+            self._verdict = not self.lazy or _valid(self.data)
+        return self._verdict
 
     @property
     def bounds(self) -> np.ndarray:
@@ -216,13 +228,17 @@ class _Stream:
 
 
 def stream_array(
-    blocks: Iterable[tuple[int, bytes]], array_key: str = "traceEvents", batch_bytes: int = BATCH_BYTES
+    blocks: Iterable[tuple[int, bytes]], array_key: str = "traceEvents", batch_bytes: int = BATCH_BYTES,
+    *, lazy: bool = False,
 ) -> Iterator[Batch | Member | End]:
     """Split a JSON document into top-level :class:`Member` s and :class:`Batch` es of the array.
 
     The document is either an object whose member ``array_key`` is the big array, or a bare array
     (legacy Kineto, Horovod). The last item is always an :class:`End`. A bare array that is never
     closed (Horovod <= 0.20.0) ends with ``array_closed=False``.
+
+    ``lazy``: batches cut at a likely boundary are yielded without validating them first (see
+    :attr:`Batch.lazy`): a caller that decodes every batch whole anyway saves a pass over the bytes.
     """
     s = _Stream(blocks)
     while True:
@@ -236,12 +252,12 @@ def stream_array(
     s.drop(i)
     first = s.buf[0]
     if first == LBRACK:
-        yield from _array(s, 1, batch_bytes)
+        yield from _array(s, 1, batch_bytes, lazy)
         return
     if first != LBRACE:
         yield End(False, 0, s.base, False, False, "not a JSON object or array")
         return
-    yield from _object(s, array_key.encode(), batch_bytes)
+    yield from _object(s, array_key.encode(), batch_bytes, lazy)
 
 
 class _Skips:
@@ -263,7 +279,7 @@ class _Skips:
         return end
 
 
-def _object(s: _Stream, key: bytes, batch_bytes: int) -> Iterator[Batch | Member | End]:
+def _object(s: _Stream, key: bytes, batch_bytes: int, lazy: bool = False) -> Iterator[Batch | Member | End]:
     """Walk the members of the top-level object at ``s.buf[0] == '{'``."""
     pos = 1  # just after '{' or after a member's comma
     found = False
@@ -305,7 +321,7 @@ def _object(s: _Stream, key: bytes, batch_bytes: int) -> Iterator[Batch | Member
             found = True
             s.drop(vstart)
             end: End | None = None
-            for item in _array(s, 2, batch_bytes):
+            for item in _array(s, 2, batch_bytes, lazy):
                 if isinstance(item, End):
                     end = item
                 else:
@@ -412,7 +428,7 @@ def _index(s: _Stream, st: _Scan, seps: list[np.ndarray], depth: int) -> tuple[i
     return None, None
 
 
-def _array(s: _Stream, depth: int, batch_bytes: int) -> Iterator[Batch | End]:
+def _array(s: _Stream, depth: int, batch_bytes: int, lazy: bool = False) -> Iterator[Batch | End]:
     """Stream the elements of the array whose ``[`` is ``s.buf[0]``; elements sit at ``depth``.
 
     Fast path: cut the buffer at the last ``}, {`` and check the batch is valid JSON (a cut inside an
@@ -435,7 +451,13 @@ def _array(s: _Stream, depth: int, batch_bytes: int) -> Iterator[Batch | End]:
             cut = _fast_cut(s.buf)
             if cut is not None:
                 data = _bracketed(s.buf, cut)
-                if _valid(data):
+                if lazy:
+                    batch = Batch(s.base, data, lazy=True)
+                    yield batch
+                    if batch._verdict is not False:  # decoded whole, or checked: the cut was right
+                        s.drop(cut + 1)
+                        continue
+                elif _valid(data):
                     yield Batch(s.base, data)
                     s.drop(cut + 1)
                     continue

@@ -14,15 +14,21 @@ import gc
 import io
 import os
 import re
-from collections.abc import Iterator
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from itertools import compress, repeat
+from operator import attrgetter, is_
+from typing import Any, Union
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
+from msgspec.structs import astuple
 
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
@@ -30,10 +36,13 @@ from tracekit.model.schema import ParsedFile, clean_text
 
 from . import json_stream, kineto_comms
 from .json_stream import Batch, End, Member, stream_array
-from .source import Blocks
+from .source import Blocks, is_gzip
 from .timestamps import us_text_to_ns
 
 PARSER_VERSION = "kineto-3"
+#: bytes of records decoded at once: the typed structs of a batch this size stay in the CPU's caches while they
+#: are moved into columns (4 MB batches parse ~20 % slower)
+BATCH_BYTES = 512 << 10
 
 #: categories of activity recorded on a device (classify by category, never by pid: pids collide)
 DEVICE_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset",
@@ -157,6 +166,8 @@ class _Strings:
     def __init__(self) -> None:
         self.code: dict[str, int] = {}
         self.values: list[str] = []
+        self._hot: list[bool] = []
+        self._hot_arr = np.zeros(1, dtype=bool)
 
     def encode(self, col: pa.Array) -> pa.Array:
         """A string or dictionary column as int32 codes into this dictionary (nulls stay null)."""
@@ -173,6 +184,25 @@ class _Strings:
         idx = pc.fill_null(arr.indices, len(local)).to_numpy(zero_copy_only=False)
         codes = mapping[idx]
         return pa.array(codes, mask=codes < 0)
+
+    def codes_of(self, values: list[str]) -> np.ndarray:
+        """This dictionary's code of each of ``values`` (a part's dictionary), new strings added in order."""
+        out = np.empty(len(values), dtype=np.int32)
+        for i, v in enumerate(values):
+            c = self.code.get(v)
+            if c is None:
+                c = self.code[v] = len(self.values)
+                self.values.append(v)
+            out[i] = c
+        return out
+
+    def comm_flags(self) -> np.ndarray:
+        """Per code, whether the string may name an event carrying collective metadata (:func:`_may_carry_comm`),
+        plus a last False for null."""
+        if len(self._hot) < len(self.values):
+            self._hot.extend(_may_carry_comm(v) for v in self.values[len(self._hot):])
+            self._hot_arr = np.array([*self._hot, False], dtype=bool)
+        return self._hot_arr
 
     def arrow(self) -> pa.Array:
         return pa.array(self.values, pa.string())
@@ -213,6 +243,10 @@ class _Accumulator:
         self.unknown_cats: dict[str, int] = {}
         self.be_events: list[Event] = []
         self.notes: list[str] = []  # warnings found while reading the file's own metadata
+        #: per batch, when reading a part of a split file: (stream offset, size, whether the typed path took it
+        #: without consulting another path); only such batches read the same whatever batches the file is cut into
+        self.log: list[tuple[int, int, bool]] | None = None
+        self.consulted = False  # the last batch's typed read asked Arrow's path whether it takes the batch
 
     def bad(self, offset: int, what: str) -> None:
         """Count an unreadable record; remember where only the first few were (memory stays bounded
@@ -227,7 +261,10 @@ class _Accumulator:
                 for f in RAW}
         cols["cat"] = self.cats.encode(cols["cat"])
         cols["name"] = self.names.encode(cols["name"])
-        out = pa.record_batch([cols[f.name] for f in RAW], schema=RAW)
+        self.add_raw(pa.record_batch([cols[f.name] for f in RAW], schema=RAW))
+
+    def add_raw(self, out: pa.RecordBatch) -> None:
+        """Keep one batch already in the :data:`RAW` schema (strings as this file's codes)."""
         if self.spill_path is None:
             self.batches.append(out)
             return
@@ -241,8 +278,10 @@ class _Accumulator:
         """The raw batches, in order: one table in memory, or batch by batch from the spill file
         (read, not memory-mapped, so that only one batch is resident at a time)."""
         if self.spill_path is None:
-            yield pa.Table.from_batches(self.batches, schema=RAW).combine_chunks() if self.batches \
+            table = pa.Table.from_batches(self.batches, schema=RAW).combine_chunks() if self.batches \
                 else RAW.empty_table()
+            self.batches = []  # the combined table holds them now
+            yield table
             return
         if self._spill is None:
             return
@@ -269,7 +308,7 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def parse(path: str, *, spill_dir: str | None = None) -> ParsedFile:
+def parse(path: str, *, spill_dir: str | None = None, workers: int = 1) -> ParsedFile:
     """Parse one Kineto trace (``.json``, ``.json.gz``, truncated or damaged) into a ParsedFile.
 
     With ``spill_dir`` (an existing, empty directory the caller owns and removes) the file is parsed in
@@ -277,36 +316,23 @@ def parse(path: str, *, spill_dir: str | None = None) -> ParsedFile:
     table is built from it batch by batch into ``spill_dir/events.arrow``, and the returned ParsedFile's
     ``events`` is that file, memory-mapped (``events_file`` names it; read it in batches to stay
     bounded). The tables are the same as without spilling.
+
+    ``workers`` > 1 splits a big uncompressed file at record boundaries across that many processes (this
+    one and ``workers - 1`` others): same tables, in about 1/workers of the time on as many cores.
     """
     with _no_gc():
+        if workers > 1 and spill_dir is None:
+            parsed = _parse_split(path, workers)
+            if parsed is not None:
+                return parsed
         return _parse(path, spill_dir)
 
 
 def _parse(path: str, spill_dir: str | None = None) -> ParsedFile:
     acc = _Accumulator(path, spill_dir)
-    members: dict[str, Any] = {}
-    members_after: set[str] = set()
-    end: End | None = None
-    array_seen = False
     blocks = Blocks(path)
-    for item in stream_array(blocks, batch_bytes=json_stream.BATCH_BYTES):
-        if isinstance(item, Batch):
-            array_seen = True
-            _consume(acc, item)
-        elif isinstance(item, Member):
-            try:
-                members[item.key] = msgspec.json.decode(item.raw)
-            except DECODE_ERRORS:
-                try:  # invalid UTF-8 in a string: keep the member with U+FFFD for the bad bytes
-                    members[item.key] = msgspec.json.decode(item.raw.decode("utf-8", "replace").encode())
-                    acc.repaired_utf8 += 1
-                except DECODE_ERRORS:
-                    acc.bad(item.offset, f"member {item.key!r} is not valid JSON")
-            if array_seen:
-                members_after.add(item.key)
-        else:
-            end = item
-    assert end is not None
+    blocks.block_size = min(blocks.block_size, BATCH_BYTES)  # a batch is at least one block
+    members, members_after, end = _stream(acc, blocks)
     if blocks.error is not None:
         if acc.n == 0:
             raise blocks.error
@@ -321,6 +347,239 @@ def _parse(path: str, spill_dir: str | None = None) -> ParsedFile:
         _append_begin_end(acc)
     acc.close_spill()
     return _finish(acc, members, members_after, end, spill_dir)
+
+
+def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch: Callable[[], None] | None = None
+            ) -> tuple[dict[str, Any], set[str], End]:
+    """Read a document's blocks into ``acc``; returns its other top-level members (decoded), the names of
+    those after ``traceEvents``, and how the stream ended. ``first_batch`` is called once the first batch of
+    the array has been read."""
+    members: dict[str, Any] = {}
+    members_after: set[str] = set()
+    end: End | None = None
+    array_seen = False
+    for item in stream_array(blocks, batch_bytes=BATCH_BYTES, lazy=True):
+        if isinstance(item, Batch):
+            array_seen = True
+            _consume(acc, item)
+            if first_batch is not None:
+                first_batch()
+                first_batch = None
+        elif isinstance(item, Member):
+            try:
+                members[item.key] = msgspec.json.decode(item.raw)
+            except DECODE_ERRORS:
+                try:  # invalid UTF-8 in a string: keep the member with U+FFFD for the bad bytes
+                    members[item.key] = msgspec.json.decode(item.raw.decode("utf-8", "replace").encode())
+                    acc.repaired_utf8 += 1
+                except DECODE_ERRORS:
+                    acc.bad(item.offset, f"member {item.key!r} is not valid JSON")
+            if array_seen:
+                members_after.add(item.key)
+        else:
+            end = item
+    assert end is not None
+    return members, members_after, end
+
+
+# --- one big file across processes ----------------------------------------------------------------------------
+
+#: below this size a file is not worth splitting (starting a process costs ~0.3 s)
+SPLIT_MIN_BYTES = 64 << 20
+#: what this process parses while a worker starts (~0.3 s): it takes that much more than its share
+SPLIT_START_BYTES = 48 << 20
+#: a record boundary is looked for this far after each place a file is split
+_CUT_WINDOW = 4 << 20
+_OPEN = b'{"traceEvents":['
+_CLOSE = b"]}"
+
+
+class _Range:
+    """The bytes ``path[start:stop]`` of a plain file as blocks, after ``prefix`` and before ``suffix``: one
+    part of a split file made a document of its own."""
+
+    def __init__(self, path: str, start: int, stop: int, prefix: bytes = b"", suffix: bytes = b"") -> None:
+        self.path, self.start, self.stop, self.prefix, self.suffix = path, start, stop, prefix, suffix
+        self.error: TraceError | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        if self.prefix:
+            yield 0, self.prefix
+        pos = self.start
+        with open(self.path, "rb") as f:
+            f.seek(pos)
+            while pos < self.stop:
+                chunk = f.read(min(BATCH_BYTES, self.stop - pos))
+                if not chunk:
+                    break
+                yield pos, chunk
+                pos += len(chunk)
+        if self.suffix:
+            yield pos, self.suffix
+
+
+def _cuts(path: str, size: int, parts: int) -> list[int] | None:
+    """Positions of the separating commas of likely record boundaries after the first part (this process's:
+    :data:`SPLIT_START_BYTES` more than an equal share) and between equal shares of the rest, or None. A
+    wrong guess (a ``}, {`` inside a string) is caught later: the part before it does not end as a complete
+    document."""
+    cuts = []
+    first = min((size + (parts - 1) * SPLIT_START_BYTES) // parts, size // 2 + size // (2 * parts))
+    with open(path, "rb") as f:
+        for k in range(1, parts):
+            at = first + (size - first) * (k - 1) // (parts - 1)
+            f.seek(at)
+            window = f.read(_CUT_WINDOW)
+            m = _SEPARATOR.search(window)
+            if m is None:
+                return None
+            cut = at + window.index(b",", m.start())
+            if cuts and cut <= cuts[-1]:
+                return None
+            cuts.append(cut)
+    return cuts
+
+
+def _clean(acc: _Accumulator, end: End, error: TraceError | None, after: int = -1) -> bool:
+    """A part of a split file that read like an undamaged document (nothing repaired, skipped or lost, no B/E
+    pairs to match across parts) and whose batches from stream offset ``after`` on were all taken by the typed
+    path on their own: each of those records then reads the same in whatever batch it lands, so the parts
+    give what one pass over the whole file gives."""
+    assert acc.log is not None
+    return (end.complete and end.array_closed and not end.skipped and error is None and not acc.n_bad
+            and not acc.repaired_utf8 and not acc.repaired_nonfinite and not acc.repaired_names
+            and not acc.be_events and all(ok for offset, size, ok in acc.log if offset + size > after))
+
+
+def _parse_part(path: str, start: int, stop: int, out_dir: str, has_fraction: bool) -> None:
+    """Worker process: the records of ``path[start:stop]`` (and, when ``stop`` is the end of the file, the
+    members after the array), their raw batches spilled to ``out_dir/raw.arrow`` and the accumulator's state
+    written to ``out_dir/state.json``, or nothing when the part was not clean (the caller then parses the
+    whole file itself). ``has_fraction``: whether a timestamp before the part had a fraction, as the first
+    batch of the file says (the caller checks that it stayed so)."""
+    with _no_gc():
+        size = os.path.getsize(path)
+        acc = _Accumulator(path, out_dir)
+        acc.log = []
+        acc.has_fraction = has_fraction
+        blocks = _Range(path, start, stop, _OPEN, _CLOSE if stop < size else b"")
+        members, _, end = _stream(acc, blocks)
+        acc.close_spill()
+        if not _clean(acc, end, blocks.error) or (stop < size and members):
+            return
+        state = {"n": acc.n, "cats": acc.cats.values, "names": acc.names.values, "comm_rows": acc.comm_rows,
+                 "dropped": acc.dropped, "meta_records": acc.meta_records, "window_end": acc.window_end,
+                 "has_fraction": acc.has_fraction, "assumed_fraction": has_fraction, "members": members,
+                 "end": end, "raw": acc.n_spilled_batches > 0}
+        tmp = os.path.join(out_dir, "state.json.tmp")
+        with open(tmp, "wb") as f:
+            f.write(msgspec.json.encode(state))
+        os.replace(tmp, os.path.join(out_dir, "state.json"))
+
+
+def _part_state(out_dir: str) -> dict[str, Any] | None:
+    """What :func:`_parse_part` left in ``out_dir``, or None."""
+    try:
+        with open(os.path.join(out_dir, "state.json"), "rb") as f:
+            st = msgspec.json.decode(f.read())
+        st["end"] = msgspec.convert(st["end"], End)
+        st["meta_records"] = [tuple(r) for r in st["meta_records"]]
+        st["raw"] = os.path.join(out_dir, "raw.arrow") if st["raw"] else None
+        return st
+    except (OSError, *DECODE_ERRORS, KeyError):
+        return None
+
+
+def _parse_split(path: str, workers: int) -> ParsedFile | None:
+    """:func:`parse` of a big plain file in ``workers`` processes, or None where that does not apply (small or
+    compressed files, a part that was not clean, a worker that could not run): then the caller parses it in
+    one. Workers are fresh interpreters running this module (never the caller's ``__main__``)."""
+    size = os.path.getsize(path)
+    parts = min(workers, size // SPLIT_MIN_BYTES)
+    if parts < 2 or is_gzip(path):
+        return None
+    with open(path, "rb") as f:
+        if not f.read(1 << 16).lstrip().startswith(b"{"):
+            return None  # a legacy event list: small by nature
+    cuts = _cuts(path, size, parts)
+    if cuts is None:
+        return None
+    bounds = [*cuts, size]
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="tracekit-split-") as tmp:
+        acc = _Accumulator(path)
+        acc.log = []
+
+        def start_parts() -> None:  # once the first batch says whether timestamps have fractions
+            for k in range(parts - 1):
+                out = os.path.join(tmp, str(k))
+                os.mkdir(out)
+                cmd = [sys.executable, "-m", __name__, "--part", path, str(bounds[k] + 1), str(bounds[k + 1]), out,
+                       str(int(acc.has_fraction))]
+                try:
+                    procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                  stderr=subprocess.DEVNULL))
+                except OSError:
+                    return
+
+        try:
+            blocks = _Range(path, 0, cuts[0], suffix=_CLOSE)
+            members, members_after, end = _stream(acc, blocks, start_parts)
+            for proc in procs:
+                proc.wait()
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        states = [_part_state(os.path.join(tmp, str(k))) for k in range(parts - 1)]
+        # this part's batches are those of one pass over the file until its last blocks (read with the cut)
+        if len(procs) < parts - 1 or not _clean(acc, end, blocks.error, cuts[0] - 3 * BATCH_BYTES) \
+                or members_after or any(st is None or (st["assumed_fraction"] and not acc.has_fraction)
+                                        for st in states):
+            return None
+        for st in states:
+            assert st is not None
+            _merge_part(acc, st)
+            members.update(st["members"])
+            members_after |= set(st["members"])
+            end = st["end"]
+        return _finish(acc, members, members_after, end)
+
+
+def _merge_part(acc: _Accumulator, st: dict[str, Any]) -> None:
+    """Append a later part's state to ``acc`` as if its records had been read right after ``acc``'s: string
+    codes into ``acc``'s dictionaries (new strings in their order of first appearance), record numbers after
+    ``acc``'s."""
+    cat_map = acc.cats.codes_of(st["cats"])
+    name_map = acc.names.codes_of(st["names"])
+    base = acc.n
+    if st["raw"] is not None:
+        with pa.memory_map(st["raw"], "r") as source:
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                rb = reader.get_batch(i)
+                cols = rb.columns
+                cols[0] = _remap(cols[0], cat_map)
+                cols[1] = _remap(cols[1], name_map)
+                cols[-1] = pa.array(cols[-1].to_numpy() + base)
+                acc.add_raw(pa.record_batch(cols, schema=RAW))
+    for row in st["comm_rows"]:
+        row["_index"] += base
+    acc.comm_rows.extend(st["comm_rows"])
+    acc.meta_records.extend(st["meta_records"])
+    acc.window_end = acc.window_end or st["window_end"]
+    acc.has_fraction = acc.has_fraction or st["has_fraction"]
+    acc.dropped += st["dropped"]
+    acc.n += st["n"]
+
+
+def _remap(codes: pa.Array, mapping: np.ndarray) -> pa.Array:
+    """int32 codes of a part's dictionary as codes of the whole file's (nulls stay null)."""
+    idx = pc.fill_null(codes, 0).to_numpy(zero_copy_only=False)
+    out = mapping[idx] if mapping.size else np.zeros(len(idx), np.int32)
+    return pa.array(out, pa.int32(), mask=pc.is_null(codes).to_numpy(zero_copy_only=False)) if codes.null_count \
+        else pa.array(out, pa.int32())
 
 
 def _decode_batch(acc: _Accumulator, batch: Batch) -> list[Event]:
@@ -559,8 +818,249 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
     return True
 
 
+# --- the typed fast path --------------------------------------------------------------------------------------
+
+class _TArgs(msgspec.Struct, frozen=True, gc=False, rename={
+    "external_id": "External id", "external_id_legacy": "external id",
+    "wait_stream": "wait_on_stream", "wait_correlation": "wait_on_cuda_event_record_corr_id", "label_name": "name",
+    "collective": "Collective name", "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems",
+    "in_size": "In msg size", "out_size": "Out msg size", "group_size": "Group size",
+    "pg_name": "Process Group Name", "pg_desc": "Process Group Description", "pg_id": "Process Group ID",
+    "pg_ranks": "Process Group Ranks", "seq": "Seq", "comms_id": "Comms Id", "comm_rank": "Rank",
+    "src_rank": "Src Rank", "dst_rank": "Dst Rank", "input_dims": "Input Dims",
+    "input_dims_legacy": "Input dims", "input_type": "Input type",
+}):
+    """The args of an X event as the fast path reads them: the ids of every event typed exactly as
+    :data:`_ARROW_SCHEMA` types them (a value of another type sends the batch the old ways), and the
+    collective metadata as :class:`Args` reads it, the tensor shapes left as raw JSON until an event turns
+    out to be one that may carry a collective's size."""
+
+    external_id: int | None = None
+    external_id_legacy: int | None = None
+    correlation: int | None = None
+    device: int | None = None
+    stream: int | None = None
+    bytes: int | None = None
+    wait_stream: int | None = None
+    wait_correlation: int | None = None
+    label_name: str | None = None
+    labels: str | None = None
+    collective: Any = None
+    dtype: Any = None
+    in_nelems: Any = None
+    out_nelems: Any = None
+    in_size: Any = None
+    out_size: Any = None
+    group_size: Any = None
+    pg_name: Any = None
+    pg_desc: Any = None
+    pg_id: Any = None
+    pg_ranks: Any = None
+    seq: Any = None
+    comms_id: Any = None
+    comm_rank: Any = None
+    src_rank: Any = None
+    dst_rank: Any = None
+    input_dims: msgspec.Raw = EMPTY_RAW
+    input_dims_legacy: msgspec.Raw = EMPTY_RAW
+    input_type: msgspec.Raw = EMPTY_RAW
+
+
+_NO_TARGS = _TArgs()
+_IDS = attrgetter("external_id", "external_id_legacy", "correlation", "device", "stream", "bytes", "wait_stream",
+                  "wait_correlation")
+_RAW_COMM_FIELDS = frozenset({"input_dims", "input_dims_legacy", "input_type"})
+
+
+class _TX(msgspec.Struct, gc=False, tag="X", tag_field="ph"):
+    """A complete event (``ph`` X); ``ts`` as its text, for an exact decimal conversion (``dur`` below 2^33 µs
+    converts exactly from a float)."""
+
+    cat: str | None = None
+    name: str | None = None
+    pid: int | None = None
+    tid: int | None = None
+    ts: msgspec.Raw = EMPTY_RAW
+    dur: float | None = None
+    args: _TArgs = _NO_TARGS
+
+
+class _TMetaArgs(msgspec.Struct, frozen=True, gc=False, rename={"label_name": "name"}):
+    label_name: str | None = None
+    labels: str | None = None
+
+
+class _TM(msgspec.Struct, gc=False, tag="M", tag_field="ph"):
+    """Track metadata (``process_name``, ``thread_name``, ...)."""
+
+    name: str | None = None
+    pid: int | None = None
+    tid: int | None = None
+    args: _TMetaArgs = _TMetaArgs()
+
+
+class _TI(msgspec.Struct, gc=False, tag="i", tag_field="ph"):
+    """An instant: only ``Record Window End`` matters (its pid and tid are ``""``)."""
+
+    name: str | None = None
+
+
+def _other(ph: str) -> type:
+    """A record whose content the analysis does not use (flows, counters, ...): an empty struct. (Arrow's path
+    also checks the types of their fields, so it may refuse a batch this path takes; where that changes a
+    result, :func:`_consume_typed` asks it.)"""
+    return msgspec.defstruct(f"_T_{ord(ph[0])}", [], tag=ph, tag_field="ph", gc=False)
+
+
+#: every phase of the Chrome trace event format; B/E pairs go the exact way (a batch holding one is left to it)
+_TB, _TE = _other("B"), _other("E")
+_T_OTHERS = [_other(ph) for ph in ("s", "f", "t", "I", "C", "b", "n", "e", "P", "O", "N", "D", "V", "v", "R", "c",
+                                   "(", ")")]
+_TYPED = msgspec.json.Decoder(list[Union[_TX, _TM, _TI, _TB, _TE, *_T_OTHERS]])
+_DECIMAL = pa.decimal128(24, 3)
+_NULL_FIRST = ord("n")
+
+
+def _raw_decimal_ns(raws: tuple[msgspec.Raw, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The raw texts of JSON numbers (µs) as exact int64 ns, with :func:`_decimal_ns`'s validity; absent
+    values and ``null`` are invalid. None when a text is not a number Arrow's JSON reader would read the same
+    way (quoted numbers, more than 3 decimals, beyond decimal128(24, 3)): the batch then goes the old ways."""
+    n = len(raws)
+    lengths = np.fromiter(map(len, raws), dtype=np.int64, count=n)
+    joined = b"".join(raws)
+    if len(joined) >= 2**31:
+        return None
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    buf = np.frombuffer(joined, dtype=np.uint8)
+    null = lengths == 0
+    if buf.size:
+        null |= buf[np.minimum(offsets[:-1], buf.size - 1)] == _NULL_FIRST  # the JSON is valid: n is null
+    n_null = int(null.sum())
+    validity = pa.py_buffer(np.packbits(~null, bitorder="little")) if n_null else None
+    strings = pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(joined), validity, n_null)
+    try:
+        dec = pc.cast(strings, _DECIMAL)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return _decimal_ns(dec)
+
+
+def _float_us_ns(values: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Durations in µs decoded as floats → int64 ns: exactly what the decimal text gives for values below 2^33 µs
+    with at most 3 decimals (and what the exact path gives for more decimals); absent and null values are 0, as
+    there. Returns ``(ns, exact)``: ``exact`` is False for values of 2^33 µs or more (their text is needed)."""
+    f = pa.array(values, pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
+    nan = np.isnan(f)
+    exact = nan | (np.abs(f) < float(1 << 33))
+    ns = np.rint(np.where(exact & ~nan, f, 0.0) * 1000.0).astype(np.int64)
+    return ns, exact
+
+
+def _consume_typed(acc: _Accumulator, batch: Batch) -> bool:
+    """Fastest path: one msgspec decode of the whole batch into typed structs (records the analysis does
+    not use become empty structs), moved into columns with C-level transposes. Gives exactly what
+    :func:`_consume_arrow` gives; returns False, having changed nothing, for every batch that path would not
+    take (and a few more), which then goes the old ways."""
+    data = batch.data
+    try:
+        evs = _TYPED.decode(data)
+    except DECODE_ERRORS:
+        return False
+    n_rec = len(evs)
+    kinds = list(map(type, evs))
+    if kinds.count(_TB) or kinds.count(_TE):
+        return False
+    n_x = kinds.count(_TX)
+    xs = evs if n_x == n_rec else list(compress(evs, map(is_, kinds, repeat(_TX))))
+    meta: list[tuple[str, Any, Any, Any]] = []
+    window_end = False
+    if kinds.count(_TM) or kinds.count(_TI):
+        for e in evs:
+            if e.__class__ is _TM:
+                a = e.args
+                meta.append((str(e.name), e.pid, e.tid, a.label_name if a.label_name is not None else a.labels))
+            elif e.__class__ is _TI and e.name == "Record Window End":
+                window_end = True
+    del evs, kinds
+    rb = None
+    args: tuple[_TArgs, ...] = ()
+    if n_x:
+        cat, name, pid, tid, ts, dur, args = zip(*map(astuple, xs), strict=True)
+        del xs
+        converted = _raw_decimal_ns(ts)
+        if converted is None:
+            return False
+        start, ts_ok = converted
+        dur_ns, dur_exact = _float_us_ns(dur)
+        if not dur_exact.all():
+            return False  # durations of 2^33 µs (2.4 hours) or more: only their text gives them exactly
+        try:
+            ids = [pa.array(c, pa.int64()) for c in (pid, tid, *zip(*map(_IDS, args), strict=True))]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            return False
+        pid_a, tid_a, ext, ext_l, corr, dev, stream, nbytes, wstream, wcorr = ids
+        try:
+            cat_a, name_a = pa.array(cat, pa.string()), pa.array(name, pa.string())
+        except (pa.ArrowInvalid, UnicodeEncodeError):  # lone surrogates (escaped in the JSON) are not UTF-8
+            return False
+        has_fraction = acc.has_fraction or bool((start[ts_ok] % 1000 != 0).any())
+        # Where the two old paths differ (negative pids and tids, whether timestamps have fractions; durations of
+        # 2^33 µs or more went back above), give what they gave: Arrow's result if it takes this batch (which it
+        # decides on types of records this path does not look at), else the exact path's.
+        acc.consulted = ((pc.min(pid_a).as_py() or 0) < 0 or (pc.min(tid_a).as_py() or 0) < 0
+                         or (not acc.has_fraction and (has_fraction or b"." in b"".join(ts))))
+        if acc.consulted and not _consume_arrow(_Accumulator(acc.path), batch):
+            return False
+        # every check passed: from here on the accumulator changes
+        acc.has_fraction = has_fraction
+        dur_ns = np.maximum(dur_ns, 0)
+        name_codes = acc.names.encode(name_a)
+        rb = pa.record_batch([
+            acc.cats.encode(cat_a), name_codes, pa.array(start),
+            pa.array(dur_ns), pc.abs(pid_a), pc.abs(tid_a), dev, stream, corr, pc.coalesce(ext, ext_l), nbytes,
+            wstream, wcorr, pa.array(np.arange(acc.n, acc.n + n_x, dtype=np.int64))], schema=RAW)
+        rows = np.arange(n_x)
+        if not ts_ok.all():
+            acc.dropped += int((~ts_ok).sum())
+            rb = rb.filter(pa.array(ts_ok))
+            rows = rows[ts_ok]
+            name_codes = name_codes.filter(pa.array(ts_ok))
+        # collective metadata: only from events whose name says they may carry it
+        hot = acc.names.comm_flags()
+        if hot.any():
+            codes = pc.fill_null(name_codes, len(hot) - 1).to_numpy(zero_copy_only=False)
+            for j in np.flatnonzero(hot[codes]).tolist():
+                acc.comm_rows.append(_comm_row(args[int(rows[j])], acc.n + int(rows[j])))
+    acc.meta_records.extend(meta)
+    acc.window_end = acc.window_end or window_end
+    if rb is not None:
+        acc.add_raw(rb)
+        acc.n += n_x
+    return True
+
+
+def _comm_row(a: _TArgs, index: int) -> dict[str, Any]:
+    """The collective metadata of one event, as :class:`Args` would have read it."""
+    row = {f: getattr(a, f) for f in COMM_ARG_FIELDS}
+    for f in _RAW_COMM_FIELDS:
+        raw = row[f]
+        row[f] = msgspec.json.decode(raw) if len(raw) else None
+    row["_index"] = index
+    return row
+
+
 def _consume(acc: _Accumulator, batch: Batch) -> None:
     """Turn one batch into Arrow columns (X events) and side records (metadata, markers)."""
+    acc.consulted = False
+    if _consume_typed(acc, batch):
+        if acc.log is not None:
+            acc.log.append((batch.offset, len(batch.data), not acc.consulted))
+        return
+    if acc.log is not None:
+        acc.log.append((batch.offset, len(batch.data), False))
+    if not batch.check():
+        return  # cut inside a record: the stream splits these bytes again exactly
     if _consume_arrow(acc, batch):
         return
     events = _decode_batch(acc, batch)
@@ -776,9 +1276,11 @@ class _Finisher:
         self._lane_dict: pa.Array | None = None
 
     def _kinds(self, pair: np.ndarray) -> np.ndarray:
-        """Kind codes, classified once per unique (cat, name) pair of the whole file."""
+        """Kind codes, classified once per unique (cat, name) pair of the whole file (pairs found by hashing,
+        in one pass)."""
         width = len(self.name_vals)
-        uniq, inv = np.unique(pair, return_inverse=True)
+        enc = pa.array(pair).dictionary_encode()
+        uniq = enc.dictionary.to_numpy()
         codes = np.empty(uniq.size, dtype=np.int32)
         for i, p in enumerate(uniq.tolist()):
             k = self._kind_of.get(p)
@@ -786,7 +1288,7 @@ class _Finisher:
                 k = self._kind_of[p] = schema.KINDS.index(_classify(self.cat_vals[p // width],
                                                                     self.name_vals[p % width]))
             codes[i] = k
-        return codes[inv.reshape(-1)]
+        return codes[enc.indices.to_numpy()]
 
     def chunk(self, raw: pa.Table | pa.RecordBatch) -> tuple[_Chunk, int]:
         """Classify one raw chunk; returns it and how many rows fell outside the time range."""
@@ -815,19 +1317,18 @@ class _Finisher:
         on_thread = ~self.span_cat[cat_idx] & (pc.is_valid(pid).to_numpy(zero_copy_only=False) |
                                                pc.is_valid(tid).to_numpy(zero_copy_only=False))
         keys = _lane_keys(dev, stream, tid_np, on_device, on_thread)
-        uniq, inv = np.unique(keys, return_inverse=True)
-        mapping = np.empty(uniq.size, dtype=np.int32)
-        order = np.argsort(np.unique(inv.reshape(-1), return_index=True)[1]) if uniq.size else uniq
-        # assign new codes in order of first appearance (as a dictionary encoding of the rows would)
-        for j in order.tolist() if uniq.size else []:
-            k = int(uniq[j])
+        # new codes in order of first appearance: a dictionary encoding of the keys (by hashing) gives that order
+        enc = pa.array(keys).dictionary_encode()
+        uniq = enc.dictionary.to_pylist()
+        mapping = np.empty(len(uniq), dtype=np.int32)
+        for j, k in enumerate(uniq):
             c = self.lane_code.get(k)
             if c is None:
                 c = self.lane_code[k] = len(self.lane_labels)
                 self.lane_labels.append(_lane_label(k))
                 self._lane_dict = None
             mapping[j] = c
-        lane = mapping[inv.reshape(-1)] if uniq.size else np.zeros(0, np.int32)
+        lane = mapping[enc.indices.to_numpy()] if uniq else np.zeros(0, np.int32)
         return _Chunk(raw, start, kind, lane, on_device, dev, stream, cat_idx), dropped
 
     def events(self, ch: _Chunk, collective_id: pa.Array | None = None) -> pa.Table:
@@ -866,7 +1367,9 @@ class _Finisher:
 
 
 def _chunk_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
-    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if isinstance(col, pa.ChunkedArray):
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return col
 
 
 def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str], end: End,
@@ -901,7 +1404,7 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
         keep = is_comm | np.isin(ch.raw.column("_index").to_numpy(), meta_index)
         if keep.any():
             parts.append(pa.table(ch.raw).filter(pa.array(keep)))
-        corr = pc.drop_null(pa.array(ch.raw.column("correlation")).filter(pa.array(is_comm)))
+        corr = pc.drop_null(_chunk_array(ch.raw.column("correlation")).filter(pa.array(is_comm)))
         comm_corr.append(corr.to_numpy(zero_copy_only=False))
     for i in np.flatnonzero(unknown):
         acc.unknown_cats[fin.cat_vals[i]] = int(unknown[i])  # type: ignore[index]
@@ -911,7 +1414,8 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
         for ch in classified():
             corr = pc.fill_null(ch.raw.column("correlation"), -1).to_numpy(zero_copy_only=False)
             idx = ch.raw.column("_index").to_numpy()
-            launch = (ch.kind == _RUNTIME) & np.isin(corr, corr_set) & ~np.isin(idx, meta_index)
+            launch = (ch.kind == _RUNTIME) & pc.is_in(corr, value_set=pa.array(corr_set)).to_numpy(
+                zero_copy_only=False) & ~np.isin(idx, meta_index)
             if launch.any():
                 parts.append(pa.table(ch.raw).filter(pa.array(launch)))
     # the collectives table, from those few rows in file order
@@ -1096,3 +1600,7 @@ def _era(acc: _Accumulator, members: dict[str, Any], members_after: set[str], ba
     if acc.has_fraction:
         return "absolute fractional µs (Kineto 2024-03/04, PyTorch 2.3)"
     return "absolute integer µs (Kineto <= 2024-02, PyTorch <= 2.2)"
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--part"]:  # a worker of _parse_split
+    _parse_part(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6] == "1")

@@ -300,3 +300,52 @@ def test_real_collective_metadata(shared_data: Path) -> None:
     assert coll["bytes"].null_count() == 0 and coll["nranks"].to_list() == [2] * 21
     assert parsed.meta["rank"] == 0 and parsed.meta["world_size"] == 2
     assert parsed.meta["format_version"].startswith("relative")
+
+
+def _split_trace(path: Path, steps: int = 2000) -> Path:
+    return kt.write(path, kt.gpu_job(steps), pretty=True)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_big_file_split_across_processes_gives_the_same_tables(tmp_path: Path, workers: int,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _split_trace(tmp_path / "big.json", 1500 * workers)  # parts well over 3 batches each
+    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", path.stat().st_size // 4)
+    split = []
+    real = kineto._parse_split
+    monkeypatch.setattr(kineto, "_parse_split", lambda *a: split.append(real(*a)) or split[-1])
+    one, parts = kineto.parse(str(path)), kineto.parse(str(path), workers=workers)
+    assert split[0] is not None  # it was split
+    for name in ("events", "collectives"):
+        assert getattr(parts, name).to_pylist() == getattr(one, name).to_pylist()
+        assert getattr(parts, name).schema == getattr(one, name).schema
+    assert parts.meta == one.meta
+    assert [str(d) for d in parts.diagnostics] == [str(d) for d in one.diagnostics]
+
+
+@pytest.mark.parametrize("damage", ["cut-in-string", "bad-record", "truncated", "negative-tid"])
+def test_a_split_file_that_is_not_clean_is_read_in_one_pass(tmp_path: Path, damage: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _split_trace(tmp_path / "big.json")
+    data = path.read_bytes()
+    mid = len(data) // 2
+    if damage == "cut-in-string":  # a name around the middle looks like record boundaries throughout
+        at = data.index(b'"name": "', mid - 10_000) + 9
+        data = data[:at] + b"}, {" * 10_000 + data[at:]
+    elif damage == "bad-record":
+        at = data.index(b'"ts": ', mid + 1000) + 6
+        data = data[:at] + b"nope" + data[at:]
+    elif damage == "truncated":
+        data = data[: len(data) - 500]
+    else:
+        data = data.replace(b'"tid": 1,', b'"tid": -1,')
+    path.write_bytes(data)
+    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", len(data) // 4)
+    monkeypatch.setattr(kineto, "SPLIT_START_BYTES", 0)  # the cut falls in the middle, on the damage
+    split = []
+    real = kineto._parse_split
+    monkeypatch.setattr(kineto, "_parse_split", lambda *a: split.append(real(*a)) or split[-1])
+    one, parts = kineto.parse(str(path)), kineto.parse(str(path), workers=2)
+    assert split == [None]  # fell back to one pass
+    assert parts.events.to_pylist() == one.events.to_pylist()
+    assert [str(d) for d in parts.diagnostics] == [str(d) for d in one.diagnostics]
