@@ -332,3 +332,26 @@ def test_horovod_timestamps_beyond_int64(tmp_path: Path, value: str) -> None:
     parsed = parse(str(p))
     assert parsed.format == "horovod"
     assert any("without a usable ts" in str(d) for d in parsed.diagnostics)
+
+
+# --- found by the coverage-guided run (benchmarks/fuzz.py with Atheris) --------------------------------
+
+
+@pytest.mark.parametrize("pg_config", [
+    1.5, "0", {"pg_name": "0"}, [1, "a", None],
+    [{"pg_name": "0", "ranks": [2**100, True]}, {"pg_name": "1", "ranks": [0, 1]}],
+    [{"pg_name": [1], "ranks": [0, 1]}, {"pg_name": "1", "ranks": "0,1"}, {"pg_name": "2", "ranks": [0]}],
+])
+def test_wrong_types_in_pg_config(tmp_path: Path, pg_config) -> None:
+    # distributedInfo.pg_config of 1.5 raised TypeError ('float' object is not iterable) where gloo work is
+    # given its process group (parsers/kineto_comms._gloo_groups)
+    paths = []
+    for r, evs in kt.gloo_job(ranks=2).items():
+        p = kt.write(tmp_path / f"rank{r}.json", evs, rank=r, backend="gloo")
+        doc = json.loads(p.read_text())
+        doc["distributedInfo"]["pg_config"] = pg_config
+        p.write_text(json.dumps(doc))
+        paths.append(str(p))
+    parsed = [parse(p) for p in paths]
+    assert all(f.collectives.num_rows == 2 for f in parsed)
+    analyse(assemble(parsed))
