@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from tracekit import __version__
-from tracekit.diagnostics import Diagnostic, TraceError
+from tracekit.diagnostics import Diagnostic, TraceError, printable
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
@@ -269,12 +270,17 @@ def _load(args: argparse.Namespace, console: Console):
     return analyse(ts, step_marker=args.step_marker, link_bw_bps=link_bw, line_rates=line_rates)
 
 
+def _text(value: object) -> str:
+    """A file name or a message quoting the data, safe to print with markup (see ``report.text``)."""
+    return escape(printable(str(value)))
+
+
 def _warn(diags: Sequence[Diagnostic], console: Console, quiet: bool) -> None:
     if quiet:
         return
     shown = [d for d in diags if d.level != "info"]
     for d in shown[:20]:
-        console.print(f"[yellow]warning[/]: {d}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning[/]: {_text(d)}", highlight=False, soft_wrap=True)
     if len(shown) > 20:
         console.print(f"[yellow]warning[/]: … and {len(shown) - 20} more")
 
@@ -294,7 +300,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     out = Console() if sys.stdout.isatty() else Console(width=120)
     if result.horovod_only:
         if result.notes:
-            out.print("; ".join(result.notes), highlight=False)
+            out.print(_text("; ".join(result.notes)), highlight=False)
     else:
         render_summary(out, result)
     if result.horovod is not None:
@@ -559,7 +565,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         write_chrome_trace(result, args.chrome, force=args.force, flows=critical_path_flows(result))
         written.append(args.chrome)
     for path in written:
-        err.print(f"wrote {path}", highlight=False, soft_wrap=True)
+        err.print(f"wrote {_text(path)}", highlight=False, soft_wrap=True)
     _warn(result.diagnostics, err, args.quiet)
     return 0
 
@@ -639,8 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:
-        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-        print(f"tracekit: {where}{exc.strerror or exc}", file=sys.stderr)
+        where = f"{printable(str(exc.filename))}: " if getattr(exc, "filename", None) else ""
+        print(f"tracekit: {where}{printable(str(exc.strerror or exc))}", file=sys.stderr)
         return EXIT_INPUT
     except Exception as exc:  # tracekit's own bug: one line, unless debugging
         if os.environ.get("TRACEKIT_DEBUG"):
