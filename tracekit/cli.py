@@ -220,7 +220,8 @@ def _load(args: argparse.Namespace, console: Console):
     link_bw, line_rates = parse_link_rates(args.link_bw) if args.link_bw else (None, {})
     if args.jobs is not None and args.jobs < 1:
         raise TraceError(None, "--jobs must be at least 1")
-    files, _ = traceset.discover(args.paths)
+    found = traceset.discover(args.paths)
+    files = found[0]
     total = sum(os.path.getsize(f) for f in files)
     by_rank = any(getattr(args, o, None) for o in ("engine", "scheduler", "dataset", "memory_budget"))
     if not by_rank and hasattr(args, "engine"):
@@ -251,11 +252,11 @@ def _load(args: argparse.Namespace, console: Console):
             eng = engine.make(args.engine or "local", scheduler=args.scheduler, jobs=args.jobs, total_bytes=total)
             ds = dataset.build(args.paths, out=args.dataset, engine=eng, step_marker=args.step_marker,
                                budget=args.memory_budget, use_cache=not args.no_cache, cache_dir=args.cache_dir,
-                               force=args.rebuild, progress=progress_cb)
+                               force=args.rebuild, progress=progress_cb, found=found)
             args.exit_stack.callback(ds.cleanup)
         else:
             ts = traceset.load(args.paths, use_cache=not args.no_cache, cache_dir=args.cache_dir,
-                               jobs=args.jobs, progress=progress_cb)
+                               jobs=args.jobs, progress=progress_cb, found=found)
     finally:
         if bar is not None:
             bar.stop()
