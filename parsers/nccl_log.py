@@ -476,7 +476,8 @@ def _parse_anchor_token(tok: str) -> tuple[str, int, int, int] | None:
     m = _ANCHOR_TOKEN.match(tok)
     if m is None:
         return None
-    return m["host"], int(m["pid"]), int(m["tid"]), m.end("glued") if m["glued"] else 0
+    # the glued prefix's length in bytes (it is sliced out of the block's bytes), not in characters
+    return m["host"], int(m["pid"]), int(m["tid"]), len(m["glued"].encode()) if m["glued"] else 0
 
 
 def _int_or_none(tok: str, lo: int = 0) -> int | None:
@@ -1308,6 +1309,14 @@ def _rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
 
 
+def _is_hex(comm_id: str | None) -> bool:
+    """A commId NCCL logged (``0x...``): a split's id derives from it; a synthetic one it cannot."""
+    try:
+        return comm_id is not None and int(comm_id, 16) >= 0
+    except ValueError:
+        return False
+
+
 def _resolve_comm_ids(st: _Parser) -> list[_Comm]:
     """Give every communicator instance an id: the logged commId; for 2.27+ splits the derived one;
     before 2.16 ``synthetic-n{nranks}-{k}`` by creation order in the process."""
@@ -1333,7 +1342,7 @@ def _resolve_comm_ids(st: _Parser) -> list[_Comm]:
             c.parent_comm_id = par.comm_id
         if c.comm_id is not None:
             continue
-        if par is not None and par.comm_id and c.split_count is not None and c.color is not None:
+        if par is not None and _is_hex(par.comm_id) and c.split_count is not None and c.color is not None:
             c.comm_id, c.comm_id_source = split_comm_id(par.comm_id, c.split_count, c.color), "derived"
         if c.end_comm_id is not None:
             if c.comm_id is not None and c.comm_id != c.end_comm_id:

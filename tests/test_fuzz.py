@@ -355,3 +355,54 @@ def test_wrong_types_in_pg_config(tmp_path: Path, pg_config) -> None:
     parsed = [parse(p) for p in paths]
     assert all(f.collectives.num_rows == 2 for f in parsed)
     analyse(assemble(parsed))
+
+
+def _nccl_log(era: str | None, nranks: int, launcher: str | None = None) -> str:
+    """A generated NCCL debug log (``era`` None: the newest grammar)."""
+    from tests import nccl_logs as nl
+
+    return nl.render(nl.make_job(era or nl.ERAS[-1], nranks=nranks, seed=1), launcher=launcher, timestamps=None,
+                     seed=1)
+
+
+def test_nccl_launcher_prefix_with_multibyte_characters(tmp_path: Path) -> None:
+    # nccl-log target: the glued launcher prefix ('[default0]:host:pid:tid') was measured in characters and
+    # cut out of the bytes: a multi-byte character cut it short, or mid-character (UnicodeDecodeError in the
+    # columnar path; polars panicked on the invalid string later: PanicException, not even an Exception)
+    p = tmp_path / "nccl.log"
+    p.write_text(_nccl_log("2.12.12", 2, "torchrun").replace("[default", "[日本"))
+    parsed = _parse_and_analyse(p)
+    assert sorted(parsed.tables["nccl_calls"].column("prefix").unique().to_pylist()) == ["[日本0]:", "[日本1]:"]
+
+
+def test_nccl_split_of_a_communicator_without_a_logged_id(tmp_path: Path) -> None:
+    # nccl-log target: a ncclCommSplit child's id is derived from its parent's commId; a parent without a
+    # logged one (a synthetic id) raised ValueError: invalid literal for int() with base 16: 'synthetic-n4-0'
+    import re
+
+    p = tmp_path / "nccl.log"
+    text = re.sub(r" commId 0x[0-9a-f]+", "", _nccl_log(None, 4))
+    assert "ncclCommSplit" in text and "commId" not in text
+    p.write_text(text)
+    parsed = _parse_and_analyse(p)
+    assert set(parsed.tables["nccl_comms"].column("comm_id_source").to_pylist()) == {"synthetic"}
+
+
+def test_a_rust_panic_is_a_one_line_internal_error(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    # pyo3's PanicException (polars) derives from BaseException: `except Exception` let it through as a
+    # Python traceback; the CLI reports it as the internal error it is, in one line
+    from tracekit import cli
+
+    class PanicException(BaseException):  # what pyo3_runtime.PanicException is, by name and base
+        pass
+
+    def panic(args) -> int:
+        raise PanicException("PyObject pointer is null")
+
+    monkeypatch.setattr(cli, "cmd_summary", panic)
+    assert cli.main(["summary", str(ROOT / "samples" / "ddp-gloo")]) == cli.EXIT_INTERNAL
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tracekit: internal error: PanicException: PyObject pointer is null (set TRACEKIT_DEBUG=1 for "
+                   "the traceback)"]
+    monkeypatch.setattr(cli, "cmd_summary", lambda args: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert cli.main(["summary", str(ROOT / "samples" / "ddp-gloo")]) == 130  # still an interrupt

@@ -649,10 +649,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{printable(str(exc.filename))}: " if getattr(exc, "filename", None) else ""
         print(f"tracekit: {where}{printable(str(exc.strerror or exc))}", file=sys.stderr)
         return EXIT_INPUT
-    except Exception as exc:  # tracekit's own bug: one line, unless debugging
+    except BaseException as exc:  # tracekit's own bug: one line, unless debugging
+        # pyo3's PanicException (a Rust panic in polars) is a BaseException: matched by name, as pyo3 does not
+        # export the class; KeyboardInterrupt, SystemExit and the like go on
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise
         if os.environ.get("TRACEKIT_DEBUG"):
             raise
-        print(f"tracekit: internal error: {type(exc).__name__}: {exc} "
+        print(f"tracekit: internal error: {type(exc).__name__}: {printable(str(exc))} "
               "(set TRACEKIT_DEBUG=1 for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 
