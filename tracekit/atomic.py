@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 #: leftovers of killed writers are removed after this long
@@ -117,6 +118,7 @@ def real_dir(path: Path, create: bool = True) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
             path.mkdir()
+            apply_modes(path, path.parent)  # a subdirectory of a group's cache is the group's too
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise OSError(errno.ELOOP, "not a directory of its own (a symbolic link or a file): not used", str(path))
@@ -163,26 +165,50 @@ def publish_dir(data: Path, link: Path) -> None:
     is not ours, a file) is replaced without following it.
     """
     apply_modes(data, link.parent)
-    old = None
-    try:
-        st = os.lstat(link)
-    except FileNotFoundError:
-        st = None
-    if st is not None and stat.S_ISLNK(st.st_mode):
-        old = data_dir(link)  # None for a link that is not ours: only the link itself is replaced
-    elif st is not None and stat.S_ISDIR(st.st_mode):  # a real directory (older layout): move it aside first
-        old = link.parent / f"{DATA_PREFIX}{link.name}.old-{os.getpid()}-{time.monotonic_ns()}"
-        os.replace(link, old)
-    tmp_link = link.parent / f"{TMP_PREFIX}link-{link.name}-{os.getpid()}-{time.monotonic_ns()}"
-    os.symlink(data.name, tmp_link)
-    try:
-        os.replace(tmp_link, link)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_link)
-        raise
+    # the swap runs under the directory's lock: two processes publishing the same name at once would each
+    # take the same directory as the old one, and the first one's data would be left behind unreferenced
+    with _locked(link.parent):
+        old = None
+        try:
+            st = os.lstat(link)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            old = data_dir(link)  # None for a link that is not ours: only the link itself is replaced
+        elif st is not None and stat.S_ISDIR(st.st_mode):  # a real directory (older layout): move it aside first
+            old = link.parent / f"{DATA_PREFIX}{link.name}.old-{os.getpid()}-{time.monotonic_ns()}"
+            os.replace(link, old)
+        tmp_link = link.parent / f"{TMP_PREFIX}link-{link.name}-{os.getpid()}-{time.monotonic_ns()}"
+        os.symlink(data.name, tmp_link)
+        try:
+            os.replace(tmp_link, link)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_link)
+            raise
     if old is not None and old != data:
         shutil.rmtree(old, ignore_errors=True)
+
+
+LOCK_NAME = ".publish.lock"
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory/.publish.lock`` (created if need be, never through a link) for
+    the few system calls of a swap; where locks are unavailable, the swap runs unlocked."""
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def remove_dir(link: Path) -> None:
