@@ -391,7 +391,9 @@ def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analys
         parsed = None
     except RecursionError as exc:
         return Finding(target.name, mutation, f"RecursionError: {str(exc)[:100]}", data, traceback.format_exc())
-    except Exception as exc:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # pyo3's PanicException (polars, a Rust panic) is a BaseException
         return Finding(target.name, mutation, f"{type(exc).__name__}: {str(exc)[:200]}", data,
                        traceback.format_exc())
     elapsed = time.process_time() - t0
@@ -409,7 +411,9 @@ def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analys
                 _ = result.critical_path_summary, result.bottleneck
         except TraceError:
             pass
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
             return Finding(target.name, mutation, f"analysis: {type(exc).__name__}: {str(exc)[:200]}", data,
                            traceback.format_exc())
     if cli:
@@ -418,11 +422,13 @@ def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analys
 
         from tracekit.cli import EXIT_INTERNAL, main
 
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(["summary", str(path), "--no-cache", "--json", "-q"])
-        if rc == EXIT_INTERNAL or rc not in (0, 1):
-            return Finding(target.name, mutation, f"CLI exit {rc}: {err.getvalue().strip()[:300]}", data)
+        # --json, and the terminal's text (names in the data go through rich markup there)
+        for argv in (["summary", str(path), "--no-cache", "--json", "-q"], ["summary", str(path), "--no-cache"]):
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = main(argv)
+            if rc == EXIT_INTERNAL or rc not in (0, 1):
+                return Finding(target.name, mutation, f"CLI exit {rc}: {err.getvalue().strip()[:300]}", data)
     return None
 
 

@@ -35,14 +35,24 @@ LAUNCH = textwrap.dedent("""
 """)
 
 
+def launch(*args: str, cache: Path, timeout: float = 120, command: str = "summary") -> subprocess.Popen:
+    """Start ``tracekit COMMAND ARGS`` through the launcher; :func:`collect` gives its outcome."""
+    cmd = [sys.executable, "-c", LAUNCH.replace("sys.argv[0] or 300", str(timeout)), sys.executable, "-m",
+           "tracekit.cli", command, *args]
+    env = {**os.environ, "TRACEKIT_CACHE_DIR": str(cache), "COLUMNS": "200"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+
+def collect(p: subprocess.Popen, timeout: float = 150) -> dict:
+    """Exit status, output, wall seconds and peak RSS (MB) of a :func:`launch`."""
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err
+    return json.loads(out)
+
+
 def summary(*args: str, cache: Path, timeout: float = 120) -> dict:
     """``tracekit summary ARGS`` through the launcher: exit status, output, wall seconds, peak RSS (MB)."""
-    cmd = [sys.executable, "-c", LAUNCH.replace("sys.argv[0] or 300", str(timeout)), sys.executable, "-m",
-           "tracekit.cli", "summary", *args]
-    env = {**os.environ, "TRACEKIT_CACHE_DIR": str(cache), "COLUMNS": "200"}
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    return collect(launch(*args, cache=cache, timeout=timeout), timeout + 30)
 
 
 def one_line_error(res: dict, path: Path | str) -> str:
@@ -164,10 +174,9 @@ def test_symlink_loops_and_dangling_links(tmp_path: Path) -> None:
     assert any("dangling" in w and "dangling symbolic link (to nowhere)" in w for w in warnings), warnings
     assert res["wall_s"] < 60, res
     # named on the command line: one line each
-    assert "a symbolic link loop" in one_line_error(summary(str(d / "loop1"), cache=tmp_path / "cache"),
-                                                    d / "loop1")
-    assert "dangling symbolic link" in one_line_error(summary(str(d / "dangling"), cache=tmp_path / "cache"),
-                                                      d / "dangling")
+    loop, dangling = (launch(str(d / name), cache=tmp_path / "cache") for name in ("loop1", "dangling"))
+    assert "a symbolic link loop" in one_line_error(collect(loop), d / "loop1")
+    assert "dangling symbolic link" in one_line_error(collect(dangling), d / "dangling")
 
 
 # --- file names with newlines, escapes and markup ------------------------------------------------------------
@@ -179,27 +188,27 @@ def test_file_names_with_newlines_and_markup(tmp_path: Path) -> None:
     cut = gzip.decompress((SAMPLE / "rank1.pt.trace.json.gz").read_bytes())
     shutil.copy(SAMPLE / "rank0.pt.trace.json.gz", d / "rank0\nline two.json.gz")
     (d / "rank1]\x1b[31m.json").write_bytes(cut[: len(cut) // 2])  # truncated: a warning naming it
-    res = summary(str(d), cache=tmp_path / "cache")
+    (d / "rank0]").write_bytes(cut[: len(cut) // 3])  # 'job[/rank0]' reads as a closing markup tag
+    p = tmp_path / "job[/rank0]"
+    bad = d / "not\na trace.json"
+    bad.write_text("hello")
+    runs = [launch(str(x), cache=tmp_path / f"cache{i}") for i, x in enumerate((d, p, bad))]
+    res = collect(runs[0])
     assert res["rc"] == 0, res["stderr"]
-    assert "2 ranks" in res["stdout"]
+    assert "3 ranks" in res["stdout"]
     warnings = [w for w in res["stderr"].splitlines() if w.startswith("warning")]
     assert any("rank1]\\x1b[31m.json" in w and "truncated" in w for w in warnings), warnings
     assert "\x1b" not in res["stderr"]  # never a raw escape sequence on the terminal
-    # a path that reads as a closing markup tag ('job[' / 'rank0]'): was an internal error (MarkupError)
-    (d / "rank0]").write_bytes(cut[: len(cut) // 3])
-    p = tmp_path / "job[/rank0]"
-    res = summary(str(p), cache=tmp_path / "cache")
+    # a path that reads as a closing markup tag: was an internal error (MarkupError)
+    res = collect(runs[1])
     assert res["rc"] == 0, res["stderr"]
     assert f"warning: {p}: byte" in res["stderr"], res["stderr"]
     # errors are one line too, the newline shown as \n
-    bad = d / "not\na trace.json"
-    bad.write_text("hello")
-    line = one_line_error(summary(str(bad), cache=tmp_path / "cache"), str(bad).replace("\n", "\\n"))
+    line = one_line_error(collect(runs[2]), str(bad).replace("\n", "\\n"))
     assert "not a trace tracekit can read" in line
 
 
-@pytest.mark.parametrize("command", ["critical-path", "collectives"])
-def test_markup_in_event_names_is_printed_as_text(tmp_path: Path, command: str) -> None:
+def test_markup_in_event_names_is_printed_as_text(tmp_path: Path) -> None:
     # a kernel or thread named like a rich closing tag ('[/x]') was an internal error (MarkupError)
     doc = json.loads(gzip.decompress((SAMPLE / "rank0.pt.trace.json.gz").read_bytes()))
     for e in doc["traceEvents"]:
@@ -207,8 +216,8 @@ def test_markup_in_event_names_is_printed_as_text(tmp_path: Path, command: str) 
             e["name"] += "[/x] [bold"
     p = tmp_path / "rank0.json"
     p.write_text(json.dumps(doc))
-    env = {**os.environ, "TRACEKIT_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "200"}
-    r = subprocess.run([sys.executable, "-m", "tracekit.cli", command, str(p)], capture_output=True, text=True,
-                       env=env, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "[/x] [bold" in r.stdout
+    runs = [launch(str(p), cache=tmp_path / command, command=command) for command in ("critical-path", "collectives")]
+    for r in runs:
+        res = collect(r)
+        assert res["rc"] == 0, res["stderr"]
+        assert "[/x] [bold" in res["stdout"]
