@@ -522,7 +522,8 @@ def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list
     existing = Dataset.open(target) if target.exists() else None
     if existing is not None and existing.manifest.get("key") == key and existing.verify():
         existing.reused = True
-        existing.extra_diagnostics = list(notes)
+        known = existing.manifest.get("diagnostics", [])  # the notes of its own build are there already
+        existing.extra_diagnostics = [n for n in notes if n.__dict__ not in known]
         return existing
     if target.exists() and out is not None and not force and existing is None and any(Path(target).iterdir()):
         raise TraceError(str(target), "exists and is not a tracekit dataset (use --force to replace it)")
