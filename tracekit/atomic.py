@@ -51,15 +51,18 @@ def current_umask() -> int:
 
 def share_modes(root: str | os.PathLike) -> tuple[int, int]:
     """``(directory mode, file mode)`` for what is published under ``root``: what ``mkdir``/``open`` would
-    give under the umask, plus group read/write of directories when ``root`` is group-writable (a cache
-    shared by a group: any member may replace or remove an entry), and never world-writable. Files are
+    give under the umask, plus group read/write of directories when ``root`` is group-writable but not
+    world-writable (a cache shared by a group: any member may replace or remove an entry), and never
+    world-writable. Files are
     never group-writable: nothing is modified in place once published, and a file truncated under a
     reader that has it memory-mapped would kill the reader."""
     umask = current_umask()
     try:
-        shared = bool(os.stat(root).st_mode & stat.S_IWGRP)
+        mode = os.stat(root).st_mode
     except OSError:
-        shared = False
+        mode = 0
+    # group-writable and not world-writable: a group's directory (/tmp, world-writable, is nobody's group)
+    shared = bool(mode & stat.S_IWGRP) and not mode & stat.S_IWOTH
     dir_mode = (0o777 & ~umask) | (0o070 if shared else 0)
     file_mode = (0o666 & ~umask) | (0o044 if shared else 0)
     return dir_mode & ~0o002, file_mode & ~0o022

@@ -329,11 +329,11 @@ class Dataset:
     extra_diagnostics: list[Diagnostic] = field(default_factory=list)
 
     @classmethod
-    def open(cls, root: str | os.PathLike) -> Dataset | None:
-        """The dataset at ``root``, or None if there is none (or its manifest is damaged, or ``root`` is a
-        link that is not one of ours)."""
+    def open(cls, root: str | os.PathLike, *, follow: bool = True) -> Dataset | None:
+        """The dataset at ``root``, or None if there is none (or its manifest is damaged). Without
+        ``follow`` (a dataset in the cache), a link at ``root`` that is not one of ours is not followed."""
         root = Path(root)
-        if data_dir(root) is None:
+        if not follow and data_dir(root) is None:
             return None
         try:
             manifest = unseal(read_text(root / "manifest.json"))
@@ -519,7 +519,9 @@ def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list
     from tracekit import engine as engines
 
     out = target if explicit else None
-    existing = Dataset.open(target) if target.exists() else None
+    # --dataset DIR is the user's own path (a link they made is theirs); in the cache, a link is trusted only
+    # if it is one of ours
+    existing = Dataset.open(target, follow=explicit) if target.exists() else None
     if existing is not None and existing.manifest.get("key") == key and existing.verify():
         existing.reused = True
         known = existing.manifest.get("diagnostics", [])  # the notes of its own build are there already
