@@ -1034,6 +1034,9 @@ class _Parser:
         cur = self.cur_comm.get(key)
         commid = "0x" + m["commid"].lower() if m["commid"] else None
         rank, nranks = int(m["rank"]), int(m["nranks"])
+        if not (_I32 <= rank < -_I32 and 0 <= nranks < -_I32):  # damaged: ranks are int32 everywhere
+            self.unparsed(no)
+            return
         # era evidence
         if what == "Init START":
             self.era(lo=(2, 18, 3))
@@ -1135,7 +1138,11 @@ class _Parser:
         c = self.cur_comm.get((host, pid, m["comm"]))
         if c is None or c.end_line is not None:
             return
-        c.nnodes, c.local_ranks, c.local_rank = int(m["nnodes"]), int(m["lranks"]), int(m["lrank"])
+        vals = int(m["nnodes"]), int(m["lranks"]), int(m["lrank"])
+        if max(vals) >= -_I32:  # damaged
+            self.unparsed(no)
+            return
+        c.nnodes, c.local_ranks, c.local_rank = vals
 
     def channel_counts(self, no: int, body: str, host: str, pid: int) -> None:
         vals: dict[str, int] = {}
@@ -1305,8 +1312,22 @@ _WATCHDOG_SCHEMA = pa.schema([("line", pa.int64()), ("rank", pa.int32()), ("seq_
                               ("numel_out", pa.int64()), ("timeout_ms", pa.int64()), ("text", pa.string())])
 
 
+#: the least int32: communicator ranks and counts beyond int32 are damage
+_I32 = -(1 << 31)
+
+
 def _rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
+    if not rows:
+        return schema.empty_table()
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, OverflowError):
+        # a number beyond its column's type (a damaged 'nranks 22222000000000000' in an int32 column) is unknown
+        bounds = {f.name: (-(1 << (f.type.bit_width - 1)), 1 << (f.type.bit_width - 1))
+                  for f in schema if pa.types.is_signed_integer(f.type)}
+        fixed = [{k: (None if k in bounds and isinstance(v, int) and not bounds[k][0] <= v < bounds[k][1] else v)
+                  for k, v in r.items()} for r in rows]
+        return pa.Table.from_pylist(fixed, schema=schema)
 
 
 def _is_hex(comm_id: str | None) -> bool:

@@ -406,3 +406,17 @@ def test_a_rust_panic_is_a_one_line_internal_error(monkeypatch: pytest.MonkeyPat
                    "the traceback)"]
     monkeypatch.setattr(cli, "cmd_summary", lambda args: (_ for _ in ()).throw(KeyboardInterrupt()))
     assert cli.main(["summary", str(ROOT / "samples" / "ddp-gloo")]) == 130  # still an interrupt
+
+
+@pytest.mark.parametrize("field,value", [("nranks 4", "nranks 22222000000000000"),
+                                         ("rank 1 nranks", "rank 99999999999 nranks"),
+                                         ("localRanks 2", "localRanks 4294967296")])
+def test_nccl_numbers_beyond_their_columns(tmp_path: Path, field: str, value: str) -> None:
+    # nccl-log target: 'nranks 22222000000000000' (a digit flipped in) reached an int32 column of the
+    # nccl_comms table: ArrowInvalid 'too large to fit in C integer type'; such a number is unknown (null)
+    text = _nccl_log(None, 4)
+    assert field in text
+    p = tmp_path / "nccl.log"
+    p.write_text(text.replace(field, value, 1))
+    parsed = _parse_and_analyse(p)
+    assert parsed.tables["nccl_comms"].num_rows > 0
