@@ -208,9 +208,10 @@ def _norm_proto(text: str | None) -> str | None:
 # grammar (FORMATS.md 2.2-2.6), for the per-line path
 
 #: The anchor ``host:pid:tid [dev] [ms] [file:line [(func)]] NCCL LEVEL``. The host must start the
-#: line or follow a non-host character, so a search never backtracks through a word.
+#: line or follow a non-host character, so a search never backtracks through a word. Pids and tids of
+#: more than 18 digits, devices of more than 9 are no anchor (as in _ANCHOR_TOKEN: they fit int64/int32).
 ANCHOR = re.compile(
-    r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]*+):(?P<pid>\d++):(?P<tid>\d++) (?:\[(?P<dev>-?\d+)\] )?"
+    r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]*+):(?P<pid>\d{1,18}+):(?P<tid>\d{1,18}+) (?:\[(?P<dev>-?\d{1,9})\] )?"
     r"(?:(?P<ms>\d+\.\d+) )?(?:(?P<loc>[^\s()]+:\d+) (?:\((?P<func>[^)]*)\) )?)?NCCL (?P<level>[A-Z]+)\b ?")
 VERSION = re.compile(r"NCCL version (?P<ver>\d+\.\d+\.\d+)(?P<suffix>[-+]\S*)?")
 INIT = re.compile(
@@ -905,7 +906,7 @@ class _Parser:
             self.watchdog_line(no, m, text)
             return
         m = NCCL_TESTS.search(stripped.lstrip("> "))
-        if m:
+        if m and max(int(m["pid"]), int(m["rank"]), int(m["dev"])) < -_I32:  # else damaged: unparsed
             p = self.proc(m["host"], int(m["pid"]))
             p.tests_rank = int(m["rank"])
             p.devices.add(int(m["dev"]))
@@ -1322,12 +1323,16 @@ def _rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     try:
         return pa.Table.from_pylist(rows, schema=schema)
     except (pa.ArrowInvalid, OverflowError):
-        # a number beyond its column's type (a damaged 'nranks 22222000000000000' in an int32 column) is unknown
-        bounds = {f.name: (-(1 << (f.type.bit_width - 1)), 1 << (f.type.bit_width - 1))
-                  for f in schema if pa.types.is_signed_integer(f.type)}
-        fixed = [{k: (None if k in bounds and isinstance(v, int) and not bounds[k][0] <= v < bounds[k][1] else v)
-                  for k, v in r.items()} for r in rows]
-        return pa.Table.from_pylist(fixed, schema=schema)
+        return pa.Table.from_pylist(_fit(rows, schema), schema=schema)
+
+
+def _fit(rows: list[dict[str, Any]], schema: pa.Schema) -> list[dict[str, Any]]:
+    """``rows`` with every integer outside its column's type made null: a damaged number ('nranks
+    22222000000000000', a 70-digit src rank) is unknown, not the end of the parse."""
+    bounds = {f.name: (-(1 << (f.type.bit_width - 1)), 1 << (f.type.bit_width - 1))
+              for f in schema if pa.types.is_signed_integer(f.type)}
+    return [{k: (None if k in bounds and isinstance(v, int) and not bounds[k][0] <= v < bounds[k][1] else v)
+             for k, v in r.items()} for r in rows]
 
 
 def _is_hex(comm_id: str | None) -> bool:
@@ -1461,9 +1466,9 @@ def _prepare_raw(st: _Parser, comms: list[_Comm]) -> pl.DataFrame:
     # rest: RCCL task/globalrank, Ray repeats
     if raw["rest"].is_not_null().any():
         ext = raw.select(pl.col("rest").str.extract_groups(REST.pattern).alias("r")).unnest("r")
-        raw = raw.with_columns(ext["task"].cast(pl.Int64).alias("task"),
-                               ext["grank"].cast(pl.Int32).alias("rccl_globalrank"),
-                               ext["rep"].cast(pl.Int64).alias("repeated"))
+        raw = raw.with_columns(ext["task"].cast(pl.Int64, strict=False).alias("task"),  # too big: null
+                               ext["grank"].cast(pl.Int32, strict=False).alias("rccl_globalrank"),
+                               ext["rep"].cast(pl.Int64, strict=False).alias("repeated"))
     else:
         raw = raw.with_columns(pl.lit(None, pl.Int64).alias("task"),
                                pl.lit(None, pl.Int32).alias("rccl_globalrank"),
@@ -1748,6 +1753,7 @@ def _topology(st: _Parser, comms: list[_Comm], ctx: dict[tuple[str, int], Any],
     if unattributed:
         st.diagnostics.append(Diagnostic(st.path, f"{unattributed} transport lines could not be "
                                          "attributed to a communicator (comm_id left null)"))
+    rows = _fit(rows, TOPOLOGY)
     topo = table(TOPOLOGY, {k: [r[k] for r in rows] for k in TOPOLOGY.names}) if rows else \
         TOPOLOGY.empty_table()
     schema = pa.schema([("line", pa.int64()), ("host", pa.string()), ("pid", pa.int64()),

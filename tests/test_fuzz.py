@@ -408,12 +408,20 @@ def test_a_rust_panic_is_a_one_line_internal_error(monkeypatch: pytest.MonkeyPat
     assert cli.main(["summary", str(ROOT / "samples" / "ddp-gloo")]) == 130  # still an interrupt
 
 
-@pytest.mark.parametrize("field,value", [("nranks 4", "nranks 22222000000000000"),
-                                         ("rank 1 nranks", "rank 99999999999 nranks"),
-                                         ("localRanks 2", "localRanks 4294967296")])
+@pytest.mark.parametrize("field,value", [
+    ("nranks 4", "nranks 22222000000000000"), ("rank 1 nranks", "rank 99999999999 nranks"),
+    ("localRanks 2", "localRanks 4294967296"),
+    (": 3[1] -> 0[0] [send]", ": 77918935315962500[1] -> 0[0] [send]"),  # a transport line's rank
+    ("gpu-node-01:48001:48001 [0] NCCL INFO Channel 00/02", "gpu-node-01:" + "4800" + "8" * 70 + ":48001 [0] NCCL "
+     "INFO Channel 00/02"),  # an anchor's pid
+    ("gpu-node-01:48001:48001 [0] NCCL INFO Channel 00/02", "#  Rank  0 Group  0 Pid  " + "9" * 30 + " on gpu-node-01 "
+     "device  0 [0x1b] NVIDIA\ngpu-node-01:48001:48001 [0] NCCL INFO Channel 00/02"),  # nccl-tests' header
+])
 def test_nccl_numbers_beyond_their_columns(tmp_path: Path, field: str, value: str) -> None:
     # nccl-log target: 'nranks 22222000000000000' (a digit flipped in) reached an int32 column of the
-    # nccl_comms table: ArrowInvalid 'too large to fit in C integer type'; such a number is unknown (null)
+    # nccl_comms table: ArrowInvalid 'too large to fit in C integer type'; likewise a 17-digit rank in a
+    # transport line (topology) and a 70-digit pid in an anchor (OverflowError from polars). Such a number
+    # is unknown (null), or the line is not an NCCL line
     text = _nccl_log(None, 4)
     assert field in text
     p = tmp_path / "nccl.log"
