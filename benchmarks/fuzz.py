@@ -469,7 +469,8 @@ def _pct(hit: int, total: int) -> str:
     return f"{hit}/{total} ({100 * hit / total:.0f} %)" if total else "-"
 
 
-def report(results: list[dict[str, Any]], say: Any) -> int:
+def report(results: list[dict[str, Any]], say: Any, now: dict[str, str] | None = None) -> int:
+    """Print the run's figures; ``now``: finding -> what replaying it on the current code gives."""
     say("")
     for r in results:
         say(f"{r['target']} ({r['engine']}): {r['cases']} cases in {r['fuzz_wall_s']} s wall, {r['cpu_s']:.0f} CPU-s "
@@ -493,12 +494,27 @@ def report(results: list[dict[str, Any]], say: Any) -> int:
     say("")
     say(f"distinct findings: {len(findings)}")
     for i, f in enumerate(findings):
-        say(f"  {i + 1}. {f.read_text().splitlines()[0]}  ({f.with_suffix('.bin')})")
+        status = f"; now: {now[str(f)]}" if now is not None else ""
+        say(f"  {i + 1}. {f.read_text().splitlines()[0]}  ({f.with_suffix('.bin')}{status})")
     noise = [c for r in results for c in r["crashes"] if not c["verdict"].get("finding")]
     if noise:
         say(f"child restarts that did not reproduce alone (killed from outside, or a timeout of a paused or "
-            f"starved process): {len(noise)}")
+            f"starved process, or a finding fixed while the run went on): {len(noise)}")
+    if now is not None:
+        return 1 if any(v != "fixed" for v in now.values()) else 0
     return 1 if findings else 0
+
+
+def recheck(path: Path, a: argparse.Namespace, say: Any) -> int:
+    """The report of an earlier run (its ``--json``) again, every finding replayed on the code as it is now."""
+    results = json.loads(path.read_text())
+    now = {}
+    for r in results:
+        r["findings"] = [Path(f) for f in r["findings"]]
+        for f in r["findings"]:
+            verdict = _verify(r["target"], f.with_suffix(".bin"), f.parent.parent, a)
+            now[str(f)] = "fixed" if not verdict["finding"] else f"still: {verdict['finding']}"
+    return report(results, say, now)
 
 
 def main() -> int:
@@ -519,6 +535,8 @@ def main() -> int:
     ap.add_argument("--no-coverage", action="store_true", help="skip the seeds-only coverage replay")
     ap.add_argument("--save", metavar="DIR", help="copy each finding's input here")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    ap.add_argument("--recheck", metavar="FILE", help="print the report of a run's --json FILE again, every "
+                    "finding replayed on the code as it is now (fixed, or still found)")
     # the child processes
     ap.add_argument("--child-atheris", dest="child_atheris", help=argparse.SUPPRESS)
     ap.add_argument("--child-random", dest="child_random", help=argparse.SUPPRESS)
@@ -545,6 +563,8 @@ def main() -> int:
             a.engine = "random"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.path.insert(0, str(ROOT))
+    if a.recheck:
+        return recheck(Path(a.recheck), a, lambda line: print(line, flush=True))
     from tests import fuzzing
 
     targets = a.target or [t for t in DEFAULT_TARGETS if t in fuzzing.TARGETS] + \
