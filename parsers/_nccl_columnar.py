@@ -177,7 +177,8 @@ def _parse_anchor_token(tok: str) -> tuple[str, int, int, int] | None:
     m = _ANCHOR_TOKEN.match(tok)
     if m is None:
         return None
-    return m["host"], int(m["pid"]), int(m["tid"]), m.end("glued") if m["glued"] else 0
+    # the glued prefix's length in bytes (it is sliced out of the block's bytes), not in characters
+    return m["host"], int(m["pid"]), int(m["tid"]), len(m["glued"].encode()) if m["glued"] else 0
 
 
 def _int_or_none(tok: str, lo: int = 0) -> int | None:

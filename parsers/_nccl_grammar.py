@@ -66,10 +66,14 @@ def _norm_proto(text: str | None) -> str | None:
 # ---------------------------------------------------------------------------------------------------
 # grammar (FORMATS.md 2.2-2.6), for the per-line path
 
+#: the least int32: communicator ranks and counts beyond int32 are damage
+I32_MIN = -(1 << 31)
+
 #: The anchor ``host:pid:tid [dev] [ms] [file:line [(func)]] NCCL LEVEL``. The host must start the
-#: line or follow a non-host character, so a search never backtracks through a word.
+#: line or follow a non-host character, so a search never backtracks through a word. Pids and tids of
+#: more than 18 digits, devices of more than 9 are no anchor (as in _ANCHOR_TOKEN: they fit int64/int32).
 ANCHOR = re.compile(
-    r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]*+):(?P<pid>\d++):(?P<tid>\d++) (?:\[(?P<dev>-?\d+)\] )?"
+    r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]*+):(?P<pid>\d{1,18}+):(?P<tid>\d{1,18}+) (?:\[(?P<dev>-?\d{1,9})\] )?"
     r"(?:(?P<ms>\d+\.\d+) )?(?:(?P<loc>[^\s()]+:\d+) (?:\((?P<func>[^)]*)\) )?)?NCCL (?P<level>[A-Z]+)\b ?")
 VERSION = re.compile(r"NCCL version (?P<ver>\d+\.\d+\.\d+)(?P<suffix>[-+]\S*)?")
 INIT = re.compile(

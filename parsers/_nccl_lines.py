@@ -28,6 +28,7 @@ from ._nccl_grammar import (
     COLL,
     CONN,
     COUNTS_COMM,
+    I32_MIN,
     INIT,
     KNOWN,
     LAUNCHER_ONLY,
@@ -323,7 +324,7 @@ class _Parser:
             self.watchdog_line(no, m, text)
             return
         m = NCCL_TESTS.search(stripped.lstrip("> "))
-        if m:
+        if m and max(int(m["pid"]), int(m["rank"]), int(m["dev"])) < -I32_MIN:  # else damaged: unparsed
             p = self.proc(m["host"], int(m["pid"]))
             p.tests_rank = int(m["rank"])
             p.devices.add(int(m["dev"]))
@@ -468,6 +469,9 @@ class _Parser:
         cur = self.cur_comm.get(key)
         commid = "0x" + m["commid"].lower() if m["commid"] else None
         rank, nranks = int(m["rank"]), int(m["nranks"])
+        if not (I32_MIN <= rank < -I32_MIN and 0 <= nranks < -I32_MIN):  # damaged: ranks are int32 everywhere
+            self.unparsed(no)
+            return
         # era evidence
         if what == "Init START":
             self.era(lo=(2, 18, 3))
@@ -578,6 +582,10 @@ class _Parser:
         (an excerpt, or eras without Init START) it starts the communicator instance."""
         c = self.cur_comm.get((host, pid, m["comm"]))
         rank, nranks = int(m["rank"]), int(m["nranks"])
+        vals = int(m["nnodes"]), int(m["lranks"]), int(m["lrank"])
+        if max(abs(rank), nranks, *vals) >= -I32_MIN:  # damaged: these are int32 everywhere
+            self.unparsed(no)
+            return
         if c is None or c.end_line is not None or c.init_line is not None or c.nnodes_line is not None:
             # one nNodes line per initialisation: a second one at the pointer is a new instance
             c = self.new_comm(no, host, pid, m["comm"])
@@ -587,7 +595,7 @@ class _Parser:
         elif (c.rank, c.nranks) != (rank, nranks):
             return
         c.nnodes_line = no
-        c.nnodes, c.local_ranks, c.local_rank = int(m["nnodes"]), int(m["lranks"]), int(m["lrank"])
+        c.nnodes, c.local_ranks, c.local_rank = vals
 
     def channel_counts(self, no: int, body: str, host: str, pid: int) -> None:
         vals: dict[str, int] = {}

@@ -46,7 +46,21 @@ _WATCHDOG_SCHEMA = pa.schema([("line", pa.int64()), ("rank", pa.int32()), ("seq_
 
 
 def _rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
+    if not rows:
+        return schema.empty_table()
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, OverflowError):
+        return pa.Table.from_pylist(_fit(rows, schema), schema=schema)
+
+
+def _fit(rows: list[dict[str, Any]], schema: pa.Schema) -> list[dict[str, Any]]:
+    """``rows`` with every integer outside its column's type made null: a damaged number ('nranks
+    22222000000000000', a 70-digit src rank) is unknown, not the end of the parse."""
+    bounds = {f.name: (-(1 << (f.type.bit_width - 1)), 1 << (f.type.bit_width - 1))
+              for f in schema if pa.types.is_signed_integer(f.type)}
+    return [{k: (None if k in bounds and isinstance(v, int) and not bounds[k][0] <= v < bounds[k][1] else v)
+             for k, v in r.items()} for r in rows]
 
 
 def _raw_coll(st: _Parser) -> pl.DataFrame:
@@ -76,9 +90,9 @@ def _prepare_raw(st: _Parser, comms: list[_Comm]) -> pl.DataFrame:
     # rest: RCCL task/globalrank, Ray repeats
     if raw["rest"].is_not_null().any():
         ext = raw.select(pl.col("rest").str.extract_groups(REST.pattern).alias("r")).unnest("r")
-        raw = raw.with_columns(ext["task"].cast(pl.Int64).alias("task"),
-                               ext["grank"].cast(pl.Int32).alias("rccl_globalrank"),
-                               ext["rep"].cast(pl.Int64).alias("repeated"))
+        raw = raw.with_columns(ext["task"].cast(pl.Int64, strict=False).alias("task"),  # too big: null
+                               ext["grank"].cast(pl.Int32, strict=False).alias("rccl_globalrank"),
+                               ext["rep"].cast(pl.Int64, strict=False).alias("repeated"))
     else:
         raw = raw.with_columns(pl.lit(None, pl.Int64).alias("task"),
                                pl.lit(None, pl.Int32).alias("rccl_globalrank"),
@@ -294,6 +308,7 @@ def _topology(st: _Parser, chosen_comms: list[_Comm | None], procs: pl.DataFrame
         st.diagnostics.append(Diagnostic(st.path, f"{unattributed} transport lines could not be "
                                          "attributed to a communicator (kept as topology rows with comm_id "
                                          "null)"))
+    rows = _fit(rows, TOPOLOGY)
     topo = table(TOPOLOGY, {k: [r[k] for r in rows] for k in TOPOLOGY.names}) if rows else \
         TOPOLOGY.empty_table()
     schema = pa.schema([("line", pa.int64()), ("host", pa.string()), ("pid", pa.int64()),

@@ -309,9 +309,12 @@ def _gloo_groups(table: pa.Table, members: dict[str, Any]) -> pa.Table:
     default group, used for start-up). Left alone when the threads do not split evenly or outnumber the groups.
     Point-to-point work runs on the caller's thread and is not assigned."""
     info = members.get("distributedInfo")
-    rank = info.get("rank") if isinstance(info, dict) else None
-    pgs = [e for e in (info.get("pg_config") or []) if isinstance(e, dict) and isinstance(e.get("ranks"), list)
-           and (rank is None or rank in e["ranks"]) and e.get("pg_name") is not None] if isinstance(info, dict) else []
+    info = info if isinstance(info, dict) else {}
+    rank = info.get("rank")
+    config = info.get("pg_config")  # of any type in a damaged file: only a list of groups is read
+    pgs = [e for e in (config if isinstance(config, list) else []) if isinstance(e, dict)
+           and isinstance(e.get("ranks"), list) and (rank is None or rank in e["ranks"])
+           and e.get("pg_name") is not None]
     if len(pgs) < 2 or table.num_rows == 0:
         return table
     import polars as pl

@@ -11,6 +11,7 @@ naming the file, in bounded time, and the analysis of whatever was parsed must n
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -41,11 +42,18 @@ class Target:
     parse: Callable[[str], ParsedFile]
     seeds: Callable[[], list[bytes]]
     json_seeds: bool = True
+    #: formats (``parsers.formats()`` names) whose real files (:func:`real_files`) join the corpus
+    formats: tuple[str, ...] = ()
     _cache: list[bytes] = field(default_factory=list, repr=False)
 
     def corpus(self) -> list[bytes]:
+        """The seeds, then a prefix of every real file of :attr:`formats`; each distinct input once."""
         if not self._cache:
-            self._cache.extend(self.seeds())
+            seen: set[bytes] = set()
+            for data in [*self.seeds(), *(real_seed(p) for p, fmt in real_files() if fmt in self.formats)]:
+                if data and data not in seen:
+                    seen.add(data)
+                    self._cache.append(data)
         return self._cache
 
 
@@ -54,9 +62,9 @@ def shared_data_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-def kineto_seeds(prefix_bytes: int = 48 << 10) -> list[bytes]:
-    """Every Kineto writer era of ``tests/kineto_traces.py`` (GPU and CPU jobs) plus prefixes of the real
-    traces in ../shared/data when present (cut at a record boundary so they still parse)."""
+def kineto_seeds() -> list[bytes]:
+    """Every Kineto writer era of ``tests/kineto_traces.py`` (GPU and CPU jobs); the real traces join every
+    target's corpus through :func:`real_files`."""
     import tempfile
 
     out: list[bytes] = []
@@ -75,18 +83,55 @@ def kineto_seeds(prefix_bytes: int = 48 << 10) -> list[bytes]:
                   "cat": "user_annotation"}, {"ph": "E", "pid": 4242, "tid": 1, "ts": kt.RawNumber("200.5")}]
         out.append(kt.write(Path(d) / "cpu.json", cpu, era="relative-after", backend="gloo",
                             extra_events=extra).read_bytes())
-    data = shared_data_dir()
-    if data.is_dir():
-        for p in sorted(data.rglob("*.json.gz")):
-            try:
-                with gzip.open(p, "rb") as f:
-                    head = f.read(prefix_bytes)
-            except OSError:
-                continue
-            cut = head.rfind(b"},")
-            if cut > 0:
-                out.append(head[: cut + 1] + b"]}")
     return out
+
+
+#: real files are cut to about this much (decompressed) at a record or line boundary: the fuzzer's cases stay
+#: small and fast, and the prefix still holds the file's header, metadata and first records
+REAL_PREFIX = 48 << 10
+
+
+@functools.cache
+def real_files() -> tuple[tuple[Path, str], ...]:
+    """Every real input file of the project and its format (sniffed by content, as the CLI does): the
+    recordings under ``tests/data`` and ``samples/``, and ../shared/data when present."""
+    from tracekit.parsers import detect
+
+    root = Path(__file__).resolve().parents[1]
+    out = []
+    for d in (root / "tests" / "data", root / "samples", shared_data_dir()):
+        if not d.is_dir():
+            continue
+        for p in sorted(d.rglob("*")):
+            if not p.is_file() or p.suffix in (".py", ".md", ".svg", ".pyc"):
+                continue
+            try:
+                fmt = detect(str(p))
+            except (OSError, TraceError):
+                continue
+            if fmt is not None:
+                out.append((p, fmt.name))
+    return tuple(out)
+
+
+def real_seed(path: Path, limit: int = REAL_PREFIX) -> bytes:
+    """The (decompressed) content of a real file, cut before ``limit`` bytes at the last record boundary
+    (JSON: ``},`` then the brackets closed) or line end, so that it still parses."""
+    try:
+        with (gzip.open(path, "rb") if path.read_bytes()[:2] == b"\x1f\x8b" else open(path, "rb")) as f:
+            head = f.read(limit + 1)
+    except (OSError, EOFError):
+        return b""
+    if len(head) <= limit:
+        return head
+    head = head[:limit]
+    if head.lstrip()[:1] in (b"{", b"["):
+        cut = head.rfind(b"},")
+        if cut <= 0:
+            return head
+        return head[: cut + 1] + (b"]}" if head.lstrip()[:1] == b"{" else b"]")
+    cut = head.rfind(b"\n")
+    return head[: cut + 1] if cut > 0 else head
 
 
 TARGETS: dict[str, Target] = {}
@@ -114,30 +159,22 @@ def nccl_log_seeds() -> list[bytes]:
     return out
 
 
-def horovod_seeds(prefix_bytes: int = 48 << 10) -> list[bytes]:
-    """Horovod timelines of ``tests/horovod_timelines.py`` (both eras, in and out of time order), the real
-    recordings committed in ``tests/data/horovod`` and the ones in ../shared/data/horovod (prefixes)."""
+def horovod_seeds() -> list[bytes]:
+    """Horovod timelines of ``tests/horovod_timelines.py`` (both eras, in and out of time order); the real
+    recordings (``tests/data/horovod``, ../shared/data/horovod) join through :func:`real_files`."""
     from tests.horovod_timelines import make_timeline
 
-    out = [make_timeline(era=era, iterations=2, tensors=["a", "b", "c"], interleave_seed=seed).data
-           for era in ("new", "old") for seed in (None, 9)]
-    real = sorted((Path(__file__).parent / "data" / "horovod").glob("timeline_*.json.gz"))
-    shared = shared_data_dir() / "horovod"
-    if shared.is_dir():
-        real += sorted(shared.glob("*.json"))
-    for p in real:
-        with (gzip.open(p, "rb") if p.suffix == ".gz" else open(p, "rb")) as f:
-            out.append(f.read(prefix_bytes))
-    return out
+    return [make_timeline(era=era, iterations=2, tensors=["a", "b", "c"], interleave_seed=seed).data
+            for era in ("new", "old") for seed in (None, 9)]
 
 
 def _register_defaults() -> None:
     from tracekit import parsers
     from tracekit.parsers import horovod, kineto, nccl_log
 
-    register(Target("kineto", kineto.parse, kineto_seeds))
-    register(Target("nccl-log", nccl_log.parse, nccl_log_seeds, json_seeds=False))
-    register(Target("horovod", horovod.parse, horovod_seeds))
+    register(Target("kineto", kineto.parse, kineto_seeds, formats=("kineto",)))
+    register(Target("nccl-log", nccl_log.parse, nccl_log_seeds, json_seeds=False, formats=("nccl-log",)))
+    register(Target("horovod", horovod.parse, horovod_seeds, formats=("horovod",)))
     # the dispatching entry point: sniffing, gzip, empty files, then whichever parser claims the file
     register(Target("any-format", parsers.parse, lambda: [
         *TARGETS["kineto"].corpus(), *TARGETS["nccl-log"].corpus()[:2], *TARGETS["horovod"].corpus()[:2]]))
@@ -186,15 +223,11 @@ def _dump(doc: Any, rng: random.Random) -> bytes:
 def _positions(data: bytes, kind: str) -> list[int]:
     """Offsets of one class: inside a string, inside a number, between records, anywhere."""
     if kind == "string":
-        return [i + 1 for i in range(len(data) - 1) if data[i] == 0x22]
+        return [m.end() for m in re.finditer(rb'"', data[:-1])]
     if kind == "number":
-        return [i for i in range(1, len(data)) if 0x30 <= data[i] <= 0x39 and 0x30 <= data[i - 1] <= 0x39]
+        return [m.start() + 1 + k for m in re.finditer(rb"[0-9]{2,}", data) for k in range(m.end() - m.start() - 1)]
     if kind == "record":
-        out, i = [], data.find(b"},")
-        while i >= 0:
-            out += [i + 1, i + 2]
-            i = data.find(b"},", i + 1)
-        return out
+        return [m.start() + k for m in re.finditer(rb"},", data) for k in (1, 2)]
     return list(range(len(data) + 1))
 
 
@@ -339,17 +372,19 @@ def _decompressed_mb(data: bytes) -> float:
 
 
 def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analyse: bool = True,
-          cli: bool = False) -> Finding | None:
+          cli: bool = False, outcome: dict[str, bool] | None = None) -> Finding | None:
     """Parse ``data`` (written to ``path``) with ``target``; a :class:`Finding` for anything not allowed.
 
     Allowed: a ParsedFile (then, with ``analyse``, iterations and attribution of it must not fail), or a
     TraceError whose message names the file. Not allowed: any other exception, a TraceError without the
-    file name, more time than :data:`BASE_SECONDS` + :data:`SECONDS_PER_MB` per MB. With ``cli``, the
+    file name, more CPU time than :data:`BASE_SECONDS` + :data:`SECONDS_PER_MB` per MB. With ``cli``, the
     ``tracekit summary`` command must also end with exit status 0 or 1 (never the internal-error 70).
+    ``outcome["parsed"]`` says whether the parser returned a file (True) or refused it (False).
     """
     path.write_bytes(data)
     limit = BASE_SECONDS + SECONDS_PER_MB * _decompressed_mb(data)
-    t0 = time.perf_counter()
+    # CPU seconds, not wall: on a shared machine (or a paused fuzzer) wall time says nothing about the parser
+    t0 = time.process_time()
     try:
         parsed = target.parse(str(path))
     except TraceError as exc:
@@ -358,12 +393,16 @@ def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analys
         parsed = None
     except RecursionError as exc:
         return Finding(target.name, mutation, f"RecursionError: {str(exc)[:100]}", data, traceback.format_exc())
-    except Exception as exc:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # pyo3's PanicException (polars, a Rust panic) is a BaseException
         return Finding(target.name, mutation, f"{type(exc).__name__}: {str(exc)[:200]}", data,
                        traceback.format_exc())
-    elapsed = time.perf_counter() - t0
+    elapsed = time.process_time() - t0
+    if outcome is not None:
+        outcome["parsed"] = parsed is not None
     if elapsed > limit:
-        return Finding(target.name, mutation, f"took {elapsed:.1f} s (limit {limit:.1f} s)", data)
+        return Finding(target.name, mutation, f"took {elapsed:.1f} CPU-s (limit {limit:.1f} s)", data)
     if parsed is not None and analyse:
         from tracekit.analysis.pipeline import analyse as run_analysis
         from tracekit.loading.traceset import assemble
@@ -374,7 +413,9 @@ def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analys
                 _ = result.critical_path_summary, result.bottleneck
         except TraceError:
             pass
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
             return Finding(target.name, mutation, f"analysis: {type(exc).__name__}: {str(exc)[:200]}", data,
                            traceback.format_exc())
     if cli:
@@ -383,11 +424,13 @@ def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analys
 
         from tracekit.cli import EXIT_INTERNAL, main
 
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(["summary", str(path), "--no-cache", "--json", "-q"])
-        if rc == EXIT_INTERNAL or rc not in (0, 1):
-            return Finding(target.name, mutation, f"CLI exit {rc}: {err.getvalue().strip()[:300]}", data)
+        # --json, and the terminal's text (names in the data go through rich markup there)
+        for argv in (["summary", str(path), "--no-cache", "--json", "-q"], ["summary", str(path), "--no-cache"]):
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = main(argv)
+            if rc == EXIT_INTERNAL or rc not in (0, 1):
+                return Finding(target.name, mutation, f"CLI exit {rc}: {err.getvalue().strip()[:300]}", data)
     return None
 
 

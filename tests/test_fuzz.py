@@ -348,3 +348,97 @@ def test_nccl_split_of_a_parent_without_commid(tmp_path: Path, parent: str) -> N
                  "comm 0x20 [nranks=1] stream 0x3\n")
     parsed = parse(str(p))
     assert parsed.collectives.column("pg").to_pylist() == ["synthetic-n1-0"]
+# --- found by the coverage-guided run (benchmarks/fuzz.py with Atheris) --------------------------------
+
+
+@pytest.mark.parametrize("pg_config", [
+    1.5, "0", {"pg_name": "0"}, [1, "a", None],
+    [{"pg_name": "0", "ranks": [2**100, True]}, {"pg_name": "1", "ranks": [0, 1]}],
+    [{"pg_name": [1], "ranks": [0, 1]}, {"pg_name": "1", "ranks": "0,1"}, {"pg_name": "2", "ranks": [0]}],
+])
+def test_wrong_types_in_pg_config(tmp_path: Path, pg_config) -> None:
+    # distributedInfo.pg_config of 1.5 raised TypeError ('float' object is not iterable) where gloo work is
+    # given its process group (parsers/kineto_comms._gloo_groups)
+    paths = []
+    for r, evs in kt.gloo_job(ranks=2).items():
+        p = kt.write(tmp_path / f"rank{r}.json", evs, rank=r, backend="gloo")
+        doc = json.loads(p.read_text())
+        doc["distributedInfo"]["pg_config"] = pg_config
+        p.write_text(json.dumps(doc))
+        paths.append(str(p))
+    parsed = [parse(p) for p in paths]
+    assert all(f.collectives.num_rows == 2 for f in parsed)
+    analyse(assemble(parsed))
+
+
+def _nccl_log(era: str | None, nranks: int, launcher: str | None = None) -> str:
+    """A generated NCCL debug log (``era`` None: the newest grammar)."""
+    from tests import nccl_logs as nl
+
+    return nl.render(nl.make_job(era or nl.ERAS[-1], nranks=nranks, seed=1), launcher=launcher, timestamps=None,
+                     seed=1)
+
+
+def test_nccl_launcher_prefix_with_multibyte_characters(tmp_path: Path) -> None:
+    # nccl-log target: the glued launcher prefix ('[default0]:host:pid:tid') was measured in characters and
+    # cut out of the bytes: a multi-byte character cut it short, or mid-character (UnicodeDecodeError in the
+    # columnar path; polars panicked on the invalid string later: PanicException, not even an Exception)
+    p = tmp_path / "nccl.log"
+    p.write_text(_nccl_log("2.12.12", 2, "torchrun").replace("[default", "[日本"))
+    parsed = _parse_and_analyse(p)
+    assert sorted(parsed.tables["nccl_calls"].column("prefix").unique().to_pylist()) == ["[日本0]:", "[日本1]:"]
+
+
+def test_nccl_split_of_a_communicator_without_a_logged_id(tmp_path: Path) -> None:
+    # nccl-log target: a ncclCommSplit child's id is derived from its parent's commId; a parent without a
+    # logged one (a synthetic id) raised ValueError: invalid literal for int() with base 16: 'synthetic-n4-0'
+    import re
+
+    p = tmp_path / "nccl.log"
+    text = re.sub(r" commId 0x[0-9a-f]+", "", _nccl_log(None, 4))
+    assert "ncclCommSplit" in text and "commId" not in text
+    p.write_text(text)
+    parsed = _parse_and_analyse(p)
+    assert set(parsed.tables["nccl_comms"].column("comm_id_source").to_pylist()) == {"synthetic"}
+
+
+def test_a_rust_panic_is_a_one_line_internal_error(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    # pyo3's PanicException (polars) derives from BaseException: `except Exception` let it through as a
+    # Python traceback; the CLI reports it as the internal error it is, in one line
+    from tracekit import cli
+
+    class PanicException(BaseException):  # what pyo3_runtime.PanicException is, by name and base
+        pass
+
+    def panic(args) -> int:
+        raise PanicException("PyObject pointer is null")
+
+    monkeypatch.setattr(cli, "cmd_summary", panic)
+    assert cli.main(["summary", str(ROOT / "samples" / "ddp-gloo")]) == cli.EXIT_INTERNAL
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tracekit: internal error: PanicException: PyObject pointer is null (set TRACEKIT_DEBUG=1 for "
+                   "the traceback)"]
+    monkeypatch.setattr(cli, "cmd_summary", lambda args: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert cli.main(["summary", str(ROOT / "samples" / "ddp-gloo")]) == 130  # still an interrupt
+
+
+@pytest.mark.parametrize("field,value", [
+    ("nranks 4", "nranks 22222000000000000"), ("rank 1 nranks", "rank 99999999999 nranks"),
+    ("localRanks 2", "localRanks 4294967296"),
+    (": 3[1] -> 0[0] [send]", ": 77918935315962500[1] -> 0[0] [send]"),  # a transport line's rank
+    ("gpu-node-01:48001:48001 [0] NCCL INFO Channel 00/02", "gpu-node-01:" + "4800" + "8" * 70 + ":48001 [0] NCCL "
+     "INFO Channel 00/02"),  # an anchor's pid
+    ("gpu-node-01:48001:48001 [0] NCCL INFO Channel 00/02", "#  Rank  0 Group  0 Pid  " + "9" * 30 + " on gpu-node-01 "
+     "device  0 [0x1b] NVIDIA\ngpu-node-01:48001:48001 [0] NCCL INFO Channel 00/02"),  # nccl-tests' header
+])
+def test_nccl_numbers_beyond_their_columns(tmp_path: Path, field: str, value: str) -> None:
+    # nccl-log target: 'nranks 22222000000000000' (a digit flipped in) reached an int32 column of the
+    # nccl_comms table: ArrowInvalid 'too large to fit in C integer type'; likewise a 17-digit rank in a
+    # transport line (topology) and a 70-digit pid in an anchor (OverflowError from polars). Such a number
+    # is unknown (null), or the line is not an NCCL line
+    text = _nccl_log(None, 4)
+    assert field in text
+    p = tmp_path / "nccl.log"
+    p.write_text(text.replace(field, value, 1))
+    parsed = _parse_and_analyse(p)
+    assert parsed.tables["nccl_comms"].num_rows > 0

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from tracekit import __version__
-from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.diagnostics import Diagnostic, TraceError, printable
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
@@ -290,12 +291,17 @@ def _load(args: argparse.Namespace, console: Console):
     return _job(args, console).analysis
 
 
+def _text(value: object) -> str:
+    """A file name or a message quoting the data, safe to print with markup (see ``report.text``)."""
+    return escape(printable(str(value)))
+
+
 def _warn(diags: Sequence[Diagnostic], console: Console, quiet: bool) -> None:
     if quiet:
         return
     shown = [d for d in diags if d.level != "info"]
     for d in shown[:20]:
-        console.print(f"[yellow]warning[/]: {d}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning[/]: {_text(d)}", highlight=False, soft_wrap=True)
     if len(shown) > 20:
         console.print(f"[yellow]warning[/]: … and {len(shown) - 20} more")
 
@@ -313,7 +319,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     out = Console() if sys.stdout.isatty() else Console(width=120)
     if result.horovod_only:
         if result.notes:
-            out.print("; ".join(result.notes), highlight=False)
+            out.print(_text("; ".join(result.notes)), highlight=False)
     else:
         render_summary(out, result)
     if result.horovod is not None:
@@ -453,7 +459,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         job.to_chrome(args.chrome, force=args.force)
         written.append(args.chrome)
     for path in written:
-        err.print(f"wrote {path}", highlight=False, soft_wrap=True)
+        err.print(f"wrote {_text(path)}", highlight=False, soft_wrap=True)
     _warn(job.diagnostics, err, args.quiet)
     return 0
 
@@ -499,7 +505,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     js_cache = None if args.no_cache else (args.cache_dir or default_dir())
     size = html_report.write(collect(result, inputs=args.paths), args.output, force=args.force, cache_dir=js_cache)
-    err.print(f"wrote {args.output} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s", highlight=False,
+    err.print(f"wrote {_text(args.output)} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s", highlight=False,
               soft_wrap=True)
     _warn(result.diagnostics, err, args.quiet)
     return 0
@@ -582,13 +588,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:
-        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-        print(f"tracekit: {where}{exc.strerror or exc}", file=sys.stderr)
+        where = f"{printable(str(exc.filename))}: " if getattr(exc, "filename", None) else ""
+        print(f"tracekit: {where}{printable(str(exc.strerror or exc))}", file=sys.stderr)
         return EXIT_INPUT
-    except Exception as exc:  # tracekit's own bug: one line, unless debugging
+    except BaseException as exc:  # tracekit's own bug: one line, unless debugging
+        # pyo3's PanicException (a Rust panic in polars) is a BaseException: matched by name, as pyo3 does not
+        # export the class; KeyboardInterrupt, SystemExit and the like go on
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise
         if os.environ.get("TRACEKIT_DEBUG"):
             raise
-        print(f"tracekit: internal error: {type(exc).__name__}: {exc} "
+        print(f"tracekit: internal error: {type(exc).__name__}: {printable(str(exc))} "
               "(set TRACEKIT_DEBUG=1 for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 

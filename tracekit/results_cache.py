@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from functools import cache
@@ -31,7 +32,16 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tracekit.loading import cache as parse_cache
-from tracekit.loading.atomic import atomic_write
+from tracekit.loading.atomic import (
+    apply_modes,
+    atomic_write,
+    data_dir,
+    new_data_dir,
+    publish_dir,
+    real_dir,
+    sweep_stale,
+)
+from tracekit.loading.cache import read_text
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic
 
@@ -83,7 +93,10 @@ def key(paths: list[str], step_marker: str | None, link_bw_bps: float | None = N
 
 
 def _stat_key(path: str) -> str:
-    st = os.stat(path)
+    try:
+        st = os.stat(path)
+    except OSError:  # a link loop or a dangling link (skipped by discover): its own stat
+        st = os.lstat(path)
     return f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
 
 
@@ -139,17 +152,20 @@ def _write(table: pa.Table, path: Path, compression: str | None = None) -> None:
 
 
 def _read(path: Path) -> pa.Table:
+    if not stat.S_ISREG(os.lstat(path).st_mode):  # a link or anything else planted in a shared cache
+        raise OSError(f"{path}: not a regular file")
     return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
 
 
 def store(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> None:
-    """Write the results of ``analysis`` as entry ``entry_key`` under ``root`` (atomically). Jobs with a
-    Horovod timeline are not stored (their merged result is not rebuilt from these tables)."""
+    """Write the results of ``analysis`` as entry ``entry_key`` under ``root`` (atomically, published like a
+    parse-cache entry: :func:`tracekit.loading.atomic.publish_dir`). Jobs with a Horovod timeline are not stored
+    (their merged result is not rebuilt from these tables). OSError when the cache cannot be written."""
     if analysis.horovod is not None:
         return
-    entry = Path(root) / entry_key
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+    entry = real_dir(Path(root)) / entry_key
+    sweep_stale(entry.parent)
+    tmp = new_data_dir(entry)
     try:
         _write(analysis.ranks, tmp / "ranks.arrow")
         _write(analysis.iterations, tmp / "iterations.arrow")
@@ -164,19 +180,27 @@ def store(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> None:
                     "line_rate_bps": analysis.line_rate_bps, "line_rate_source": analysis.line_rate_source,
                     "line_rates": analysis.line_rates, "matched": analysis.matched}
         (tmp / "manifest.json").write_text(json.dumps(manifest, default=str))
-        if entry.exists():
-            shutil.rmtree(entry, ignore_errors=True)
-        os.replace(tmp, entry)
+        publish_dir(tmp, entry)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
+def _entry_dir(root: str | os.PathLike, entry_key: str) -> Path | None:
+    """The data directory of entry ``entry_key`` (never through a link planted in the cache), or None."""
+    try:
+        return data_dir(real_dir(Path(root), create=False) / entry_key)
+    except OSError:
+        return None
+
+
 def load(root: str | os.PathLike, entry_key: str) -> Results | None:
     """Reopen entry ``entry_key`` (memory-mapped), or None if absent, stale or damaged."""
-    entry = Path(root) / entry_key
+    entry = _entry_dir(root, entry_key)
+    if entry is None:
+        return None
     try:
-        manifest = json.loads((entry / "manifest.json").read_text())
+        manifest = json.loads(read_text(entry / "manifest.json"))
         if manifest.get("version") != RESULTS_VERSION:
             return None
         ranks = schema.conform(_read(entry / "ranks.arrow"), schema.RANKS)
@@ -206,20 +230,20 @@ def load(root: str | os.PathLike, entry_key: str) -> Results | None:
 def store_paths(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> None:
     """Add the critical-path tables of ``analysis`` (computed: this builds the job's graph) to the existing
     entry ``entry_key``, each file written whole under a temporary name and renamed; no entry, no-op."""
-    entry = Path(root) / entry_key
-    if not (entry / "manifest.json").exists():
+    entry = _entry_dir(root, entry_key)
+    if entry is None or not (entry / "manifest.json").exists():
         return
     for name, frame in (("critical_path", analysis.critical_path),
                         ("critical_path_summary", analysis.critical_path_summary)):
         table = frame.to_arrow()
-        atomic_write(entry / f"{name}.arrow", lambda tmp, t=table: _write(t, Path(tmp)))
+        atomic_write(entry / f"{name}.arrow", lambda tmp, t=table: _write(t, Path(tmp)), share=entry.parent)
 
 
 def store_graph(root: str | os.PathLike, entry_key: str, graph: Graph) -> None:
     """Add the job's dependency graph to the existing entry ``entry_key`` (a directory written aside and
     renamed into place, so it is whole or absent); no entry, or a graph already there: no-op."""
-    entry = Path(root) / entry_key
-    if not (entry / "manifest.json").exists() or (entry / "graph").exists():
+    entry = _entry_dir(root, entry_key)
+    if entry is None or not (entry / "manifest.json").exists() or (entry / "graph").exists():
         return
     tmp = Path(tempfile.mkdtemp(prefix=".graph-", dir=entry))
     try:
@@ -229,6 +253,7 @@ def store_graph(root: str | os.PathLike, entry_key: str, graph: Graph) -> None:
                          "slack": graph.slack}), tmp / "edges.arrow", "zstd")
         _write(pa.table({"node_time": graph.node_time, "binding": graph.binding}), tmp / "nodes.arrow", "zstd")
         (tmp / "violated.json").write_text(json.dumps(graph.violated))
+        apply_modes(tmp, entry.parent)
         os.rename(tmp, entry / "graph")
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -189,7 +189,7 @@ class InspectApp(App[int]):
         started = self.data is not None
         label = self.query_one("#status-what" if started else "#loading-what", Label)
         bar = self.query_one("#status-bar" if started else "#loading-bar", ProgressBar)
-        label.update(what)
+        label.update(Text(what))  # it names files: never markup
         bar.update(total=None if fraction is None else 1.0, progress=fraction or 0.0)
 
     def _phase(self, phase: str, data: JobData) -> None:

@@ -194,7 +194,12 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         if start is not None and callbacks.summary:
             callbacks.summary(start[0])
     data, cached = start if start is not None else (None, None)
-    files, _ = traceset.discover(paths)
+    # the results' key from before the traces are read: if one changes meanwhile, the key taken after the
+    # analysis differs and nothing is stored under a key that does not describe what was read
+    key_before = results_cache.key(paths, options.step_marker, options.link_bw_bps, dict(options.line_rates)) \
+        if options.use_cache else None
+    found = traceset.discover(paths)
+    files = found[0]
     if not files:
         raise TraceError(None, "no input files")
     total = sum(os.path.getsize(f) for f in files)
@@ -204,7 +209,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         callbacks.say(f"read {os.path.basename(path)}", done / total if total else 1.0)
 
     traces = traceset.load(paths, use_cache=options.use_cache, cache_dir=options.cache_dir, jobs=options.jobs,
-                           progress=progress)
+                           progress=progress, found=found)
     if traces.events.num_rows == 0 and traces.collectives.num_rows == 0:
         damage = "; ".join(str(d) for d in traces.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
@@ -217,7 +222,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         callbacks.say("analysing", None)
         analysis = analyse(traces, step_marker=options.step_marker, link_bw_bps=options.link_bw_bps,
                            line_rates=dict(options.line_rates))
-        if key:
+        if key and key == key_before:
             with contextlib.suppress(OSError):  # an unwritable cache never stops the inspection
                 results_cache.store(_results_root(options), key, analysis)
     if data is None:
@@ -229,7 +234,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         data.analysis = analysis
         data.files = files
         data.diagnostics = list(traces.diagnostics)
-    data.results_entry = (_results_root(options), key) if key else None
+    data.results_entry = (_results_root(options), key) if key and key == key_before else None
     callbacks.say("top ops and idle time", None)
     analysis.top_ops  # noqa: B018  (computed here, in the worker: JobData.tables() lists them)
     analysis.idle_breakdown  # noqa: B018

@@ -128,7 +128,7 @@ class TimelineView(View):
         if len(marks):
             self.canvas.action_jump_mark("search", 1)
         else:
-            self.notify(f"no event name matches {pattern!r}", timeout=3)
+            self.notify(f"no event name matches {pattern!r}", timeout=3, markup=False)
         return len(marks)
 
     # ----------------------------------------------------------------- details and status

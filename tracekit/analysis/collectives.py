@@ -102,7 +102,8 @@ def groups_from_meta(metas: Iterable[dict[str, Any]]) -> dict[str, list[int]]:
             if not isinstance(entry, dict):
                 continue
             ranks = entry.get("ranks")
-            if not isinstance(ranks, list) or not ranks or not all(isinstance(r, int) for r in ranks):
+            if not isinstance(ranks, list) or not ranks or not all(
+                    isinstance(r, int) and not isinstance(r, bool) and 0 <= r < 2**31 for r in ranks):
                 continue
             name = entry.get("pg_name")
             if name is not None:

@@ -19,19 +19,32 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
+import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from isal import isal_zlib
 
-from tracekit.loading.atomic import new_data_dir, publish_dir, sweep_stale
+from tracekit.loading.atomic import data_dir, new_data_dir, publish_dir, sweep_stale
 from tracekit.model.diagnostics import Diagnostic
 from tracekit.model.schema import ParsedFile
 
 #: bump when the layout of an entry or the data model changes
 CACHE_VERSION = "2"
+
+
+def os_error(exc: OSError) -> tuple[int | None, str]:
+    """``(errno, reason in words)`` of an OSError, also of the ones pyarrow raises (errno only in the text:
+    ``Error writing bytes to file. Detail: [errno 28] No space left on device``)."""
+    code = exc.errno
+    if code is None:
+        m = re.search(r"\[errno (\d+)\]", str(exc))
+        code = int(m.group(1)) if m else None
+    return code, (os.strerror(code) if code else (exc.strerror or str(exc)))
 
 
 def entries(root: Path) -> list[Path]:
@@ -50,9 +63,10 @@ def default_dir() -> Path:
     return Path(base) / "tracekit"
 
 
-def entry_key(path: str, parser_version: str) -> str:
-    """Cache key of an input file: changes whenever the file or the parser does."""
-    st = os.stat(path)
+def entry_key(path: str, parser_version: str, st: os.stat_result | None = None) -> str:
+    """Cache key of an input file: changes whenever the file or the parser does (``st``: the file's stat,
+    when the caller took it before reading the file)."""
+    st = st or os.stat(path)
     ident = "\0".join([os.path.abspath(path), str(st.st_size), str(st.st_mtime_ns), parser_version,
                        CACHE_VERSION])
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
@@ -88,13 +102,28 @@ def unseal(text: str) -> dict[str, Any] | None:
     return manifest
 
 
+def read_text(path: Path) -> str:
+    """A file's text, never through a symbolic link (OSError(ELOOP) for one): what a cache reads back
+    must be the file written there, not one a link planted in a shared cache leads to."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, encoding="utf-8") as f:
+        return f.read()
+
+
+def _plain(st: os.stat_result) -> bool:
+    """A regular file nobody but its owner and group could have rewritten (not world-writable)."""
+    return stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IWOTH
+
+
 def verify_files(directory: Path, files: dict[str, Any], mode: str | None = None) -> bool:
-    """True when every ``name -> {"size", "crc32"}`` of ``files`` under ``directory`` matches."""
+    """True when every ``name -> {"size", "crc32"}`` of ``files`` under ``directory`` matches (regular
+    files only: a symbolic link or a world-writable file in their place fails)."""
     mode = mode or os.environ.get("TRACEKIT_CACHE_VERIFY", "full")
     try:
         for name, info in files.items():
             p = directory / name
-            if p.stat().st_size != info["size"]:
+            st = p.lstat()
+            if not _plain(st) or st.st_size != info["size"]:
                 return False
             if mode != "size" and file_crc32(p) != info["crc32"]:
                 return False
@@ -136,12 +165,30 @@ def _read_table(path: Path) -> pa.Table:
 
 
 def load(entry: Path) -> ParsedFile | None:
-    """Reopen a cache entry (memory-mapped, zero-copy), or None if absent, stale or damaged."""
+    """Reopen a cache entry (memory-mapped, zero-copy), or None if absent, stale or damaged.
+
+    The entry's data directory is resolved once (:func:`tracekit.loading.atomic.data_dir`: a link planted in the
+    cache is not followed) and everything is read from it; another process publishing the same entry
+    meanwhile removes that directory, and the read is tried again on the new one."""
+    for attempt in range(3):
+        d = data_dir(entry)
+        if d is None:
+            return None
+        try:
+            return _load(d)
+        except FileNotFoundError:  # replaced under us by another process's publish: read the new one
+            time.sleep(0.01 * (attempt + 1))
+    return None
+
+
+def _load(entry: Path) -> ParsedFile | None:
     try:
-        manifest = unseal((entry / "manifest.json").read_text())
+        manifest = unseal(read_text(entry / "manifest.json"))
         if manifest is None or manifest.get("version") != CACHE_VERSION:
             return None
         if not verify_files(entry, manifest["files"]):
+            if not entry.exists():
+                raise FileNotFoundError(str(entry))
             return None
         tables = {name: _read_table(entry / f"{name}.arrow") for name in manifest["tables"]}
         diags = [Diagnostic(**d) for d in manifest.get("diagnostics", [])]
@@ -151,5 +198,7 @@ def load(entry: Path) -> ParsedFile | None:
             tables={k.removeprefix("extra."): v for k, v in tables.items() if k.startswith("extra.")},
             meta=manifest.get("meta", {}), diagnostics=diags, bytes_lost=manifest.get("bytes_lost", 0),
             complete=manifest.get("complete", True))
+    except FileNotFoundError:
+        raise
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid):
         return None

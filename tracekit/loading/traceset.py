@@ -7,6 +7,7 @@ name (``rank-3``, ``worker3``), else from the order given, and the ``ranks`` tab
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 
 from tracekit.loading import cache
 from tracekit.model import schema
-from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.diagnostics import Diagnostic, TraceError, printable
 from tracekit.model.schema import ParsedFile
 from tracekit.parsers import Format, detect, parse
 
@@ -51,29 +52,69 @@ class TraceSet:
         return sorted(self.ranks.column("rank").to_pylist())
 
 
+def _unreadable(path: str, exc: OSError) -> str:
+    """Why ``path`` cannot be read, in words (a symbolic link loop and a dangling link say so)."""
+    if exc.errno == errno.ELOOP:
+        return "a symbolic link loop"
+    if os.path.islink(path) and not os.path.exists(path):
+        try:
+            return f"a dangling symbolic link (to {os.readlink(path)})"
+        except OSError:
+            return "a dangling symbolic link"
+    return exc.strerror or str(exc)
+
+
 def discover(paths: Iterable[str]) -> tuple[list[str], list[Diagnostic]]:
-    """Expand directories into the trace files they contain (by content, not name)."""
+    """Expand directories into the trace files they contain (by content, not name).
+
+    A path given that cannot be read is an error naming it; inside a directory, files that cannot be read
+    (symbolic link loops, dangling links, no permission) and subdirectories that cannot be listed are
+    skipped with one warning per reason. Symbolic links to directories are not followed inside a walk (a
+    link back up would loop), and a file reached twice (links, hard links) is read once.
+    """
     found: list[str] = []
     notes: list[Diagnostic] = []
     for p in paths:
         if os.path.isdir(p):
             skipped = 0
-            for root, dirs, files in os.walk(p):
+            unreadable: dict[str, list[str]] = {}
+
+            def listing_error(exc: OSError, _bad: dict[str, list[str]] = unreadable) -> None:
+                name = exc.filename or "?"
+                _bad.setdefault(f"directories that cannot be listed ({exc.strerror or exc})", []).append(name)
+
+            for root, dirs, files in os.walk(p, onerror=listing_error):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 for name in sorted(files):
                     if name.startswith("."):
                         continue
                     fp = os.path.join(root, name)
-                    if os.path.getsize(fp) and detect(fp) is not None:
+                    try:
+                        is_trace = os.path.getsize(fp) and detect(fp) is not None
+                    except OSError as exc:
+                        unreadable.setdefault(_unreadable(fp, exc), []).append(fp)
+                        continue
+                    except TraceError as exc:  # cannot be read (permission, I/O error)
+                        unreadable.setdefault(exc.message, []).append(fp)
+                        continue
+                    if is_trace:
                         found.append(fp)
                     else:
                         skipped += 1
+            for reason, names in unreadable.items():
+                more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+                notes.append(Diagnostic(names[0], f"skipped: {reason}{more}"))
             if not any(f.startswith(os.path.join(p, "")) or f == p for f in found):
                 raise TraceError(p, "no traces found in this directory")
             if skipped:
                 notes.append(Diagnostic(p, f"skipped {skipped} files that are not traces", level="info"))
         elif os.path.exists(p):
             found.append(p)
+        elif os.path.islink(p):
+            try:
+                os.stat(p)
+            except OSError as exc:
+                raise TraceError(p, _unreadable(p, exc)) from None
         else:
             raise TraceError(p, "no such file or directory")
     seen: set[str] = set()
@@ -86,23 +127,59 @@ def discover(paths: Iterable[str]) -> tuple[list[str], list[Diagnostic]]:
     return unique, notes
 
 
-def _parse_cached(path: str, cache_root: str | None, workers: int = 1) -> ParsedFile:
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
+def parse_stable(path: str, fmt: Format | None = None, workers: int = 1) -> tuple[ParsedFile, os.stat_result | None]:
+    """Parse ``path`` and make sure it did not change while it was read (size, times, inode before and
+    after): a file rewritten meanwhile is read again once; if it changed again, the result is kept with a
+    warning and no stat is returned (so it is not cached under either version)."""
+    for _ in range(2):
+        st = os.stat(path)
+        parsed = _parse_format(path, fmt, workers) if fmt is not None else parse(path)
+        try:
+            after = _identity(os.stat(path))
+        except OSError:  # removed meanwhile
+            after = ()
+        if after == _identity(st):
+            return parsed, st
+    parsed.diagnostics.append(Diagnostic(path, "the file changed while it was read (twice): what was read may mix "
+                                         "its versions; read it again once it is written"))
+    return parsed, None
+
+
+def _cache_note(root: str, exc: OSError) -> Diagnostic:
+    return Diagnostic(root, f"the parse cache is not written ({printable(cache.os_error(exc)[1])}): the traces "
+                      "will be parsed again next time (--cache-dir elsewhere, or --no-cache)")
+
+
+def _parse_cached(path: str, cache_root: str | None, notes: list[Diagnostic] | None = None,
+                  workers: int = 1) -> ParsedFile:
     """Parse one file, through the cache when ``cache_root`` is given; a big Kineto trace is split across
-    ``workers`` processes (:func:`tracekit.parsers.kineto.parse`)."""
+    ``workers`` processes (:func:`tracekit.parsers.kineto.parse`). A cache that cannot be written (read-only,
+    full, not a directory) never stops the analysis: the first such error goes to ``notes``."""
     fmt = detect(path) if os.path.getsize(path) else None
     if fmt is None:
         return parse(path)
     if cache_root is None:
-        return _parse_format(path, fmt, workers)
-    entry = Path(cache_root) / cache.entry_key(path, fmt.version)
-    hit = cache.load(entry)
+        return parse_stable(path, fmt, workers)[0]
+    try:
+        hit = cache.load(Path(cache_root) / cache.entry_key(path, fmt.version))
+    except OSError:
+        hit = None
     if hit is not None:
         return hit
-    parsed = _parse_format(path, fmt, workers)
+    parsed, st = parse_stable(path, fmt, workers)
+    if st is None:
+        return parsed
+    entry = Path(cache_root) / cache.entry_key(path, fmt.version, st)
     try:
         cache.store(parsed, entry)
-    except OSError:
-        return parsed  # an unwritable cache never stops the analysis
+    except OSError as exc:
+        if notes is not None and not any(n.path == cache_root for n in notes):
+            notes.append(_cache_note(cache_root, exc))
+        return parsed
     return cache.load(entry) or parsed
 
 
@@ -114,19 +191,42 @@ def _parse_format(path: str, fmt: Format, workers: int) -> ParsedFile:
     return fmt.parse(path)
 
 
-def _worker(path: str, cache_root: str) -> str:
-    """Process-pool task: parse into a cache entry and return the entry's path."""
+def _worker(path: str, cache_root: str, scratch: str | None = None) -> tuple[str, str | None]:
+    """Process-pool task: parse into a cache entry; returns the entry's path and, when the cache could not
+    be written and the entry went to ``scratch`` instead, why."""
     fmt = detect(path)
-    entry = Path(cache_root) / cache.entry_key(path, fmt.version if fmt else "?")
-    if cache.load(entry) is None:
-        cache.store(parse(path), entry)
-    return str(entry)
+    version = fmt.version if fmt else "?"
+    entry = Path(cache_root) / cache.entry_key(path, version)
+    if cache.load(entry) is not None:
+        return str(entry), None
+    parsed, st = parse_stable(path)
+    if st is not None:
+        entry = Path(cache_root) / cache.entry_key(path, version, st)
+        try:
+            cache.store(parsed, entry)
+            return str(entry), None
+        except OSError as exc:
+            if scratch is None:
+                raise
+            reason = cache.os_error(exc)[1]
+    else:
+        if scratch is None:
+            raise TraceError(path, "the file changed while it was read (twice)")
+        reason = None  # not cached: it changed while it was read
+    entry = Path(scratch) / cache.entry_key(path, version)
+    cache.store(parsed, entry)
+    return str(entry), reason
 
 
 def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.PathLike | None = None,
-         jobs: int | None = None, progress: Progress | None = None) -> TraceSet:
-    """Load every trace under ``paths`` (files or directories) into one TraceSet."""
-    files, notes = discover(paths)
+         jobs: int | None = None, progress: Progress | None = None,
+         found: tuple[list[str], list[Diagnostic]] | None = None) -> TraceSet:
+    """Load every trace under ``paths`` (files or directories) into one TraceSet (``found``: what
+    :func:`discover` gave for ``paths``, when the caller already looked: 100 000 files are sniffed once).
+
+    Several processes may load the same traces through one cache at once; a cache that cannot be written
+    (read-only, full, not a directory of its own) costs a warning, never the answer."""
+    files, notes = found if found is not None else discover(paths)
     if not files:
         raise TraceError(None, "no input files")
     sizes = [os.path.getsize(f) for f in files]
@@ -134,46 +234,54 @@ def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.Pa
     cache_root = str(cache_dir or cache.default_dir()) if use_cache else None
     jobs = jobs or (os.cpu_count() or 1)
     parsed: list[ParsedFile | None] = [None] * len(files)
+    cache_notes: list[Diagnostic] = []
     done = 0
     if cache_root is not None:  # cache hits reopen here: no worker process is started for them
         for i, f in enumerate(files):
             fmt = detect(f) if sizes[i] else None
-            parsed[i] = cache.load(Path(cache_root) / cache.entry_key(f, fmt.version)) if fmt else None
+            try:
+                parsed[i] = cache.load(Path(cache_root) / cache.entry_key(f, fmt.version)) if fmt else None
+            except OSError:
+                parsed[i] = None
             if parsed[i] is not None:
                 done += sizes[i]
                 if progress:
                     progress(done, total, f)
     todo = [i for i in range(len(files)) if parsed[i] is None]
     if jobs > 1 and len(todo) > 1 and sum(sizes[i] for i in todo) >= PARALLEL_MIN_BYTES:
-        scratch = None if cache_root else tempfile.mkdtemp(prefix="tracekit-")
+        # entries the cache cannot take (read-only, full) go to a scratch directory instead
+        scratch = tempfile.mkdtemp(prefix="tracekit-")
         root = cache_root or scratch
-        assert root is not None
         try:
             with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
-                futures = {pool.submit(_worker, files[i], root): i for i in todo}
+                futures = {pool.submit(_worker, files[i], root, scratch): i for i in todo}
                 for fut in as_completed(futures):
                     i = futures[fut]
-                    entry = fut.result()
-                    parsed[i] = cache.load(Path(entry))
-                    if parsed[i] is None:
-                        raise TraceError(files[i], "parsed, but its cache entry could not be read back")
+                    try:
+                        entry, reason = fut.result()
+                    except OSError as exc:  # not even the scratch directory could take it: parse it here
+                        entry, reason = None, cache.os_error(exc)[1]
+                    if reason and cache_root is not None and not cache_notes:
+                        cache_notes.append(_cache_note(cache_root, OSError(reason)))
+                    parsed[i] = cache.load(Path(entry)) if entry else None
+                    if parsed[i] is None:  # replaced and removed meanwhile, or never written: parse it here
+                        parsed[i] = _parse_cached(files[i], None)
                     done += sizes[i]
                     if progress:
                         progress(done, total, files[i])
         finally:
-            if scratch:
-                # tables are memory-mapped: the mapping survives the unlink on POSIX
-                shutil.rmtree(scratch, ignore_errors=True)
+            # tables are memory-mapped: the mapping survives the unlink on POSIX
+            shutil.rmtree(scratch, ignore_errors=True)
     else:
         # fewer files than processes: each big one is split across them instead
         split = jobs if len(todo) == 1 else 1
         for i in todo:
             f = files[i]
-            parsed[i] = _parse_cached(f, cache_root, split)
+            parsed[i] = _parse_cached(f, cache_root, cache_notes, split)
             done += sizes[i]
             if progress:
                 progress(done, total, f)
-    traces = assemble([p for p in parsed if p is not None], notes)
+    traces = assemble([p for p in parsed if p is not None], notes + cache_notes)
     if todo:
         release_memory()
     return traces

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+#: characters that would break a one-line message or drive the terminal: C0/C1 controls (newline, escape,
+#: carriage return), line/paragraph separators and the bidirectional overrides
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` on one line, every control character shown as its escape (a file named ``a\\nb`` reads
+    ``a\\\\nb``); what a message quotes from a file name or a trace cannot break the line or steer the
+    terminal."""
+    if not _UNPRINTABLE.search(text):
+        return text
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _where(offset: int | None, line: int | None) -> str:
@@ -26,7 +40,7 @@ class TraceError(Exception):
 
     def __str__(self) -> str:
         parts = [p for p in (self.path, _where(self.offset, self.line)) if p]
-        return ": ".join([*parts, self.message])
+        return printable(": ".join([*parts, self.message]))
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         # errors travel pickled from worker processes (local pool, Dask); the default reduction would
@@ -50,4 +64,4 @@ class Diagnostic:
 
     def __str__(self) -> str:
         parts = [p for p in (self.path, _where(self.offset, self.line)) if p]
-        return ": ".join([*parts, self.message])
+        return printable(": ".join([*parts, self.message]))

@@ -28,6 +28,7 @@ step marker and the layout version are unchanged and its files verify.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -47,8 +48,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit.analysis import attribution, iterations
-from tracekit.loading.atomic import new_data_dir, publish_dir, remove_dir, sweep_stale
-from tracekit.loading.cache import file_crc32, seal, unseal, verify_files
+from tracekit.loading.atomic import apply_modes, data_dir, new_data_dir, publish_dir, real_dir, remove_dir, sweep_stale
+from tracekit.loading.cache import file_crc32, os_error, read_text, seal, unseal, verify_files
 from tracekit.loading.traceset import PER_RANK_FORMATS, RankFacts, assign_ranks, discover
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
@@ -208,11 +209,17 @@ def run_unit(u: Unit) -> dict[str, Any]:
     try:
         fmt = detect(u.path) if os.path.getsize(u.path) else None
         spilled = fmt is not None and fmt.name == "kineto" and 1.5 * json_bytes(u.path) > u.memory_budget
+        before = os.stat(u.path)
         if spilled:
             (tmp / "spill").mkdir()
             parsed = kineto.parse(u.path, spill_dir=str(tmp / "spill"))
         else:
             parsed = parse(u.path)
+        after = os.stat(u.path)
+        if (before.st_size, before.st_mtime_ns, before.st_ino) != (after.st_size, after.st_mtime_ns, after.st_ino):
+            # the dataset's key holds the file's stat from before: the next run sees the change and rebuilds
+            parsed.diagnostics.append(Diagnostic(u.path, "the file changed while it was read: what was read may mix "
+                                                 "its versions; read it again once it is written"))
         per_rank = parsed.format in PER_RANK_FORMATS
         facts = RankFacts()
         has_steps = True
@@ -298,13 +305,18 @@ class Dataset:
     reused: bool = False
     temporary: bool = False
     _cache: dict[str, pa.Table] = field(default_factory=dict)
+    #: warnings about how the dataset was made (e.g. not kept in the cache), beside its inputs'
+    extra_diagnostics: list[Diagnostic] = field(default_factory=list)
 
     @classmethod
-    def open(cls, root: str | os.PathLike) -> Dataset | None:
-        """The dataset at ``root``, or None if there is none (or its manifest is damaged)."""
+    def open(cls, root: str | os.PathLike, *, follow: bool = True) -> Dataset | None:
+        """The dataset at ``root``, or None if there is none (or its manifest is damaged). Without
+        ``follow`` (a dataset in the cache), a link at ``root`` that is not one of ours is not followed."""
         root = Path(root)
+        if not follow and data_dir(root) is None:
+            return None
         try:
-            manifest = unseal((root / "manifest.json").read_text())
+            manifest = unseal(read_text(root / "manifest.json"))
         except OSError:
             return None
         if manifest is None or manifest.get("version") != DATASET_VERSION:
@@ -403,7 +415,7 @@ class Dataset:
 
     @property
     def diagnostics(self) -> list[Diagnostic]:
-        return [Diagnostic(**d) for d in self.manifest.get("diagnostics", [])]
+        return [*self.extra_diagnostics, *(Diagnostic(**d) for d in self.manifest.get("diagnostics", []))]
 
     @property
     def notes(self) -> list[str]:
@@ -428,32 +440,73 @@ def default_root(cache_dir: str | os.PathLike | None) -> Path:
     return Path(cache_dir or cache.default_dir()) / "datasets"
 
 
+#: what says a directory cannot take the dataset (rather than a bug): read-only, full, over quota, denied,
+#: not a directory (of its own)
+_UNWRITABLE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ELOOP,
+               errno.ENOENT, errno.EEXIST)
+
+
 def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any = None,
           step_marker: str | None = None, budget: str | int | None = None, use_cache: bool = True,
           cache_dir: str | os.PathLike | None = None, force: bool = False, jobs: int | None = None,
-          progress: Progress | None = None) -> Dataset:
+          progress: Progress | None = None, found: tuple[list[str], list[Diagnostic]] | None = None) -> Dataset:
     """Turn the traces under ``paths`` into a per-rank dataset (reusing a matching one) and open it.
 
     ``out``: where (default: ``<cache>/datasets/<key of the inputs>``; a temporary directory without
-    the cache). ``engine``: from :func:`tracekit.scale.engine.make` (default: local processes).
+    the cache). ``engine``: from :func:`tracekit.scale.engine.make` (default: local processes). When the cache
+    cannot take the dataset (read-only, full, a link planted in place of ``datasets/``), it is built in a
+    temporary directory instead, with a warning; a ``out`` that cannot is a one-line TraceError.
     """
-    from tracekit.scale import engine as engines
 
-    files, notes = discover(paths)
+    files, notes = found if found is not None else discover(paths)
     if not files:
         raise TraceError(None, "no input files")
     key, ident = inputs_key(files, step_marker)
-    temporary = False
+    kw = {"engine": engine, "step_marker": step_marker, "budget": budget, "force": force, "jobs": jobs,
+          "progress": progress}
     if out is not None:
-        target = Path(out)
-    elif use_cache:
-        target = default_root(cache_dir) / key
-    else:
-        target = Path(tempfile.mkdtemp(prefix="tracekit-dataset-")) / "dataset"
-        temporary = True
-    existing = Dataset.open(target) if target.exists() else None
+        try:
+            return _build(files, notes, key, ident, Path(out), temporary=False, explicit=True, **kw)
+        except OSError as exc:
+            code, why = os_error(exc)
+            if code not in _UNWRITABLE:
+                raise
+            raise TraceError(str(out), f"cannot write the dataset here: {why}") from None
+    if use_cache:
+        try:
+            root = real_dir(default_root(cache_dir))
+            return _build(files, notes, key, ident, root / key, temporary=False, explicit=False, **kw)
+        except OSError as exc:
+            code, why = os_error(exc)
+            if code not in _UNWRITABLE:
+                raise
+            notes = [*notes, Diagnostic(str(default_root(cache_dir)), "the per-rank dataset could not be kept in the "
+                                        f"cache ({why}): built in a temporary directory instead")]
+    target = Path(tempfile.mkdtemp(prefix="tracekit-dataset-")) / "dataset"
+    try:
+        return _build(files, notes, key, ident, target, temporary=True, explicit=False, **kw)
+    except OSError as exc:
+        shutil.rmtree(target.parent, ignore_errors=True)
+        code, why = os_error(exc)
+        if code not in _UNWRITABLE:
+            raise
+        raise TraceError(str(target.parent), f"cannot write the per-rank dataset: {why} (free some space, or give "
+                         "--dataset DIR on another disk)") from None
+
+
+def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list[Any]], target: Path, *,
+           temporary: bool, explicit: bool, engine: Any, step_marker: str | None, budget: str | int | None,
+           force: bool, jobs: int | None, progress: Progress | None) -> Dataset:
+    from tracekit.scale import engine as engines
+
+    out = target if explicit else None
+    # --dataset DIR is the user's own path (a link they made is theirs); in the cache, a link is trusted only
+    # if it is one of ours
+    existing = Dataset.open(target, follow=explicit) if target.exists() else None
     if existing is not None and existing.manifest.get("key") == key and existing.verify():
         existing.reused = True
+        known = existing.manifest.get("diagnostics", [])  # the notes of its own build are there already
+        existing.extra_diagnostics = [n for n in notes if n.__dict__ not in known]
         return existing
     if target.exists() and out is not None and not force and existing is None and any(Path(target).iterdir()):
         raise TraceError(str(target), "exists and is not a tracekit dataset (use --force to replace it)")
@@ -484,6 +537,7 @@ def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any
         if target.exists() or target.is_symlink():
             publish_dir(data, target)
         elif temporary or out is not None:
+            apply_modes(data, target.parent)
             os.replace(data, target)
         else:
             publish_dir(data, target)

@@ -6,8 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from tracekit.model.diagnostics import printable
 from tracekit.model.schema import CLASSES
 from tracekit.views.formats import fmt_bytes, fmt_change, fmt_delta_ns, fmt_gbps, fmt_ns, fmt_share
 
@@ -30,6 +32,23 @@ PATH_STYLES = {"compute": "green", "transfer": "magenta", "memory": "yellow", "i
                "launch": "medium_purple1", "CPU": "dodger_blue2", "waiting": "bold red1"}
 
 
+def text(value: object) -> str:
+    """A string from the data (an op, a lane, an activity, a tensor, a file name) made safe to print with
+    rich markup: brackets escaped (``[/x]`` in a kernel name is not a closing tag) and control characters
+    shown as escapes (a newline or a terminal escape sequence in a name prints as ``\\n``, ``\\x1b``)."""
+    return escape(printable(str(value)))
+
+
+#: the per-rank tables show this many ranks (a job of 100 000 ranks would print for minutes); --json and
+#: export have them all
+MAX_RANK_ROWS = 64
+
+
+def _more_ranks(console: Console, ranks: int) -> None:
+    if ranks > MAX_RANK_ROWS:
+        console.print(f"showing {MAX_RANK_ROWS} of {ranks} ranks; --json or export for all", highlight=False)
+
+
 def render_summary(console: Console, result: Analysis) -> None:
     """The ``tracekit summary`` screen: ranks × classes, then the job's headline numbers."""
     from tracekit.views import summary
@@ -43,7 +62,7 @@ def render_summary(console: Console, result: Analysis) -> None:
         return
     title = f"{job['ranks']} ranks · {job['iterations']} iterations"
     if result.notes:
-        title += " · " + "; ".join(result.notes)
+        title += " · " + text("; ".join(result.notes))
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
                   caption="share of each rank's iteration time; overlap = communication hidden under compute, "
                           "exposed = communication with no compute", caption_justify="left")
@@ -53,10 +72,11 @@ def render_summary(console: Console, result: Analysis) -> None:
     for c in CLASSES:
         table.add_column(SHORT_LABELS[c], justify="right", style=CLASS_STYLES[c], no_wrap=True)
     table.add_column("comm/it", justify="right", no_wrap=True)
-    for row in pr.iter_rows(named=True):
+    for row in pr.head(MAX_RANK_ROWS).iter_rows(named=True):
         table.add_row(str(row["rank"]), str(row["iterations"]), fmt_ns(row["median_iteration_ns"]),
                       *[fmt_share(row[f"{c}_share"]) for c in CLASSES], fmt_bytes(row["comm_bytes_per_iteration"]))
     console.print(table)
+    _more_ranks(console, pr.height)
     shares = " · ".join(f"[{CLASS_STYLES[c]}]{CLASS_LABELS[c]} {fmt_share(job[f'{c}_share'])}[/]"
                         for c in CLASSES)
     console.print(f"[bold]job[/]: {shares}")
@@ -119,7 +139,7 @@ def render_links(console: Console, result: Analysis, pr: object | None = None) -
         table.add_column("of line", justify="right", no_wrap=True)
         table.add_column("utilisation", justify="right", no_wrap=True)
     table.add_column("wait of exposed", justify="right", no_wrap=True)
-    for row in per.iter_rows(named=True):
+    for row in per.head(MAX_RANK_ROWS).iter_rows(named=True):
         cells = [str(row["rank"]), fmt_bytes(row["bus_bytes_per_iteration"]), fmt_share(row["link_busy_share"]),
                  fmt_gbps(row["busbw_gbps"])]
         if rate:
@@ -128,6 +148,7 @@ def render_links(console: Console, result: Analysis, pr: object | None = None) -
         cells.append(fmt_share(row["wait_share_of_exposed"]))
         table.add_row(*cells)
     console.print(table)
+    _more_ranks(console, per.height)
 
 
 def render_stragglers(console: Console, strag: object, top: int = 5) -> None:
@@ -191,7 +212,7 @@ def render_collectives(console: Console, result: Analysis, *, sort: str = "time"
         if not row["sizes_agree"]:
             flags.append("sizes differ")
         cells = [str(row["instance"]), fmt_ns(row["first_start_ns"] - t0),
-                 "–" if row["iteration"] is None else str(row["iteration"]), row["op"] or "?",
+                 "–" if row["iteration"] is None else str(row["iteration"]), text(row["op"] or "?"),
                  fmt_bytes(row["bytes"]), f"{len(row['ranks'])}/{row['nranks'] or '?'}", fmt_ns(row["skew_ns"]),
                  fmt_ns(row["wait_ns"]), fmt_ns(row["transfer_ns"]), fmt_gbps(row["busbw_gbps"])]
         if rate:
@@ -206,7 +227,7 @@ def render_collectives(console: Console, result: Analysis, *, sort: str = "time"
     for name in ("op", "calls", "sizes", "bus bytes", "median skew", "wait", "median transfer", "busbw"):
         t.add_column(name, justify="left" if name == "op" else "right", no_wrap=True)
     for row in ops.iter_rows(named=True):
-        t.add_row(row["op"] or "?", str(row["calls"]), str(row["sizes"]), fmt_bytes(row["bus_bytes"]),
+        t.add_row(text(row["op"] or "?"), str(row["calls"]), str(row["sizes"]), fmt_bytes(row["bus_bytes"]),
                   fmt_ns(row["median_skew_ns"]), fmt_ns(row["wait_ns"]), fmt_ns(row["median_transfer_ns"]),
                   fmt_gbps(row["busbw_gbps"]))
     console.print()
@@ -251,8 +272,8 @@ def render_critical_path(console: Console, summ: object, segs: object, iteration
         path.add_column(col, justify=just)  # type: ignore[arg-type]
     for row in shown.iter_rows(named=True):
         style = PATH_STYLES["waiting"] if row["what"].startswith("waiting") else PATH_STYLES.get(row["what"], "")
-        path.add_row(fmt_ns(row["start_ns"] - t0), fmt_ns(row["dur_ns"]), str(row["rank"]), row["lane"],
-                     f"[{style}]{row['what']}[/]" if style else row["what"], (row["name"] or "")[:60])
+        path.add_row(fmt_ns(row["start_ns"] - t0), fmt_ns(row["dur_ns"]), str(row["rank"]), text(row["lane"]),
+                     f"[{style}]{text(row['what'])}[/]" if style else text(row["what"]), text((row["name"] or "")[:60]))
     console.print()
     console.print(path)
 
@@ -299,9 +320,10 @@ def render_nccl(console: Console, collectives: object, topology: object) -> None
     for row in ov.iter_rows(named=True):
         logged = row["ranks_logged"]
         shown = ",".join(map(str, logged[:8])) + ("…" if len(logged) > 8 else "")
-        table.add_row(row["comm_id"] or "–", str(row["nranks"] or "–"), shown, ", ".join((row["ops"] or [])[:4]),
-                      fmt_bytes(row["bytes_per_rank"]), ", ".join(row["algorithms"] or []) or "–",
-                      ", ".join(row["protocols"] or []) or "–", ", ".join(row["transports"] or []) or "–")
+        table.add_row(text(row["comm_id"] or "–"), str(row["nranks"] or "–"), shown,
+                      text(", ".join((row["ops"] or [])[:4])), fmt_bytes(row["bytes_per_rank"]),
+                      text(", ".join(row["algorithms"] or []) or "–"), text(", ".join(row["protocols"] or []) or "–"),
+                      text(", ".join(row["transports"] or []) or "–"))
     console.print(table)
 
 
@@ -464,10 +486,10 @@ def render_tensors(console: Console, res: object, *, sort: str = "transfer", lim
         last = row["last_ticks"] or []
         last_txt = " ".join(f"r{r}:{n}" for r, n in enumerate(last) if n) or "–"
         shape = row["shape"] or "–"
-        cells = [row["tensor"] or "?", row["op"] or "?", row["dtype"] or "–", shape if len(shape) <= 24 else
-                 shape[:23] + "…", fmt_bytes(row["bytes"]), str(row["instances"]), fmt_ns(row["negotiate_ns"]),
-                 fmt_ns(row["negotiate_median_ns"]), fmt_ns(row["transfer_ns"]), fmt_ns(row["transfer_median_ns"]),
-                 fmt_gbps(row["busbw_gbps"])]
+        cells = [text(row["tensor"] or "?"), text(row["op"] or "?"), text(row["dtype"] or "–"),
+                 text(shape if len(shape) <= 24 else shape[:23] + "…"), fmt_bytes(row["bytes"]),
+                 str(row["instances"]), fmt_ns(row["negotiate_ns"]), fmt_ns(row["negotiate_median_ns"]),
+                 fmt_ns(row["transfer_ns"]), fmt_ns(row["transfer_median_ns"]), fmt_gbps(row["busbw_gbps"])]
         if line_rate_bps:
             cells.append(fmt_share(row["link_utilisation"]))
         fused = row["fusion_size_median"]
