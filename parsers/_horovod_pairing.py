@@ -57,6 +57,10 @@ from .json_stream import Batch
 _MAX_I64 = np.iinfo(np.int64).max
 
 
+#: an epoch header beyond this (µs, the year 2116) is damage: in ns, plus the trace's own times, it would overflow int64
+MAX_EPOCH_US = (1 << 62) // 1000
+
+
 class _Instances:
     """Per op instance, filled while streaming by vectorised scatters (grown by doubling)."""
 
@@ -153,7 +157,7 @@ class _Parser:
         self.counts: dict[str, int] = {
             "e_without_b": 0, "x_without_b": 0, "no_pid": 0, "no_ts": 0, "unknown_ph": 0,
             "unknown_instants": 0, "skipped_records": 0, "bogus_dur": 0, "pair_anomalies": 0,
-            "name_conflicts": 0, "header_conflicts": 0, "bad_rank": 0, "repaired_utf8": 0,
+            "name_conflicts": 0, "header_conflicts": 0, "bad_epoch": 0, "bad_rank": 0, "repaired_utf8": 0,
         }
         self.pid_table = np.full(1024, -1, np.int64)  # Horovod pid -> code, for small pids
         # per-pid state (indexed by pid code)
@@ -320,7 +324,9 @@ class _Parser:
         """Tensor names and the epoch header from ``M`` records (one per tensor: a Python loop is fine)."""
         for i, a in c.meta.items():
             if a.start_time_since_epoch_in_micros is not None:
-                if self.epoch_us is None:
+                if not 0 <= a.start_time_since_epoch_in_micros < MAX_EPOCH_US:  # damaged: ns overflow int64
+                    self.counts["bad_epoch"] += 1
+                elif self.epoch_us is None:
                     self.epoch_us = a.start_time_since_epoch_in_micros
                 elif self.epoch_us != a.start_time_since_epoch_in_micros:
                     self.counts["header_conflicts"] += 1

@@ -426,6 +426,7 @@ def _finish(p: _Parser, repair: _NameRepair, end: End, parser_version: str) -> P
         ("pair_anomalies", "E record(s) that could not be paired (dropped)"),
         ("name_conflicts", "pid(s) named twice with different tensor names (first kept)"),
         ("header_conflicts", "extra epoch header(s) with another start time (first kept)"),
+        ("bad_epoch", "epoch header(s) with a start time beyond the year 2116 (ignored: the clock stays relative)"),
         ("repaired_utf8", "record(s) with invalid UTF-8 (the bad bytes read as U+FFFD)"),
     ]
     for key, text in msgs:

@@ -442,3 +442,14 @@ def test_nccl_numbers_beyond_their_columns(tmp_path: Path, field: str, value: st
     p.write_text(text.replace(field, value, 1))
     parsed = _parse_and_analyse(p)
     assert parsed.tables["nccl_comms"].num_rows > 0
+
+
+def test_horovod_epoch_header_beyond_int64_nanoseconds(tmp_path: Path) -> None:
+    # horovod target (Atheris run): an epoch header of 9.5e15 µs is 9.5e18 ns, beyond int64: shifting the
+    # timestamps by it raised OverflowError; the header is now ignored with a warning (the clock stays relative)
+    p = tmp_path / "timeline.json"
+    p.write_bytes(b'[{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": '
+                  b'9521860687560103}}, {"name": "process_sort_index", "ph": "M", "pid": 0, "args": {"sort_index": '
+                  b'0}}, {"name": "CYCLE_START", \x00\x00"pid": 1, "ph": "i", "ts": 0, "s": "g"}]')
+    parsed = _parse_and_analyse(p)
+    assert any("epoch header" in str(d) for d in parsed.diagnostics)
