@@ -309,3 +309,28 @@ def test_send_and_recv_without_peers_pair_up_in_a_group_of_two() -> None:
     mem = _df(m.members).sort("rank")
     assert mem.get_column("wait_ns").to_list() == [0, 0]
     assert mem.get_column("transfer_ns").to_list() == [200, 50]
+
+
+@pytest.mark.parametrize(("host1", "aligned"), [("a", True), ("b", False)])
+def test_a_window_that_cut_a_pipeline_mid_step_pairs_sends_with_their_receives(host1: str, aligned: bool) -> None:
+    """Rank 1's first receive belongs to a send made before the profiled window: by order alone every send
+    would pair with the receive before its own (ending before the send began). On one host (one clock) the
+    receives are shifted by one; ranks on two hosts keep the plain order (clocks unknown before matching)."""
+    sends = [1_000 + 10_000 * k for k in range(5)]
+    recvs = [(-8_000, -7_000)] + [(s - 500, s + 2_000) for s in sends]  # each ends after its send began
+    rows = {"rank": [0] * 5 + [1] * 6, "collective_id": list(range(5)) + list(range(6)),
+            "op": ["send"] * 5 + ["recv"] * 6, "bytes": [1024] * 11, "nranks": [2] * 11,
+            "start_ns": sends + [r[0] for r in recvs], "end_ns": [s + 300 for s in sends] + [r[1] for r in recvs],
+            "source": ["gloo"] * 11}
+    colls = schema.table(schema.COLLECTIVES, rows)
+    ranks = schema.table(schema.RANKS, {"rank": [0, 1], "host": ["a", host1]})
+    m = collectives.match(colls, ranks, align=False)
+    mem = _df(m.members).join(_df(colls).select(["rank", "collective_id", "start_ns", "end_ns"]),
+                              on=["rank", "collective_id"])
+    paired = mem.group_by("instance").agg(pl.len().alias("n"), pl.col("start_ns").filter(pl.col("rank") == 0)
+                                          .first().alias("send_start"),
+                                          pl.col("end_ns").filter(pl.col("rank") == 1).first().alias("recv_end"))
+    paired = paired.filter(pl.col("n") == 2)
+    possible = (paired.get_column("send_start") <= paired.get_column("recv_end")).sum()
+    assert paired.height == 5
+    assert possible == (5 if aligned else 0)

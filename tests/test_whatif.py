@@ -78,3 +78,21 @@ def test_seed_paper_10gbit_needs_only_a_few_fold_compression(resnet50: whatif.Mo
     assert sf(1) < 0.75  # 10 Gbit is the bottleneck for 64 workers without compression ...
     assert sf(5) >= 0.9  # ... and 2-5x compression is enough
     assert sf(2) > sf(1)
+
+
+def test_a_link_far_slower_than_its_line_rate_keeps_the_excess_as_a_fixed_cost() -> None:
+    """The sample claimed to have run on 10 Gbit/s: its transfers moved far slower than that, so most of their
+    time is not the wire's (cores shared with compute). At a 10x slower rate only the wire's share at the
+    least credited protocol efficiency grows, not the whole measured time tenfold."""
+    import numpy as np
+
+    m = _model(ROOT / "samples" / "ddp-gloo", 10e9)
+    comm = m.comm
+    sized = (comm.get_column("size").to_numpy() != whatif.SIZE_UNKNOWN) & (comm.get_column("bus").to_numpy() > 0)
+    bus, speed = comm.get_column("bus").to_numpy()[sized], comm.get_column("speed").to_numpy()[sized]
+    assert (8e9 / (whatif.WIRE_EFFICIENCY * 10e9) / (1 / speed) < whatif.MIN_PROTOCOL_EFFICIENCY).all()
+    new = whatif.transfers(m, whatif.Scenario(bandwidth_bps=1e9))[sized]
+    eta = whatif.MIN_PROTOCOL_EFFICIENCY
+    per_byte = 1 / speed + (8e9 / (whatif.WIRE_EFFICIENCY * 1e9) - 8e9 / (whatif.WIRE_EFFICIENCY * 10e9)) / eta
+    np.testing.assert_allclose(new, m.latency_ns + bus * per_byte, rtol=1e-6)
+    assert whatif.predict(m, whatif.Scenario(bandwidth_bps=1e9)) < 3 * m.measured_iteration_ns

@@ -183,6 +183,49 @@ def _keys(c: pl.DataFrame) -> pl.DataFrame:
                           .otherwise(pl.col("k_ord")).alias("k_ord")).drop("_rej")
 
 
+#: how many calls a send/recv channel's two sides may be out of step (a window that cut a pipeline mid-step)
+P2P_MAX_SHIFT = 3
+
+
+def _align_p2p(c: pl.DataFrame, dom: pl.DataFrame) -> pl.DataFrame:
+    """Send/recv matched by order (no sequence number) on a channel whose two ranks share a clock: when the
+    profiled window starts or ends between a send and its receive (a pipeline cut mid-step), the k-th send is
+    not the k-th receive. The receives' ordinals are shifted by the d in ±:data:`P2P_MAX_SHIFT` that makes the
+    most pairs possible in time (the receive ends after the send began); d = 0 unless another is strictly
+    better. Ranks on different hosts keep d = 0 (their clocks are aligned only after matching)."""
+    p2p = (pl.col("k_mode") == 2) & (pl.col("k_seq") == -1)
+    if not c.select(p2p.any()).item():
+        return c
+    host = dict(dom.select(["rank", "domain"]).iter_rows())
+    chan = ["k_pg", "k_op", "k_bytes", "k_src", "k_dst"]
+    shifts: list[tuple[Any, ...]] = []
+    for key, g in c.filter(p2p).group_by(chan):
+        src, dst = int(key[3]), int(key[4])
+        if host.get(src) is None or host.get(src) != host.get(dst):
+            continue
+        s = g.filter(pl.col("op") == "send").sort("k_ord").get_column("start_ns").to_numpy()
+        r = g.filter(pl.col("op") == "recv").sort("k_ord").get_column("end_ns").to_numpy()
+        if s.size == 0 or r.size == 0:
+            continue
+
+        fits = {d: _possible_pairs(s, r, d) for d in range(-P2P_MAX_SHIFT, P2P_MAX_SHIFT + 1)}
+        best = max(fits, key=lambda d: (fits[d], -abs(d)))
+        if best != 0 and fits[best] > fits[0]:
+            shifts.append((*key, best))
+    if not shifts:
+        return c
+    sh = pl.DataFrame(shifts, schema={**{k: c.schema[k] for k in chan}, "_d": pl.Int64}, orient="row")
+    return c.join(sh, on=chan, how="left", maintain_order="left").with_columns(
+        pl.when(p2p & (pl.col("op") == "recv") & pl.col("_d").is_not_null())
+        .then(pl.col("k_ord") + pl.col("_d")).otherwise(pl.col("k_ord")).alias("k_ord")).drop("_d")
+
+
+def _possible_pairs(send_start: np.ndarray, recv_end: np.ndarray, d: int) -> int:
+    """How many receives j, paired with sends j + d, end after their send began."""
+    j = np.arange(max(0, -d), min(recv_end.size, send_start.size - d))
+    return int((send_start[j + d] <= recv_end[j] + TIMESTAMP_SLACK_NS).sum())
+
+
 def _infer_peers(c: pl.DataFrame, groups: dict[str, list[int]], ranks: pa.Table) -> pl.DataFrame:
     """Send/recv calls that name no peer (gloo writes none) in a group of two: the peer is the other member.
     The group is the call's process group from ``pg_config``, else the whole job; in larger groups the peer
@@ -390,11 +433,12 @@ def match(collectives: pa.Table, ranks: pa.Table, *, groups: dict[str, list[int]
                         _empty_clocks(), diags)
     c = _infer_peers(c.with_columns(pl.col("rank").cast(pl.Int32)), groups, ranks)
     c = _keys(c)
+    dom = _domains(ranks, c.get_column("rank").unique().to_list())
+    c = _align_p2p(c, dom)
     # instances: temporary ids in order of first appearance (deterministic: c is sorted)
     inst = c.group_by([*_KEY, "k_ord"], maintain_order=True).agg(pl.len().alias("n")).with_row_index("tmp") \
         .with_columns(pl.col("tmp").cast(pl.Int64))
     c = c.join(inst.select([*_KEY, "k_ord", "tmp"]), on=[*_KEY, "k_ord"], how="left")
-    dom = _domains(ranks, c.get_column("rank").unique().to_list())
     c = c.join(dom.select(["rank", "domain"]), on="rank", how="left")
     n_domains = int(dom.get_column("domain").max()) + 1  # type: ignore[arg-type]
 
