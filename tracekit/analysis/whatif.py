@@ -347,13 +347,10 @@ def _data_spans(comm: pl.DataFrame) -> pl.DataFrame:
     """Add when each call's data was on the wire (``x_start``, ``x_end``) and whose link carried it (``x_rank``,
     ``x_link``): a collective's transfer on its own rank's link; both sides of a send/recv pair, the span from
     the send's start to the receive's end, on the sender's link (a send can return before its data arrives, or
-    wait for a receiver that is late; the data leaves with the send and has come when the receive ends).
-    ``x_from`` is where the data's speed is measured from: for a pair, the later of the send's and the receive's
-    start (gloo and NCCL move a message once both sides have posted: a receive posted late is not a slow link)."""
+    wait for a receiver that is late; the data leaves with the send and has come when the receive ends)."""
     end = pl.col("end")
     comm = comm.with_columns((end - pl.col("transfer_ns")).alias("x_start"), end.alias("x_end"),
                              pl.col("rank").alias("x_rank"), pl.col("link").alias("x_link"))
-    comm = comm.with_columns(pl.col("x_start").alias("x_from"))
     if "send" not in comm.columns or comm.get_column("send").is_null().all():
         return comm
     pair = comm.filter(pl.col("send").is_not_null()).group_by("instance").agg(
@@ -367,7 +364,6 @@ def _data_spans(comm: pl.DataFrame) -> pl.DataFrame:
     p2p = pl.col("send").is_not_null() & pl.col("_re").is_not_null()
     return comm.with_columns(
         pl.when(p2p).then(pl.col("_ss")).otherwise("x_start").alias("x_start"),
-        pl.when(p2p).then(pl.max_horizontal("_ss", "_rs")).otherwise("x_from").alias("x_from"),
         pl.when(p2p).then(pl.col("_re")).otherwise("x_end").alias("x_end"),
         pl.when(p2p).then(pl.col("_sr")).otherwise("x_rank").alias("x_rank"),
         pl.when(p2p).then(pl.col("_sl")).otherwise("x_link").alias("x_link"),
@@ -390,7 +386,7 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str) -> pl.DataFrame:
     # each call's data on the wire, on the link that carried it (:func:`_data_spans`); the receive of a pair
     # shares its send's bytes, so only one side is counted
     end = comm.get_column("x_end").to_numpy()
-    start = comm.get_column("x_from").to_numpy()
+    start = comm.get_column("x_start").to_numpy()
     t = (end - start).astype(np.float64)
     counted = ~((comm.get_column("send") == False).fill_null(False).to_numpy()) if "send" in comm.columns \
         else np.ones(comm.height, dtype=bool)  # noqa: E712
