@@ -41,7 +41,7 @@ def test_summary_of_a_fresh_job(recorded: Path, capsys: pytest.CaptureFixture[st
         assert row["comm_bytes"] == run["model"]["gradient_bytes"]
         # every step computes: alone, or hidden under communication (on a busy machine gloo's all-reduce can
         # stretch over all of a small model's backward)
-        assert row["comm_ns"] > 0 and row["compute_ns"] + row["overlapped_ns"] > 0
+        assert row["comm_ns"] > 0 and row["compute_ns"] + row["overlapped_ns"] > 0, row
     # tracekit's windows start where the job's own clock says its steps started (same machine clock)
     started = {(int(rank), s["step"]): s["start_unix_ns"] for rank, r in run["step_times"]["ranks"].items()
                for s in r["steps"]}

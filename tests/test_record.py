@@ -110,7 +110,9 @@ def test_record_torchrun_job_then_summary(tmp_path: Path, capsys: pytest.Capture
         parts = ("compute_ns", "overlapped_ns", "exposed_comm_ns", "memory_ns", "idle_ns")
         assert sum(row[c] for c in parts) == row["wall_ns"] > 0
         assert row["comm_bytes"] == 4 * params  # every step all-reduces every fp32 gradient
-        assert row["compute_ns"] > 0 and row["comm_ns"] > 0
+        # every step computes: alone, or hidden under communication (on a busy machine gloo's all-reduce can
+        # stretch over all of a small model's backward)
+        assert row["compute_ns"] + row["overlapped_ns"] > 0 and row["comm_ns"] > 0, row
 
 
 # -- (b) exit codes and signals --------------------------------------------------------------------------
