@@ -24,6 +24,7 @@ from ._kineto_records import (
     _LEGACY_PID_CATS,
     _NONFINITE,
     _UNESCAPED_NAME,
+    ARG_NAMES,
     COMM_ARG_FIELDS,
     DECODE_ERRORS,
     EMPTY_RAW,
@@ -277,16 +278,7 @@ def _consume_arrow(acc: _Accumulator, batch: Batch) -> bool:
 
 # --- the typed fast path --------------------------------------------------------------------------------------
 
-class _TArgs(msgspec.Struct, frozen=True, gc=False, rename={
-    "external_id": "External id", "external_id_legacy": "external id",
-    "wait_stream": "wait_on_stream", "wait_correlation": "wait_on_cuda_event_record_corr_id", "label_name": "name",
-    "collective": "Collective name", "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems",
-    "in_size": "In msg size", "out_size": "Out msg size", "group_size": "Group size",
-    "pg_name": "Process Group Name", "pg_desc": "Process Group Description", "pg_id": "Process Group ID",
-    "pg_ranks": "Process Group Ranks", "seq": "Seq", "comms_id": "Comms Id", "comm_rank": "Rank",
-    "src_rank": "Src Rank", "dst_rank": "Dst Rank", "input_dims": "Input Dims",
-    "input_dims_legacy": "Input dims", "input_type": "Input type",
-}):
+class _TArgs(msgspec.Struct, frozen=True, gc=False, rename=ARG_NAMES):
     """The args of an X event as the fast path reads them: the ids of every event typed exactly as
     :data:`_ARROW_SCHEMA` types them (a value of another type sends the batch the old ways), and the
     collective metadata as :class:`Args` reads it, the tensor shapes left as raw JSON until an event turns

@@ -42,7 +42,8 @@ _UNESCAPED_NAME = re.compile(
     rb'("name"\s*:\s*")(.*?)("\s*,\s*"(?:ph|cat|pid|tid|ts|dur|args|id|s|bp|name)"\s*:)', re.S)
 
 
-class Args(msgspec.Struct, frozen=True, gc=False, rename={
+#: the JSON names of the ``args`` members tracekit reads (both decoders: :class:`Args` and the typed path's)
+ARG_NAMES = {
     "external_id": "External id", "external_id_legacy": "external id",
     "collective": "Collective name", "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems",
     "in_size": "In msg size", "out_size": "Out msg size", "group_size": "Group size",
@@ -51,7 +52,10 @@ class Args(msgspec.Struct, frozen=True, gc=False, rename={
     "src_rank": "Src Rank", "dst_rank": "Dst Rank", "input_dims": "Input Dims",
     "input_dims_legacy": "Input dims", "input_type": "Input type", "label_name": "name",
     "wait_stream": "wait_on_stream", "wait_correlation": "wait_on_cuda_event_record_corr_id",
-}):
+}
+
+
+class Args(msgspec.Struct, frozen=True, gc=False, rename=ARG_NAMES):
     """The ``args`` members tracekit uses; unknown members are skipped by the decoder."""
 
     external_id: Any = None
