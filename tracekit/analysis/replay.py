@@ -20,6 +20,12 @@ from tracekit.analysis.dag import EDGE_TYPES, Graph
 _OWN = EDGE_TYPES.index("own")
 _PROGRAM = EDGE_TYPES.index("program")
 MAX_ROUNDS = 100_000
+#: "auto" gives the rounds this many node-rounds (nodes x rounds, ~12 ns each) before it turns to the compiled
+#: sweep: about what numba's import and loading its compiled code cost (~0.4 s). Most traces settle in a few
+#: rounds; a small graph settles in thousands before the sweep would have paid for itself
+AUTO_NODE_ROUNDS = 30_000_000
+#: ... and at least this many rounds, however big the graph
+AUTO_MIN_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -66,13 +72,69 @@ def _with_extra(graph: Graph, ch: Chains, extra_dst: np.ndarray) -> Chains:
                   cross_dsts=dst[starts], sources=np.setdiff1d(ch.sources, extra_dst))
 
 
+def _plan_key(extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> tuple[bytes, bytes] | None:
+    """What a graph's plan depends on besides the graph: the extra edges' endpoints."""
+    if extra is None or not extra[0].size:
+        return None
+    return np.asarray(extra[0], np.int64).tobytes(), np.asarray(extra[1], np.int64).tobytes()
+
+
+def _sweep(graph: Graph, weight: np.ndarray, extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+           ) -> np.ndarray | None:
+    """The compiled sweep's times, or None when it cannot give them exactly (a cycle; int64 overflow risk on
+    damaged timestamps spanning centuries). The graph keeps its plan for each set of extra edges."""
+    n = graph.n_nodes
+    if n == 0:
+        return graph.node_time.copy()
+    t_meas = graph.node_time
+    t0 = int(t_meas.min())
+    w = weight if extra is None else np.concatenate([weight, extra[2]])
+    bound = int(t_meas.max()) - t0 + (int(np.abs(w).sum(dtype=np.float64)) if w.size else 0)
+    if bound >= 1 << 62:
+        return None
+    from tracekit.analysis import topological
+
+    key = _plan_key(extra)
+    plans = graph.__dict__.setdefault("_plans", {})
+    if key not in plans:
+        src = graph.src if extra is None else np.concatenate([graph.src, extra[0]])
+        dst = graph.dst if extra is None else np.concatenate([graph.dst, extra[1]])
+        plans[key] = topological.plan(n, src, dst)
+    p = plans[key]
+    return None if p is None else topological.asap(p, w, t_meas - t0) + t0
+
+
 def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_rounds: int = MAX_ROUNDS,
-           extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, int]:
+           extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None, method: str = "auto"
+           ) -> tuple[np.ndarray, int]:
     """Node times of the ASAP schedule under ``weight`` (one per edge); returns (times, rounds).
 
     ``extra`` adds edges ``(src, dst, weight)`` that only this replay has (e.g. transfers sharing a
-    link one after the other, which the measured schedule overlapped).
+    link one after the other, which the measured schedule overlapped). ``method``: ``"rounds"`` (the
+    vectorised lane scans below), ``"sweep"`` (one compiled topological pass,
+    :mod:`tracekit.analysis.topological`; reported as 1 round) or ``"auto"``: rounds up to a budget
+    (:data:`AUTO_NODE_ROUNDS`), then the sweep (and only the sweep for the graph's later replays). All give
+    the same times; a graph with a zero-weight cycle (no topological order) is always settled by the rounds.
     """
+    if method == "rounds":
+        times, rounds, _ = _rounds(graph, weight, ch, max_rounds, extra)
+        return times, rounds
+    if method == "auto" and not graph.__dict__.get("_sweeps"):
+        budget = max(AUTO_MIN_ROUNDS, AUTO_NODE_ROUNDS // max(graph.n_nodes, 1))
+        times, rounds, settled = _rounds(graph, weight, ch, min(max_rounds, budget), extra)
+        if settled:
+            return times, rounds
+        graph.__dict__["_sweeps"] = True  # its other replays will not settle in a few rounds either
+    swept = _sweep(graph, weight, extra)
+    if swept is not None:
+        return swept, 1
+    times, rounds, _ = _rounds(graph, weight, ch, max_rounds, extra)
+    return times, rounds
+
+
+def _rounds(graph: Graph, weight: np.ndarray, ch: Chains | None, max_rounds: int,
+            extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, int, bool]:
+    """The replay by alternating lane scans and cross edges: ``(times, rounds, settled)``."""
     ch = ch or chains(graph)
     if extra is not None and extra[0].size:
         ch = _with_extra(graph, ch, extra[1])
@@ -107,6 +169,7 @@ def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_round
     src = all_src[ch.cross]
     w = all_w[ch.cross].astype(dt)
     rounds = 0
+    settled = False
     while rounds < max_rounds:
         rounds += 1
         # chain scan: T = A + segmented cummax(X - A)
@@ -118,6 +181,7 @@ def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_round
             new = new + a
         new = np.where(new < neg // 2, neg, new)
         if np.array_equal(new, times):
+            settled = True
             break
         times = new
         # cross edges: X = max over incoming (T[src] + w), sources keep their time
@@ -129,4 +193,4 @@ def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_round
             x[ch.sources] = t_rel[ch.sources]
     if not exact:
         times = np.rint(times).astype(np.int64)
-    return times + t0, rounds
+    return times + t0, rounds, settled
