@@ -183,3 +183,26 @@ def test_exporting_one_table_computes_no_other(gpu: Path, tmp_path: Path) -> Non
     assert not computed & {"graph", "critical_path", "top_ops", "idle_breakdown"}
     assert sorted(j.analysis.tables())[:3] == ["breakdown", "collective_instances", "collective_members"]
     assert "graph" not in j.analysis.__dict__  # listing the names computes nothing either
+
+
+def test_prefetch_computes_side_by_side_what_one_at_a_time_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``summary`` computes the verdict, top ops and idle split in threads: the same tables as one after the other;
+    an analysis that fails in its thread raises where it is used, not in the prefetch."""
+    one = tracekit.load(SAMPLE, link_bw="500mbit", cache=False).analysis
+    both = tracekit.load(SAMPLE, link_bw="500mbit", cache=False).analysis
+    one.top_ops, one.idle_breakdown, one.bottleneck  # noqa: B018
+    both.prefetch("bottleneck", "top_ops", "idle_breakdown")
+    assert {"bottleneck", "top_ops", "idle_breakdown"} <= set(both.__dict__)
+    assert both.top_ops.equals(one.top_ops) and both.idle_breakdown.equals(one.idle_breakdown)
+    assert both.bottleneck == one.bottleneck
+    failing = tracekit.load(SAMPLE, link_bw="500mbit", cache=False).analysis
+    from tracekit.analysis import top_ops
+
+    def broken(*_a: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(top_ops, "table", broken)
+    failing.prefetch("bottleneck", "top_ops")
+    assert "bottleneck" in failing.__dict__ and "top_ops" not in failing.__dict__
+    with pytest.raises(RuntimeError, match="boom"):
+        failing.top_ops  # noqa: B018

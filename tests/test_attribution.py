@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests import kineto_traces as kt
 from tracekit.analysis import attribution, iterations
-from tracekit.analysis.intervals import sweep, union_length
+from tracekit.analysis.intervals import prev_max_end, sweep, union_length
 from tracekit.analysis.pipeline import analyse
 from tracekit.loading.traceset import load
 from tracekit.model import schema
@@ -168,3 +168,22 @@ def test_comm_split_into_wait_and_transfer() -> None:
                           "cls": [attribution.WAIT, attribution.TRANSFER]})
     row = attribution.breakdown(events, iters, comm_split=split).to_pylist()[0]
     assert (row["overlapped_ns"], row["exposed_comm_ns"], row["wait_ns"], row["transfer_ns"]) == (10, 40, 20, 20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 100), st.integers(0, 40)), min_size=1, max_size=60),
+       far=st.booleans())
+def test_prev_max_end_is_the_running_max_of_earlier_rows_of_the_group(rows, far) -> None:
+    """Both ways of computing it (one int64 accumulate; polars when groups x span overflow int64) agree with
+    the definition."""
+    rows.sort()
+    lane = np.array([g for g, _, _ in rows], dtype=np.int64)
+    start = np.array([s for _, s, _ in rows], dtype=np.int64)
+    end = start + np.array([d for _, _, d in rows], dtype=np.int64)
+    if far:  # a span so long that the offsets between groups no longer fit one int64
+        start[-1] += 1 << 61
+        end[-1] += 1 << 61
+    got = prev_max_end(lane, start, end)
+    lo = np.iinfo(np.int64).min
+    want = [max((int(end[j]) for j in range(i) if lane[j] == lane[i]), default=lo) for i in range(len(rows))]
+    assert got.tolist() == want

@@ -557,6 +557,8 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
     from tracekit.analysis import idle, top_ops
     from tracekit.views import summary, verdict
 
+    if result.dataset is None and not result.horovod_only:
+        result.prefetch("bottleneck", "top_ops", "idle_breakdown")
     job = summary.job(result.breakdown)
     strag = summary.stragglers(result.instances)
     overview = summary.collectives_overview(result.instances)

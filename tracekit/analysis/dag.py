@@ -35,6 +35,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.analysis.intervals import prev_max_end
 from tracekit.model.schema import normalise_op
 
 EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume", "collective")
@@ -121,21 +122,18 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     kinds = kind.dictionary.to_pylist()
     keep_kind = np.array([k in ACTIVITY_KINDS for k in kinds] + [False])
     kidx = pc.fill_null(kind.indices, len(kinds)).to_numpy(zero_copy_only=False)
-    rows = np.flatnonzero(keep_kind[kidx])
-    sub = events.take(pa.array(rows)).select(
+    df = pl.from_arrow(events.select(
         ["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "stream", "correlation", "iteration",
-         "collective_id", "sync_stream", "sync_correlation"])
-    df = pl.from_arrow(sub)
+         "collective_id", "sync_stream", "sync_correlation"]))
     assert isinstance(df, pl.DataFrame)
+    # polars filters a job's millions of rows several times faster than Arrow's take; kind and name stay
+    # categorical until the top-level activities are picked (build casts those)
+    df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("event_row"), pl.col("lane").cast(pl.String)
+                         ).filter(pl.Series(keep_kind[kidx]))
     offsets = _offsets(ranks)
-    df = df.with_columns(
-        pl.Series("event_row", rows),
-        pl.col("lane").cast(pl.String), pl.col("kind").cast(pl.String), pl.col("name").cast(pl.String),
-    )
     if offsets:
-        off = pl.DataFrame({"rank": list(offsets), "_off": list(offsets.values())},
-                           schema={"rank": pl.Int32, "_off": pl.Int64})
-        df = df.join(off, on="rank", how="left").with_columns(pl.col("_off").fill_null(0))
+        df = df.with_columns(pl.col("rank").replace_strict(list(offsets), list(offsets.values()), default=0,
+                                                           return_dtype=pl.Int64).fill_null(0).alias("_off"))
     else:
         df = df.with_columns(pl.lit(0, dtype=pl.Int64).alias("_off"))
     df = df.with_columns((pl.col("start_ns") + pl.col("_off")).alias("start"),
@@ -190,7 +188,7 @@ def _split_waits(df: pl.DataFrame) -> pl.DataFrame:
     anc = df.get_column("ancestor").to_numpy()
     ci = np.flatnonzero(child)
     a = anc[ci]
-    prev = _prev_max_per_lane(a.astype(np.int64), start[ci], end[ci])
+    prev = prev_max_end(a.astype(np.int64), start[ci], end[ci])
     lo = np.iinfo(np.int64).min
     gap_s = np.where(prev == lo, start[a], prev)
     gap_e = start[ci]
@@ -258,7 +256,7 @@ def _nest(df: pl.DataFrame) -> pl.DataFrame:
     df, lane_key = _sort_by_lane(df)
     end = df.get_column("end").to_numpy()
     start = df.get_column("start").to_numpy()
-    prev_max = _prev_max_per_lane(lane_key.astype(np.int64), start, end)
+    prev_max = prev_max_end(lane_key.astype(np.int64), start, end)
     top = start >= prev_max
     ancestor = np.maximum.accumulate(np.where(top, np.arange(df.height), -1))
     return df.with_columns(pl.Series("top", top), pl.Series("ancestor", ancestor), pl.Series("lane_id", lane_key))
@@ -290,27 +288,6 @@ def _sort_by_lane(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
     return df, df.select(pl.struct(["rank", "lane"]).rank("dense").alias("k")).to_series().to_numpy()
 
 
-def _prev_max_per_lane(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """For rows sorted by (lane, start): the max end of the earlier rows of the same lane (or a very
-    small number for the first row of a lane) — a segmented running max in one accumulate."""
-    n = lane.size
-    lo = np.iinfo(np.int64).min
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    t0 = int(start.min())
-    rel = end - t0 + 1  # >= 1
-    big = int(rel.max()) + 2
-    shifted = np.empty(n, dtype=np.int64)
-    shifted[0] = 0
-    shifted[1:] = rel[:-1]
-    first = np.ones(n, dtype=bool)
-    first[1:] = lane[1:] != lane[:-1]
-    shifted[first] = 0
-    dense = np.cumsum(first) - 1  # 0, 1, 2 ... per lane, nondecreasing
-    run = np.maximum.accumulate(dense * big + shifted) - dense * big
-    return np.where(run <= 0, lo, run + t0 - 1)
-
-
 def _running_argmax(values: np.ndarray) -> np.ndarray:
     """Index of the maximum of ``values[:i+1]`` for every i (the latest one on ties)."""
     is_new = values >= np.maximum.accumulate(values)
@@ -324,7 +301,8 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     every member (from :mod:`tracekit.analysis.collectives`); without it communication is plain activity.
     """
     full = activities(events, ranks)
-    act = full.filter(pl.col("top")).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("a"))
+    act = full.filter(pl.col("top")).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("a"),
+                                                  pl.col("kind").cast(pl.String), pl.col("name").cast(pl.String))
     # map every row of `full` to the activity index of its top-level ancestor
     a_of_pos = np.full(full.height, -1, dtype=np.int64)
     top_pos = np.flatnonzero(full.get_column("top").to_numpy())
@@ -368,11 +346,16 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     launches = full.filter(pl.col("device").is_null() & (pl.col("kind") == "runtime")
                            & pl.col("correlation").is_not_null()).select(
         ["rank", "correlation", pl.col("start").alias("l_start"), pl.col("end").alias("l_end"), "anc",
-         pl.col("name").alias("l_name")])
+         pl.col("name").cast(pl.String).alias("l_name")])
     dev_act = act.filter(pl.col("device").is_not_null() & pl.col("correlation").is_not_null()).select(
         ["a", "rank", "correlation", "start", "device", "stream"])
-    # in the device activity's order, so that edges are numbered the same on every run
-    lk = dev_act.join(launches.unique(["rank", "correlation"], keep="first"), on=["rank", "correlation"],
+    # in the device activity's order, so that edges are numbered the same on every run; on one int64 key when
+    # rank and correlation fit in it (a join on one column is several times faster on millions of launches)
+    on: str | list[str] = ["rank", "correlation"]
+    if launches.height and dev_act.height and _packs(launches) and _packs(dev_act):
+        key = (pl.col("rank").cast(pl.Int64) * (1 << 40) + pl.col("correlation")).alias("_k")
+        launches, dev_act, on = launches.with_columns(key), dev_act.with_columns(key), "_k"
+    lk = dev_act.join(launches.unique(on, keep="first").drop(["rank", "correlation"] if on == "_k" else []), on=on,
                       how="inner", maintain_order="left")
     if lk.height:
         anc = lk.get_column("anc").to_numpy()
@@ -410,6 +393,13 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
                  slack=slack, violated=violated)
 
 
+def _packs(df: pl.DataFrame) -> bool:
+    """Whether ``rank`` and ``correlation`` of every row fit one int64 as ``rank * 2^40 + correlation``."""
+    r = df.select(pl.col("rank").min().alias("r0"), pl.col("rank").max().alias("r1"),
+                  pl.col("correlation").min().alias("c0"), pl.col("correlation").max().alias("c1")).row(0)
+    return None not in r and r[0] >= 0 and r[1] < 1 << 22 and r[2] >= 0 and r[3] < 1 << 40
+
+
 def _bind(src: np.ndarray, dst: np.ndarray, lag: np.ndarray, node_time: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
     """Per node, the edge attaining max(source time + lag), and the slack left on it."""
@@ -431,7 +421,7 @@ def _sync_streams(events: pa.Table) -> pl.DataFrame:
     """``rank, correlation → synced_stream`` from the device-side records of synchronisation."""
     df = pl.from_arrow(events.select(["rank", "kind", "device", "stream", "correlation", "sync_stream"]))
     assert isinstance(df, pl.DataFrame)
-    return (df.filter(pl.col("device").is_not_null() & (pl.col("kind").cast(pl.String) == "runtime")
+    return (df.filter(pl.col("device").is_not_null() & (pl.col("kind") == "runtime")
                       & pl.col("correlation").is_not_null())
             .select(["rank", "correlation", pl.coalesce(pl.col("sync_stream"), pl.when(pl.col("stream") >= 0)
                                                         .then(pl.col("stream"))).alias("synced_stream")])
@@ -549,8 +539,8 @@ def _gloo_edges(add, act: pl.DataFrame, full: pl.DataFrame, start: np.ndarray, e
     work = act.filter((pl.col("kind") == "comm") & pl.col("device").is_null() & pl.col("name").str.starts_with("gloo:"))
     if work.height == 0:
         return
-    enq = full.filter(pl.col("name").str.starts_with("c10d::") & pl.col("device").is_null()).select(
-        ["rank", "name", "start", "end", "anc", "lane_id"])
+    enq = full.filter(pl.col("name").cast(pl.String).str.starts_with("c10d::") & pl.col("device").is_null()).select(
+        ["rank", pl.col("name").cast(pl.String), "start", "end", "anc", "lane_id"])
     if enq.height == 0:
         return
     # c10d::allreduce_ and gloo:all_reduce are the same op: pair the k-th of each per rank and op

@@ -36,6 +36,32 @@ class Sweep:
         return np.bincount(w, weights=ln, minlength=n_windows).round().astype(np.int64)
 
 
+def prev_max_end(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For rows sorted by (lane, start): the max end of the earlier rows of the same lane (or the smallest
+    int64 for the first row of a lane) — a segmented running max in one accumulate (``lane``: any group id)."""
+    n = lane.size
+    lo = np.iinfo(np.int64).min
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    t0 = int(start.min())
+    rel = end - t0 + 1  # >= 1
+    big = int(rel.max()) + 2
+    shifted = np.empty(n, dtype=np.int64)
+    shifted[0] = 0
+    shifted[1:] = rel[:-1]
+    first = np.ones(n, dtype=bool)
+    first[1:] = lane[1:] != lane[:-1]
+    shifted[first] = 0
+    dense = np.cumsum(first) - 1  # 0, 1, 2 ... per lane, nondecreasing
+    if (int(dense[-1]) + 1) * big >= 1 << 62:  # too many lanes x too long a span for one int64 running max
+        import polars as pl
+
+        prev = pl.DataFrame({"g": dense, "e": end}).select(pl.col("e").cum_max().shift(1).over("g")).to_series()
+        return prev.fill_null(lo).to_numpy()
+    run = np.maximum.accumulate(dense * big + shifted) - dense * big
+    return np.where(run <= 0, lo, run + t0 - 1)
+
+
 def _order(rank: np.ndarray, time: np.ndarray, prio: np.ndarray) -> np.ndarray:
     """Sort order by (rank, time, prio); one int64 key (stable, run-aware) when it fits."""
     if time.size == 0:

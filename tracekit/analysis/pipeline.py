@@ -157,6 +157,23 @@ class Analysis:
                 self.notes.append(note)
         return pa.concat_tables(parts) if parts else schema.empty(out_schema)
 
+    def prefetch(self, *names: str) -> None:
+        """Compute these analyses (cached properties) side by side, one thread each: numpy, polars and Arrow
+        release the GIL in their loops, so the what-if's graph and the top ops share two cores. An analysis
+        that fails here is left uncomputed and raises again where it is used."""
+        todo = [n for n in names if n not in self.__dict__]
+        if len(todo) < 2:
+            return
+        import contextlib
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(todo) - 1, thread_name_prefix="tracekit-analysis") as pool:
+            futures = [pool.submit(getattr, self, n) for n in todo[1:]]
+            with contextlib.suppress(Exception):  # raised again where it is used
+                getattr(self, todo[0])
+            for f in futures:
+                f.exception()
+
     def tables(self, *, paths: bool = True) -> Tables:
         """Every exportable table by name (the events as a stream of batches when they stay on disk), each
         computed when first looked up (exporting one table computes no other); ``paths=False`` leaves out the

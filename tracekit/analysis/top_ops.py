@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analysis import attribution
-from tracekit.analysis.intervals import sweep
+from tracekit.analysis.intervals import prev_max_end, sweep
 from tracekit.model import schema
 
 #: the classes ops are listed under, in display order (idle has no ops)
@@ -76,10 +76,28 @@ def _listed(events: pa.Table, act: pl.DataFrame) -> tuple[pl.DataFrame, pa.Array
     dev = np.asarray(pc.is_valid(events.column("device")).to_numpy(zero_copy_only=False), dtype=bool)
     a = act.with_columns(pl.Series("lane", lane[rows]), pl.Series("kind", kind[rows]), pl.Series("name", name[rows]),
                          pl.Series("on_device", dev[rows]))
-    a = a.sort(["rank", "lane", "start_ns", "end_ns"], descending=[False, False, False, True])
-    reach = pl.col("end_ns").cum_max().shift(1).over(["rank", "lane"])
-    top = pl.col("on_device") | reach.is_null() | (pl.col("start_ns") >= reach)
-    return a.filter(top), kinds, names
+    r = a.get_column("rank").to_numpy().astype(np.int64)
+    ln = a.get_column("lane").to_numpy()
+    start = a.get_column("start_ns").to_numpy()
+    order = _lane_order(r, ln, start, a.get_column("end_ns").to_numpy())
+    a = a[order]
+    group = (r[order] - (int(r.min()) if r.size else 0)) * (int(ln.max()) + 2 if ln.size else 1) + ln[order] + 1
+    reach = prev_max_end(group, start[order], a.get_column("end_ns").to_numpy())
+    top = a.get_column("on_device").to_numpy() | (start[order] >= reach)
+    return a.filter(pl.Series(top)), kinds, names
+
+
+def _lane_order(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Order by rank, lane code, start and end (descending), stable: one int64 key and end when they fit."""
+    if rank.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    group = (rank - int(rank.min())) * (int(lane.max()) + 2) + lane + 1
+    span = int(start.max()) - int(start.min()) + 1
+    if (int(group.max()) + 1) * span < 1 << 62:
+        key = group * span + (start - int(start.min()))
+        return pl.DataFrame({"k": key, "e": end}).with_row_index("i").sort(
+            ["k", "e"], descending=[False, True], maintain_order=True).get_column("i").to_numpy()
+    return np.lexsort((-end, start, lane, rank))
 
 
 def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], rank: np.ndarray, start: np.ndarray,
@@ -95,12 +113,13 @@ def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ra
             continue
         sel = seg_rank == r
         st, ln, code = seg_start[sel], seg_len[sel], seg_code[sel]
+        # per segment and class (the last column: every class), its length where it is of that class
+        hit = np.concatenate([code[:, None] == np.arange(k)[None, :], np.ones((code.size, 1), dtype=bool)], axis=1)
+        cum = np.zeros((code.size + 1, k + 1), dtype=np.int64)
+        np.cumsum(np.where(hit, ln[:, None], 0), axis=0, out=cum[1:])
         i0 = np.searchsorted(st, start[mine], side="right") - 1
         i1 = np.searchsorted(st, end[mine], side="right") - 1
-        for c in range(k + 1):
-            hit = np.ones(code.size, dtype=bool) if c == k else code == c
-            cum = np.concatenate([[0], np.cumsum(np.where(hit, ln, 0))])
-            times[mine, c] = _upto(end[mine], i1, st, ln, hit, cum) - _upto(start[mine], i0, st, ln, hit, cum)
+        times[mine] = _upto(end[mine], i1, st, ln, hit, cum) - _upto(start[mine], i0, st, ln, hit, cum)
     return times
 
 
@@ -126,25 +145,39 @@ def _op_times(events: pa.Table, iterations: pa.Table) -> tuple[pl.DataFrame, pl.
     totals = {int(r): np.array([seg_len[(seg_rank == r) & (seg_code == c)].sum() for c in range(k)], dtype=np.int64)
               for r in np.unique(seg_rank)}
     ops, kinds, names = _listed(events, act)
-    ops = ops.with_columns(pl.max_horizontal("start_ns", "end_ns").alias("end_ns"))
-    # the union of each op's calls: runs of overlapping calls merged
-    reach = pl.col("end_ns").cum_max().shift(1).over(_KEY)
-    merged = (ops.sort([*_KEY, "start_ns"]).with_columns((reach.is_null() | (pl.col("start_ns") > reach))
-                                                         .cum_sum().alias("_run"))
-              .group_by("_run").agg(*[pl.col(c).first() for c in _KEY], pl.col("cls").first(),
-                                    pl.col("start_ns").min(), pl.col("end_ns").max()))
+    # every op's calls together, in time order: an op is a run of rows, its merged calls runs within it
+    o = ops.with_columns(pl.max_horizontal("start_ns", "end_ns").alias("end_ns")).sort([*_KEY, "start_ns"],
+                                                                                        maintain_order=True)
+    rank = o.get_column("rank").to_numpy().astype(np.int64)
+    start, end = o.get_column("start_ns").to_numpy(), o.get_column("end_ns").to_numpy()
+    cls = o.get_column("cls").to_numpy()
+    new_op = np.ones(o.height, dtype=bool)
+    new_op[1:] = np.logical_or.reduce([o.get_column(c).to_numpy()[1:] != o.get_column(c).to_numpy()[:-1]
+                                       for c in _KEY])
+    op_first = np.flatnonzero(new_op)
+    # the union of each op's calls: runs of overlapping calls merged (class of the run's first call)
+    reach = prev_max_end(np.cumsum(new_op), start, end)
+    run_first = np.flatnonzero(new_op | (start > reach))
+    run_end = np.maximum.reduceat(end, run_first) if run_first.size else end[:0]
+    run_of_op = np.searchsorted(run_first, op_first)  # an op's first row starts its first run
 
-    def long(frame: pl.DataFrame, value: str) -> pl.DataFrame:
-        rank = frame.get_column("rank").to_numpy().astype(np.int64)
-        t = _class_times(segs, rank, frame.get_column("start_ns").to_numpy(), frame.get_column("end_ns").to_numpy())
-        t = np.concatenate([np.where(_eligible(frame.get_column("cls").to_numpy()), t[:, :k], 0), t[:, k:]], axis=1)
-        idx, cidx = np.nonzero(t > 0)
-        return pl.DataFrame({"rank": rank[idx].astype(np.int32), "kind": frame.get_column("kind").gather(idx),
-                             "name": frame.get_column("name").gather(idx),
-                             "_c": np.where(cidx == k, -1, cidx).astype(np.int64), value: t[idx, cidx]})
+    def per_op(first: np.ndarray, s: np.ndarray, e: np.ndarray, starts: np.ndarray, count: bool) -> np.ndarray:
+        """Per op and class (+ the windows): calls with time in it (count) or their summed time."""
+        t = _class_times(segs, rank[first], s, e)
+        t = np.concatenate([np.where(_eligible(cls[first]), t[:, :k], 0), t[:, k:]], axis=1)
+        if starts.size == 0:
+            return np.zeros((0, k + 1), dtype=np.int64)
+        return np.add.reduceat((t > 0).astype(np.int64) if count else t, starts, axis=0)
 
-    calls = long(ops, "_t").group_by([*_KEY, "_c"]).agg(pl.len().cast(pl.Int64).alias("calls"))
-    time = long(merged, "time_ns").group_by([*_KEY, "_c"]).agg(pl.col("time_ns").sum())
+    def long(values: np.ndarray, name: str) -> pl.DataFrame:
+        idx, cidx = np.nonzero(values > 0)
+        rows = op_first[idx]
+        return pl.DataFrame({"rank": rank[rows].astype(np.int32), "kind": o.get_column("kind").gather(rows),
+                             "name": o.get_column("name").gather(rows),
+                             "_c": np.where(cidx == k, -1, cidx).astype(np.int64), name: values[idx, cidx]})
+
+    calls = long(per_op(np.arange(o.height), start, end, op_first, True), "calls")
+    time = long(per_op(run_first, start[run_first], run_end, run_of_op, False), "time_ns")
 
     def named(frame: pl.DataFrame) -> pl.DataFrame:
         k_idx, n_idx = frame.get_column("kind").to_numpy(), frame.get_column("name").to_numpy()
@@ -158,11 +191,12 @@ def _op_times(events: pa.Table, iterations: pa.Table) -> tuple[pl.DataFrame, pl.
 
 def _upto(t: np.ndarray, i: np.ndarray, st: np.ndarray, ln: np.ndarray, hit: np.ndarray, cum: np.ndarray
           ) -> np.ndarray:
-    """Time of the ``hit`` segments (starts ``st``, lengths ``ln``, prefix sums ``cum``) before each time ``t``;
-    ``i`` is the last segment starting at or before ``t`` (-1: none)."""
+    """Time of the segments (starts ``st``, lengths ``ln``) of each class (``hit``: segment x class, ``cum``: the
+    prefix sums of each class's lengths) before each time ``t``; ``i`` is the last segment starting at or before
+    ``t`` (-1: none). One row per time, one column per class."""
     j = np.maximum(i, 0)
-    part = np.where(hit[j], np.clip(t - st[j], 0, ln[j]), 0)
-    return np.where(i >= 0, cum[j] + part, 0)
+    part = np.clip(t - st[j], 0, ln[j])
+    return np.where((i >= 0)[:, None], cum[j] + np.where(hit[j], part[:, None], 0), 0)
 
 
 def _windows(iterations: pa.Table) -> pl.DataFrame:
