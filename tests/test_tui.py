@@ -369,12 +369,16 @@ def test_views_appear_only_with_their_tables() -> None:
     assert TimelineView.available(data)
 
 
-def test_the_graph_is_built_in_the_loading_worker_not_when_views_ask() -> None:
+def test_the_graph_is_built_in_the_loading_worker_not_when_views_ask(monkeypatch: pytest.MonkeyPatch) -> None:
     """Until phase 4 has computed the critical path, asking which views can show (the UI thread does, at
-    every phase) never builds the job's dependency graph; from phase 4 on the tables are listed."""
+    every phase) never builds the job's dependency graph; from phase 4 on the tables are listed. (The
+    background thread that computes phases 4 and 5 from the overview on is left out here: it builds the graph
+    early on purpose, see the next test.)"""
+    from tracekit.analysis.pipeline import Analysis
     from tracekit.tui.critical_path_view import CriticalPathView
     from tracekit.tui.whatif_view import WhatIfView
 
+    monkeypatch.setattr(Analysis, "start", lambda self, *names: None)
     seen: dict[str, tuple[bool, bool, bool, bool]] = {}
 
     def look(phase: str) -> Callable[[JobData], None]:
@@ -389,6 +393,36 @@ def test_the_graph_is_built_in_the_loading_worker_not_when_views_ask() -> None:
         whatif=look("whatif")))
     assert seen == {"analysis": (False, False, False, False), "timeline": (False, False, False, False),
                     "critical_path": (True, False, True, False), "whatif": (True, True, True, True)}
+
+
+def test_critical_path_and_whatif_are_computed_beside_the_top_ops_and_timeline() -> None:
+    """From the overview on, a thread of its own computes the critical path and the what-if while the loading
+    worker computes the top ops and the timeline; phases 4 and 5 wait for it and show the same results as a
+    load without it."""
+    import threading
+
+    from tracekit.analysis import critical_path
+
+    threads: set[str] = set()
+    paths = critical_path.paths
+
+    def spy(*args: object, **kw: object) -> object:
+        threads.add(threading.current_thread().name)
+        return paths(*args, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(critical_path, "paths", spy)
+        data = load_job([SAMPLE], LoadOptions(use_cache=False), LoadCallbacks())
+    assert threads and all(t.startswith("tracekit-analysis") for t in threads)
+    assert data.paths_ready and data.whatif_ready and data.background is not None
+    with pytest.MonkeyPatch.context() as mp:
+        from tracekit.analysis.pipeline import Analysis
+
+        mp.setattr(Analysis, "start", lambda self, *names: None)
+        alone = load_job([SAMPLE], LoadOptions(use_cache=False), LoadCallbacks())
+    assert data.analysis is not None and alone.analysis is not None
+    assert data.analysis.critical_path.equals(alone.analysis.critical_path)
+    assert data.bottleneck == alone.bottleneck
 
 
 def test_matched_instance_details() -> None:

@@ -36,6 +36,8 @@ from tracekit import results_cache
 from tracekit.model.diagnostics import Diagnostic, TraceError
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import polars as pl
 
     from tracekit.analysis.pipeline import Analysis
@@ -90,6 +92,9 @@ class JobData:
     diff: Diff | None = None
     #: ``(root, key)`` of the job's results-cache entry, where phase 4 adds the critical path it computes
     results_entry: tuple[str, str] | None = None
+    #: phases 4 and 5 computing in a thread of their own since the overview (they wait for it), and which of the
+    #: analysis's results existed before it started (those came from the results cache)
+    background: tuple[Future[None] | None, frozenset[str]] | None = field(default=None, repr=False)
     #: how the job was loaded (phase 6 loads the other run the same way), and the paths it was given as
     options: LoadOptions | None = None
     inputs: list[str] = field(default_factory=list)
@@ -235,6 +240,11 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         data.files = files
         data.diagnostics = list(traces.diagnostics)
     data.results_entry = (_results_root(options), key) if key and key == key_before else None
+    # the critical path and the what-if's replays side by side with the top ops and the timeline: numpy and
+    # polars release the GIL, so the two cores both work
+    had = frozenset(analysis.__dict__)
+    data.background = (None if analysis.horovod_only or analysis.dataset is not None else
+                       analysis.start("critical_path", "critical_path_summary", "bottleneck"), had)
     callbacks.say("top ops and idle time", None)
     analysis.top_ops  # noqa: B018  (computed here, in the worker: JobData.tables() lists them)
     analysis.idle_breakdown  # noqa: B018
@@ -253,7 +263,8 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
 
     analysis = data.analysis
     assert analysis is not None
-    graph_cached = "graph" in analysis.__dict__  # from the results cache
+    pending, had = data.background or (None, frozenset(analysis.__dict__))
+    graph_cached = "graph" in had  # from the results cache
     if data.timeline is None:
         callbacks.say(f"building the timeline of {analysis.events.num_rows:,} events", None)
         data.timeline = TimelineModel.build(analysis)
@@ -261,9 +272,11 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
         callbacks.timeline(data)
     if callbacks.stop():
         return data
+    if pending is not None:  # the critical path and what-if computing since the overview
+        pending.result()
     if not data.paths_ready:
         if not analysis.horovod_only:  # a Horovod timeline alone has no graph to follow
-            cached = "critical_path" in analysis.__dict__  # from the results cache: no graph to build
+            cached = "critical_path" in had  # from the results cache: no graph to build
             callbacks.say("following the critical path of every iteration", None)
             data.path_marks = critical_path_marks(data.timeline, analysis.critical_path)
             analysis.critical_path_summary  # noqa: B018  (computed here, in the worker)

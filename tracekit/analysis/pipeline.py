@@ -30,6 +30,8 @@ from tracekit.model.diagnostics import Diagnostic, TraceError
 from tracekit.model.units import memory_budget
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from tracekit.scale.dataset import Dataset
 
 #: memory one event takes while its rank's exposed communication is split (events table + attribution sweep)
@@ -164,15 +166,34 @@ class Analysis:
         todo = [n for n in names if n not in self.__dict__]
         if len(todo) < 2:
             return
-        import contextlib
+        futures = [self.start(n) for n in todo[1:]]
+        self._compute(todo[:1])
+        for f in futures:
+            if f is not None:
+                f.result()
+
+    def start(self, *names: str) -> Future[None] | None:
+        """Begin computing these analyses, in order, in a thread of their own (None: all are computed already);
+        the future is done when they are. Wait for it before using them: a cached property computed in two
+        threads at once would be computed twice."""
+        todo = [n for n in names if n not in self.__dict__]
+        if not todo:
+            return None
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(len(todo) - 1, thread_name_prefix="tracekit-analysis") as pool:
-            futures = [pool.submit(getattr, self, n) for n in todo[1:]]
-            with contextlib.suppress(Exception):  # raised again where it is used
-                getattr(self, todo[0])
-            for f in futures:
-                f.exception()
+        pool = ThreadPoolExecutor(1, thread_name_prefix="tracekit-analysis")
+        try:
+            return pool.submit(self._compute, todo)
+        finally:
+            pool.shutdown(wait=False)
+
+    def _compute(self, names: list[str]) -> None:
+        """Compute each named analysis; one that fails is left for where it is used, to raise there."""
+        import contextlib
+
+        for n in names:
+            with contextlib.suppress(Exception):
+                getattr(self, n)
 
     def tables(self, *, paths: bool = True) -> Tables:
         """Every exportable table by name (the events as a stream of batches when they stay on disk), each
