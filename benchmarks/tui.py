@@ -98,6 +98,7 @@ async def main():
             out[key] = time.perf_counter() - T0
         out["failed"] = getattr(app, "error", None) if "failed" in app.phases else None
         out["from_cache"] = app.data.from_cache
+        await pilot.pause()  # let the views the last phase added finish mounting before the app closes
 
 asyncio.run(main())
 print(json.dumps(out))

@@ -98,8 +98,12 @@ def paths(graph: Graph, iterations: pa.Table, ranks: pa.Table | None = None,
     # the graph's times: a gloo work recorded as ending after its consumer woke up ends earlier there
     a_end = graph.node_time[1::2]
     out: list[pl.DataFrame] = []
+    # each iteration's activities, found by binary search in one stable sort (not a mask over all per iteration)
+    by_iter = np.argsort(a_iter, kind="stable")
+    sorted_iter = a_iter[by_iter]
     for it_no, s0, s1 in spans.iter_rows():
-        mask = np.flatnonzero((a_iter == it_no) & (a_end <= s1) & (a_end > s0))
+        mine = by_iter[np.searchsorted(sorted_iter, it_no, "left"):np.searchsorted(sorted_iter, it_no, "right")]
+        mask = mine[(a_end[mine] <= s1) & (a_end[mine] > s0)]
         if mask.size == 0:
             continue
         sink_act = int(mask[np.argmax(a_end[mask])])
