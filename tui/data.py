@@ -255,6 +255,13 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     return complete(data, callbacks)
 
 
+def _store(writes: list[Callable[[], None]]) -> None:
+    """Write to the results cache; one that cannot be written never stops the inspection."""
+    for write in writes:
+        with contextlib.suppress(OSError):
+            write()
+
+
 def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
     """Phases 3–5 for ``data`` whose analysis exists: each is computed unless it was already, and
     reported in order; none is started once ``callbacks.cancelled()`` says so (a worker thread cannot be
@@ -265,6 +272,9 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
     assert analysis is not None
     pending, had = data.background or (None, frozenset(analysis.__dict__))
     graph_cached = "graph" in had  # from the results cache
+    # what phases 4 and 5 add to the results cache is written after both are shown, not before
+    later: list[Callable[[], None]] = []
+    entry = data.results_entry or ("", "")
     if data.timeline is None:
         callbacks.say(f"building the timeline of {analysis.events.num_rows:,} events", None)
         data.timeline = TimelineModel.build(analysis)
@@ -280,24 +290,24 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
             callbacks.say("following the critical path of every iteration", None)
             data.path_marks = critical_path_marks(data.timeline, analysis.critical_path)
             analysis.critical_path_summary  # noqa: B018  (computed here, in the worker)
-            if not cached and data.results_entry is not None:
-                with contextlib.suppress(OSError):  # the next launch shows them at once
-                    results_cache.store_paths(*data.results_entry, analysis)
+            if not cached and data.results_entry is not None:  # the next launch shows them at once
+                later.append(lambda: results_cache.store_paths(*entry, analysis))
         data.paths_ready = True
         data.tables()  # the tables converted here too, not on the UI thread
     if callbacks.critical_path:
         callbacks.critical_path(data)
     if callbacks.stop():
+        _store(later)
         return data
     if not data.whatif_ready:
         callbacks.say("what-if: replaying the job with free communication and at the line rate", None)
         data.bottleneck = analysis.bottleneck
         data.whatif_ready = True
         if not graph_cached and "graph" in analysis.__dict__ and data.results_entry is not None:
-            with contextlib.suppress(OSError):  # the next launch skips building it
-                results_cache.store_graph(*data.results_entry, analysis.graph)
+            later.append(lambda: results_cache.store_graph(*entry, analysis.graph))  # the next launch skips it
     if callbacks.whatif:
         callbacks.whatif(data)
+    _store(later)
     options = data.options
     if options is not None and options.diff_paths and not data.diff_ready:
         if callbacks.stop():
