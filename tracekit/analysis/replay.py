@@ -170,27 +170,41 @@ def _rounds(graph: Graph, weight: np.ndarray, ch: Chains | None, max_rounds: int
     w = all_w[ch.cross].astype(dt)
     rounds = 0
     settled = False
+    # every round reuses the same buffers: a fresh array per step costs its page faults each round, which on a
+    # VM is most of a round's time on millions of nodes
+    new = np.empty(n, dtype=dt)
+    vals = np.empty(src.size, dtype=dt)
+    low = np.empty(max(n, src.size), dtype=bool)
     while rounds < max_rounds:
         rounds += 1
         # chain scan: T = A + segmented cummax(X - A)
-        v = np.maximum(x - a, neg)
+        np.subtract(x, a, out=new)
+        np.maximum(new, neg, out=new)
         if seg_off is not None:
-            new = np.maximum.accumulate(v + seg_off) - seg_off + a
+            new += seg_off
+            np.maximum.accumulate(new, out=new)
+            new -= seg_off
         else:
-            new = pl.DataFrame({"s": ch.seg, "v": v}).select(pl.col("v").cum_max().over("s")).to_series().to_numpy()
-            new = new + a
-        new = np.where(new < neg // 2, neg, new)
+            new[:] = pl.DataFrame({"s": ch.seg, "v": new}).select(pl.col("v").cum_max().over("s")).to_series(
+                ).to_numpy()
+        new += a
+        np.less(new, neg // 2, out=low[:n])
+        new[low[:n]] = neg
         if np.array_equal(new, times):
             settled = True
             break
-        times = new
+        times, new = new, times
         # cross edges: X = max over incoming (T[src] + w), sources keep their time
         if ch.cross.size:
-            vals = np.where(times[src] <= neg // 2, neg, times[src] + w)
+            np.take(times, src, out=vals)
+            np.less_equal(vals, neg // 2, out=low[:src.size])
+            vals += w
+            vals[low[:src.size]] = neg
             best = np.maximum.reduceat(vals, ch.cross_dst_bounds)
-            x = np.full(n, neg, dtype=dt)
+            x.fill(neg)
             x[ch.cross_dsts] = best
             x[ch.sources] = t_rel[ch.sources]
     if not exact:
         times = np.rint(times).astype(np.int64)
-    return times + t0, rounds, settled
+    times += t0  # in place: the buffer is this replay's own
+    return times, rounds, settled
