@@ -31,8 +31,8 @@ def activity(events: pa.Table) -> pl.DataFrame:
     """
     df = pl.from_arrow(events.select(["rank", "lane", "kind", "start_ns", "dur_ns", "device"]))
     assert isinstance(df, pl.DataFrame)
-    df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
-                         pl.col("lane").cast(pl.String), pl.col("kind").cast(pl.String))
+    # lane and kind stay categorical: comparing and joining their codes is what a job's millions of rows need
+    df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("row"))
     on_device = pl.col("device").is_not_null()
     gpu_ranks = df.filter(on_device & pl.col("kind").is_in(["compute", "comm", "memory"])) \
         .get_column("rank").unique().implode()

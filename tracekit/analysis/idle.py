@@ -97,12 +97,14 @@ def launch_of_next(events: pa.Table, act: pl.DataFrame) -> pl.DataFrame:
             .with_columns(pl.col("rank").cast(pl.Int64)).sort(["rank", "start_ns"]))
 
 
-def breakdown(events: pa.Table, iterations: pa.Table, windows: pa.Table | None = None) -> pa.Table:
+def breakdown(events: pa.Table, iterations: pa.Table, windows: pa.Table | None = None,
+              act: pl.DataFrame | None = None) -> pa.Table:
     """The ``idle_breakdown`` table: one row per iteration window of every rank (:data:`schema.IDLE_BREAKDOWN`).
 
     ``windows`` is the job's ``breakdown`` table: its ``idle_ns`` is carried over, and a window whose gaps do not
     add up to it (activity attribution did not see here, e.g. a merged Horovod timeline's phases) gets a null
-    split rather than one that does not add up."""
+    split rather than one that does not add up. ``act``: :func:`tracekit.analysis.attribution.activity` of
+    ``events``, when the caller has it already."""
     if iterations.num_rows == 0:
         return schema.empty(schema.IDLE_BREAKDOWN)
     win = attribution.sorted_windows(iterations)
@@ -110,7 +112,7 @@ def breakdown(events: pa.Table, iterations: pa.Table, windows: pa.Table | None =
     w_start = win.get_column("start_ns").to_numpy()
     w_end = win.get_column("end_ns").to_numpy()
     m = w_start.size
-    act = attribution.activity(events)
+    act = attribution.activity(events) if act is None else act
     syncs = sync_intervals(events)
     rank = np.concatenate([act.get_column("rank").to_numpy().astype(np.int64), syncs.get_column("rank").to_numpy()])
     start = np.concatenate([act.get_column("start_ns").to_numpy(), syncs.get_column("start_ns").to_numpy()])

@@ -121,18 +121,30 @@ class Analysis:
     def top_ops(self) -> pa.Table:
         """Per rank, attribution class and op: the time of the kernels and CPU operators behind each class
         (:mod:`tracekit.analysis.top_ops`)."""
-        return self._per_rank_events(lambda ev, it: top_ops.table(ev, it), schema.TOP_OPS)
+        return self._per_rank_events(lambda ev, it: top_ops.table(ev, it, self._activity_of(ev)), schema.TOP_OPS)
 
     @cached_property
     def op_totals(self) -> pa.Table:
         """Per rank and op: calls and time inside the iteration windows (:func:`tracekit.analysis.top_ops.totals`)."""
-        return self._per_rank_events(lambda ev, it: top_ops.totals(ev, it), top_ops.TOTALS_SCHEMA)
+        return self._per_rank_events(lambda ev, it: top_ops.totals(ev, it, self._activity_of(ev)),
+                                     top_ops.TOTALS_SCHEMA)
 
     @cached_property
     def idle_breakdown(self) -> pa.Table:
         """Per window: its idle time split into host-bound, synchronisation and other
         (:mod:`tracekit.analysis.idle`)."""
-        return self._per_rank_events(lambda ev, it: idle.breakdown(ev, it, self.breakdown), schema.IDLE_BREAKDOWN)
+        return self._per_rank_events(lambda ev, it: idle.breakdown(ev, it, self.breakdown, self._activity_of(ev)),
+                                     schema.IDLE_BREAKDOWN)
+
+    @cached_property
+    def activity(self) -> pl.DataFrame:
+        """Attribution's intervals of the job's events (:func:`tracekit.analysis.attribution.activity`), once for
+        the top ops, the idle split and the timeline (in memory only)."""
+        return attribution.activity(self.events)
+
+    def _activity_of(self, events: pa.Table) -> pl.DataFrame | None:
+        """:attr:`activity` when ``events`` are the job's own in memory, else None (computed from them)."""
+        return self.activity if events is self.events and self.dataset is None else None
 
     def _per_rank_events(self, fn, out_schema: pa.Schema) -> pa.Table:
         """``fn(events, iterations)`` of the job — of each rank in turn when the events stay on disk (a rank over the

@@ -134,11 +134,12 @@ def _eligible(cls: np.ndarray) -> np.ndarray:
 _KEY = ["rank", "kind", "name"]
 
 
-def _op_times(events: pa.Table, iterations: pa.Table) -> tuple[pl.DataFrame, pl.DataFrame, dict[int, np.ndarray]]:
+def _op_times(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = None
+              ) -> tuple[pl.DataFrame, pl.DataFrame, dict[int, np.ndarray]]:
     """Per op (rank, kind, name) and class: ``calls`` (its events with time in the class) and ``time_ns`` (the
     time at least one of them ran in the class: calls of one op running at once count once), with class -1 for
     the windows as a whole; and each rank's time per class."""
-    act = attribution.activity(events)
+    act = attribution.activity(events) if act is None else act
     segs = class_segments(act, iterations)
     seg_rank, _, seg_len, seg_code = segs
     k = len(CLASSES)
@@ -205,12 +206,13 @@ def _windows(iterations: pa.Table) -> pl.DataFrame:
     return w.group_by("rank").len().rename({"len": "_windows"}).with_columns(pl.col("rank").cast(pl.Int32))
 
 
-def table(events: pa.Table, iterations: pa.Table) -> pa.Table:
+def table(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = None) -> pa.Table:
     """The ``top_ops`` table (:data:`schema.TOP_OPS`): per rank, class and op (kind, name), the calls and time,
-    largest first within each class."""
+    largest first within each class. ``act``: :func:`tracekit.analysis.attribution.activity` of ``events``, when
+    the caller has it already."""
     if iterations.num_rows == 0 or events.num_rows == 0:
         return schema.empty(schema.TOP_OPS)
-    calls, time, totals = _op_times(events, iterations)
+    calls, time, totals = _op_times(events, iterations, act)
     k = len(CLASSES)
     tot = pl.DataFrame({"rank": np.repeat(np.array(list(totals), dtype=np.int32), k),
                         "_c": np.tile(np.arange(k, dtype=np.int64), len(totals)),
@@ -230,13 +232,14 @@ TOTALS_SCHEMA = pa.schema([("rank", pa.int32()), ("kind", pa.string()), ("name",
                            ("time_ns", pa.int64()), ("per_iteration_ns", pa.int64())])
 
 
-def totals(events: pa.Table, iterations: pa.Table) -> pa.Table:
+def totals(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = None) -> pa.Table:
     """Per rank and op (kind, name; the ops :func:`table` lists): ``calls`` (with time inside the iteration
     windows), ``time_ns`` (the time at least one of them ran inside the windows, whatever the class) and
-    ``per_iteration_ns``."""
+    ``per_iteration_ns``. ``act``: :func:`tracekit.analysis.attribution.activity` of ``events``, when the caller
+    has it already (as for :func:`table`)."""
     if iterations.num_rows == 0 or events.num_rows == 0:
         return TOTALS_SCHEMA.empty_table()
-    calls, time, _ = _op_times(events, iterations)
+    calls, time, _ = _op_times(events, iterations, act)
     out = (time.filter(pl.col("_c") == -1).join(calls.filter(pl.col("_c") == -1), on=[*_KEY, "_c"], how="left")
            .join(_windows(iterations), on="rank", how="left")
            .with_columns((pl.col("time_ns") / pl.col("_windows")).round().cast(pl.Int64).alias("per_iteration_ns"))

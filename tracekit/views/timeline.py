@@ -438,9 +438,7 @@ class TimelineModel:
         """Attribution's activity intervals (compute / communication / memory) per rank."""
         import polars as pl
 
-        from tracekit.analysis import attribution
-
-        act = attribution.activity(analysis.events)
+        act = analysis.activity  # computed once for the top ops, the idle split and this
         if act.height == 0:
             return {}
         return {int(r): g.sort("start_ns")  # type: ignore[arg-type]
