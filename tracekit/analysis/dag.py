@@ -352,8 +352,8 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     # in the device activity's order, so that edges are numbered the same on every run; on one int64 key when
     # rank and correlation fit in it (a join on one column is several times faster on millions of launches)
     on: str | list[str] = ["rank", "correlation"]
-    if launches.height and dev_act.height and _packs(launches) and _packs(dev_act):
-        key = (pl.col("rank").cast(pl.Int64) * (1 << 40) + pl.col("correlation")).alias("_k")
+    key = correlation_key(launches, dev_act)
+    if key is not None:
         launches, dev_act, on = launches.with_columns(key), dev_act.with_columns(key), "_k"
     lk = dev_act.join(launches.unique(on, keep="first").drop(["rank", "correlation"] if on == "_k" else []), on=on,
                       how="inner", maintain_order="left")
@@ -393,11 +393,17 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
                  slack=slack, violated=violated)
 
 
-def _packs(df: pl.DataFrame) -> bool:
-    """Whether ``rank`` and ``correlation`` of every row fit one int64 as ``rank * 2^40 + correlation``."""
-    r = df.select(pl.col("rank").min().alias("r0"), pl.col("rank").max().alias("r1"),
-                  pl.col("correlation").min().alias("c0"), pl.col("correlation").max().alias("c1")).row(0)
-    return None not in r and r[0] >= 0 and r[1] < 1 << 22 and r[2] >= 0 and r[3] < 1 << 40
+def correlation_key(*frames: pl.DataFrame) -> pl.Expr | None:
+    """``_k = rank * 2^40 + correlation``: one int64 join key (several times faster to join on than the pair)
+    when every frame has rows and all their ranks and correlations fit it; else None."""
+    for df in frames:
+        if df.height == 0:
+            return None
+        r = df.select(pl.col("rank").min().alias("r0"), pl.col("rank").max().alias("r1"),
+                      pl.col("correlation").min().alias("c0"), pl.col("correlation").max().alias("c1")).row(0)
+        if None in r or r[0] < 0 or r[1] >= 1 << 22 or r[2] < 0 or r[3] >= 1 << 40:
+            return None
+    return (pl.col("rank").cast(pl.Int64) * (1 << 40) + pl.col("correlation")).alias("_k")
 
 
 def _bind(src: np.ndarray, dst: np.ndarray, lag: np.ndarray, node_time: np.ndarray

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analysis import attribution
-from tracekit.analysis.dag import SYNC_CALL
+from tracekit.analysis.dag import SYNC_CALL, correlation_key
 from tracekit.analysis.intervals import sweep
 from tracekit.model import schema
 
@@ -92,7 +92,12 @@ def launch_of_next(events: pa.Table, act: pl.DataFrame) -> pl.DataFrame:
     corr = ev.select(pl.col("correlation").gather(act.get_column("row")), pl.col("_dev").gather(act.get_column("row")))
     a = act.select(pl.col("rank").cast(pl.Int32), "start_ns").with_columns(
         pl.when(corr.get_column("_dev")).then(corr.get_column("correlation")).alias("correlation"))
-    a = a.join(launches.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "correlation"], how="left")
+    launches = launches.with_columns(pl.col("rank").cast(pl.Int32))
+    key = correlation_key(a.drop_nulls("correlation"), launches)
+    if key is None:
+        a = a.join(launches, on=["rank", "correlation"], how="left")
+    else:
+        a = a.with_columns(key).join(launches.with_columns(key).drop(["rank", "correlation"]), on="_k", how="left")
     return (a.group_by(["rank", "start_ns"]).agg(pl.col("launch_ns").min())
             .with_columns(pl.col("rank").cast(pl.Int64)).sort(["rank", "start_ns"]))
 
