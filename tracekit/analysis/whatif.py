@@ -260,10 +260,11 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
 def _compute_mask(g: Graph) -> np.ndarray:
     """Activities that are compute: device kernels on ranks with devices, CPU operators on CPU-only ranks."""
     act = g.act
-    kind = act.get_column("kind").to_numpy()
+    kind = act.get_column("kind")
     rank = act.get_column("rank").to_numpy()
     gpu = np.isin(rank, np.array(sorted(g.gpu_ranks), dtype=rank.dtype))
-    return np.where(gpu, kind == "compute", kind == "cpu_op")
+    is_compute = (kind == "compute").fill_null(False).to_numpy()
+    return np.where(gpu, is_compute, (kind == "cpu_op").fill_null(False).to_numpy())
 
 
 def _transfer_spans(model: Model, times: np.ndarray, new_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -310,10 +311,11 @@ def _compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
     ev = pl.from_arrow(events.select(["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "iteration"]))
     assert isinstance(ev, pl.DataFrame)
     gpu = sorted(g.gpu_ranks)
-    ev = ev.with_columns(pl.col("kind").cast(pl.String), pl.col("lane").cast(pl.String), pl.col("name").cast(pl.String))
     ev = ev.filter(pl.when(pl.col("rank").is_in(gpu)).then(pl.col("kind") == "compute")
                    .otherwise((pl.col("kind") == "cpu_op") & pl.col("device").is_null())
                    & pl.col("iteration").is_not_null())
+    # strings only for the rows kept (the lane's text orders the sort below)
+    ev = ev.with_columns(pl.col("kind").cast(pl.String), pl.col("lane").cast(pl.String), pl.col("name").cast(pl.String))
     ev = ev.sort(["rank", "lane", "start_ns", "dur_ns"], descending=[False, False, False, True])
     start = ev.get_column("start_ns").to_numpy()
     end = start + ev.get_column("dur_ns").to_numpy()
