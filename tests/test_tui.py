@@ -395,6 +395,23 @@ def test_the_graph_is_built_in_the_loading_worker_not_when_views_ask(monkeypatch
                     "critical_path": (True, False, True, False), "whatif": (True, True, True, True)}
 
 
+def test_the_first_paint_never_computes_the_top_ops() -> None:
+    """At the overview (the first paint), listing the tables — which the UI thread does to pick the views — does
+    not compute the top ops and idle split (seconds on a big job, on the UI thread); the loading worker computes
+    them next and the analysis phase lists them."""
+    seen: dict[str, tuple[bool, bool]] = {}
+
+    def look(phase: str) -> Callable[[JobData], None]:
+        def at(data: JobData) -> None:
+            assert data.analysis is not None
+            seen[phase] = ("top_ops" in data.tables(), "top_ops" in vars(data.analysis))
+        return at
+
+    load_job([SAMPLE], LoadOptions(use_cache=False), LoadCallbacks(summary=look("summary"),
+                                                                   analysis=look("analysis")))
+    assert seen == {"summary": (False, False), "analysis": (True, True)}
+
+
 def test_critical_path_and_whatif_are_computed_beside_the_top_ops_and_timeline() -> None:
     """From the overview on, a thread of its own computes the critical path and the what-if while the loading
     worker computes the top ops and the timeline; phases 4 and 5 wait for it and show the same results as a

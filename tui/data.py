@@ -113,10 +113,13 @@ class JobData:
         computes an analysis: the critical-path tables are listed once phase 4 has computed them."""
         if self.analysis is None:
             return {"ranks": self.ranks, "iterations": self.iterations, "breakdown": self.breakdown}
-        key = (id(self.analysis), self.paths_ready)
+        # the top ops and idle split once the loading worker has computed them (listing them would compute them,
+        # on whichever thread asks first: the UI thread, at the first paint)
+        ops = {"top_ops", "idle_breakdown"} <= self.analysis.__dict__.keys()
+        key = (id(self.analysis), self.paths_ready, ops)
         if self._tables is None or self._tables[0] != key:
             # every table computed now (in the loading worker, see complete()), not when a view looks one up
-            self._tables = (key, dict(self.analysis.tables(paths=self.paths_ready)))  # type: ignore[arg-type]
+            self._tables = (key, dict(self.analysis.tables(paths=self.paths_ready, ops=ops)))  # type: ignore[arg-type]
         return self._tables[1]
 
     def _figures(self) -> dict[str, Any]:
@@ -270,6 +273,9 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
 
     analysis = data.analysis
     assert analysis is not None
+    if not analysis.horovod_only:  # a job handed over with its analysis: the top ops here, not on the UI thread
+        analysis.top_ops  # noqa: B018
+        analysis.idle_breakdown  # noqa: B018
     pending, had = data.background or (None, frozenset(analysis.__dict__))
     graph_cached = "graph" in had  # from the results cache
     # what phases 4 and 5 add to the results cache is written after both are shown, not before

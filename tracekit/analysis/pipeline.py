@@ -207,11 +207,11 @@ class Analysis:
             with contextlib.suppress(Exception):
                 getattr(self, n)
 
-    def tables(self, *, paths: bool = True) -> Tables:
+    def tables(self, *, paths: bool = True, ops: bool = True) -> Tables:
         """Every exportable table by name (the events as a stream of batches when they stay on disk), each
         computed when first looked up (exporting one table computes no other); ``paths=False`` leaves out the
-        critical-path tables, which build the job's dependency graph on first use (the TUI asks without them
-        until a worker has built it)."""
+        critical-path tables, which build the job's dependency graph on first use, and ``ops=False`` the top ops
+        and idle split (the TUI asks without them until its loading worker has computed them)."""
         out: dict[str, Callable[[], pa.Table | EventBatches]] = {
             "ranks": lambda: self.ranks,
             "events": lambda: self.events if self.dataset is None else EventBatches(self.dataset),
@@ -223,7 +223,7 @@ class Analysis:
         }
         if self.traces.topology.num_rows:
             out["topology"] = lambda: self.traces.topology
-        if not self.horovod_only:
+        if ops and not self.horovod_only:
             out["top_ops"] = lambda: self.top_ops
             out["idle_breakdown"] = lambda: self.idle_breakdown
         # a timeline alone has no compute to follow a path through; rank by rank there is no graph
