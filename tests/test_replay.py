@@ -120,3 +120,18 @@ def test_auto_turns_to_the_sweep_when_the_rounds_run_out(monkeypatch) -> None:
     monkeypatch.setattr(replay, "AUTO_MIN_ROUNDS", needed)
     t, n = replay.replay(small, w)  # rounds enough to settle: no sweep
     assert n == needed and np.array_equal(t, expected) and not small.__dict__.get("_sweeps")
+
+
+def test_without_numba_the_rounds_answer(monkeypatch) -> None:
+    """An interpreter numba has no build for yet still replays every graph (by the rounds)."""
+    import sys
+
+    g, w = random_graph(13, 4, 100, 800)
+    expected, _ = replay.replay(g, w, method="rounds")
+    import tracekit.analysis
+
+    monkeypatch.setitem(sys.modules, "numba", None)
+    monkeypatch.delitem(sys.modules, "tracekit.analysis.topological", raising=False)
+    monkeypatch.delattr(tracekit.analysis, "topological", raising=False)
+    t, n = replay.replay(g, w, method="sweep")
+    assert n > 1 and np.array_equal(t, expected)
