@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests import kineto_traces as kt
 from tracekit.analysis import attribution, iterations
-from tracekit.analysis.intervals import prev_max_end, sweep, union_length
+from tracekit.analysis.intervals import lane_order, prev_max_end, sweep, union_length
 from tracekit.analysis.pipeline import analyse
 from tracekit.loading.traceset import load
 from tracekit.model import schema
@@ -187,3 +188,22 @@ def test_prev_max_end_is_the_running_max_of_earlier_rows_of_the_group(rows, far)
     lo = np.iinfo(np.int64).min
     want = [max((int(end[j]) for j in range(i) if lane[j] == lane[i]), default=lo) for i in range(len(rows))]
     assert got.tolist() == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 3), st.integers(-1, 3), st.integers(0, 50), st.integers(0, 20)),
+                     min_size=1, max_size=60), far=st.booleans())
+def test_lane_order_sorts_by_rank_lane_start_and_end_descending_stably(rows, far) -> None:
+    """The packed int64 key and the lexsort it falls back on (spans too long for the key) give the stable order
+    by (rank, lane, start, -end), and group ids that change exactly where (rank, lane) does."""
+    rank = np.array([r for r, _, _, _ in rows], dtype=np.int64)
+    lane = np.array([c for _, c, _, _ in rows], dtype=np.int64)
+    start = np.array([s for _, _, s, _ in rows], dtype=np.int64)
+    end = start + np.array([d for _, _, _, d in rows], dtype=np.int64)
+    if far:
+        start[0] += 1 << 61
+        end[0] += 1 << 61
+    order, group = lane_order(rank, lane, start, end)
+    assert order.tolist() == sorted(range(len(rows)), key=lambda i: (rank[i], lane[i], start[i], -end[i], i))
+    pairs = list(zip(rank[order].tolist(), lane[order].tolist(), strict=True))
+    assert [a != b for a, b in itertools.pairwise(pairs)] == (group[1:] != group[:-1]).tolist()

@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis.intervals import prev_max_end
+from tracekit.analysis.intervals import lane_order, prev_max_end
 from tracekit.model.schema import normalise_op
 
 EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume", "collective")
@@ -264,27 +264,16 @@ def _nest(df: pl.DataFrame) -> pl.DataFrame:
 
 def _sort_by_lane(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
     """``df`` sorted by rank, lane, start and end (descending), and each row's lane number (1, 2, ... in that
-    order). Sorting by the lane's string is slow; its rank among the few distinct lanes, packed with the rank
-    and the start into one int64, sorts the same way several times faster (when it fits)."""
-    keys = ["rank", "lane", "start", "end"]
-    rank = df.get_column("rank")
-    start = df.get_column("start")
-    if df.height and not rank.has_nulls() and not df.get_column("lane").has_nulls() and not start.has_nulls():
-        lanes = df.get_column("lane").unique().sort()
-        code = df.get_column("lane").replace_strict(lanes, pl.int_range(lanes.len(), eager=True, dtype=pl.Int64),
-                                                    return_dtype=pl.Int64).to_numpy()
-        r = rank.to_numpy().astype(np.int64)
-        s = start.to_numpy()
-        group = (r - r.min()) * lanes.len() + code
-        span = int(s.max()) - int(s.min()) + 1
-        if (int(group.max()) + 1) * span < 1 << 62:
-            key = group * span + (s - s.min())
-            order = pl.DataFrame({"k": key, "e": df.get_column("end")}).with_row_index("i").sort(
-                ["k", "e"], descending=[False, True], maintain_order=True).get_column("i").to_numpy()
-            g = group[order]
-            lane_key = np.cumsum(np.concatenate(([1], g[1:] != g[:-1]))).astype(np.uint32)
-            return df[order], lane_key
-    df = df.sort(keys, descending=[False, False, False, True])
+    order): by :func:`tracekit.analysis.intervals.lane_order` on each lane's rank among the distinct lanes."""
+    rank, lane, start = df.get_column("rank"), df.get_column("lane"), df.get_column("start")
+    if df.height and not rank.has_nulls() and not lane.has_nulls() and not start.has_nulls():
+        lanes = lane.unique().sort()
+        code = lane.replace_strict(lanes, pl.int_range(lanes.len(), eager=True, dtype=pl.Int64),
+                                   return_dtype=pl.Int64).to_numpy()
+        order, group = lane_order(rank.to_numpy().astype(np.int64), code, start.to_numpy(),
+                                  df.get_column("end").to_numpy())
+        return df[order], np.cumsum(np.concatenate(([1], group[1:] != group[:-1]))).astype(np.uint32)
+    df = df.sort(["rank", "lane", "start", "end"], descending=[False, False, False, True])
     return df, df.select(pl.struct(["rank", "lane"]).rank("dense").alias("k")).to_series().to_numpy()
 
 

@@ -36,6 +36,27 @@ class Sweep:
         return np.bincount(w, weights=ln, minlength=n_windows).round().astype(np.int64)
 
 
+def lane_order(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The stable order of rows by rank, lane, start and end (descending), and each row's lane group in that
+    order (nondecreasing; any id per (rank, lane)). ``lane``: integer codes >= -1 in the lanes' order. Rank,
+    lane and start packed into one int64 key sort several times faster than the columns (strings above all)
+    would; a lexsort when the key does not fit."""
+    if rank.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    group = (rank - int(rank.min())) * (int(lane.max()) + 2) + lane + 1
+    span = int(start.max()) - int(start.min()) + 1
+    if (int(group.max()) + 1) * span < 1 << 62:
+        import polars as pl
+
+        key = group * span + (start - int(start.min()))
+        order = pl.DataFrame({"k": key, "e": end}).with_row_index("i").sort(
+            ["k", "e"], descending=[False, True], maintain_order=True).get_column("i").to_numpy()
+    else:
+        order = np.lexsort((-end, start, group))
+    return order, group[order]
+
+
 def prev_max_end(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """For rows sorted by (lane, start): the max end of the earlier rows of the same lane (or the smallest
     int64 for the first row of a lane) — a segmented running max in one accumulate (``lane``: any group id)."""

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analysis import attribution
-from tracekit.analysis.intervals import prev_max_end, sweep
+from tracekit.analysis.intervals import lane_order, prev_max_end, sweep
 from tracekit.model import schema
 
 #: the classes ops are listed under, in display order (idle has no ops)
@@ -79,25 +79,11 @@ def _listed(events: pa.Table, act: pl.DataFrame) -> tuple[pl.DataFrame, pa.Array
     r = a.get_column("rank").to_numpy().astype(np.int64)
     ln = a.get_column("lane").to_numpy()
     start = a.get_column("start_ns").to_numpy()
-    order = _lane_order(r, ln, start, a.get_column("end_ns").to_numpy())
+    order, group = lane_order(r, ln, start, a.get_column("end_ns").to_numpy())
     a = a[order]
-    group = (r[order] - (int(r.min()) if r.size else 0)) * (int(ln.max()) + 2 if ln.size else 1) + ln[order] + 1
     reach = prev_max_end(group, start[order], a.get_column("end_ns").to_numpy())
     top = a.get_column("on_device").to_numpy() | (start[order] >= reach)
     return a.filter(pl.Series(top)), kinds, names
-
-
-def _lane_order(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Order by rank, lane code, start and end (descending), stable: one int64 key and end when they fit."""
-    if rank.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    group = (rank - int(rank.min())) * (int(lane.max()) + 2) + lane + 1
-    span = int(start.max()) - int(start.min()) + 1
-    if (int(group.max()) + 1) * span < 1 << 62:
-        key = group * span + (start - int(start.min()))
-        return pl.DataFrame({"k": key, "e": end}).with_row_index("i").sort(
-            ["k", "e"], descending=[False, True], maintain_order=True).get_column("i").to_numpy()
-    return np.lexsort((-end, start, lane, rank))
 
 
 def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], rank: np.ndarray, start: np.ndarray,
