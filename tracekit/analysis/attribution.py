@@ -52,7 +52,7 @@ def activity(events: pa.Table) -> pl.DataFrame:
 
 
 def breakdown(events: pa.Table, iterations: pa.Table, collectives: pa.Table | None = None,
-              comm_split: pl.DataFrame | None = None) -> pa.Table:
+              comm_split: pl.DataFrame | None = None, act: pl.DataFrame | None = None) -> pa.Table:
     """The ``breakdown`` table: one row per (rank, iteration) window.
 
     ``comm_split`` (optional, :func:`tracekit.analysis.collectives.comm_split`) replaces every communication
@@ -63,11 +63,12 @@ def breakdown(events: pa.Table, iterations: pa.Table, collectives: pa.Table | No
 
     ``link_active_ns`` is the union of communication time not known to be waiting: the union of TRANSFER
     time when the window's split is known, of all communication otherwise. The other link columns are
-    left null here (:func:`tracekit.analysis.links.window_links` fills them).
+    left null here (:func:`tracekit.analysis.links.window_links` fills them). ``act``: :func:`activity` of
+    ``events``, when the caller has it already.
     """
     if iterations.num_rows == 0:
         return schema.empty(schema.BREAKDOWN)
-    act = activity(events)
+    act = activity(events) if act is None else act
     if comm_split is not None:
         act = pl.concat([act.filter(pl.col("cls") != TRANSFER).drop("row"),
                          comm_split.select(["rank", "start_ns", "end_ns", pl.col("cls").cast(pl.Int64)])],

@@ -273,7 +273,8 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     matching = collectives.match(colls, traces.ranks, groups=groups, events=events, align=align_clocks)
     colls = collectives.fill_sizes(colls, matching)
     split = collectives.comm_split(attr_events, matching) if matching.matched else None
-    breakdown = attribution.breakdown(attr_events, iters, colls, comm_split=split)
+    act = attribution.activity(attr_events)
+    breakdown = attribution.breakdown(attr_events, iters, colls, comm_split=split, act=act)
     if hvd is not None:
         breakdown = hvd.attribute(breakdown, attr_events, iters, colls, split)
     rate, rate_source = links.line_rate(link_bw_bps, traces.topology)
@@ -297,13 +298,16 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
             notes.append("critical path and what-if use the profiler traces only (Horovod's phases are not in "
                          "their graph)")
         hvd_result = horovod.result(hvd, iters, rate)
-    return Analysis(traces=traces, events=events, iterations=iters, breakdown=breakdown, ranks=ranks,
-                    collectives=colls, instances=instances, members=matching.members, line_rate_bps=rate,
-                    line_rate_source=rate_source, line_rates=dict(line_rates or {}), matched=matching.matched,
-                    notes=notes,
-                    diagnostics=[*traces.diagnostics, *join_notes, *matching.diagnostics,
-                                 *(hvd.diagnostics if hvd is not None else [])],
-                    horovod=hvd_result)
+    result = Analysis(traces=traces, events=events, iterations=iters, breakdown=breakdown, ranks=ranks,
+                      collectives=colls, instances=instances, members=matching.members, line_rate_bps=rate,
+                      line_rate_source=rate_source, line_rates=dict(line_rates or {}), matched=matching.matched,
+                      notes=notes,
+                      diagnostics=[*traces.diagnostics, *join_notes, *matching.diagnostics,
+                                   *(hvd.diagnostics if hvd is not None else [])],
+                      horovod=hvd_result)
+    if attr_events is events:  # the top ops, idle split and timeline use these same intervals
+        result.__dict__["activity"] = act
+    return result
 
 
 def _ranks_text(ranks: list[int]) -> str:

@@ -72,6 +72,15 @@ def _with_extra(graph: Graph, ch: Chains, extra_dst: np.ndarray) -> Chains:
                   cross_dsts=dst[starts], sources=np.setdiff1d(ch.sources, extra_dst))
 
 
+def _edges(graph: Graph, weight: np.ndarray, extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``src, dst, weight`` of the graph's edges followed by the replay's extra ones (numbered after them)."""
+    if extra is None:
+        return graph.src, graph.dst, weight
+    return (np.concatenate([graph.src, extra[0]]), np.concatenate([graph.dst, extra[1]]),
+            np.concatenate([weight, extra[2]]))
+
+
 def _plan_key(extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> tuple[bytes, bytes] | None:
     """What a graph's plan depends on besides the graph: the extra edges' endpoints."""
     if extra is None or not extra[0].size:
@@ -88,7 +97,7 @@ def _sweep(graph: Graph, weight: np.ndarray, extra: tuple[np.ndarray, np.ndarray
         return graph.node_time.copy()
     t_meas = graph.node_time
     t0 = int(t_meas.min())
-    w = weight if extra is None else np.concatenate([weight, extra[2]])
+    src, dst, w = _edges(graph, weight, extra)
     bound = int(t_meas.max()) - t0 + (int(np.abs(w).sum(dtype=np.float64)) if w.size else 0)
     if bound >= 1 << 62:
         return None
@@ -100,8 +109,6 @@ def _sweep(graph: Graph, weight: np.ndarray, extra: tuple[np.ndarray, np.ndarray
     key = _plan_key(extra)
     plans = graph.__dict__.setdefault("_plans", {})
     if key not in plans:
-        src = graph.src if extra is None else np.concatenate([graph.src, extra[0]])
-        dst = graph.dst if extra is None else np.concatenate([graph.dst, extra[1]])
         plans[key] = topological.plan(n, src, dst)
     p = plans[key]
     return None if p is None else topological.asap(p, w, t_meas - t0) + t0
@@ -167,8 +174,7 @@ def _rounds(graph: Graph, weight: np.ndarray, ch: Chains | None, max_rounds: int
     x = np.full(n, neg, dtype=dt)
     x[ch.sources] = t_rel[ch.sources]
     times = np.full(n, neg, dtype=dt)
-    all_src = graph.src if extra is None else np.concatenate([graph.src, extra[0]])
-    all_w = weight if extra is None else np.concatenate([weight, extra[2]])
+    all_src, _, all_w = _edges(graph, weight, extra)
     src = all_src[ch.cross]
     w = all_w[ch.cross].astype(dt)
     rounds = 0
