@@ -45,24 +45,6 @@ def _norm_op(name: str) -> str:
     return OPS.get(name, name.lower())
 
 
-def _norm_algo(text: str | None) -> str | None:
-    if text is None:
-        return None
-    if text.isdigit():
-        i = int(text)
-        return ALGOS[i] if i < len(ALGOS) else f"algo{i}"
-    return _ALGO_NAMES.get(text.replace("_", "").lower(), text.upper())
-
-
-def _norm_proto(text: str | None) -> str | None:
-    if text is None:
-        return None
-    if text.isdigit():
-        i = int(text)
-        return PROTOS[i] if i < len(PROTOS) else f"proto{i}"
-    return _PROTO_NAMES.get(text.lower(), text.upper())
-
-
 # ---------------------------------------------------------------------------------------------------
 # grammar (FORMATS.md 2.2-2.6), for the per-line path
 
