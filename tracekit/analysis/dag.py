@@ -253,7 +253,7 @@ def _slots(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarra
 def _nest(df: pl.DataFrame) -> pl.DataFrame:
     """Sort by lane and time and mark nesting on each lane: ``top`` (starts after everything before it on its
     lane ended), ``ancestor`` (position of its top-level ancestor) and ``lane_id``."""
-    df, lane_key = _sort_by_lane(df)
+    df, lane_key = sort_by_lane(df)
     end = df.get_column("end").to_numpy()
     start = df.get_column("start").to_numpy()
     prev_max = prev_max_end(lane_key.astype(np.int64), start, end)
@@ -262,18 +262,18 @@ def _nest(df: pl.DataFrame) -> pl.DataFrame:
     return df.with_columns(pl.Series("top", top), pl.Series("ancestor", ancestor), pl.Series("lane_id", lane_key))
 
 
-def _sort_by_lane(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
-    """``df`` sorted by rank, lane, start and end (descending), and each row's lane number (1, 2, ... in that
-    order): by :func:`tracekit.analysis.intervals.lane_order` on each lane's rank among the distinct lanes."""
-    rank, lane, start = df.get_column("rank"), df.get_column("lane"), df.get_column("start")
-    if df.height and not rank.has_nulls() and not lane.has_nulls() and not start.has_nulls():
+def sort_by_lane(df: pl.DataFrame, start: str = "start", end: str = "end") -> tuple[pl.DataFrame, np.ndarray]:
+    """``df`` sorted by rank, lane, ``start`` and ``end`` (descending), and each row's lane number (1, 2, ... in
+    that order): by :func:`tracekit.analysis.intervals.lane_order` on each lane's rank among the distinct lanes."""
+    rank, lane, first = df.get_column("rank"), df.get_column("lane"), df.get_column(start)
+    if df.height and not rank.has_nulls() and not lane.has_nulls() and not first.has_nulls():
         lanes = lane.unique().sort()
         code = lane.replace_strict(lanes, pl.int_range(lanes.len(), eager=True, dtype=pl.Int64),
                                    return_dtype=pl.Int64).to_numpy()
-        order, group = lane_order(rank.to_numpy().astype(np.int64), code, start.to_numpy(),
-                                  df.get_column("end").to_numpy())
+        order, group = lane_order(rank.to_numpy().astype(np.int64), code, first.to_numpy(),
+                                  df.get_column(end).to_numpy())
         return df[order], np.cumsum(np.concatenate(([1], group[1:] != group[:-1]))).astype(np.uint32)
-    df = df.sort(["rank", "lane", "start", "end"], descending=[False, False, False, True])
+    df = df.sort(["rank", "lane", start, end], descending=[False, False, False, True])
     return df, df.select(pl.struct(["rank", "lane"]).rank("dense").alias("k")).to_series().to_numpy()
 
 

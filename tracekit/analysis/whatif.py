@@ -31,7 +31,7 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit.analysis import contention, dag, replay
-from tracekit.analysis.dag import EDGE_TYPES, Graph
+from tracekit.analysis.dag import EDGE_TYPES, Graph, sort_by_lane
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
 from tracekit.model.units import format_rate
@@ -315,11 +315,11 @@ def _compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
                    .otherwise((pl.col("kind") == "cpu_op") & pl.col("device").is_null())
                    & pl.col("iteration").is_not_null())
     # strings only for the rows kept (the lane's text orders the sort below)
-    ev = ev.with_columns(pl.col("kind").cast(pl.String), pl.col("lane").cast(pl.String), pl.col("name").cast(pl.String))
-    ev = ev.sort(["rank", "lane", "start_ns", "dur_ns"], descending=[False, False, False, True])
+    ev = ev.with_columns(pl.col("kind").cast(pl.String), pl.col("lane").cast(pl.String), pl.col("name").cast(pl.String),
+                         (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
+    ev, lane = sort_by_lane(ev, "start_ns", "end_ns")
     start = ev.get_column("start_ns").to_numpy()
-    end = start + ev.get_column("dur_ns").to_numpy()
-    lane = ev.select(pl.struct(["rank", "lane"]).rank("dense")).to_series().to_numpy() if ev.height else start
+    end = ev.get_column("end_ns").to_numpy()
     leaf = np.ones(ev.height, dtype=bool)
     leaf[:-1] = ~((lane[1:] == lane[:-1]) & (start[1:] < end[:-1]))
     # the graph's clock offset of each rank (its activities' start minus their own-clock start)
