@@ -141,7 +141,7 @@ def _frame(graph: Graph, it_no: int, seg: _Segments) -> pl.DataFrame:
         "start_ns": seg.start, "end_ns": seg.end, "dur_ns": seg.end - seg.start,
         # strings as lists (a path has thousands of segments): polars reads object arrays as Object
         "label": seg.label.tolist(), "waiting_on": pl.Series([None] * seg.act.size, dtype=pl.Int32),
-        "name": act.get_column("name").gather(idx).set(idle, None),
+        "name": act.get_column("name").gather(idx).cast(pl.String).set(idle, None),
         "event_row": act.get_column("event_row").gather(idx).set(pl.Series(seg.edge == "tail"), None),
         "edge": seg.edge.tolist(),
     }, schema=SEGMENT_SCHEMA).sort("start_ns", maintain_order=True)
@@ -154,10 +154,11 @@ def _activity_labels(graph: Graph) -> np.ndarray:
         act = graph.act
         cpu_only = ~act.get_column("rank").is_in(sorted(graph.gpu_ranks))
         kind = pl.col("kind")
+        name = pl.col("name").cast(pl.String)
         label = (pl.when((kind == "compute") | (pl.Series(cpu_only) & (kind == "cpu_op"))).then(pl.lit("compute"))
                  .when(kind == "memory").then(pl.lit("memory"))
                  .when(kind == "comm").then(pl.lit("transfer"))
-                 .when((kind == "runtime") & pl.col("name").str.contains("Launch", literal=True)).then(pl.lit("launch"))
+                 .when((kind == "runtime") & name.str.contains("Launch", literal=True)).then(pl.lit("launch"))
                  .otherwise(pl.lit("CPU")))
         cache["_label"] = act.select(label.alias("l")).get_column("l").to_numpy().astype(object)
     return cache["_label"]

@@ -49,6 +49,8 @@ CONSUME_EARLY_NS = 10_000_000
 CONSUME_MIN_GAP_NS = 500_000
 #: stream edges out of a comm kernel only when the waiting kernel starts this soon after it
 STREAM_MAX_LAG_NS = 50_000
+#: activity columns only :func:`build` reads (the graph keeps the others: critical path, what-if, results cache)
+_BUILD_ONLY = ("_id", "top", "ancestor", "_off", "dur_ns", "comm_parent", "sync_stream", "sync_correlation")
 #: runtime calls that block the CPU until device work is done (cudaMemcpyAsync does not)
 SYNC_CALL = r"Synchronize|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$"
 
@@ -57,7 +59,7 @@ SYNC_CALL = r"Synchronize|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|D
 class Graph:
     """Activities (one row each) and edges between their start/end nodes."""
 
-    act: pl.DataFrame  # row, rank, lane, lane_id, kind, name, start, end, dur, iteration, device, ...
+    act: pl.DataFrame  # a, rank, lane, lane_id, kind, name (categorical), start, end, dur, iteration, device, ...
     src: np.ndarray  # node ids
     dst: np.ndarray
     lag: np.ndarray  # structural lag (ns) before measured slack is added
@@ -291,7 +293,7 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     """
     full = activities(events, ranks)
     act = full.filter(pl.col("top")).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("a"),
-                                                  pl.col("kind").cast(pl.String), pl.col("name").cast(pl.String))
+                                                  pl.col("kind").cast(pl.String))
     # map every row of `full` to the activity index of its top-level ancestor
     a_of_pos = np.full(full.height, -1, dtype=np.int64)
     top_pos = np.flatnonzero(full.get_column("top").to_numpy())
@@ -318,8 +320,14 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
         types.append(np.full(s.size, _ET[etype], dtype=np.int8))
 
     idx = np.arange(n, dtype=np.int64)
+    # launches: CPU runtime call (nested or not) with a correlation -> device activity with it (edges added below)
+    launches = full.filter(pl.col("device").is_null() & (pl.col("kind") == "runtime")
+                           & pl.col("correlation").is_not_null()).select(
+        ["rank", "correlation", pl.col("start").alias("l_start"), pl.col("end").alias("l_end"), "anc",
+         pl.col("name").cast(pl.String).alias("l_name")])
     # gloo: enqueue -> work -> the wait that consumes it (may move a work's effective end earlier)
     _gloo_edges(add, act, full, start, end)
+    del full  # every nested row (a job's largest frame here) is done with: the edges below need less
     own = end - start
     _blocking_comm_edges(add, act, start, end, own)
     node_time = np.empty(2 * n, dtype=np.int64)
@@ -331,11 +339,6 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     lane_id = act.get_column("lane_id").to_numpy()
     same = lane_id[1:] == lane_id[:-1]
     add(2 * idx[:-1][same] + 1, 2 * idx[1:][same], 0, "program")
-    # launches: CPU runtime call (nested or not) with a correlation -> device activity with it
-    launches = full.filter(pl.col("device").is_null() & (pl.col("kind") == "runtime")
-                           & pl.col("correlation").is_not_null()).select(
-        ["rank", "correlation", pl.col("start").alias("l_start"), pl.col("end").alias("l_end"), "anc",
-         pl.col("name").cast(pl.String).alias("l_name")])
     dev_act = act.filter(pl.col("device").is_not_null() & pl.col("correlation").is_not_null()).select(
         ["a", "rank", "correlation", "start", "device", "stream"])
     # in the device activity's order, so that edges are numbered the same on every run; on one int64 key when
@@ -365,21 +368,34 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     add(2 * idx, 2 * idx + 1, own, "own")
     if n == 0:  # a job with no activity: an empty graph
         none = np.zeros(0, np.int64)
-        return Graph(act=act, src=none, dst=none, lag=none, etype=np.zeros(0, np.int8), node_time=node_time,
+        return Graph(act=act.drop(_BUILD_ONLY, strict=False), src=none, dst=none, lag=none,
+                     etype=np.zeros(0, np.int8), node_time=node_time,
                      binding=none, slack=none, violated={})
-    src = np.concatenate(srcs)
-    dst = np.concatenate(dsts)
-    lag = np.concatenate(lags)
-    etype = np.concatenate(types)
+    del launches, lk, dev_act, sync_calls
+    src, dst, lag, etype = (_take_all(parts) for parts in (srcs, dsts, lags, types))
     # an edge the measured schedule violates is not a real dependency (a wrong guess, or clock error
     # across ranks beyond what the offsets fixed): drop it
     keep = node_time[src] + lag <= node_time[dst]
     bad_types, bad_counts = np.unique(etype[~keep], return_counts=True)
     violated = {EDGE_TYPES[int(k)]: int(v) for k, v in zip(bad_types, bad_counts, strict=True)}
-    src, dst, lag, etype = src[keep], dst[keep], lag[keep], etype[keep]
+    src = src[keep]  # one column at a time: each old one is freed before the next copy
+    dst = dst[keep]
+    lag = lag[keep]
+    etype = etype[keep]
+    del keep
     binding, slack = _bind(src, dst, lag, node_time)
+    # what only the build reads (nesting, gloo and synchronisation bookkeeping) is left out of the graph
+    act = act.drop(_BUILD_ONLY, strict=False)
     return Graph(act=act, src=src, dst=dst, lag=lag, etype=etype, node_time=node_time, binding=binding,
                  slack=slack, violated=violated)
+
+
+def _take_all(parts: list[np.ndarray]) -> np.ndarray:
+    """The parts concatenated, the list emptied: each part is freed as soon as it is copied (a job's edges are
+    tens of MB per column)."""
+    out = np.concatenate(parts)
+    parts.clear()
+    return out
 
 
 def correlation_key(*frames: pl.DataFrame) -> pl.Expr | None:
@@ -531,7 +547,9 @@ def _gloo_family(name: str) -> str:
 def _gloo_edges(add, act: pl.DataFrame, full: pl.DataFrame, start: np.ndarray, end: np.ndarray) -> None:
     """CPU jobs: c10d enqueue → gloo work (k-th enqueue of a size → k-th work of that size, FIFO), and
     the work's end → the next operator of the enqueuing thread when that thread idled until then."""
-    work = act.filter((pl.col("kind") == "comm") & pl.col("device").is_null() & pl.col("name").str.starts_with("gloo:"))
+    name = pl.col("name").cast(pl.String)
+    work = act.filter((pl.col("kind") == "comm") & pl.col("device").is_null() & name.str.starts_with("gloo:")
+                      ).with_columns(name)
     if work.height == 0:
         return
     enq = full.filter(pl.col("name").cast(pl.String).str.starts_with("c10d::") & pl.col("device").is_null()).select(
