@@ -172,17 +172,17 @@ class Analysis:
         return pa.concat_tables(parts) if parts else schema.empty(out_schema)
 
     def prefetch(self, *names: str) -> None:
-        """Compute these analyses (cached properties) side by side, one thread each: numpy, polars and Arrow
-        release the GIL in their loops, so the what-if's graph and the top ops share two cores. An analysis
-        that fails here is left uncomputed and raises again where it is used."""
+        """Compute these analyses (cached properties): the first in this thread, the others one after another in a
+        second one. numpy, polars and Arrow release the GIL in their loops, so the what-if's graph and the top ops
+        share two cores; a thread each would hold every one's working memory at once for no more cores. An
+        analysis that fails here is left uncomputed and raises again where it is used."""
         todo = [n for n in names if n not in self.__dict__]
         if len(todo) < 2:
             return
-        futures = [self.start(n) for n in todo[1:]]
+        future = self.start(*todo[1:])
         self._compute(todo[:1])
-        for f in futures:
-            if f is not None:
-                f.result()
+        if future is not None:
+            future.result()
 
     def start(self, *names: str) -> Future[None] | None:
         """Begin computing these analyses, in order, in a thread of their own (None: all are computed already);
