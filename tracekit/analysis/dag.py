@@ -50,7 +50,7 @@ CONSUME_MIN_GAP_NS = 500_000
 #: stream edges out of a comm kernel only when the waiting kernel starts this soon after it
 STREAM_MAX_LAG_NS = 50_000
 #: activity columns only :func:`build` reads (the graph keeps the others: critical path, what-if, results cache)
-_BUILD_ONLY = ("_id", "top", "ancestor", "_off", "dur_ns", "comm_parent", "sync_stream", "sync_correlation")
+_BUILD_ONLY = ("_id", "top", "ancestor", "comm_parent", "sync_stream", "sync_correlation")
 #: runtime calls that block the CPU until device work is done (cudaMemcpyAsync does not)
 SYNC_CALL = r"Synchronize|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$"
 
@@ -140,7 +140,7 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
         df = df.with_columns(pl.lit(0, dtype=pl.Int64).alias("_off"))
     df = df.with_columns((pl.col("start_ns") + pl.col("_off")).alias("start"),
                          (pl.col("start_ns") + pl.col("_off") + pl.col("dur_ns")).alias("end"),
-                         pl.col("dur_ns").alias("dur"))
+                         pl.col("dur_ns").alias("dur")).drop("_off", "dur_ns")  # every sort below moves fewer columns
     # device-side records of synchronisation (cuda_sync) are the CPU's waiting seen from the GPU, not
     # device work: they only tell which stream a sync call waited for
     df = df.filter(~(pl.col("device").is_not_null() & (pl.col("kind") == "runtime")))
@@ -547,9 +547,9 @@ def _gloo_family(name: str) -> str:
 def _gloo_edges(add, act: pl.DataFrame, full: pl.DataFrame, start: np.ndarray, end: np.ndarray) -> None:
     """CPU jobs: c10d enqueue → gloo work (k-th enqueue of a size → k-th work of that size, FIFO), and
     the work's end → the next operator of the enqueuing thread when that thread idled until then."""
-    name = pl.col("name").cast(pl.String)
-    work = act.filter((pl.col("kind") == "comm") & pl.col("device").is_null() & name.str.starts_with("gloo:")
-                      ).with_columns(name)
+    name = pl.col("name").cast(pl.String)  # of the few CPU communication rows only (a job has millions of rows)
+    work = act.filter((pl.col("kind") == "comm") & pl.col("device").is_null()).with_columns(name).filter(
+        pl.col("name").str.starts_with("gloo:"))
     if work.height == 0:
         return
     enq = full.filter(pl.col("name").cast(pl.String).str.starts_with("c10d::") & pl.col("device").is_null()).select(
