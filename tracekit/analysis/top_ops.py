@@ -89,7 +89,9 @@ def _listed(events: pa.Table, act: pl.DataFrame) -> tuple[pl.DataFrame, pa.Array
 def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], rank: np.ndarray, start: np.ndarray,
                  end: np.ndarray) -> np.ndarray:
     """Time of each interval ``[start, end)`` of ``rank`` in each class (a column per :data:`CLASSES`), and in
-    the windows in all (the last column)."""
+    the windows in all (the last column): per rank and class, a prefix sum of the segments' lengths in that class,
+    read at both ends of each interval (one class at a time, so that the working memory is a few columns of the
+    rank's segments, not one per class at once)."""
     seg_rank, seg_start, seg_len, seg_code = segs
     k = len(CLASSES)
     times = np.zeros((rank.size, k + 1), dtype=np.int64)
@@ -99,13 +101,17 @@ def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ra
             continue
         sel = seg_rank == r
         st, ln, code = seg_start[sel], seg_len[sel], seg_code[sel]
-        # per segment and class (the last column: every class), its length where it is of that class
-        hit = np.concatenate([code[:, None] == np.arange(k)[None, :], np.ones((code.size, 1), dtype=bool)], axis=1)
-        cum = np.zeros((code.size + 1, k + 1), dtype=np.int64)
-        np.cumsum(np.where(hit, ln[:, None], 0), axis=0, out=cum[1:])
-        i0 = np.searchsorted(st, start[mine], side="right") - 1
-        i1 = np.searchsorted(st, end[mine], side="right") - 1
-        times[mine] = _upto(end[mine], i1, st, ln, hit, cum) - _upto(start[mine], i0, st, ln, hit, cum)
+        ends = []  # per end of the intervals: whether a segment starts before it, that segment, the time into it
+        for t in (start[mine], end[mine]):
+            i = np.searchsorted(st, t, side="right") - 1
+            j = np.maximum(i, 0)
+            ends.append((i >= 0, j, np.clip(t - st[j], 0, ln[j])))
+        cum = np.zeros(code.size + 1, dtype=np.int64)
+        for c in range(k + 1):
+            in_class = code == c if c < k else np.ones(code.size, dtype=bool)
+            np.cumsum(np.where(in_class, ln, 0), out=cum[1:])
+            upto = [np.where(some, cum[j] + np.where(in_class[j], part, 0), 0) for some, j, part in ends]
+            times[mine, c] = upto[1] - upto[0]
     return times
 
 
@@ -174,16 +180,6 @@ def _op_times(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None =
                                   pl.when(pl.Series(n_idx >= 0)).then(name_s).alias("name"))
 
     return named(calls), named(time), totals
-
-
-def _upto(t: np.ndarray, i: np.ndarray, st: np.ndarray, ln: np.ndarray, hit: np.ndarray, cum: np.ndarray
-          ) -> np.ndarray:
-    """Time of the segments (starts ``st``, lengths ``ln``) of each class (``hit``: segment x class, ``cum``: the
-    prefix sums of each class's lengths) before each time ``t``; ``i`` is the last segment starting at or before
-    ``t`` (-1: none). One row per time, one column per class."""
-    j = np.maximum(i, 0)
-    part = np.clip(t - st[j], 0, ln[j])
-    return np.where((i >= 0)[:, None], cum[j] + np.where(hit[j], part[:, None], 0), 0)
 
 
 def _windows(iterations: pa.Table) -> pl.DataFrame:
