@@ -207,3 +207,26 @@ def test_lane_order_sorts_by_rank_lane_start_and_end_descending_stably(rows, far
     assert order.tolist() == sorted(range(len(rows)), key=lambda i: (rank[i], lane[i], start[i], -end[i], i))
     pairs = list(zip(rank[order].tolist(), lane[order].tolist(), strict=True))
     assert [a != b for a, b in itertools.pairwise(pairs)] == (group[1:] != group[:-1]).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.none() | st.integers(0, 6), st.booleans(), st.booleans(),
+                          st.integers(0, 9)), min_size=1, max_size=40))
+def test_device_rows_take_the_first_source_iteration_on_packed_keys_as_in_a_join(rows):
+    """iterations._through: the packed-key numpy lookup gives what the polars join gives (keys beyond 2^40 take
+    that path): the target rows whose (rank, key) a source row has, each with the first such source's iteration."""
+    rank, key, source, target, it = (list(c) for c in zip(*rows, strict=True))
+
+    def through(offset: int) -> tuple[list[int], list[int]]:
+        df = pl.DataFrame({"rank": pl.Series(rank, dtype=pl.Int32),
+                           "k": pl.Series([None if k is None else k + offset for k in key], dtype=pl.Int64)})
+        hit, found = iterations._through(df, "k", np.array(source), np.array(target), np.array(it, dtype=np.int64))
+        order = np.argsort(hit, kind="stable")
+        return hit[order].tolist(), found[order].tolist()
+
+    expected_rows = [i for i in range(len(rows)) if target[i] and key[i] is not None
+                     and any(source[j] and key[j] == key[i] and rank[j] == rank[i] for j in range(len(rows)))]
+    expected_it = [next(it[j] for j in range(len(rows)) if source[j] and key[j] == key[i] and rank[j] == rank[i])
+                   for i in expected_rows]
+    assert through(0) == (expected_rows, expected_it)
+    assert through(1 << 41) == (expected_rows, expected_it)  # beyond the packed key: the join

@@ -99,26 +99,48 @@ def assign(events: pa.Table, step_marker: str | None = None, *, require_steps: b
     if steps.height:
         # device activity: through the launching CPU call (External id first, then the CUPTI
         # correlation, which is 1:1 and overrides it); only the few rows involved are touched
-        by_time = df.select(["row", "rank", "correlation", "external_id"]).with_columns(
-            pl.Series("it", it.copy()).scatter(np.flatnonzero(~ok), None))
-        for key, source, target in (
-            ("external_id", pl.col("is_cpu") & pl.col("is_cpu_op"), pl.col("on_device")),
-            ("correlation", pl.col("is_cpu") & pl.col("is_runtime"), pl.col("on_device")),
-        ):
-            # the first source in file order wins (sorted explicitly: filters keep order, joins need not)
-            src = (by_time.filter(df.select(source & pl.col(key).is_not_null()).to_series()
-                                  & pl.col("it").is_not_null())
-                   .select(["rank", key, "it"]).unique(["rank", key], keep="first", maintain_order=True))
-            dst = by_time.filter(df.select(target & pl.col(key).is_not_null()).to_series()).select(["row", "rank", key])
-            hit = dst.join(src, on=["rank", key], how="inner")
-            rows = hit.get_column("row").to_numpy()
-            it[rows] = hit.get_column("it").to_numpy()
+        by_time_it, by_time_ok = it.copy(), ok.copy()
+        col = df.get_column
+        is_cpu = col("is_cpu").to_numpy()
+        on_device = col("on_device").to_numpy()
+        for key, source in (("external_id", is_cpu & col("is_cpu_op").to_numpy()),
+                            ("correlation", is_cpu & col("is_runtime").to_numpy())):
+            rows, found = _through(df, key, source & by_time_ok, on_device, by_time_it)
+            it[rows] = found
             ok[rows] = True
     iteration = pa.array(it, pa.int64(), mask=~ok)
     events = events.set_column(events.schema.get_field_index("iteration"), schema.EVENTS.field("iteration"),
                                iteration)
     windows = _windows(df.with_columns(pl.Series("iteration", iteration)), steps, method)
     return events, windows
+
+
+def _through(df: pl.DataFrame, key: str, source: np.ndarray, target: np.ndarray, it: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The ``target`` rows whose ``key`` (on their rank) a ``source`` row has, and the iteration ``it`` of the
+    first such source row in file order: on one packed int64 key (rank * 2^40 + key) with numpy when ranks and
+    keys fit it, else with a polars join."""
+    k = df.get_column(key)
+    valid = k.is_not_null().to_numpy()
+    src = np.flatnonzero(source & valid)
+    dst = np.flatnonzero(target & valid)
+    if src.size == 0 or dst.size == 0:
+        return dst[:0], it[:0]
+    rank = df.get_column("rank").to_numpy().astype(np.int64)
+    values = k.fill_null(0).to_numpy()
+    used = np.concatenate([src, dst])
+    if rank[used].min() >= 0 and rank[used].max() < 1 << 22 and values[used].min() >= 0 and \
+            values[used].max() < 1 << 40:
+        packed = rank * (1 << 40) + values
+        keys, first = np.unique(packed[src], return_index=True)  # the first occurrence of each
+        pos = np.minimum(np.searchsorted(keys, packed[dst]), keys.size - 1)
+        hit = keys[pos] == packed[dst]
+        return dst[hit], it[src[first[pos[hit]]]]
+    sources = pl.DataFrame({"rank": rank[src], key: values[src], "it": it[src]}).unique(
+        ["rank", key], keep="first", maintain_order=True)
+    hits = pl.DataFrame({"row": dst, "rank": rank[dst], key: values[dst]}).join(sources, on=["rank", key],
+                                                                                   how="inner")
+    return hits.get_column("row").to_numpy(), hits.get_column("it").to_numpy()
 
 
 def step_of(rank: np.ndarray, start: np.ndarray, steps: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
