@@ -17,7 +17,8 @@ Measured:
      ``--hta-python`` (HTA pins its own pandas: keep it in a separate venv); ``--skip-hta`` leaves it out;
   3. where tracekit's time goes, in one process: imports, parse (one process), analysis, and the graph +
      replay behind the verdict (what-if, reported separately);
-  4. the parser alone: MB per CPU-second in one process, and wall with the file split across ``--jobs``;
+  4. the parser alone: MB per CPU-second in one process (with and without the C extension), and wall with
+     ``--jobs`` (scanner threads, or the file split across processes: as ``kineto.parse`` chooses);
   5. ``tracekit summary DIR --no-cache --json`` of ``--ranks`` ranks x ``--size-mb``;
   6. start-up: ``tracekit --help`` and ``tracekit summary samples/ddp-gloo`` (warm parse cache),
      ``--startup-runs`` runs each.
@@ -92,9 +93,12 @@ def children_cpu():
     return r.ru_utime + r.ru_stime
 def main():
     t, c, k = time.perf_counter(), time.process_time(), children_cpu()
-    parsed = kineto.parse(sys.argv[1], workers=int(sys.argv[2]))
+    workers = int(sys.argv[2])
+    parsed = kineto.parse(sys.argv[1], workers=workers)
     print(json.dumps({"parse_wall": time.perf_counter() - t,
-                      "parse_cpu": time.process_time() - c + children_cpu() - k, "events": parsed.events.num_rows}))
+                      "parse_cpu": time.process_time() - c + children_cpu() - k, "events": parsed.events.num_rows,
+                      "native": kineto.native_scan() is not None,
+                      "threaded": kineto.native_scan() is not None and 1 < workers <= kineto.THREADED_WORKERS}))
 if __name__ == "__main__":
     main()
 """
@@ -269,17 +273,24 @@ def main() -> None:
         print(f"  (graph + replay belong to the what-if engine; peak RSS of that process {st['peak_mb']:.0f} MB)")
 
         # 4. the parser alone
-        def parse_runs(workers: int) -> list[dict]:
-            runs = [measure([*_py(PARSE), str(one), str(workers)]) for _ in range(args.repeat)]
+        def parse_runs(workers: int, env: dict | None = None) -> list[dict]:
+            runs = [measure([*_py(PARSE), str(one), str(workers)], env=env) for _ in range(args.repeat)]
             for r in runs:
                 r.update(json.loads(r["stdout"].strip().splitlines()[-1]))
             return runs
 
+        # the C batch scanner where it is built (the default), and the msgspec path it replaces
         p1, pn = parse_runs(1), parse_runs(args.jobs)
-        print(f"parser (kineto.parse alone, imports excluded), one process: wall {_stats(p1, 'parse_wall')} s, "
+        p0 = parse_runs(1, {**os.environ, "TRACEKIT_NO_EXTENSION": "1"})
+        how = "C scanner" if p1[0]["native"] else "msgspec (the C extension is not built)"
+        print(f"parser (kineto.parse alone, imports excluded), one process, {how}: wall {_stats(p1, 'parse_wall')} s, "
               f"CPU {_stats(p1, 'parse_cpu')} s = {size_mb / min(r['parse_cpu'] for r in p1):.0f} MB per "
               f"CPU-second at best (target >= 200 per core)")
-        print(f"parser split over {args.jobs} processes: wall {_stats(pn, 'parse_wall')} s, CPU (all processes) "
+        print(f"  the same without the C extension: wall {_stats(p0, 'parse_wall')} s, CPU {_stats(p0, 'parse_cpu')} s"
+              f" = {size_mb / min(r['parse_cpu'] for r in p0):.0f} MB per CPU-second at best")
+        split = f"one process, {args.jobs - 1} scanner thread(s)" if pn[0]["threaded"] else \
+            f"split over {args.jobs} processes"
+        print(f"parser with --jobs {args.jobs} ({split}): wall {_stats(pn, 'parse_wall')} s, CPU (all processes) "
               f"{_stats(pn, 'parse_cpu')} s = {size_mb / min(r['parse_cpu'] for r in pn):.0f} MB per CPU-second, "
               f"{_rate(size_mb, min(r['parse_wall'] for r in pn))} wall at best")
 

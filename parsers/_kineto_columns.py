@@ -499,10 +499,91 @@ def _comm_row(a: _TArgs, index: int) -> dict[str, Any]:
     return row
 
 
-def _consume(acc: _Accumulator, batch: Batch) -> None:
-    """Turn one batch into Arrow columns (X events) and side records (metadata, markers)."""
+# --- the C scanner's results -----------------------------------------------------------------------------------
+
+_DECODE_X = msgspec.json.Decoder(_TX)
+_DECODE_M = msgspec.json.Decoder(_TM)
+#: in place of what the C scanner made of a batch: it was not run yet
+_NOT_SCANNED: Any = object()
+
+
+def _int_array(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    return pa.array(values, pa.int64()) if valid.all() else pa.array(values, pa.int64(), mask=~valid)
+
+
+def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
+    """What :func:`_consume_typed` does with a batch, from what the C scanner (``parsers/_kineto_scan.c``) made of
+    it (``scanned``; None where it declined): the same columns, dictionaries, collective and metadata records.
+    Returns False, having changed nothing, where the scanner declined or the typed path would consult Arrow's."""
+    if scanned is None:
+        return False
+    n_x, ints, valid, codes, cats, names, meta_ranges, flags = scanned
+    data = batch.data
+    meta: list[tuple[str, Any, Any, Any]] = []
+    if meta_ranges:
+        bounds = np.frombuffer(meta_ranges, dtype=np.int64).tolist()
+        try:
+            for k in range(0, len(bounds), 2):
+                e = _DECODE_M.decode(data[bounds[k] : bounds[k + 1]])
+                a = e.args
+                meta.append((str(e.name), e.pid, e.tid, a.label_name if a.label_name is not None else a.labels))
+        except DECODE_ERRORS:
+            return False
+    rb = None
+    comm: list[dict[str, Any]] = []
+    if n_x:
+        has_fraction = acc.has_fraction or bool(flags & 1)
+        # where the typed path asks Arrow's path whether it takes the batch (negative pids or tids, timestamps
+        # with fractions), ask it too
+        acc.consulted = bool(flags & 8) or (not acc.has_fraction and (has_fraction or bool(flags & 2)))
+        if acc.consulted and not _consume_arrow(_Accumulator(acc.path), batch):
+            return False
+        ok = [np.frombuffer(v, dtype=np.bool_) for v in valid]
+        ts_ok = ok[0]
+        all_ok = bool(ts_ok.all())
+        name_local = np.frombuffer(codes[1], dtype=np.int32)
+        hot = acc.names.comm_flags_of(names)
+        if hot.any():
+            rec_start, rec_end = np.frombuffer(ints[12], dtype=np.int64), np.frombuffer(ints[13], dtype=np.int64)
+            rows = np.flatnonzero(hot[name_local] & ts_ok).tolist()
+            try:
+                for r in rows:
+                    args = _DECODE_X.decode(data[int(rec_start[r]) : int(rec_end[r])]).args
+                    comm.append(_comm_row(args, acc.n + r))
+            except DECODE_ERRORS:
+                return False
+        # every check passed: from here on the accumulator changes
+        acc.has_fraction = has_fraction
+        col = [np.frombuffer(v, dtype=np.int64) for v in ints]
+        cat_codes = acc.cats.encode_local(cats, np.frombuffer(codes[0], dtype=np.int32))
+        name_codes = acc.names.encode_local(names, name_local)
+        ids = [_int_array(col[2 + k], ok[1 + k]) for k in range(10)]
+        pid_a, tid_a, ext, ext_l, corr, dev, stream, nbytes, wstream, wcorr = ids
+        if flags & 8:
+            pid_a, tid_a = pc.abs(pid_a), pc.abs(tid_a)
+        rb = pa.record_batch([
+            cat_codes, name_codes, pa.array(col[0]), pa.array(np.maximum(col[1], 0)), pid_a, tid_a, dev, stream,
+            corr, pc.coalesce(ext, ext_l), nbytes, wstream, wcorr,
+            pa.array(np.arange(acc.n, acc.n + n_x, dtype=np.int64))], schema=RAW)
+        if not all_ok:
+            acc.dropped += int((~ts_ok).sum())
+            rb = rb.filter(pa.array(ts_ok))
+        acc.comm_rows.extend(comm)
+    acc.meta_records.extend(meta)
+    acc.window_end = acc.window_end or bool(flags & 4)
+    if rb is not None:
+        acc.add_raw(rb)
+        acc.n += n_x
+    return True
+
+
+def _consume(acc: _Accumulator, batch: Batch, scanned: Any = _NOT_SCANNED) -> None:
+    """Turn one batch into Arrow columns (X events) and side records (metadata, markers). ``scanned``: what the C
+    scanner made of it, if it was run already."""
     acc.consulted = False
-    if _consume_typed(acc, batch):
+    if scanned is _NOT_SCANNED:
+        scanned = acc.scan(batch.data) if acc.scan is not None else None
+    if _consume_scanned(acc, batch, scanned) or _consume_typed(acc, batch):
         if acc.log is not None:
             acc.log.append((batch.offset, len(batch.data), not acc.consulted))
         return

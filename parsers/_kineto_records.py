@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -137,6 +137,12 @@ class _Strings:
         """A string or dictionary column as int32 codes into this dictionary (nulls stay null)."""
         arr = col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
         local = arr.dictionary.to_pylist()
+        idx = pc.fill_null(arr.indices, len(local)).to_numpy(zero_copy_only=False)
+        return self.encode_local(local, idx)
+
+    def encode_local(self, local: list[str], idx: np.ndarray) -> pa.Array:
+        """Codes into a batch's own dictionary ``local`` (strings in order of first appearance; ``len(local)`` or
+        -1 for null) as int32 codes into this dictionary, new strings added in that order (nulls stay null)."""
         mapping = np.empty(len(local) + 1, dtype=np.int32)
         for i, v in enumerate(local):
             c = self.code.get(v)
@@ -145,9 +151,18 @@ class _Strings:
                 self.values.append(v)
             mapping[i] = c
         mapping[-1] = -1
-        idx = pc.fill_null(arr.indices, len(local)).to_numpy(zero_copy_only=False)
         codes = mapping[idx]
         return pa.array(codes, mask=codes < 0)
+
+    def comm_flags_of(self, local: list[str]) -> np.ndarray:
+        """Per string of ``local``, whether it may name an event carrying collective metadata, plus a last False
+        (null); the dictionary itself is left as it is."""
+        flags = self.comm_flags()
+        out = np.zeros(len(local) + 1, dtype=bool)
+        for i, v in enumerate(local):
+            c = self.code.get(v)
+            out[i] = flags[c] if c is not None else _may_carry_comm(v)
+        return out
 
     def codes_of(self, values: list[str]) -> np.ndarray:
         """This dictionary's code of each of ``values`` (a part's dictionary), new strings added in order."""
@@ -211,6 +226,8 @@ class _Accumulator:
         #: without consulting another path); only such batches read the same whatever batches the file is cut into
         self.log: list[tuple[int, int, bool]] | None = None
         self.consulted = False  # the last batch's typed read asked Arrow's path whether it takes the batch
+        #: the C batch scanner (``parsers/_kineto_scan.c``), or None: not built, or ``TRACEKIT_NO_EXTENSION=1``
+        self.scan: Callable[[bytes], Any] | None = native_scan()
 
     def bad(self, offset: int, what: str) -> None:
         """Count an unreadable record; remember where only the first few were (memory stays bounded
@@ -258,6 +275,18 @@ class _Accumulator:
         if self._spill is not None:
             self._spill.close()
             self._sink.close()
+
+
+def native_scan() -> Callable[[bytes], Any] | None:
+    """:func:`tracekit.parsers._kineto_scan.scan`, or None where the extension is not built or
+    ``$TRACEKIT_NO_EXTENSION`` is set (to anything but ``0`` or nothing): then the batches go the msgspec way."""
+    if os.environ.get("TRACEKIT_NO_EXTENSION", "0") not in ("", "0"):
+        return None
+    try:
+        from . import _kineto_scan
+    except ImportError:
+        return None
+    return _kineto_scan.scan
 
 
 def _may_carry_comm(name: str) -> bool:
