@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -279,8 +280,10 @@ class _Accumulator:
 
 def native_scan() -> Callable[[bytes], Any] | None:
     """:func:`tracekit.parsers._kineto_scan.scan`, or None where the extension is not built or
-    ``$TRACEKIT_NO_EXTENSION`` is set (to anything but ``0`` or nothing): then the batches go the msgspec way."""
-    if os.environ.get("TRACEKIT_NO_EXTENSION", "0") not in ("", "0"):
+    ``$TRACEKIT_NO_EXTENSION`` is set (to anything but ``0`` or nothing): then the batches go the msgspec way.
+    Also None under a recursion limit so low that msgspec might refuse JSON nested less deeply than the scanner
+    refuses it (64 levels)."""
+    if os.environ.get("TRACEKIT_NO_EXTENSION", "0") not in ("", "0") or sys.getrecursionlimit() < 500:
         return None
     try:
         from . import _kineto_scan

@@ -13,13 +13,15 @@
  *     none of a record's or its args' keys is escaped (it could name one of those);
  *   - X events: cat and name strings or null; pid, tid and the ids of args (External id, external id,
  *     correlation, device, stream, bytes, wait_on_stream, wait_on_cuda_event_record_corr_id) integer literals in
- *     int64 or null; args an object; args.name and args.labels strings or null; ts null
- *     or a plain decimal with at most 3 decimals and 21 integer digits; dur null or a plain decimal of at most 19
- *     digits whose value (below 2^53 as an integer of them) is under 2^33 in magnitude;
+ *     int64 or null; args an object; args.name and args.labels strings or null; ts null or a plain decimal with
+ *     at most 3 decimals and 21 integer digits (exact ns, as Arrow's decimal128(24, 3) gives them; beyond
+ *     +-2^62 ns invalid, not declined); dur null or a plain decimal of at most 19 digits whose value (below 2^53
+ *     as an integer of them) is under 2^33 in magnitude (one exact division gives msgspec's double);
  *   - instants (i): name a string without escapes or null.
  *
  * What it returns is documented at scan() below. Metadata records (M) are only located: the caller decodes
- * them with msgspec, as it does the few events that may carry collective metadata.
+ * them with msgspec, as it does the few events that may carry collective metadata. Negative pids and tids are
+ * flagged: the caller then asks Arrow's path, as the typed path does.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -90,18 +92,19 @@ typedef struct {
 enum { T_ABSENT = 0, T_NULL, T_OK, T_BAD };
 
 typedef struct {
-    int ph;
-    unsigned seen, args_seen;
-    int x_bad;   /* some value an X event may not have */
-    int cat_t, name_t;
+    /* zeroed for every record */
+    struct {
+        uint16_t seen, args_seen;
+        uint8_t ph;
+        uint8_t x_bad; /* some value an X event may not have */
+        uint8_t cat_t, name_t, pid_t, tid_t, ts_t, ts_dot, dur_t;
+        uint8_t id_t[N_IDS];
+    } k;
+    /* meaningful where their type above is T_OK */
     Str cat, name;
-    int pid_t, tid_t;
     int64_t pid, tid;
-    int ts_t, ts_dot;
     __int128 ts_ns;
-    int dur_t;
     double dur;
-    int id_t[N_IDS];
     int64_t id[N_IDS];
 } Rec;
 
@@ -347,11 +350,20 @@ static inline int num_int64(const Num *n, int64_t *out) {
 /* a timestamp in µs as Arrow's decimal128(24, 3) reads it: the exact ns */
 static inline int num_ts(const Num *n, __int128 *out) {
     if (n->has_exp || n->frac_len > 3 || n->int_len > 21) return 0;
+    int f0 = n->frac_len > 0 ? n->frac_p[0] - '0' : 0, f1 = n->frac_len > 1 ? n->frac_p[1] - '0' : 0,
+        f2 = n->frac_len > 2 ? n->frac_p[2] - '0' : 0;
+    if (n->int_len <= 15) { /* 18 digits fit in int64 */
+        int64_t v = 0;
+        for (int i = 0; i < n->int_len; i++)
+            v = v * 10 + (n->int_p[i] - '0');
+        v = v * 1000 + f0 * 100 + f1 * 10 + f2;
+        *out = n->neg ? -v : v;
+        return 1;
+    }
     __int128 v = 0;
     for (int i = 0; i < n->int_len; i++)
         v = v * 10 + (n->int_p[i] - '0');
-    for (int i = 0; i < 3; i++)
-        v = v * 10 + (i < n->frac_len ? n->frac_p[i] - '0' : 0);
+    v = v * 1000 + f0 * 100 + f1 * 10 + f2;
     *out = n->neg ? -v : v;
     return 1;
 }
@@ -453,7 +465,7 @@ static const uint8_t *skip_value(Scan *s, const uint8_t *p, int depth) {
 static inline int is_null(const uint8_t *p, const uint8_t *e) { return e - p >= 4 && memcmp(p, "null", 4) == 0; }
 
 /* a member read as str | None: *t is T_OK (str filled), T_NULL or T_BAD */
-static const uint8_t *str_member(Scan *s, const uint8_t *p, int depth, int *t, Str *str) {
+static const uint8_t *str_member(Scan *s, const uint8_t *p, int depth, uint8_t *t, Str *str) {
     if (*p == '"') {
         int esc = 0;
         const uint8_t *q = str_scan(s, p + 1, &esc);
@@ -473,7 +485,7 @@ static const uint8_t *str_member(Scan *s, const uint8_t *p, int depth, int *t, S
 }
 
 /* a member read as int | None */
-static const uint8_t *int_member(Scan *s, const uint8_t *p, int depth, int *t, int64_t *v) {
+static const uint8_t *int_member(Scan *s, const uint8_t *p, int depth, uint8_t *t, int64_t *v) {
     if (*p == '-' || is_digit(*p)) {
         Num n;
         const uint8_t *q = num_scan(s, p, &n);
@@ -624,17 +636,17 @@ static const uint8_t *args_object(Scan *s, const uint8_t *p, int depth, Rec *r) 
         if (p >= e) DECLINE(s, "value missing");
         int key = args_key(k, klen);
         if (key >= 0) {
-            if (r->args_seen & (1u << key)) DECLINE(s, "duplicate key in args");
-            r->args_seen |= 1u << key;
+            if (r->k.args_seen & (1u << key)) DECLINE(s, "duplicate key in args");
+            r->k.args_seen |= 1u << key;
         }
         if (key >= 0 && key < N_IDS) {
-            p = int_member(s, p, depth, &r->id_t[key], &r->id[key]);
-            if (p != NULL && r->id_t[key] == T_BAD) r->x_bad = 1;
+            p = int_member(s, p, depth, &r->k.id_t[key], &r->id[key]);
+            if (p != NULL && r->k.id_t[key] == T_BAD) r->k.x_bad = 1;
         } else if (key >= N_IDS) {
-            int t;
+            uint8_t t = T_ABSENT;
             Str unused;
             p = str_member(s, p, depth, &t, &unused);
-            if (t == T_BAD) r->x_bad = 1;
+            if (t == T_BAD) r->k.x_bad = 1;
         } else {
             p = skip_value(s, p, depth);
         }
@@ -687,7 +699,7 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
     const uint8_t *e = s->end;
     const uint8_t *start = p;
     Rec r;
-    memset(&r, 0, sizeof r);
+    memset(&r.k, 0, sizeof r.k);
     p = ws(p + 1, e);
     if (p < e && *p == '}') DECLINE(s, "record without ph");
     for (;;) {
@@ -704,8 +716,8 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
         if (p >= e) DECLINE(s, "value missing");
         int key = record_key(k, klen);
         if (key >= 0) {
-            if (r.seen & (1u << key)) DECLINE(s, "duplicate key in a record");
-            r.seen |= 1u << key;
+            if (r.k.seen & (1u << key)) DECLINE(s, "duplicate key in a record");
+            r.k.seen |= 1u << key;
         }
         switch (key) {
         case K_PH: {
@@ -714,22 +726,22 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
             p = str_scan(s, v, &esc);
             if (p == NULL) return NULL;
             if (esc || p - 1 - v != 1) DECLINE(s, "unknown ph");
-            r.ph = v[0];
-            if (r.ph == 'B' || r.ph == 'E') DECLINE(s, "B/E event");
+            r.k.ph = v[0];
+            if (r.k.ph == 'B' || r.k.ph == 'E') DECLINE(s, "B/E event");
             if (!known_phase(v[0])) DECLINE(s, "unknown ph");
             break;
         }
         case K_CAT:
-            p = str_member(s, p, 2, &r.cat_t, &r.cat);
+            p = str_member(s, p, 2, &r.k.cat_t, &r.cat);
             break;
         case K_NAME:
-            p = str_member(s, p, 2, &r.name_t, &r.name);
+            p = str_member(s, p, 2, &r.k.name_t, &r.name);
             break;
         case K_PID:
-            p = int_member(s, p, 2, &r.pid_t, &r.pid);
+            p = int_member(s, p, 2, &r.k.pid_t, &r.pid);
             break;
         case K_TID:
-            p = int_member(s, p, 2, &r.tid_t, &r.tid);
+            p = int_member(s, p, 2, &r.k.tid_t, &r.tid);
             break;
         case K_TS:
             if (*p == '-' || is_digit(*p)) {
@@ -737,16 +749,16 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
                 p = num_scan(s, p, &n);
                 if (p == NULL) return NULL;
                 if (num_ts(&n, &r.ts_ns)) {
-                    r.ts_t = T_OK;
-                    r.ts_dot = n.frac_p != NULL;
+                    r.k.ts_t = T_OK;
+                    r.k.ts_dot = n.frac_p != NULL;
                 } else {
-                    r.ts_t = T_BAD;
+                    r.k.ts_t = T_BAD;
                 }
             } else if (is_null(p, e)) {
-                r.ts_t = T_NULL;
+                r.k.ts_t = T_NULL;
                 p += 4;
             } else {
-                r.ts_t = T_BAD;
+                r.k.ts_t = T_BAD;
                 p = skip_value(s, p, 2);
             }
             break;
@@ -755,12 +767,12 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
                 Num n;
                 p = num_scan(s, p, &n);
                 if (p == NULL) return NULL;
-                r.dur_t = num_dur(&n, &r.dur) && fabs(r.dur) < 8589934592.0 ? T_OK : T_BAD;
+                r.k.dur_t = num_dur(&n, &r.dur) && fabs(r.dur) < 8589934592.0 ? T_OK : T_BAD;
             } else if (is_null(p, e)) {
-                r.dur_t = T_NULL;
+                r.k.dur_t = T_NULL;
                 p += 4;
             } else {
-                r.dur_t = T_BAD;
+                r.k.dur_t = T_BAD;
                 p = skip_value(s, p, 2);
             }
             break;
@@ -768,7 +780,7 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
             if (*p == '{') {
                 p = args_object(s, p, 3, &r);
             } else {
-                r.x_bad = 1;
+                r.k.x_bad = 1;
                 p = skip_value(s, p, 2);
             }
             break;
@@ -788,39 +800,42 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
         }
         DECLINE(s, "bad object");
     }
-    if (r.ph == 0) DECLINE(s, "record without ph");
-    if (r.ph == 'X') {
-        if (r.x_bad || r.cat_t == T_BAD || r.name_t == T_BAD || r.pid_t == T_BAD || r.tid_t == T_BAD ||
-            r.ts_t == T_BAD || r.dur_t == T_BAD)
+    if (r.k.ph == 0) DECLINE(s, "record without ph");
+    if (r.k.ph == 'X') {
+        if (r.k.x_bad || r.k.cat_t == T_BAD || r.k.name_t == T_BAD || r.k.pid_t == T_BAD || r.k.tid_t == T_BAD ||
+            r.k.ts_t == T_BAD || r.k.dur_t == T_BAD)
             DECLINE(s, "X event with a value of another type");
-        if ((r.pid_t == T_OK && r.pid < 0) || (r.tid_t == T_OK && r.tid < 0)) s->flags |= F_NEGATIVE;
+        if ((r.k.pid_t == T_OK && r.pid < 0) || (r.k.tid_t == T_OK && r.tid < 0)) s->flags |= F_NEGATIVE;
         if (!grow((void **)&s->rows, &s->cap_rows, s->n_rows + 1, sizeof(Row))) DECLINE(s, "out of memory");
         Row *row = &s->rows[s->n_rows];
-        memset(row, 0, sizeof *row);
-        row->code[0] = r.cat_t == T_OK ? intern(s, &s->cats, &r.cat) : -1;
-        row->code[1] = r.name_t == T_OK ? intern(s, &s->names, &r.name) : -1;
-        if ((r.cat_t == T_OK && row->code[0] < 0) || (r.name_t == T_OK && row->code[1] < 0))
+        for (int i = 0; i < N_INT; i++)
+            row->v[i] = 0;
+        for (int i = 0; i < N_VALID; i++)
+            row->ok[i] = 0;
+        row->code[0] = r.k.cat_t == T_OK ? intern(s, &s->cats, &r.cat) : -1;
+        row->code[1] = r.k.name_t == T_OK ? intern(s, &s->names, &r.name) : -1;
+        if ((r.k.cat_t == T_OK && row->code[0] < 0) || (r.k.name_t == T_OK && row->code[1] < 0))
             DECLINE(s, "out of memory");
-        if (r.ts_t == T_OK) {
+        if (r.k.ts_t == T_OK) {
             const __int128 lim = (__int128)1 << 62;
             if (r.ts_ns <= lim && r.ts_ns >= -lim) {
                 row->v[C_START] = (int64_t)r.ts_ns;
                 row->ok[V_TS] = 1;
                 if (row->v[C_START] % 1000 != 0) s->flags |= F_FRACTION;
             }
-            if (r.ts_dot) s->flags |= F_DOT;
+            if (r.k.ts_dot) s->flags |= F_DOT;
         }
-        if (r.dur_t == T_OK) row->v[C_DUR] = (int64_t)rint(r.dur * 1000.0);
-        if (r.pid_t == T_OK) {
+        if (r.k.dur_t == T_OK) row->v[C_DUR] = (int64_t)rint(r.dur * 1000.0);
+        if (r.k.pid_t == T_OK) {
             row->v[C_PID] = r.pid;
             row->ok[V_PID] = 1;
         }
-        if (r.tid_t == T_OK) {
+        if (r.k.tid_t == T_OK) {
             row->v[C_TID] = r.tid;
             row->ok[V_TID] = 1;
         }
         for (int i = 0; i < N_IDS; i++) {
-            if (r.id_t[i] == T_OK) {
+            if (r.k.id_t[i] == T_OK) {
                 row->v[C_EXT + i] = r.id[i];
                 row->ok[V_EXT + i] = 1;
             }
@@ -828,13 +843,13 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
         row->v[C_REC_START] = start - s->base;
         row->v[C_REC_END] = p - s->base;
         s->n_rows++;
-    } else if (r.ph == 'M') {
+    } else if (r.k.ph == 'M') {
         if (!grow((void **)&s->meta, &s->cap_meta, s->n_meta + 2, sizeof(int64_t))) DECLINE(s, "out of memory");
         s->meta[s->n_meta++] = start - s->base;
         s->meta[s->n_meta++] = p - s->base;
-    } else if (r.ph == 'i') {
-        if (r.name_t == T_BAD || (r.name_t == T_OK && r.name.esc)) DECLINE(s, "instant with an unusual name");
-        if (r.name_t == T_OK && r.name.len == 17 && memcmp(r.name.p, "Record Window End", 17) == 0)
+    } else if (r.k.ph == 'i') {
+        if (r.k.name_t == T_BAD || (r.k.name_t == T_OK && r.name.esc)) DECLINE(s, "instant with an unusual name");
+        if (r.k.name_t == T_OK && r.name.len == 17 && memcmp(r.name.p, "Record Window End", 17) == 0)
             s->flags |= F_WINDOW_END;
     }
     return p;
