@@ -535,8 +535,8 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
         has_fraction = acc.has_fraction or bool(flags & 1)
         # where the typed path asks Arrow's path whether it takes the batch (negative pids or tids, timestamps
         # with fractions), ask it too
-        acc.consulted = bool(flags & 8) or (not acc.has_fraction and (has_fraction or bool(flags & 2)))
-        if acc.consulted and not _consume_arrow(_Accumulator(acc.path), batch):
+        consulted = bool(flags & 8) or (not acc.has_fraction and (has_fraction or bool(flags & 2)))
+        if consulted and not _consume_arrow(_Accumulator(acc.path), batch):
             return False
         ok = [np.frombuffer(v, dtype=np.bool_) for v in valid]
         ts_ok = ok[0]
@@ -554,6 +554,7 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
                 return False
         # every check passed: from here on the accumulator changes
         acc.has_fraction = has_fraction
+        acc.consulted = consulted
         col = [np.frombuffer(v, dtype=np.int64) for v in ints]
         cat_codes = acc.cats.encode_local(cats, np.frombuffer(codes[0], dtype=np.int32))
         name_codes = acc.names.encode_local(names, name_local)

@@ -26,7 +26,7 @@ from tests import kineto_traces as kt
 from tests.conftest import shared_data_dir
 from tracekit.parsers import _kineto_columns as kc
 from tracekit.parsers import kineto
-from tracekit.parsers._kineto_records import RAW, _Accumulator, native_scan
+from tracekit.parsers._kineto_records import DECODE_ERRORS, RAW, _Accumulator, native_scan
 from tracekit.parsers.json_stream import Batch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,22 +78,27 @@ def _acc(state: int) -> _Accumulator:
 def _state(acc: _Accumulator) -> tuple:
     table = pa.Table.from_batches(acc.batches, schema=RAW)
     return (table.to_pylist(), acc.cats.values, acc.names.values, acc.comm_rows, acc.meta_records, acc.window_end,
-            acc.has_fraction, acc.dropped, acc.n, acc.n_bad, acc.repaired_utf8, acc.repaired_nonfinite)
+            acc.has_fraction, acc.dropped, acc.n, acc.n_bad, acc.repaired_utf8, acc.repaired_nonfinite, acc.consulted)
 
 
 def _check(scan, data: bytes, state: int = 0) -> tuple[bool, bool]:
     """Both paths on ``data``; returns (typed took it, scanner took it) after checking that they agree."""
     typed = _acc(state)
-    took_typed = kc._consume_typed(typed, Batch(0, data))
+    try:
+        took_typed = kc._consume_typed(typed, Batch(0, data))
+    except DECODE_ERRORS:  # the typed path fails on some values it reads late ("Input Dims": 1e400)
+        took_typed = None
     scanned = _acc(state)
     before = _state(scanned)
     took_c = kc._consume_scanned(scanned, Batch(0, data), scan(data))
+    if took_typed is None:
+        assert not took_c, f"the scanner took a batch the typed path fails on: {data!r}"
+        return False, False
     if took_c:
         assert took_typed, f"the scanner took a batch the typed path refuses: {data!r}"
         assert _state(scanned) == _state(typed), data
         table = pa.Table.from_batches(scanned.batches, schema=RAW)
         assert table.equals(pa.Table.from_batches(typed.batches, schema=RAW)), data
-        assert scanned.consulted == typed.consulted, data
     else:
         assert _state(scanned) == before, f"declined but changed the accumulator: {data!r}"
     return took_typed, took_c
@@ -351,7 +356,8 @@ def test_cases(scan, data: bytes, taken: bool) -> None:
 _PLACES = [b'[{"ph":"X","ts":1,"cat":%s}]', b'[{"ph":"X","ts":1,"name":%s}]', b'[{"ph":"X","ts":1,"other":%s}]',
            b'[{"ph":"X","ts":1,%s:1}]', b'[{"ph":"X","ts":1,"args":{"name":%s}}]', b'[{"ph":"X","args":{%s:[]}}]',
            b'[{"ph":"X","ts":1,"args":{"Collective name":%s,"In msg nelems":[%s]}}]', b'[{"ph":"s","x":{"y":[%s]}}]',
-           b'[{"ph":"M","name":"thread_name","args":{"labels":%s}}]', b'[{"ph":"i","name":%s}]']
+           b'[{"ph":"M","name":"thread_name","args":{"labels":%s}}]', b'[{"ph":"i","name":%s}]',
+           b'[{"ph":"X","name":"nccl:all_reduce","ts":1,"args":{"Input Dims":%s,"Input type":[%s]}}]']
 
 
 def test_odd_values_in_every_place(scan) -> None:
