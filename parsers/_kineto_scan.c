@@ -524,7 +524,7 @@ static inline uint64_t hash_bytes(const uint8_t *p, size_t n) {
         n -= 8;
     }
     uint64_t x = 0;
-    memcpy(&x, p, n);
+    if (n) memcpy(&x, p, n);
     h = (h ^ x) * 0xC4CEB9FE1A85EC53ULL;
     h ^= h >> 29;
     return h;
@@ -577,7 +577,7 @@ static int32_t intern(Scan *s, Dict *d, const Str *str) {
         if (!grow((void **)&d->hash, &c, d->n + 1, sizeof(uint64_t))) return -1;
         d->cap = c;
     }
-    if (d->alen + len > d->acap) {
+    if (d->arena == NULL || d->alen + len > d->acap) {
         size_t ac = d->acap ? d->acap : 4096;
         while (ac < d->alen + len)
             ac *= 2;
@@ -586,7 +586,7 @@ static int32_t intern(Scan *s, Dict *d, const Str *str) {
         d->arena = a;
         d->acap = ac;
     }
-    memcpy(d->arena + d->alen, p, len);
+    if (len) memcpy(d->arena + d->alen, p, len);
     int32_t c = (int32_t)d->n++;
     d->off[c] = d->alen;
     d->len[c] = len;
