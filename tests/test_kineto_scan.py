@@ -268,7 +268,7 @@ def _batch(rng: random.Random) -> bytes:
 def test_generated_batches_read_the_same(scan) -> None:
     rng = random.Random(20240611)
     counts = {"typed": 0, "both": 0}
-    for i in range(3000):
+    for i in range(2000):
         data = _batch(rng)
         took_typed, took_c = _check(scan, data, i % 3)
         counts["typed"] += took_typed
@@ -277,7 +277,7 @@ def test_generated_batches_read_the_same(scan) -> None:
     assert counts["typed"] > 300 and counts["both"] > 0.8 * counts["typed"], counts
 
 
-@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.randoms(use_true_random=False), st.integers(0, 2))
 def test_hypothesis_batches_read_the_same(scan, rng: random.Random, state: int) -> None:
     _check(scan, _batch(rng), state)
