@@ -461,6 +461,16 @@ def _consume_typed(acc: _Accumulator, batch: Batch) -> bool:
                          or (not acc.has_fraction and (has_fraction or b"." in b"".join(ts))))
         if acc.consulted and not _consume_arrow(_Accumulator(acc.path), batch):
             return False
+        # collective metadata: only from events whose name says they may carry it; read before the accumulator
+        # changes, as a value msgspec cannot hold (``"Input Dims": 1e400``) sends the batch the old ways
+        local = name_a.dictionary_encode()
+        hot = acc.names.comm_flags_of(local.dictionary.to_pylist())
+        hot_rows = np.flatnonzero(hot[pc.fill_null(local.indices, len(hot) - 1).to_numpy(zero_copy_only=False)]
+                                  & ts_ok).tolist()
+        try:
+            comm = [_comm_row(args[r], acc.n + r) for r in hot_rows]
+        except DECODE_ERRORS:
+            return False
         # every check passed: from here on the accumulator changes
         acc.has_fraction = has_fraction
         dur_ns = np.maximum(dur_ns, 0)
@@ -469,18 +479,10 @@ def _consume_typed(acc: _Accumulator, batch: Batch) -> bool:
             acc.cats.encode(cat_a), name_codes, pa.array(start),
             pa.array(dur_ns), pc.abs(pid_a), pc.abs(tid_a), dev, stream, corr, pc.coalesce(ext, ext_l), nbytes,
             wstream, wcorr, pa.array(np.arange(acc.n, acc.n + n_x, dtype=np.int64))], schema=RAW)
-        rows = np.arange(n_x)
         if not ts_ok.all():
             acc.dropped += int((~ts_ok).sum())
             rb = rb.filter(pa.array(ts_ok))
-            rows = rows[ts_ok]
-            name_codes = name_codes.filter(pa.array(ts_ok))
-        # collective metadata: only from events whose name says they may carry it
-        hot = acc.names.comm_flags()
-        if hot.any():
-            codes = pc.fill_null(name_codes, len(hot) - 1).to_numpy(zero_copy_only=False)
-            for j in np.flatnonzero(hot[codes]).tolist():
-                acc.comm_rows.append(_comm_row(args[int(rows[j])], acc.n + int(rows[j])))
+        acc.comm_rows.extend(comm)
     acc.meta_records.extend(meta)
     acc.window_end = acc.window_end or window_end
     if rb is not None:

@@ -349,3 +349,19 @@ def test_a_split_file_that_is_not_clean_is_read_in_one_pass(tmp_path: Path, dama
     assert split == [None]  # fell back to one pass
     assert parts.events.to_pylist() == one.events.to_pylist()
     assert [str(d) for d in parts.diagnostics] == [str(d) for d in one.diagnostics]
+
+
+@pytest.mark.parametrize("extension", ["0", "1"])
+def test_collective_metadata_beyond_a_double_does_not_stop_the_parse(tmp_path: Path, monkeypatch,
+                                                                      extension: str) -> None:
+    """A number msgspec cannot hold (``1e400``) in the shapes of an event that may carry collective metadata sent
+    ``parse`` out with an internal error (the typed path read the shapes after it had taken the batch); now such a
+    batch goes the exact way, which reads the number as infinity, and keeps every event."""
+    monkeypatch.setenv("TRACEKIT_NO_EXTENSION", extension)
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents":[{"ph":"X","cat":"cpu_op","name":"record_param_comms","pid":1,"tid":1,"ts":1,'
+                    '"dur":2,"args":{"Collective name":"allreduce","Input Dims":[[1e400]]}},'
+                    '{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":2,"dur":1,'
+                    '"args":{"device":0,"stream":7,"correlation":3}}]}')
+    parsed = kineto.parse(str(path))
+    assert sorted(_events(parsed)["name"].to_list()) == ["k", "record_param_comms"]
