@@ -507,6 +507,9 @@ _DECODE_X = msgspec.json.Decoder(_TX)
 _DECODE_M = msgspec.json.Decoder(_TM)
 #: in place of what the C scanner made of a batch: it was not run yet
 _NOT_SCANNED: Any = object()
+#: the scanner's batch flags (``F_*`` in ``_kineto_scan.c``): a valid timestamp is not a whole µs, a timestamp's
+#: text has a '.', an instant named "Record Window End", a negative pid or tid
+F_FRACTION, F_DOT, F_WINDOW_END, F_NEGATIVE = 1, 2, 4, 8
 
 
 def _int_array(values: np.ndarray, valid: np.ndarray) -> pa.Array:
@@ -534,10 +537,10 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
     rb = None
     comm: list[dict[str, Any]] = []
     if n_x:
-        has_fraction = acc.has_fraction or bool(flags & 1)
+        has_fraction = acc.has_fraction or bool(flags & F_FRACTION)
         # where the typed path asks Arrow's path whether it takes the batch (negative pids or tids, timestamps
         # with fractions), ask it too
-        consulted = bool(flags & 8) or (not acc.has_fraction and (has_fraction or bool(flags & 2)))
+        consulted = bool(flags & F_NEGATIVE) or (not acc.has_fraction and (has_fraction or bool(flags & F_DOT)))
         if consulted and not _consume_arrow(_Accumulator(acc.path), batch):
             return False
         ok = [np.frombuffer(v, dtype=np.bool_) for v in valid]
@@ -562,7 +565,7 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
         name_codes = acc.names.encode_local(names, name_local)
         ids = [_int_array(col[2 + k], ok[1 + k]) for k in range(10)]
         pid_a, tid_a, ext, ext_l, corr, dev, stream, nbytes, wstream, wcorr = ids
-        if flags & 8:
+        if flags & F_NEGATIVE:
             pid_a, tid_a = pc.abs(pid_a), pc.abs(tid_a)
         rb = pa.record_batch([
             cat_codes, name_codes, pa.array(col[0]), pa.array(np.maximum(col[1], 0)), pid_a, tid_a, dev, stream,
@@ -573,7 +576,7 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
             rb = rb.filter(pa.array(ts_ok))
         acc.comm_rows.extend(comm)
     acc.meta_records.extend(meta)
-    acc.window_end = acc.window_end or bool(flags & 4)
+    acc.window_end = acc.window_end or bool(flags & F_WINDOW_END)
     if rb is not None:
         acc.add_raw(rb)
         acc.n += n_x
