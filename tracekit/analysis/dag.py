@@ -50,7 +50,7 @@ CONSUME_MIN_GAP_NS = 500_000
 #: stream edges out of a comm kernel only when the waiting kernel starts this soon after it
 STREAM_MAX_LAG_NS = 50_000
 #: activity columns only :func:`build` reads (the graph keeps the others: critical path, what-if, results cache)
-_BUILD_ONLY = ("_id", "top", "ancestor", "comm_parent", "sync_stream", "sync_correlation")
+_BUILD_ONLY = ("_id", "top", "ancestor", "comm_parent")
 #: runtime calls that block the CPU until device work is done (cudaMemcpyAsync does not)
 SYNC_CALL = r"Synchronize|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$"
 
@@ -126,7 +126,7 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     kidx = pc.fill_null(kind.indices, len(kinds)).to_numpy(zero_copy_only=False)
     df = pl.from_arrow(events.select(
         ["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "stream", "correlation", "iteration",
-         "collective_id", "sync_stream", "sync_correlation"]))
+         "collective_id"]))
     assert isinstance(df, pl.DataFrame)
     # polars filters a job's millions of rows several times faster than Arrow's take; kind and name stay
     # categorical until the top-level activities are picked (build casts those)
