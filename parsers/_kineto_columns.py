@@ -427,8 +427,7 @@ def _consume_typed(acc: _Accumulator, batch: Batch) -> bool:
     if kinds.count(_TM) or kinds.count(_TI):
         for e in evs:
             if e.__class__ is _TM:
-                a = e.args
-                meta.append((str(e.name), e.pid, e.tid, a.label_name if a.label_name is not None else a.labels))
+                meta.append(_meta_record(e))
             elif e.__class__ is _TI and e.name == "Record Window End":
                 window_end = True
     del evs, kinds
@@ -491,6 +490,13 @@ def _consume_typed(acc: _Accumulator, batch: Batch) -> bool:
     return True
 
 
+def _meta_record(e: _TM | Event) -> tuple[str, Any, Any, Any]:
+    """A track-metadata record (``process_name``, ``thread_name``, ...) as the accumulator keeps it: name, pid, tid
+    and its ``args.name`` (else ``args.labels``)."""
+    a = e.args
+    return str(e.name), e.pid, e.tid, a.label_name if a.label_name is not None else a.labels
+
+
 def _comm_row(a: _TArgs, index: int) -> dict[str, Any]:
     """The collective metadata of one event, as :class:`Args` would have read it."""
     row = {f: getattr(a, f) for f in COMM_ARG_FIELDS}
@@ -529,9 +535,7 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
         bounds = np.frombuffer(meta_ranges, dtype=np.int64).tolist()
         try:
             for k in range(0, len(bounds), 2):
-                e = _DECODE_M.decode(data[bounds[k] : bounds[k + 1]])
-                a = e.args
-                meta.append((str(e.name), e.pid, e.tid, a.label_name if a.label_name is not None else a.labels))
+                meta.append(_meta_record(_DECODE_M.decode(data[bounds[k] : bounds[k + 1]])))
         except DECODE_ERRORS:
             return False
     rb = None
@@ -607,9 +611,7 @@ def _consume(acc: _Accumulator, batch: Batch, scanned: Any = _NOT_SCANNED) -> No
     if len(xs) != len(events):
         for e, ph in zip(events, phs, strict=True):
             if ph == "M":
-                a = e.args
-                acc.meta_records.append((str(e.name), e.pid, e.tid, a.label_name if a.label_name is not None
-                                         else a.labels))
+                acc.meta_records.append(_meta_record(e))
             elif ph == "i":
                 if e.name == "Record Window End":
                     acc.window_end = True

@@ -162,18 +162,21 @@ def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch:
     members_after: set[str] = set()
     end: End | None = None
     array_seen = False
-    ahead: deque[tuple[Batch, Future]] = deque()
+    ahead: deque[tuple[Batch, Future | None]] = deque()
     pool = ThreadPoolExecutor(threads, thread_name_prefix="tracekit-scan") if threads and acc.scan else None
 
     def collect(keep: int) -> None:
-        """Consume the oldest batches read ahead until ``keep`` are left."""
+        """Consume the oldest batches read until ``keep`` are left (those read ahead, with their scan's future)."""
         nonlocal first_batch
         while len(ahead) > keep:
             batch, future = ahead.popleft()
-            scanned = future.result()
-            if scanned is None and not batch.check():
-                raise _Misread  # the stream went on after this batch as if it were cut right
-            _consume(acc, batch, scanned)
+            if future is None:
+                _consume(acc, batch)
+            else:
+                scanned = future.result()
+                if scanned is None and not batch.check():
+                    raise _Misread  # the stream went on after this batch as if it were cut right
+                _consume(acc, batch, scanned)
             if first_batch is not None:
                 first_batch()
                 first_batch = None
@@ -182,15 +185,8 @@ def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch:
         for item in stream_array(blocks, batch_bytes=BATCH_BYTES, lazy=True):
             if isinstance(item, Batch):
                 array_seen = True
-                if pool is not None:
-                    assert acc.scan is not None
-                    ahead.append((item, pool.submit(acc.scan, item.data)))
-                    collect(LOOKAHEAD - 1)
-                    continue
-                _consume(acc, item)
-                if first_batch is not None:
-                    first_batch()
-                    first_batch = None
+                ahead.append((item, pool.submit(acc.scan, item.data) if pool is not None else None))
+                collect(LOOKAHEAD - 1 if pool is not None else 0)
                 continue
             collect(0)
             if isinstance(item, Member):

@@ -384,7 +384,7 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     etype = etype[keep]
     del keep
     binding, slack = _bind(src, dst, lag, node_time)
-    # what only the build reads (nesting, gloo and synchronisation bookkeeping) is left out of the graph
+    # what only the build reads (nesting and gloo bookkeeping) is left out of the graph
     act = act.drop(_BUILD_ONLY, strict=False)
     return Graph(act=act, src=src, dst=dst, lag=lag, etype=etype, node_time=node_time, binding=binding,
                  slack=slack, violated=violated)
