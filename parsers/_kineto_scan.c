@@ -388,30 +388,54 @@ static inline int num_dur(const Num *n, double *out) {
 
 static const uint8_t *skip_value(Scan *s, const uint8_t *p, int depth);
 
+/* An object member's key at p (where its quote should be): *k, *klen and *esc say what it is; returns the position
+   of its value (whitespace skipped), or NULL */
+static inline const uint8_t *member_key(Scan *s, const uint8_t *p, const uint8_t **k, size_t *klen, int *esc) {
+    const uint8_t *e = s->end;
+    if (p >= e || *p != '"') DECLINE(s, "bad object");
+    *k = p + 1;
+    p = str_scan(s, *k, esc);
+    if (p == NULL) return NULL;
+    *klen = (size_t)(p - 1 - *k);
+    p = ws(p, e);
+    if (p >= e || *p != ':') DECLINE(s, "bad object");
+    p = ws(p + 1, e);
+    if (p >= e) DECLINE(s, "value missing");
+    return p;
+}
+
+/* After a member's value at p: the next member's key (*more = 1) or the position after the closing brace
+   (*more = 0), or NULL */
+static inline const uint8_t *member_next(Scan *s, const uint8_t *p, int *more) {
+    const uint8_t *e = s->end;
+    p = ws(p, e);
+    if (p >= e) DECLINE(s, "bad object");
+    if (*p == ',') {
+        *more = 1;
+        return ws(p + 1, e);
+    }
+    if (*p != '}') DECLINE(s, "bad object");
+    *more = 0;
+    return p + 1;
+}
+
 static const uint8_t *skip_object(Scan *s, const uint8_t *p, int depth) {
     const uint8_t *e = s->end;
     if (depth > MAX_DEPTH) DECLINE(s, "nested too deep");
     p = ws(p + 1, e);
     if (p < e && *p == '}') return p + 1;
-    for (;;) {
+    for (int more = 1; more;) {
+        const uint8_t *k;
+        size_t klen;
         int esc = 0;
-        if (p >= e || *p != '"') DECLINE(s, "bad object");
-        p = str_scan(s, p + 1, &esc);
+        p = member_key(s, p, &k, &klen, &esc);
         if (p == NULL) return NULL;
-        p = ws(p, e);
-        if (p >= e || *p != ':') DECLINE(s, "bad object");
-        p = ws(p + 1, e);
         p = skip_value(s, p, depth);
         if (p == NULL) return NULL;
-        p = ws(p, e);
-        if (p >= e) DECLINE(s, "bad object");
-        if (*p == ',') {
-            p = ws(p + 1, e);
-            continue;
-        }
-        if (*p == '}') return p + 1;
-        DECLINE(s, "bad object");
+        p = member_next(s, p, &more);
+        if (p == NULL) return NULL;
     }
+    return p;
 }
 
 static const uint8_t *skip_array(Scan *s, const uint8_t *p, int depth) {
@@ -622,18 +646,13 @@ static const uint8_t *args_object(Scan *s, const uint8_t *p, int depth, Rec *r) 
     if (depth > MAX_DEPTH) DECLINE(s, "nested too deep");
     p = ws(p + 1, e);
     if (p < e && *p == '}') return p + 1;
-    for (;;) {
+    for (int more = 1; more;) {
+        const uint8_t *k;
+        size_t klen;
         int esc = 0;
-        if (p >= e || *p != '"') DECLINE(s, "bad object");
-        const uint8_t *k = p + 1;
-        p = str_scan(s, k, &esc);
+        p = member_key(s, p, &k, &klen, &esc);
         if (p == NULL) return NULL;
-        size_t klen = (size_t)(p - 1 - k);
         if (esc) DECLINE(s, "escaped key in args");
-        p = ws(p, e);
-        if (p >= e || *p != ':') DECLINE(s, "bad object");
-        p = ws(p + 1, e);
-        if (p >= e) DECLINE(s, "value missing");
         int key = args_key(k, klen);
         if (key >= 0) {
             if (r->k.args_seen & (1u << key)) DECLINE(s, "duplicate key in args");
@@ -651,15 +670,10 @@ static const uint8_t *args_object(Scan *s, const uint8_t *p, int depth, Rec *r) 
             p = skip_value(s, p, depth);
         }
         if (p == NULL) return NULL;
-        p = ws(p, e);
-        if (p >= e) DECLINE(s, "bad object");
-        if (*p == ',') {
-            p = ws(p + 1, e);
-            continue;
-        }
-        if (*p == '}') return p + 1;
-        DECLINE(s, "bad object");
+        p = member_next(s, p, &more);
+        if (p == NULL) return NULL;
     }
+    return p;
 }
 
 enum { K_PH, K_CAT, K_NAME, K_PID, K_TID, K_TS, K_DUR, K_ARGS };
@@ -702,18 +716,13 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
     memset(&r.k, 0, sizeof r.k);
     p = ws(p + 1, e);
     if (p < e && *p == '}') DECLINE(s, "record without ph");
-    for (;;) {
+    for (int more = 1; more;) {
+        const uint8_t *k;
+        size_t klen;
         int esc = 0;
-        if (p >= e || *p != '"') DECLINE(s, "bad object");
-        const uint8_t *k = p + 1;
-        p = str_scan(s, k, &esc);
+        p = member_key(s, p, &k, &klen, &esc);
         if (p == NULL) return NULL;
-        size_t klen = (size_t)(p - 1 - k);
         if (esc) DECLINE(s, "escaped key in a record");
-        p = ws(p, e);
-        if (p >= e || *p != ':') DECLINE(s, "bad object");
-        p = ws(p + 1, e);
-        if (p >= e) DECLINE(s, "value missing");
         int key = record_key(k, klen);
         if (key >= 0) {
             if (r.k.seen & (1u << key)) DECLINE(s, "duplicate key in a record");
@@ -788,17 +797,8 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
             p = skip_value(s, p, 2);
         }
         if (p == NULL) return NULL;
-        p = ws(p, e);
-        if (p >= e) DECLINE(s, "bad object");
-        if (*p == ',') {
-            p = ws(p + 1, e);
-            continue;
-        }
-        if (*p == '}') {
-            p++;
-            break;
-        }
-        DECLINE(s, "bad object");
+        p = member_next(s, p, &more);
+        if (p == NULL) return NULL;
     }
     if (r.k.ph == 0) DECLINE(s, "record without ph");
     if (r.k.ph == 'X') {
