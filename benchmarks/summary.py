@@ -97,8 +97,7 @@ def main():
     parsed = kineto.parse(sys.argv[1], workers=workers)
     print(json.dumps({"parse_wall": time.perf_counter() - t,
                       "parse_cpu": time.process_time() - c + children_cpu() - k, "events": parsed.events.num_rows,
-                      "native": kineto.native_scan() is not None,
-                      "threaded": kineto.native_scan() is not None and 1 < workers <= kineto.THREADED_WORKERS}))
+                      "native": kineto.native_scan() is not None, "threaded": kineto.scanner_threads(workers) > 0}))
 if __name__ == "__main__":
     main()
 """

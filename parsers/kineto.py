@@ -89,8 +89,8 @@ def parse(path: str, *, spill_dir: str | None = None, workers: int = 1, threads:
     with ``threads`` given, ``workers`` > 1 splits the file as without the scanner.
     """
     with _no_gc():
-        if threads is None and workers > 1 and workers <= THREADED_WORKERS and native_scan() is not None:
-            return _parse(path, spill_dir, workers - 1)
+        if threads is None and scanner_threads(workers):
+            return _parse(path, spill_dir, scanner_threads(workers))
         if workers > 1 and spill_dir is None:
             parsed = _parse_split(path, workers)
             if parsed is not None:
@@ -103,6 +103,12 @@ def parse(path: str, *, spill_dir: str | None = None, workers: int = 1, threads:
 #: 0.80-0.84 s split across 2 processes (0.76 s on one thread; the thread reading the file and collecting results
 #: is the limit, so more scanner threads do not help, while more processes do on more cores)
 THREADED_WORKERS = 2
+
+
+def scanner_threads(workers: int) -> int:
+    """The scanner threads :func:`parse` reads a file with for ``workers`` by default (0: it splits the file across
+    processes, or reads it on one thread)."""
+    return workers - 1 if 1 < workers <= THREADED_WORKERS and native_scan() is not None else 0
 
 
 class _Misread(Exception):
