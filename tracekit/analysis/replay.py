@@ -50,7 +50,9 @@ def chains(graph: Graph) -> Chains:
     consecutive = graph.dst[ce] == graph.src[ce] + 1
     chain_edge[graph.dst[ce[consecutive]]] = ce[consecutive]
     seg = np.cumsum(chain_edge < 0) - 1
-    cross = np.flatnonzero(~np.isin(np.arange(graph.src.size), ce[consecutive]))
+    on_chain = np.zeros(graph.src.size, dtype=bool)
+    on_chain[ce[consecutive]] = True
+    cross = np.flatnonzero(~on_chain)
     cross = cross[np.argsort(graph.dst[cross], kind="stable")]
     d = graph.dst[cross]
     starts = np.flatnonzero(np.concatenate(([True], d[1:] != d[:-1]))) if d.size else np.zeros(0, np.int64)
