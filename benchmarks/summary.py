@@ -172,6 +172,9 @@ def _other_tree(rev: str, into: Path) -> Path:
     shutil.copytree(src / "tracekit", site / "tracekit")
     shutil.copytree(src / "parsers", site / "tracekit" / "parsers")
     shutil.copytree(src / "tui", site / "tracekit" / "tui")
+    if (src / "setup.py").exists():  # its C extension, built as its install would build it
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(site)], cwd=src,
+                       check=True, capture_output=True)
     return site
 
 
