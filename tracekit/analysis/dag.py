@@ -128,10 +128,8 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
         ["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "stream", "correlation", "iteration",
          "collective_id"]))
     assert isinstance(df, pl.DataFrame)
-    # polars filters a job's millions of rows several times faster than Arrow's take; kind and name stay
-    # categorical until the top-level activities are picked (build casts those)
-    df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("event_row"), pl.col("lane").cast(pl.String)
-                         ).filter(pl.Series(keep_kind[kidx]))
+    # kind and name stay categorical until the top-level activities are picked (build casts those)
+    df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("event_row"))
     offsets = _offsets(ranks)
     if offsets:
         df = df.with_columns(pl.col("rank").replace_strict(list(offsets), list(offsets.values()), default=0,
@@ -143,8 +141,9 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
                          pl.col("dur_ns").alias("dur")).drop("_off", "dur_ns")  # every sort below moves fewer columns
     # device-side records of synchronisation (cuda_sync) are the CPU's waiting seen from the GPU, not
     # device work: they only tell which stream a sync call waited for
-    df = df.filter(~(pl.col("device").is_not_null() & (pl.col("kind") == "runtime")))
-    df = _nest(df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_id")))
+    keep = keep_kind[kidx] & ~(df.get_column("device").is_not_null() & (df.get_column("kind") == "runtime")
+                               ).fill_null(False).to_numpy()
+    df = _kept_by_lane(df, np.flatnonzero(keep), _lane_codes(events.column("lane")))
     # communication recorded on a CPU thread inside other activity (gloo send/recv annotate the caller's thread,
     # often running on while the thread goes on) is activity of its own, on a lane beside the thread; it would
     # otherwise swallow every operator it overlaps. Its operator starts it (gloo's enqueue/consume edges) and,
@@ -162,6 +161,35 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     else:
         df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias("comm_parent"))
     return _split_waits(df)
+
+
+def _lane_codes(lane: pa.ChunkedArray) -> np.ndarray | None:
+    """Per row, its lane's rank in the lanes' text order (equal texts, equal ranks), read off the dictionary: one
+    string per distinct lane, not per row. None when a lane is null or the column is not dictionary-encoded."""
+    if lane.null_count or not pa.types.is_dictionary(lane.type):
+        return None
+    lane = lane.unify_dictionaries()
+    if lane.num_chunks == 0:
+        return np.zeros(0, dtype=np.int64)
+    values = np.array(lane.chunk(0).dictionary.to_pylist(), dtype=object)
+    if any(v is None for v in values):
+        return None
+    rank = np.unique(values, return_inverse=True)[1].astype(np.int64) if values.size else np.zeros(0, np.int64)
+    return np.concatenate([rank[c.indices.to_numpy(zero_copy_only=False)] for c in lane.chunks])
+
+
+def _kept_by_lane(df: pl.DataFrame, rows: np.ndarray, lane_codes: np.ndarray | None) -> pl.DataFrame:
+    """``rows`` of ``df`` (original order) with ``_id`` (their position among them) and lanes as text, sorted and
+    nested by :func:`_nest`. With the rows' lane codes it sorts on those and gathers once (no filtered copy, no
+    per-row lane text before the sort); the order is the same."""
+    rank, start = df.get_column("rank"), df.get_column("start")
+    if lane_codes is None or rank.has_nulls() or start.has_nulls() or not rows.size:
+        df = df[rows].with_columns(pl.col("lane").cast(pl.String), pl.Series("_id", np.arange(rows.size)))
+        return _nest(df)
+    order, group = lane_order(rank.to_numpy()[rows].astype(np.int64), lane_codes[rows], start.to_numpy()[rows],
+                              df.get_column("end").to_numpy()[rows])
+    df = df[rows[order]].with_columns(pl.col("lane").cast(pl.String), pl.Series("_id", order.astype(np.int64)))
+    return _nested(df, _lane_numbers(group))
 
 
 def _split_waits(df: pl.DataFrame) -> pl.DataFrame:
@@ -255,7 +283,11 @@ def _slots(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarra
 def _nest(df: pl.DataFrame) -> pl.DataFrame:
     """Sort by lane and time and mark nesting on each lane: ``top`` (starts after everything before it on its
     lane ended), ``ancestor`` (position of its top-level ancestor) and ``lane_id``."""
-    df, lane_key = sort_by_lane(df)
+    return _nested(*sort_by_lane(df))
+
+
+def _nested(df: pl.DataFrame, lane_key: np.ndarray) -> pl.DataFrame:
+    """``df`` (sorted by lane and time; ``lane_key`` its lane numbers) with ``top``, ``ancestor`` and ``lane_id``."""
     end = df.get_column("end").to_numpy()
     start = df.get_column("start").to_numpy()
     prev_max = prev_max_end(lane_key.astype(np.int64), start, end)
@@ -274,9 +306,14 @@ def sort_by_lane(df: pl.DataFrame, start: str = "start", end: str = "end") -> tu
                                    return_dtype=pl.Int64).to_numpy()
         order, group = lane_order(rank.to_numpy().astype(np.int64), code, first.to_numpy(),
                                   df.get_column(end).to_numpy())
-        return df[order], np.cumsum(np.concatenate(([1], group[1:] != group[:-1]))).astype(np.uint32)
+        return df[order], _lane_numbers(group)
     df = df.sort(["rank", "lane", start, end], descending=[False, False, False, True])
     return df, df.select(pl.struct(["rank", "lane"]).rank("dense").alias("k")).to_series().to_numpy()
+
+
+def _lane_numbers(group: np.ndarray) -> np.ndarray:
+    """1, 2, ... per run of equal ``group`` values (rows sorted by lane)."""
+    return np.cumsum(np.concatenate(([1], group[1:] != group[:-1]))).astype(np.uint32)
 
 
 def _running_argmax(values: np.ndarray) -> np.ndarray:
