@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests import kineto_traces as kt
 from tracekit.analysis import critical_path, dag, iterations, replay
@@ -180,3 +182,32 @@ def test_most_waited_on_is_the_longest_wait_and_the_lowest_rank_on_a_tie() -> No
     summ = critical_path.summary(segs, its)
     # rank 2 was waited on for 10 ns once, rank 1 for 9 ns in three pieces: rank 2; a tie goes to rank 1
     assert summ["most_waited_on"].to_list() == [2, 1, None]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["cpu/tid 7", "gpu0/stream7", "gpu0/stream13", "trace",
+                                                              "cpu/tid 12", "gpu1/stream7", "é/x"]),
+                          st.integers(0, 50), st.integers(0, 20), st.booleans()), max_size=60),
+       st.booleans())
+def test_activities_sorted_on_lane_codes_equal_the_sort_on_lane_text(rows, shuffled_dict) -> None:
+    """dag's sort on lane codes read off the dictionary (one string per lane) gives the frame the sort on each
+    row's lane text gives: same rows, order, ids and nesting, whatever the dictionary's own order."""
+    import pyarrow as pa
+
+    lanes = sorted({r[1] for r in rows})
+    if shuffled_dict:
+        lanes = lanes[::-1]
+    lane = pa.DictionaryArray.from_arrays(pa.array([lanes.index(r[1]) for r in rows], pa.int32()),
+                                          pa.array(lanes, pa.string()))
+    df = pl.DataFrame({"rank": [r[0] for r in rows], "lane": pl.Series(lane.dictionary.to_pylist(),
+                                                                        dtype=pl.String).gather(lane.indices
+                                                                                                .to_numpy()),
+                       "start": [r[2] for r in rows], "end": [r[2] + r[3] for r in rows]},
+                      schema={"rank": pl.Int32, "lane": pl.Categorical, "start": pl.Int64, "end": pl.Int64})
+    keep = np.flatnonzero([r[4] for r in rows])
+    codes = dag._lane_codes(pa.chunked_array([lane], lane.type))
+    assert codes is not None
+    fast = dag._kept_by_lane(df, keep, codes)
+    slow = dag._kept_by_lane(df, keep, None)
+    assert fast.equals(slow)
+    assert fast.get_column("lane").dtype == pl.String
