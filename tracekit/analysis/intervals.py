@@ -65,22 +65,29 @@ def prev_max_end(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.nda
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     t0 = int(start.min())
-    rel = end - t0 + 1  # >= 1
-    big = int(rel.max()) + 2
-    shifted = np.empty(n, dtype=np.int64)
-    shifted[0] = 0
-    shifted[1:] = rel[:-1]
+    big = int(end.max()) - t0 + 3  # above every end - t0 + 1 (>= 1)
     first = np.ones(n, dtype=bool)
     first[1:] = lane[1:] != lane[:-1]
-    shifted[first] = 0
-    dense = np.cumsum(first) - 1  # 0, 1, 2 ... per lane, nondecreasing
+    dense = np.cumsum(first, dtype=np.int64)
+    dense -= 1  # 0, 1, 2 ... per lane, nondecreasing
     if (int(dense[-1]) + 1) * big >= 1 << 62:  # too many lanes x too long a span for one int64 running max
         import polars as pl
 
         prev = pl.DataFrame({"g": dense, "e": end}).select(pl.col("e").cum_max().shift(1).over("g")).to_series()
         return prev.fill_null(lo).to_numpy()
-    run = np.maximum.accumulate(dense * big + shifted) - dense * big
-    return np.where(run <= 0, lo, run + t0 - 1)
+    # in place over two arrays (a job's millions of rows): run = cummax(dense * big + previous end - t0 + 1)
+    run = np.empty(n, dtype=np.int64)
+    run[0] = 0
+    np.subtract(end[:-1], t0 - 1, out=run[1:])
+    run[first] = 0
+    dense *= big
+    run += dense
+    np.maximum.accumulate(run, out=run)
+    run -= dense
+    none = run <= 0
+    run += t0 - 1
+    run[none] = lo
+    return run
 
 
 def _order(rank: np.ndarray, time: np.ndarray, prio: np.ndarray) -> np.ndarray:
