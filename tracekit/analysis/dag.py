@@ -143,7 +143,7 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     # device work: they only tell which stream a sync call waited for
     keep = keep_kind[kidx] & ~(df.get_column("device").is_not_null() & (df.get_column("kind") == "runtime")
                                ).fill_null(False).to_numpy()
-    df = _kept_by_lane(df, np.flatnonzero(keep), _lane_codes(events.column("lane")))
+    df = _kept_by_lane(df, np.flatnonzero(keep), lane_codes(events.column("lane")))
     # communication recorded on a CPU thread inside other activity (gloo send/recv annotate the caller's thread,
     # often running on while the thread goes on) is activity of its own, on a lane beside the thread; it would
     # otherwise swallow every operator it overlaps. Its operator starts it (gloo's enqueue/consume edges) and,
@@ -163,7 +163,7 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     return _split_waits(df)
 
 
-def _lane_codes(lane: pa.ChunkedArray) -> np.ndarray | None:
+def lane_codes(lane: pa.ChunkedArray) -> np.ndarray | None:
     """Per row, its lane's rank in the lanes' text order (equal texts, equal ranks), read off the dictionary: one
     string per distinct lane, not per row. None when a lane is null or the column is not dictionary-encoded."""
     if lane.null_count or not pa.types.is_dictionary(lane.type):
@@ -178,15 +178,15 @@ def _lane_codes(lane: pa.ChunkedArray) -> np.ndarray | None:
     return np.concatenate([rank[c.indices.to_numpy(zero_copy_only=False)] for c in lane.chunks])
 
 
-def _kept_by_lane(df: pl.DataFrame, rows: np.ndarray, lane_codes: np.ndarray | None) -> pl.DataFrame:
+def _kept_by_lane(df: pl.DataFrame, rows: np.ndarray, codes: np.ndarray | None) -> pl.DataFrame:
     """``rows`` of ``df`` (original order) with ``_id`` (their position among them) and lanes as text, sorted and
     nested by :func:`_nest`. With the rows' lane codes it sorts on those and gathers once (no filtered copy, no
     per-row lane text before the sort); the order is the same."""
     rank, start = df.get_column("rank"), df.get_column("start")
-    if lane_codes is None or rank.has_nulls() or start.has_nulls() or not rows.size:
+    if codes is None or rank.has_nulls() or start.has_nulls() or not rows.size:
         df = df[rows].with_columns(pl.col("lane").cast(pl.String), pl.Series("_id", np.arange(rows.size)))
         return _nest(df)
-    order, group = lane_order(rank.to_numpy()[rows].astype(np.int64), lane_codes[rows], start.to_numpy()[rows],
+    order, group = lane_order(rank.to_numpy()[rows].astype(np.int64), codes[rows], start.to_numpy()[rows],
                               df.get_column("end").to_numpy()[rows])
     df = df[rows[order]].with_columns(pl.col("lane").cast(pl.String), pl.Series("_id", order.astype(np.int64)))
     return _nested(df, _lane_numbers(group))

@@ -43,15 +43,14 @@ class Chains:
 def chains(graph: Graph) -> Chains:
     """Split ``graph`` into per-lane chains (own + program edges) and cross edges."""
     n = graph.n_nodes
+    # own: S_i -> E_i (consecutive nodes); program: E_i -> S_{i+1} (consecutive activities on a lane); masks over
+    # every edge in order, not gathers through the chain edges' ids (a job's edges are millions)
+    on_chain = (graph.etype == _OWN) | (graph.etype == _PROGRAM)
+    on_chain &= graph.dst == graph.src + 1
+    ce = np.flatnonzero(on_chain)
     chain_edge = np.full(n, -1, dtype=np.int64)
-    is_chain = (graph.etype == _OWN) | (graph.etype == _PROGRAM)
-    ce = np.flatnonzero(is_chain)
-    # own: S_i -> E_i (consecutive nodes); program: E_i -> S_{i+1} (consecutive activities on a lane)
-    consecutive = graph.dst[ce] == graph.src[ce] + 1
-    chain_edge[graph.dst[ce[consecutive]]] = ce[consecutive]
+    chain_edge[graph.dst[ce]] = ce
     seg = np.cumsum(chain_edge < 0) - 1
-    on_chain = np.zeros(graph.src.size, dtype=bool)
-    on_chain[ce[consecutive]] = True
     cross = np.flatnonzero(~on_chain)
     cross = cross[np.argsort(graph.dst[cross], kind="stable")]
     d = graph.dst[cross]

@@ -31,7 +31,7 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit.analysis import contention, dag, replay
-from tracekit.analysis.dag import EDGE_TYPES, Graph, sort_by_lane
+from tracekit.analysis.dag import EDGE_TYPES, Graph, lane_codes, sort_by_lane
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
 from tracekit.model.units import format_rate
@@ -310,13 +310,16 @@ def _compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
     on ranks with devices, CPU operators with nothing nested inside on CPU-only ranks."""
     ev = pl.from_arrow(events.select(["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "iteration"]))
     assert isinstance(ev, pl.DataFrame)
+    codes = lane_codes(events.column("lane"))
+    if codes is not None:  # the lanes' order from their dictionary: no lane text per row
+        ev = ev.with_columns(pl.Series("lane", codes))
     gpu = sorted(g.gpu_ranks)
     ev = ev.filter(pl.when(pl.col("rank").is_in(gpu)).then(pl.col("kind") == "compute")
                    .otherwise((pl.col("kind") == "cpu_op") & pl.col("device").is_null())
                    & pl.col("iteration").is_not_null())
-    # strings only for the rows kept (the lane's text orders the sort below)
-    ev = ev.with_columns(pl.col("kind").cast(pl.String), pl.col("lane").cast(pl.String), pl.col("name").cast(pl.String),
-                         (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
+    # strings only for the rows kept (the lane's text orders the sort below where its codes do not)
+    text = [] if codes is not None else [pl.col("lane").cast(pl.String)]
+    ev = ev.with_columns(*text, pl.col("name").cast(pl.String), (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
     ev, lane = sort_by_lane(ev, "start_ns", "end_ns")
     start = ev.get_column("start_ns").to_numpy()
     end = ev.get_column("end_ns").to_numpy()
