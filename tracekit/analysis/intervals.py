@@ -135,15 +135,26 @@ def sweep(
     order = _order(p_rank, p_time, p_prio)
     p_rank = p_rank[order]
     p_time = p_time[order]
-    # running count per class; a class is active while its count is positive
-    state = np.zeros(order.size, dtype=np.int64)
-    point_cls = np.concatenate([cls, cls])[np.minimum(order, 2 * n - 1)] if n else np.zeros(order.size, np.int64)
+    # running count per class; a class is active while its count is positive. Counts fit int32 (at most n
+    # intervals) and a state of up to 8 classes one byte: a job's millions of points cost 4 bytes per class pass
     is_interval = order < 2 * n
+    # a window marker is no class's point
+    point_cls = np.where(is_interval, np.concatenate([cls, cls])[np.minimum(order, 2 * n - 1)], -1) if n \
+        else np.full(order.size, -1, np.int64)
     sign = np.where(order < n, 1, -1).astype(np.int32)
+    small = n_classes <= 8
+    state = np.zeros(order.size, dtype=np.uint8 if small else np.int64)
+    d = np.empty(order.size, dtype=np.int32)
+    active = np.empty(order.size, dtype=bool)
     for c in range(n_classes):
-        d = np.where(is_interval & (point_cls == c), sign, 0)
-        active = np.cumsum(d, dtype=np.int64) > 0
-        state |= active.astype(np.int64) << c
+        np.equal(point_cls, c, out=active)
+        np.multiply(sign, active, out=d)
+        np.cumsum(d, out=d)
+        np.greater(d, 0, out=active)
+        if small:
+            state |= active.view(np.uint8) << np.uint8(c)
+        else:
+            state |= active.astype(np.int64) << c
     # current window: the last window marker before each point (-1 after a window end)
     marker = np.full(order.size, -2, dtype=np.int64)
     marker[~is_interval] = np.where(order[~is_interval] < 2 * n + m, -1, order[~is_interval] - 2 * n - m)
@@ -151,7 +162,8 @@ def sweep(
     current = np.where(last >= 0, marker[np.maximum(last, 0)], -1)
     seg_len = np.diff(p_time)
     keep = (p_rank[1:] == p_rank[:-1]) & (current[:-1] >= 0) & (seg_len > 0)
-    return Sweep(window=current[:-1][keep], length=seg_len[keep], state=state[:-1][keep], start=p_time[:-1][keep])
+    return Sweep(window=current[:-1][keep], length=seg_len[keep], state=state[:-1][keep].astype(np.int64),
+                 start=p_time[:-1][keep])
 
 
 def union_length(rank: np.ndarray, start: np.ndarray, end: np.ndarray, win_rank: np.ndarray,
