@@ -128,9 +128,10 @@ def _through(df: pl.DataFrame, key: str, source: np.ndarray, target: np.ndarray,
         return dst[:0], it[:0]
     rank = df.get_column("rank").to_numpy().astype(np.int64)
     values = k.fill_null(0).to_numpy()
-    used = np.concatenate([src, dst])
-    if rank[used].min() >= 0 and rank[used].max() < 1 << 22 and values[used].min() >= 0 and \
-            values[used].max() < 1 << 40:
+    used = (source | target) & valid  # rows of src or dst: reduced in place, not gathered
+    big = np.iinfo(np.int64).max
+    if rank.min(where=used, initial=big) >= 0 and rank.max(where=used, initial=-1) < 1 << 22 and \
+            values.min(where=used, initial=big) >= 0 and values.max(where=used, initial=-1) < 1 << 40:
         packed = rank * (1 << 40) + values
         keys, first = np.unique(packed[src], return_index=True)  # the first occurrence of each
         pos = np.minimum(np.searchsorted(keys, packed[dst]), keys.size - 1)
@@ -163,7 +164,11 @@ def step_of(rank: np.ndarray, start: np.ndarray, steps: pl.DataFrame) -> tuple[n
     s_rank, s_start, s_end, s_it = s_rank[so], s_start[so], s_end[so], s_it[so]
     rank = np.asarray(rank).astype(np.int64)
     ranks = np.unique(s_rank)
-    if ranks.size == 1:
+    segments: list[tuple[int, np.ndarray | slice]]
+    if n > 1 and bool((rank[1:] >= rank[:-1]).all()):  # a job's events come rank by rank: each rank is a slice
+        bounds = np.searchsorted(rank, ranks, "left"), np.searchsorted(rank, ranks, "right")
+        segments = [(int(r), slice(int(a), int(b))) for r, a, b in zip(ranks, *bounds, strict=True)]
+    elif ranks.size == 1:
         segments = [(int(ranks[0]), np.flatnonzero(rank == ranks[0]))]
     else:
         eo = np.argsort(rank, kind="stable")
@@ -171,7 +176,7 @@ def step_of(rank: np.ndarray, start: np.ndarray, steps: pl.DataFrame) -> tuple[n
         segments = [(int(r), eo[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")])
                     for r in ranks]
     for r, idx in segments:
-        if not idx.size:
+        if (idx.stop <= idx.start) if isinstance(idx, slice) else not idx.size:
             continue
         lo, hi = np.searchsorted(s_rank, r, "left"), np.searchsorted(s_rank, r, "right")
         t = start[idx]
