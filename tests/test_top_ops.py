@@ -115,3 +115,25 @@ def test_real_gpu_traces(shared_data: Path, rel: str) -> None:
                 assert ops.height == 0
     job = top_ops.job_level(a.top_ops, a.breakdown)
     assert job.filter(pl.col("class") == "exposed_comm")["kind"].unique().to_list() in ([], ["comm"])
+
+
+def test_class_times_read_rows_of_a_rank_alike_in_any_order() -> None:
+    """Intervals given rank by rank (slices) and shuffled (indices) get the same time per class."""
+    import numpy as np
+
+    from tracekit.analysis.top_ops import _class_times
+
+    rng = np.random.default_rng(7)
+    seg_rank = np.repeat(np.arange(3), 40)
+    seg_start = np.concatenate([np.sort(rng.choice(10_000, 40, replace=False)) for _ in range(3)]).astype(np.int64)
+    seg_len = rng.integers(1, 200, seg_rank.size).astype(np.int64)
+    seg_code = rng.integers(-1, 4, seg_rank.size).astype(np.int64)
+    segs = (seg_rank, seg_start, seg_len, seg_code)
+    rank = np.sort(rng.integers(0, 4, 300))  # rank 3 has no segments
+    start = rng.integers(0, 10_000, rank.size).astype(np.int64)
+    end = start + rng.integers(0, 3_000, rank.size)
+    by_rank = _class_times(segs, rank, start, end)
+    shuffle = rng.permutation(rank.size)
+    shuffled = _class_times(segs, rank[shuffle], start[shuffle], end[shuffle])
+    assert (shuffled == by_rank[shuffle]).all()
+    assert by_rank[rank == 3].sum() == 0 and by_rank.sum() > 0

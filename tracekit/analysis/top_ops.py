@@ -23,6 +23,8 @@ are merged into runs first (a cumulative maximum per op), so its time is their u
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -95,11 +97,12 @@ def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ra
     seg_rank, seg_start, seg_len, seg_code = segs
     k = len(CLASSES)
     times = np.zeros((rank.size, k + 1), dtype=np.int64)
-    for r in np.unique(seg_rank):
-        mine = np.flatnonzero(rank == r)
-        if mine.size == 0:
+    rows_of, segs_of = _rank_rows(rank), _rank_rows(seg_rank)
+    for r in _ranks(seg_rank):
+        mine, count = rows_of(int(r))
+        if count == 0:
             continue
-        sel = seg_rank == r
+        sel = segs_of(int(r))[0]
         st, ln, code = seg_start[sel], seg_len[sel], seg_code[sel]
         ends = []  # per end of the intervals: whether a segment starts before it, that segment, the time into it
         for t in (start[mine], end[mine]):
@@ -113,6 +116,24 @@ def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ra
             upto = [np.where(some, cum[j] + np.where(in_class[j], part, 0), 0) for some, j, part in ends]
             times[mine, c] = upto[1] - upto[0]
     return times
+
+
+def _ranks(rank: np.ndarray) -> np.ndarray:
+    """``np.unique(rank)``, without its sort where ``rank`` is sorted already (a sweep's millions of segments)."""
+    if rank.size < 2 or not bool((rank[1:] >= rank[:-1]).all()):
+        return np.unique(rank)
+    return rank[np.concatenate(([True], rank[1:] != rank[:-1]))]
+
+
+def _rank_rows(rank: np.ndarray) -> Callable[[int], tuple[np.ndarray | slice, int]]:
+    """Rank -> (its rows of ``rank``, how many): a slice where ``rank`` is sorted (a sweep's segments and the ops
+    come rank by rank), else their indices."""
+    if rank.size < 2 or bool((rank[1:] >= rank[:-1]).all()):
+        def rows(r: int) -> tuple[np.ndarray | slice, int]:
+            lo, hi = int(np.searchsorted(rank, r, "left")), int(np.searchsorted(rank, r, "right"))
+            return slice(lo, hi), hi - lo
+        return rows
+    return lambda r: (idx := np.flatnonzero(rank == r), idx.size)
 
 
 def _eligible(cls: np.ndarray) -> np.ndarray:
@@ -135,8 +156,12 @@ def _op_times(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None =
     segs = class_segments(act, iterations)
     seg_rank, _, seg_len, seg_code = segs
     k = len(CLASSES)
-    totals = {int(r): np.array([seg_len[(seg_rank == r) & (seg_code == c)].sum() for c in range(k)], dtype=np.int64)
-              for r in np.unique(seg_rank)}
+    segs_of = _rank_rows(seg_rank)
+    totals = {}
+    for r in _ranks(seg_rank).tolist():
+        sel = segs_of(r)[0]
+        ln, code = seg_len[sel], seg_code[sel]
+        totals[int(r)] = np.array([ln[code == c].sum() for c in range(k)], dtype=np.int64)
     ops, kinds, names = _listed(events, act)
     # every op's calls together, in time order: an op is a run of rows, its merged calls runs within it
     o = ops.with_columns(pl.max_horizontal("start_ns", "end_ns").alias("end_ns")).sort([*_KEY, "start_ns"],
