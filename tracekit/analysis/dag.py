@@ -409,17 +409,16 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
                      etype=np.zeros(0, np.int8), node_time=node_time,
                      binding=none, slack=none, violated={})
     del launches, lk, dev_act, sync_calls
-    src, dst, lag, etype = (_take_all(parts) for parts in (srcs, dsts, lags, types))
     # an edge the measured schedule violates is not a real dependency (a wrong guess, or clock error
-    # across ranks beyond what the offsets fixed): drop it
-    keep = node_time[src] + lag <= node_time[dst]
-    bad_types, bad_counts = np.unique(etype[~keep], return_counts=True)
-    violated = {EDGE_TYPES[int(k)]: int(v) for k, v in zip(bad_types, bad_counts, strict=True)}
-    src = src[keep]  # one column at a time: each old one is freed before the next copy
-    dst = dst[keep]
-    lag = lag[keep]
-    etype = etype[keep]
-    del keep
+    # across ranks beyond what the offsets fixed): drop it, part by part (a part it leaves whole is not copied)
+    bad = np.zeros(len(EDGE_TYPES), dtype=np.int64)
+    for i in range(len(srcs)):
+        keep = node_time[srcs[i]] + lags[i] <= node_time[dsts[i]]
+        if not keep.all():
+            bad += np.bincount(types[i][~keep], minlength=len(EDGE_TYPES))
+            srcs[i], dsts[i], lags[i], types[i] = srcs[i][keep], dsts[i][keep], lags[i][keep], types[i][keep]
+    violated = {EDGE_TYPES[k]: int(bad[k]) for k in np.flatnonzero(bad).tolist()}
+    src, dst, lag, etype = (_take_all(parts) for parts in (srcs, dsts, lags, types))
     binding, slack = _bind(src, dst, lag, node_time)
     # what only the build reads (nesting and gloo bookkeeping) is left out of the graph
     act = act.drop(_BUILD_ONLY, strict=False)
