@@ -132,8 +132,7 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("event_row"))
     offsets = _offsets(ranks)
     if offsets:
-        df = df.with_columns(pl.col("rank").replace_strict(list(offsets), list(offsets.values()), default=0,
-                                                           return_dtype=pl.Int64).fill_null(0).alias("_off"))
+        df = df.with_columns(_rank_offsets(df.get_column("rank"), offsets))
     else:
         df = df.with_columns(pl.lit(0, dtype=pl.Int64).alias("_off"))
     df = df.with_columns((pl.col("start_ns") + pl.col("_off")).alias("start"),
@@ -161,6 +160,18 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     else:
         df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias("comm_parent"))
     return _split_waits(df)
+
+
+def _rank_offsets(rank: pl.Series, offsets: dict[int, int]) -> pl.Series:
+    """``_off``: each row's clock offset by its rank (0 for a rank without one, or none): repeated per run of
+    equal ranks (a job's events come rank by rank, so a few runs), else looked up row by row."""
+    r = rank.to_numpy() if not rank.has_nulls() else None
+    if r is None or r.size < 2 or not bool((r[1:] >= r[:-1]).all()):
+        return rank.replace_strict(list(offsets), list(offsets.values()), default=0, return_dtype=pl.Int64
+                                   ).fill_null(0).alias("_off")
+    first = np.flatnonzero(np.concatenate(([True], r[1:] != r[:-1])))
+    runs = np.diff(np.append(first, r.size))
+    return pl.Series("_off", np.repeat([offsets.get(int(v), 0) for v in r[first].tolist()], runs), dtype=pl.Int64)
 
 
 def lane_codes(lane: pa.ChunkedArray) -> np.ndarray | None:
