@@ -151,3 +151,25 @@ def test_real_gpu_traces_add_up(shared_data: Path, rel: str) -> None:
     assert known.height == j.height  # every window of a GPU rank is split
     assert known["idle_ns"].sum() > 0
     assert known["host_bound_ns"].sum() + known["sync_ns"].sum() > 0  # real traces do wait on their hosts
+
+
+def test_earliest_launch_per_start_is_the_same_on_the_packed_key_and_on_the_pair() -> None:
+    """Grouping on one packed (rank, start) key gives the pair's grouping, order, nulls and types; starts too far
+    apart for the key take the pair."""
+    import numpy as np
+    import polars as pl
+
+    from tracekit.analysis.idle import _earliest_per_start
+
+    def by_pair(a: pl.DataFrame) -> pl.DataFrame:
+        return (a.group_by(["rank", "start_ns"]).agg(pl.col("launch_ns").min())
+                .with_columns(pl.col("rank").cast(pl.Int64)).sort(["rank", "start_ns"]))
+
+    rng = np.random.default_rng(3)
+    for scale in (1, 10**6, 10**17):  # the last does not fit the key
+        n = 200
+        launch = pl.Series(rng.integers(0, 100, n)).set(pl.Series(rng.random(n) < 0.3), None)
+        a = pl.DataFrame({"rank": rng.integers(0, 4, n).astype(np.int32), "start_ns": rng.integers(-20, 20, n) * scale,
+                          "launch_ns": launch}, schema={"rank": pl.Int32, "start_ns": pl.Int64, "launch_ns": pl.Int64})
+        got = _earliest_per_start(a)
+        assert got.equals(by_pair(a)) and got.schema == by_pair(a).schema
