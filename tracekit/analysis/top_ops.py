@@ -182,10 +182,10 @@ def _op_times(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None =
     def per_op(first: np.ndarray, s: np.ndarray, e: np.ndarray, starts: np.ndarray, count: bool) -> np.ndarray:
         """Per op and class (+ the windows): calls with time in it (count) or their summed time."""
         t = _class_times(segs, rank[first], s, e)
-        t = np.concatenate([np.where(_eligible(cls[first]), t[:, :k], 0), t[:, k:]], axis=1)
+        t[:, :k][~_eligible(cls[first])] = 0  # in place: a job's ops are a million rows of five columns
         if starts.size == 0:
             return np.zeros((0, k + 1), dtype=np.int64)
-        return np.add.reduceat((t > 0).astype(np.int64) if count else t, starts, axis=0)
+        return np.add.reduceat(t > 0, starts, axis=0, dtype=np.int64) if count else np.add.reduceat(t, starts, axis=0)
 
     def long(values: np.ndarray, name: str) -> pl.DataFrame:
         idx, cidx = np.nonzero(values > 0)
