@@ -230,3 +230,13 @@ def test_device_rows_take_the_first_source_iteration_on_packed_keys_as_in_a_join
                    for i in expected_rows]
     assert through(0) == (expected_rows, expected_it)
     assert through(1 << 41) == (expected_rows, expected_it)  # beyond the packed key: the join
+
+
+def test_runs_are_the_distinct_values_and_bounds_of_a_sorted_column() -> None:
+    from tracekit.analysis.intervals import runs
+
+    values, bounds = runs(np.array([1, 1, 2, 5, 5, 5]))
+    assert values.tolist() == [1, 2, 5] and bounds.tolist() == [0, 2, 3, 6]
+    empty = runs(np.zeros(0, np.int64))
+    assert empty is not None and empty[0].size == 0 and empty[1].tolist() == [0]
+    assert runs(np.array([2, 1])) is None  # not sorted: the caller gathers instead

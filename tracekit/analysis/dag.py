@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis.intervals import lane_order, prev_max_end
+from tracekit.analysis.intervals import lane_order, prev_max_end, runs
 from tracekit.model.schema import normalise_op
 
 EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume", "collective")
@@ -165,13 +165,13 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
 def _rank_offsets(rank: pl.Series, offsets: dict[int, int]) -> pl.Series:
     """``_off``: each row's clock offset by its rank (0 for a rank without one, or none): repeated per run of
     equal ranks (a job's events come rank by rank, so a few runs), else looked up row by row."""
-    r = rank.to_numpy() if not rank.has_nulls() else None
-    if r is None or r.size < 2 or not bool((r[1:] >= r[:-1]).all()):
+    by_run = runs(rank.to_numpy()) if not rank.has_nulls() else None
+    if by_run is None:
         return rank.replace_strict(list(offsets), list(offsets.values()), default=0, return_dtype=pl.Int64
                                    ).fill_null(0).alias("_off")
-    first = np.flatnonzero(np.concatenate(([True], r[1:] != r[:-1])))
-    runs = np.diff(np.append(first, r.size))
-    return pl.Series("_off", np.repeat([offsets.get(int(v), 0) for v in r[first].tolist()], runs), dtype=pl.Int64)
+    values, bounds = by_run
+    return pl.Series("_off", np.repeat([offsets.get(int(v), 0) for v in values.tolist()], np.diff(bounds)),
+                     dtype=pl.Int64)
 
 
 def lane_codes(lane: pa.ChunkedArray) -> np.ndarray | None:

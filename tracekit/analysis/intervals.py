@@ -57,6 +57,18 @@ def lane_order(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.nd
     return order, group[order]
 
 
+def runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where ``values`` is nondecreasing (a job's rows come rank by rank, a sweep's segments too): its distinct
+    values and the bounds of their runs (``bounds[i]:bounds[i + 1]`` are the rows of the i-th); else None. Rows of
+    a value then read as a slice, not gathered, and the distinct values come without a sort."""
+    if values.size == 0:
+        return values[:0], np.zeros(1, dtype=np.int64)
+    if values.size > 1 and not bool((values[1:] >= values[:-1]).all()):
+        return None
+    first = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+    return values[first], np.append(first, values.size)
+
+
 def prev_max_end(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """For rows sorted by (lane, start): the max end of the earlier rows of the same lane (or the smallest
     int64 for the first row of a lane) — a segmented running max in one accumulate (``lane``: any group id)."""

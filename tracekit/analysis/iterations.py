@@ -18,6 +18,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.analysis.intervals import runs
 from tracekit.model import schema
 from tracekit.model.diagnostics import TraceError
 
@@ -174,9 +175,11 @@ def step_of(rank: np.ndarray, start: np.ndarray, steps: pl.DataFrame) -> tuple[n
     rank = np.asarray(rank).astype(np.int64)
     ranks = np.unique(s_rank)
     segments: list[tuple[int, np.ndarray | slice]]
-    if n > 1 and bool((rank[1:] >= rank[:-1]).all()):  # a job's events come rank by rank: each rank is a slice
-        bounds = np.searchsorted(rank, ranks, "left"), np.searchsorted(rank, ranks, "right")
-        segments = [(int(r), slice(int(a), int(b))) for r, a, b in zip(ranks, *bounds, strict=True)]
+    by_run = runs(rank)
+    if by_run is not None:  # a job's events come rank by rank: each rank is a slice
+        at = {v: i for i, v in enumerate(by_run[0].tolist())}
+        b = by_run[1].tolist()
+        segments = [(r, slice(b[at[r]], b[at[r] + 1]) if r in at else slice(0, 0)) for r in ranks.tolist()]
     elif ranks.size == 1:
         segments = [(int(ranks[0]), np.flatnonzero(rank == ranks[0]))]
     else:

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analysis import attribution
-from tracekit.analysis.intervals import lane_order, prev_max_end, sweep
+from tracekit.analysis.intervals import lane_order, prev_max_end, runs, sweep
 from tracekit.model import schema
 
 #: the classes ops are listed under, in display order (idle has no ops)
@@ -120,20 +120,22 @@ def _class_times(segs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ra
 
 def _ranks(rank: np.ndarray) -> np.ndarray:
     """``np.unique(rank)``, without its sort where ``rank`` is sorted already (a sweep's millions of segments)."""
-    if rank.size < 2 or not bool((rank[1:] >= rank[:-1]).all()):
-        return np.unique(rank)
-    return rank[np.concatenate(([True], rank[1:] != rank[:-1]))]
+    r = runs(rank)
+    return np.unique(rank) if r is None else r[0]
 
 
 def _rank_rows(rank: np.ndarray) -> Callable[[int], tuple[np.ndarray | slice, int]]:
     """Rank -> (its rows of ``rank``, how many): a slice where ``rank`` is sorted (a sweep's segments and the ops
     come rank by rank), else their indices."""
-    if rank.size < 2 or bool((rank[1:] >= rank[:-1]).all()):
-        def rows(r: int) -> tuple[np.ndarray | slice, int]:
-            lo, hi = int(np.searchsorted(rank, r, "left")), int(np.searchsorted(rank, r, "right"))
-            return slice(lo, hi), hi - lo
-        return rows
-    return lambda r: (idx := np.flatnonzero(rank == r), idx.size)
+    r = runs(rank)
+    if r is None:
+        return lambda v: (idx := np.flatnonzero(rank == v), idx.size)
+    bounds = {int(v): (int(r[1][i]), int(r[1][i + 1])) for i, v in enumerate(r[0].tolist())}
+
+    def rows(v: int) -> tuple[np.ndarray | slice, int]:
+        lo, hi = bounds.get(v, (0, 0))
+        return slice(lo, hi), hi - lo
+    return rows
 
 
 def _eligible(cls: np.ndarray) -> np.ndarray:
