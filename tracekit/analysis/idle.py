@@ -34,6 +34,7 @@ from tracekit.analysis import attribution
 from tracekit.analysis.dag import SYNC_CALL, correlation_key
 from tracekit.analysis.intervals import sweep
 from tracekit.model import schema
+from tracekit.model.schema import dict_in, dict_match
 
 #: runtime calls during which the host waits for the device: blocking calls, and stream waits on events
 SYNC_NAME = SYNC_CALL + r"|WaitEvent"
@@ -42,27 +43,10 @@ SYNC_CATS = ("cuda_sync",)
 _BUSY, _SYNC = 0, 1
 
 
-def _dict_match(col: pa.ChunkedArray, pattern: str) -> np.ndarray:
-    """Regex test once per dictionary value, mapped to every row (nulls are False)."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if not pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_encode()
-    values = arr.dictionary
-    hit = pc.fill_null(pc.match_substring_regex(values.cast(pa.string()), pattern), False) if len(values) else \
-        pa.array([], pa.bool_())
-    flags = np.append(np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool), False)
-    idx = pc.fill_null(arr.indices, len(flags) - 1).to_numpy(zero_copy_only=False)
-    return flags[idx]
-
-
-def _dict_in(col: pa.ChunkedArray, values: tuple[str, ...]) -> np.ndarray:
-    return _dict_match(col, "^(?:" + "|".join(values) + ")$")
-
-
 def device_ranks(events: pa.Table) -> np.ndarray:
     """Ranks with device activity (kernels, copies, device-side communication): the ranks the split applies to."""
     on_dev = np.asarray(pc.is_valid(events.column("device")).to_numpy(zero_copy_only=False), dtype=bool)
-    kind = _dict_in(events.column("kind"), ("compute", "comm", "memory"))
+    kind = dict_in(events.column("kind"), ("compute", "comm", "memory"))
     rank = events.column("rank").to_numpy(zero_copy_only=False)
     sel = on_dev & kind
     return np.unique(rank[sel]).astype(np.int64) if sel.any() else np.zeros(0, np.int64)
@@ -70,8 +54,8 @@ def device_ranks(events: pa.Table) -> np.ndarray:
 
 def sync_intervals(events: pa.Table) -> pl.DataFrame:
     """``rank, start_ns, end_ns`` of the host's synchronisation calls (:data:`SYNC_NAME`, :data:`SYNC_CATS`)."""
-    runtime = _dict_in(events.column("kind"), ("runtime",))
-    hit = runtime & (_dict_match(events.column("name"), SYNC_NAME) | _dict_in(events.column("cat"), SYNC_CATS))
+    runtime = dict_in(events.column("kind"), ("runtime",))
+    hit = runtime & (dict_match(events.column("name"), SYNC_NAME) | dict_in(events.column("cat"), SYNC_CATS))
     rows = np.flatnonzero(hit)
     sub = events.select(["rank", "start_ns", "dur_ns"]).take(pa.array(rows, pa.int64()))
     df = pl.from_arrow(sub)
@@ -85,7 +69,7 @@ def launch_of_next(events: pa.Table, act: pl.DataFrame) -> pl.DataFrame:
     ev = pl.from_arrow(events.select(["rank", "start_ns", "correlation"]))
     assert isinstance(ev, pl.DataFrame)
     on_dev = pl.Series(np.asarray(pc.is_valid(events.column("device")).to_numpy(zero_copy_only=False), dtype=bool))
-    runtime = pl.Series(_dict_in(events.column("kind"), ("runtime",)))
+    runtime = pl.Series(dict_in(events.column("kind"), ("runtime",)))
     ev = ev.with_columns(on_dev.alias("_dev"), runtime.alias("_rt"))
     calls = ev.filter(pl.col("_rt") & ~pl.col("_dev") & pl.col("correlation").is_not_null()).select(
         pl.col("rank").cast(pl.Int32), "correlation", "start_ns")

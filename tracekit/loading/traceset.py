@@ -404,20 +404,6 @@ def _concat(tables: list[pa.Table], sch: pa.Schema) -> pa.Table:
     return pa.concat_tables(tables).unify_dictionaries()
 
 
-def _on_cpu(lane: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """Which rows are on a CPU lane (``cpu/...``), from the lane dictionary's values: one test per distinct lane,
-    not one string per row."""
-    chunks = lane.chunks if isinstance(lane, pa.ChunkedArray) else [lane]
-    parts = []
-    for c in chunks:
-        if pa.types.is_dictionary(c.type):
-            hit = pc.starts_with(c.dictionary.cast(pa.string()), "cpu")
-            parts.append(pc.fill_null(pc.take(hit, c.indices), False))
-        else:
-            parts.append(pc.fill_null(pc.starts_with(c.cast(pa.string()), "cpu"), False))
-    return pa.concat_arrays(parts) if parts else pa.array([], pa.bool_())
-
-
 class RankFacts:
     """The ``ranks`` row facts that need the events (most common CPU pid and device), gathered batch by
     batch: counts per value in order of first appearance, so the mode equals the whole table's."""
@@ -431,7 +417,7 @@ class RankFacts:
         self.events += ev.num_rows
         if not ev.num_rows:
             return
-        cpu_pid = ev.column("pid").filter(_on_cpu(ev.column("lane")))  # one column, not the whole table
+        cpu_pid = ev.column("pid").filter(pa.array(schema.dict_match(ev.column("lane"), "^cpu")))  # one column
         for target, col in ((self.pids, cpu_pid), (self.devices, ev.column("device"))):
             vals = pc.drop_null(col)
             if len(vals):

@@ -10,11 +10,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from tracekit.model.diagnostics import Diagnostic
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DICT_STR = pa.dictionary(pa.int32(), pa.string())
 
@@ -248,6 +251,29 @@ IDLE_BREAKDOWN = pa.schema(
 
 #: The five attribution classes, in display order; they add up to ``wall_ns``.
 CLASSES: tuple[str, ...] = ("compute", "overlapped", "exposed_comm", "memory", "idle")
+
+
+def dict_match(col: pa.ChunkedArray | pa.Array, pattern: str) -> np.ndarray:
+    """Per row, whether a string column's value matches ``pattern`` (a regex; nulls are False): tested once per
+    dictionary value and mapped to every row, not once per row (a job's lanes, kinds and names are a few hundred
+    distinct strings over millions of rows)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()
+    values = arr.dictionary
+    hit = pc.fill_null(pc.match_substring_regex(values.cast(pa.string()), pattern), False) if len(values) else \
+        pa.array([], pa.bool_())
+    flags = np.append(np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool), False)
+    idx = pc.fill_null(arr.indices, len(flags) - 1).to_numpy(zero_copy_only=False)
+    return flags[idx]
+
+
+def dict_in(col: pa.ChunkedArray | pa.Array, values: tuple[str, ...]) -> np.ndarray:
+    """Per row, whether a string column's value is one of ``values`` (:func:`dict_match`)."""
+    return dict_match(col, "^(?:" + "|".join(map(re.escape, values)) + ")$")
 
 
 def empty(schema: pa.Schema) -> pa.Table:
