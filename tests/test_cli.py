@@ -95,6 +95,47 @@ def test_bad_input_is_one_line_without_traceback(tmp_path: Path, content: bytes)
     assert len(lines) == 1 and str(p) in lines[0], r.stderr
 
 
+def test_console_command_exits_with_its_output_flushed_and_nothing_left(tmp_path: Path) -> None:
+    """The console command leaves without the interpreter's teardown: all it printed reaches a pipe, its exit code
+    is kept, and the temporary dataset of a memory budget is gone."""
+    sample = Path(__file__).resolve().parents[1] / "samples" / "ddp-gloo"
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "tracekit.cli", "summary", str(sample), "--json", "--no-cache",
+                        "--memory-budget", "1GB"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["job"]["iterations"] > 0
+    assert list(tmp_path.iterdir()) == []
+    r = subprocess.run([sys.executable, "-m", "tracekit.cli", "summary", str(tmp_path / "nope")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "no such file" in r.stderr
+
+
+def test_run_flushes_and_runs_exit_handlers_before_leaving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``run`` does before ``os._exit``: buffered output is written, exit handlers run, the code is kept; with
+    another thread alive it leaves the usual way, which waits for it."""
+    import io
+
+    from tracekit import cli
+
+    done: list[object] = []
+
+    class Out(io.StringIO):
+        def flush(self) -> None:
+            done.append("flush")
+
+    monkeypatch.setattr(cli, "main", lambda: 3)
+    monkeypatch.setattr(sys, "stdout", Out())
+    monkeypatch.setattr(cli.atexit, "_run_exitfuncs", lambda: done.append("handlers"))
+    monkeypatch.setattr(cli.os, "_exit", lambda code: done.append(("exit", code)))
+    monkeypatch.setattr(cli.threading, "active_count", lambda: 1)
+    cli.run()
+    assert done[0] == "flush" and done[-2:] == ["handlers", ("exit", 3)]
+    monkeypatch.setattr(cli.threading, "active_count", lambda: 2)
+    with pytest.raises(SystemExit) as info:
+        cli.run()
+    assert info.value.code == 3 and ("exit", 3) not in done[3:]
+
+
 def test_missing_path_and_bad_regex(tmp_path: Path, job: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["summary", str(tmp_path / "nope")]) == 1
     assert "no such file" in capsys.readouterr().err

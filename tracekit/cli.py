@@ -7,10 +7,12 @@ User mistakes and damaged inputs end in one line on stderr and a non-zero exit, 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -611,5 +613,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+def run() -> None:
+    """The ``tracekit`` console command: :func:`main`, then out without tearing the interpreter down object by object
+    (freeing a big job's millions of rows and every module takes ~0.05-0.1 s of a 2 s ``summary``). Output is
+    flushed and exit handlers (temporary datasets' clean-up) run first; where another thread is still alive, the
+    interpreter exits as usual, waiting for it."""
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # a closed pipe: nothing more can be written
+        pass
+    atexit._run_exitfuncs()
+    if threading.active_count() > 1:
+        sys.exit(code)
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
