@@ -108,8 +108,10 @@ OTHER_TREE = """
 import sys
 sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path.insert(0, sys.argv.pop(1))
-from tracekit.cli import main
-sys.exit(main(sys.argv[1:]))
+from tracekit import cli
+if hasattr(cli, "run"):  # the console command of that revision, as its users run it
+    cli.run()
+sys.exit(cli.main(sys.argv[1:]))
 """
 
 
