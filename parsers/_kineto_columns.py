@@ -518,8 +518,13 @@ _NOT_SCANNED: Any = object()
 F_FRACTION, F_DOT, F_WINDOW_END, F_NEGATIVE = 1, 2, 4, 8
 
 
-def _int_array(values: np.ndarray, valid: np.ndarray) -> pa.Array:
-    return pa.array(values, pa.int64()) if valid.all() else pa.array(values, pa.int64(), mask=~valid)
+def _int_array(n: int, values: bytes, validity: tuple[bytes, int] | None) -> pa.Array:
+    """An int64 column on the scanner's buffers: its values, and its validity bitmap with the null count (None: no
+    nulls). No copy, no mask to invert and pack per column and batch."""
+    if validity is None:
+        return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(values)], null_count=0)
+    return pa.Array.from_buffers(pa.int64(), n, [pa.py_buffer(validity[0]), pa.py_buffer(values)],
+                                 null_count=validity[1])
 
 
 def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
@@ -547,8 +552,7 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
         consulted = bool(flags & F_NEGATIVE) or (not acc.has_fraction and (has_fraction or bool(flags & F_DOT)))
         if consulted and not _consume_arrow(_Accumulator(acc.path), batch):
             return False
-        ok = [np.frombuffer(v, dtype=np.bool_) for v in valid]
-        ts_ok = ok[0]
+        ts_ok = np.frombuffer(valid[0], dtype=np.bool_)
         all_ok = bool(ts_ok.all())
         name_local = np.frombuffer(codes[1], dtype=np.int32)
         hot = acc.names.comm_flags_of(names)
@@ -564,15 +568,15 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
         # every check passed: from here on the accumulator changes
         acc.has_fraction = has_fraction
         acc.consulted = consulted
-        col = [np.frombuffer(v, dtype=np.int64) for v in ints]
         cat_codes = acc.cats.encode_local(cats, np.frombuffer(codes[0], dtype=np.int32))
         name_codes = acc.names.encode_local(names, name_local)
-        ids = [_int_array(col[2 + k], ok[1 + k]) for k in range(10)]
+        ids = [_int_array(n_x, ints[2 + k], valid[1 + k]) for k in range(10)]
         pid_a, tid_a, ext, ext_l, corr, dev, stream, nbytes, wstream, wcorr = ids
         if flags & F_NEGATIVE:
             pid_a, tid_a = pc.abs(pid_a), pc.abs(tid_a)
         rb = pa.record_batch([
-            cat_codes, name_codes, pa.array(col[0]), pa.array(np.maximum(col[1], 0)), pid_a, tid_a, dev, stream,
+            cat_codes, name_codes, _int_array(n_x, ints[0], None),
+            pa.array(np.maximum(np.frombuffer(ints[1], dtype=np.int64), 0)), pid_a, tid_a, dev, stream,
             corr, pc.coalesce(ext, ext_l), nbytes, wstream, wcorr,
             pa.array(np.arange(acc.n, acc.n + n_x, dtype=np.int64))], schema=RAW)
         if not all_ok:

@@ -943,13 +943,34 @@ static PyObject *result(const Scan *s) {
             out[i] = s->rows[i].v[c];
         PyTuple_SET_ITEM(ints, c, b);
     }
-    for (int c = 0; c < N_VALID; c++) {
+    {
         PyObject *b = PyBytes_FromStringAndSize(NULL, n);
         if (b == NULL) goto fail;
         uint8_t *out = (uint8_t *)PyBytes_AS_STRING(b);
         for (Py_ssize_t i = 0; i < n; i++)
-            out[i] = s->rows[i].ok[c];
-        PyTuple_SET_ITEM(valid, c, b);
+            out[i] = s->rows[i].ok[V_TS];
+        PyTuple_SET_ITEM(valid, V_TS, b);
+    }
+    /* the other columns' validity as Arrow wants it: a bitmap (least significant bit first) and the null count, or
+       None where nothing is null */
+    for (int c = 1; c < N_VALID; c++) {
+        Py_ssize_t nulls = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            nulls += !s->rows[i].ok[c];
+        if (nulls == 0) {
+            Py_INCREF(Py_None);
+            PyTuple_SET_ITEM(valid, c, Py_None);
+            continue;
+        }
+        PyObject *b = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+        if (b == NULL) goto fail;
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(b);
+        memset(out, 0, (size_t)((n + 7) / 8));
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[i >> 3] |= (uint8_t)(s->rows[i].ok[c] << (i & 7));
+        PyObject *pair = Py_BuildValue("(Nn)", b, nulls);
+        if (pair == NULL) goto fail;
+        PyTuple_SET_ITEM(valid, c, pair);
     }
     for (int c = 0; c < 2; c++) {
         PyObject *b = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
@@ -1014,7 +1035,8 @@ PyDoc_STRVAR(scan_doc,
 "  ints: 14 bytes objects of n int64 each: start_ns, dur_ns (not clamped), pid, tid, External id, external id,\n"
 "        correlation, device, stream, bytes, wait_on_stream, wait_on_cuda_event_record_corr_id, and the byte\n"
 "        range of each event's record in data (start, stop); 0 where the value is null;\n"
-"  valid: 11 bytes objects of n bools: ts readable within +-2^62 ns, then pid, tid and the 8 ids not null;\n"
+"  valid: ts readable within +-2^62 ns (bytes of n bools), then for pid, tid and the 8 ids None where none is\n"
+"    null, else (bitmap, null count): Arrow's validity bitmap (bit i, least significant first, set where not null);\n"
 "  codes: 2 bytes objects of n int32: cat and name as codes into cats and names (-1: null);\n"
 "  cats, names: the distinct strings of the batch, in order of first appearance;\n"
 "  meta: int64 (start, stop) byte ranges of the metadata (M) records;\n"
