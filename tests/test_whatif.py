@@ -47,6 +47,20 @@ def test_sweep_rows_and_scaling(sample: whatif.Model) -> None:
     assert sf == sorted(sf) and all(0 < x <= 1 for x in sf)
 
 
+def test_predictions_on_threads_are_the_ones_made_one_by_one(sample: whatif.Model,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`whatif.predict_many` replays scenarios at once on threads; each answer is the one replayed alone, in
+    the order asked, whatever the number of threads."""
+    scs = [whatif.Scenario(free=True), whatif.Scenario(), whatif.Scenario(bandwidth_bps=250e6),
+           whatif.Scenario(compression=4), whatif.Scenario(workers=64), whatif.Scenario(efficiency="full")]
+    alone = [whatif.predict(sample, sc) for sc in scs]
+    assert len(set(alone)) > 3  # different answers: an order mixed up would show
+    monkeypatch.setattr(whatif.os, "cpu_count", lambda: 8)
+    for threads in (1, 2, 4):
+        monkeypatch.setattr(whatif, "PARALLEL_REPLAYS", threads)
+        assert whatif.predict_many(sample, scs) == alone
+
+
 def test_efficiency_measured_needs_the_line_rate(tmp_path: Path) -> None:
     m = _model(ROOT / "samples" / "ddp-gloo", None)
     with pytest.raises(ValueError, match="--link-bw"):

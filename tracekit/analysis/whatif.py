@@ -22,6 +22,7 @@ one — Zhang et al.'s ``T_n / (n·T)`` for a job whose per-worker work does not
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -563,6 +564,23 @@ def predict(model: Model, sc: Scenario) -> int:
     return iteration_time(model, times)
 
 
+#: replays run at once by :func:`predict_many` (each holds a few arrays of the graph's nodes and edges)
+PARALLEL_REPLAYS = 4
+
+
+def predict_many(model: Model, scenarios: list[Scenario]) -> list[int]:
+    """:func:`predict` of each scenario, in that order; on as many threads as there are cores (up to
+    :data:`PARALLEL_REPLAYS`): a replay is numpy passes over whole arrays, which run without the GIL, and the
+    scenarios are independent (the same predictions as one after the other)."""
+    workers = min(len(scenarios), os.cpu_count() or 1, PARALLEL_REPLAYS)
+    if workers < 2:
+        return [predict(model, sc) for sc in scenarios]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="tracekit-replay") as pool:
+        return list(pool.map(lambda sc: predict(model, sc), scenarios))
+
+
 def iteration_time(model: Model, times: np.ndarray) -> int:
     """Median time between consecutive iteration starts (one iteration: its span)."""
     it = model.iteration_of
@@ -584,10 +602,9 @@ def iteration_time(model: Model, times: np.ndarray) -> int:
 def sweep(model: Model, scenarios: list[Scenario]) -> pl.DataFrame:
     """Rows ``bandwidth_bps, compression, workers, efficiency, links, iteration_ns, speedup, scaling_factor``
     (``bandwidth_bps`` NaN where links keep different rates; ``links`` the per-link rates a scenario set)."""
-    free = predict(model, Scenario(free=True))
+    free, *predicted = predict_many(model, [Scenario(free=True), *scenarios])
     rows = []
-    for sc in scenarios:
-        t = predict(model, sc)
+    for sc, t in zip(scenarios, predicted, strict=True):
         rows.append({
             "bandwidth_bps": (sc.bandwidth_bps or model.line_rate_bps or math.nan) * sc.bandwidth_scale,
             "compression": sc.compression,
@@ -641,8 +658,7 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     when the replay predicts no iteration time to compare. No verdict rests on a size nobody knows: without
     sizes and without a line rate it says what to pass instead; with sizes estimated from transfer times the
     verdict names that assumption."""
-    free = predict(model, Scenario(free=True))
-    measured = predict(model, Scenario())
+    free, measured = predict_many(model, [Scenario(free=True), Scenario()])
     if free <= 0 or measured <= 0:
         return None
     sf_measured = free / measured if measured else 1.0
