@@ -171,6 +171,7 @@ def _rounds(graph: Graph, weight: np.ndarray, ch: Chains | None, max_rounds: int
     seg_first = np.flatnonzero(ch.chain_edge < 0)
     # a[m]: sum of the chain weights from the first node of m's lane up to m
     a = csum - csum[seg_first][ch.seg]
+    del w_chain, csum  # a replay's arrays are the graph's size: two replays may run at once (whatif.predict_many)
     scale = int(max(span, int(np.abs(a).max()) if a.size else 0, int(weight.max()) if weight.size else 0)) + 1
     n_seg = int(ch.seg.max()) + 1 if ch.seg.size else 1
     # exact int64 arithmetic while every value stays far from overflow; damaged timestamps spanning years
@@ -182,13 +183,13 @@ def _rounds(graph: Graph, weight: np.ndarray, ch: Chains | None, max_rounds: int
     big = 32 * scale  # separates segments in the running max
     offsets = exact and big * (n_seg + 1) < 1 << 62
     seg_off = ch.seg.astype(np.int64) * big if offsets else None
-    a = a.astype(dt)
-    t_rel = (t_meas - t0).astype(dt)
+    a = a.astype(dt, copy=False)
+    t_rel = (t_meas - t0).astype(dt, copy=False)
     x = np.full(n, neg, dtype=dt)
     x[ch.sources] = t_rel[ch.sources]
     times = np.full(n, neg, dtype=dt)
     src = _pick(graph.src, extra[0] if extra is not None else None, ch.cross)
-    w = _pick(weight, extra[2] if extra is not None else None, ch.cross).astype(dt)
+    w = _pick(weight, extra[2] if extra is not None else None, ch.cross).astype(dt, copy=False)
     rounds = 0
     settled = False
     # every round reuses the same buffers: a fresh array per step costs its page faults each round, which on a

@@ -209,6 +209,17 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     inst = consistent_members(members, instances, collectives)
     g = graph if graph is not None else dag.build(events, ranks, inst)
     act = g.act
+    # the contention fit's compute leaves come from the events alone: found on a second thread meanwhile
+    compute = _compute_mask(g)
+    leaves = None
+    if events is not None and compute.any() and (act.get_column("kind") == "comm").any():
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="tracekit-leaves")
+        try:
+            leaves = pool.submit(_compute_leaves, events, g)
+        finally:
+            pool.shutdown(wait=False)
     coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source", "pg"]))
     assert isinstance(coll, pl.DataFrame)
     comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end"]).join(
@@ -253,7 +264,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=DEFAULT_LATENCY_NS[backend] if latency_ns is None else latency_ns,
                   measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
-    _measure_contention(model, own_of_node, events)
+    _measure_contention(model, own_of_node, compute, leaves.result() if leaves is not None else None)
     model.measured_iteration_ns = iteration_time(model, g.node_time)
     return model
 
@@ -275,18 +286,20 @@ def _transfer_spans(model: Model, times: np.ndarray, new_t: np.ndarray) -> tuple
     return np.maximum(end - new_t, times[2 * a]), end
 
 
-def _measure_contention(model: Model, own_of_node: np.ndarray, events: pa.Table | None) -> None:
-    """Fill the model's contention fields: fitted on the innermost compute operations of the trace (an
-    operator with calls inside may hide a wait, which grows with communication in flight for another reason),
-    applied to the graph's compute activities."""
+def _measure_contention(model: Model, own_of_node: np.ndarray, compute: np.ndarray,
+                        leaves: pl.DataFrame | None) -> None:
+    """Fill the model's contention fields: fitted on the innermost compute operations of the trace (``leaves``,
+    :func:`_compute_leaves`; an operator with calls inside may hide a wait, which grows with communication in
+    flight for another reason), applied to the graph's compute activities (``compute``, :func:`_compute_mask`).
+    Without the trace's events (``leaves`` None), fitted on those activities."""
     g = model.graph
-    compute = _compute_mask(g)
     if not compute.any() or model.comm.height == 0:
         return
     t = model.comm.get_column("transfer_ns").to_numpy()
     cs, ce = _transfer_spans(model, g.node_time, t)
     crank = model.comm.get_column("rank").to_numpy()
-    leaves = _compute_leaves(events, g) if events is not None else g.act.filter(pl.Series(compute))
+    if leaves is None:
+        leaves = g.act.filter(pl.Series(compute))
     if leaves.height == 0:
         return
     lf = contention.coverage(leaves.get_column("start").to_numpy(), leaves.get_column("end").to_numpy(),
