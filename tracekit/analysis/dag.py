@@ -347,7 +347,9 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     top_pos = np.flatnonzero(full.get_column("top").to_numpy())
     a_of_pos[top_pos] = np.arange(top_pos.size)
     anc_act = a_of_pos[full.get_column("ancestor").to_numpy()]
-    full = full.with_columns(pl.Series("anc", anc_act))
+    # only what the launches and gloo's edges read of every row is kept (the rest is a third of the build's peak)
+    full = full.select(["rank", "kind", "name", "device", "correlation", "start", "end", "lane_id",
+                        pl.Series("anc", anc_act)])
     n = act.height
     start = act.get_column("start").to_numpy()
     end = act.get_column("end").to_numpy().copy()
