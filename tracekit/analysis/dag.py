@@ -463,7 +463,8 @@ def correlation_key(*frames: pl.DataFrame) -> pl.Expr | None:
 def _bind(src: np.ndarray, dst: np.ndarray, lag: np.ndarray, node_time: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
     """Per node, the edge attaining max(source time + lag), and the slack left on it."""
-    val = node_time[src] + lag
+    val = node_time[src]
+    val += lag  # in place: the gather is a new array
     lo = np.iinfo(np.int64).min
     best = np.full(node_time.size, lo, dtype=np.int64)
     np.maximum.at(best, dst, val)

@@ -182,7 +182,10 @@ def _rounds(graph: Graph, weight: np.ndarray, ch: Chains | None, max_rounds: int
     # segments are separated in one running max by offsets, when those fit; else a per-segment cummax
     big = 32 * scale  # separates segments in the running max
     offsets = exact and big * (n_seg + 1) < 1 << 62
-    seg_off = ch.seg.astype(np.int64) * big if offsets else None
+    seg_off = None
+    if offsets:
+        seg_off = ch.seg.astype(np.int64)  # a copy (astype copies), scaled in place
+        seg_off *= big
     a = a.astype(dt, copy=False)
     t_rel = (t_meas - t0).astype(dt, copy=False)
     x = np.full(n, neg, dtype=dt)

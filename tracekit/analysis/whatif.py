@@ -546,7 +546,7 @@ def predict(model: Model, sc: Scenario) -> int:
     """Predicted iteration time (ns) under ``sc``: transfers re-costed and queued one after the other on
     their rank's link (Zhang et al.'s FIFO channel), everything else as measured."""
     g = model.graph
-    w = g.weight().copy()
+    w = g.weight()  # a new array: this prediction's own
     new_t = np.rint(transfers(model, sc)).astype(np.int64)
     # the receiver of a send/recv pair: the data's time is on the edge from the send; its own edge is local work
     valid = (model.own_edge >= 0) & ~model.receiver
