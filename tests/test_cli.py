@@ -128,12 +128,19 @@ def test_run_flushes_and_runs_exit_handlers_before_leaving(monkeypatch: pytest.M
     monkeypatch.setattr(cli.atexit, "_run_exitfuncs", lambda: done.append("handlers"))
     monkeypatch.setattr(cli.os, "_exit", lambda code: done.append(("exit", code)))
     monkeypatch.setattr(cli.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(cli.sys, "gettrace", lambda: None)  # as without coverage or a debugger
+    monkeypatch.setattr(cli.sys, "getprofile", lambda: None)
     cli.run()
     assert done[0] == "flush" and done[-2:] == ["handlers", ("exit", 3)]
     monkeypatch.setattr(cli.threading, "active_count", lambda: 2)
     with pytest.raises(SystemExit) as info:
         cli.run()
     assert info.value.code == 3 and ("exit", 3) not in done[3:]
+    monkeypatch.setattr(cli.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(cli.sys, "getprofile", lambda: print)  # a profiler: it reports at the usual exit
+    with pytest.raises(SystemExit):
+        cli.run()
+    assert ("exit", 3) not in done[3:]
 
 
 def test_missing_path_and_bad_regex(tmp_path: Path, job: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -616,17 +616,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run() -> None:
     """The ``tracekit`` console command: :func:`main`, then out without tearing the interpreter down object by object
     (freeing a big job's millions of rows and every module takes ~0.05-0.1 s of a 2 s ``summary``). Output is
-    flushed and exit handlers (temporary datasets' clean-up) run first; where another thread is still alive, the
-    interpreter exits as usual, waiting for it."""
+    flushed and exit handlers (temporary datasets' clean-up) run first; where another thread is still alive, or a
+    profiler or tracer (coverage) runs, the interpreter exits as usual."""
     code = main()
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except OSError:  # a closed pipe: nothing more can be written
         pass
+    if threading.active_count() > 1 or sys.gettrace() is not None or sys.getprofile() is not None:
+        sys.exit(code)  # a profiler or coverage writes its report when the interpreter exits
     atexit._run_exitfuncs()
-    if threading.active_count() > 1:
-        sys.exit(code)
     os._exit(code)
 
 
