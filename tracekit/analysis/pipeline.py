@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from tracekit.analysis import (
     attribution,
+    background,
     collectives,
     critical_path,
     dag,
@@ -193,15 +194,7 @@ class Analysis:
         the future is done when they are. Wait for it before using them: a cached property computed in two
         threads at once would be computed twice."""
         todo = [n for n in names if n not in self.__dict__]
-        if not todo:
-            return None
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(1, thread_name_prefix="tracekit-analysis")
-        try:
-            return pool.submit(self._compute, todo)
-        finally:
-            pool.shutdown(wait=False)
+        return background.start(self._compute, todo) if todo else None
 
     def _compute(self, names: list[str]) -> None:
         """Compute each named analysis; one that fails is left for where it is used, to raise there."""

@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import contention, dag, replay
+from tracekit.analysis import background, contention, dag, replay
 from tracekit.analysis.dag import EDGE_TYPES, Graph, lane_codes, sort_by_lane
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
@@ -209,17 +209,6 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     inst = consistent_members(members, instances, collectives)
     g = graph if graph is not None else dag.build(events, ranks, inst)
     act = g.act
-    # the contention fit's compute leaves come from the events alone: found on a second thread meanwhile
-    compute = _compute_mask(g)
-    leaves = None
-    if events is not None and compute.any() and (act.get_column("kind") == "comm").any():
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(1, thread_name_prefix="tracekit-leaves")
-        try:
-            leaves = pool.submit(_compute_leaves, events, g)
-        finally:
-            pool.shutdown(wait=False)
     coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source", "pg"]))
     assert isinstance(coll, pl.DataFrame)
     comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end"]).join(
@@ -228,6 +217,11 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
         comm = comm.join(inst.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "collective_id"], how="left")
     else:
         comm = comm.with_columns(pl.lit(None, dtype=pl.Int64).alias("instance"))
+    # the contention fit's compute leaves come from the events alone: found on a second thread meanwhile
+    compute = _compute_mask(g)
+    leaves = None
+    if events is not None and compute.any() and comm.height:
+        leaves = background.start(_compute_leaves, events, g, name="tracekit-leaves")
     a = comm.get_column("a").to_numpy()
     # each comm activity's own edge (start -> end) carries its transfer
     own_mask = g.etype == _OWN
