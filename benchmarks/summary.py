@@ -109,9 +109,10 @@ import sys
 sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path.insert(0, sys.argv.pop(1))
 from tracekit import cli
-if hasattr(cli, "run"):  # the console command of that revision, as its users run it
+if hasattr(cli, "run"):  # the console command of that revision, as its users run it (it exits)
     cli.run()
-sys.exit(cli.main(sys.argv[1:]))
+else:
+    sys.exit(cli.main(sys.argv[1:]))
 """
 
 
