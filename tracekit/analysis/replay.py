@@ -165,14 +165,16 @@ def _rounds(graph: Graph, weight: np.ndarray, ch: Chains | None, max_rounds: int
     t_meas = graph.node_time
     t0 = int(t_meas.min()) if n else 0
     span = int(t_meas.max()) - t0 + 1 if n else 1
-    # chain prefix sums per segment
-    w_chain = np.where(ch.chain_edge >= 0, weight[np.maximum(ch.chain_edge, 0)], 0).astype(np.int64)
-    csum = np.cumsum(w_chain)
-    seg_first = np.flatnonzero(ch.chain_edge < 0)
-    # a[m]: sum of the chain weights from the first node of m's lane up to m
-    a = csum - csum[seg_first][ch.seg]
-    del w_chain, csum  # a replay's arrays are the graph's size: two replays may run at once (whatif.predict_many)
-    scale = int(max(span, int(np.abs(a).max()) if a.size else 0, int(weight.max()) if weight.size else 0)) + 1
+    # a[m]: sum of the chain weights from the first node of m's lane up to m (prefix sums per segment), built in
+    # one array: a replay's arrays are the graph's size, and two replays may run at once (whatif.predict_many)
+    lane_start = ch.chain_edge < 0
+    a = weight[np.maximum(ch.chain_edge, 0)].astype(np.int64, copy=False)
+    a[lane_start] = 0
+    np.cumsum(a, out=a)
+    a -= a[np.flatnonzero(lane_start)][ch.seg]
+    del lane_start
+    scale = int(max(span, max(int(a.max()), -int(a.min())) if a.size else 0,
+                    int(weight.max()) if weight.size else 0)) + 1
     n_seg = int(ch.seg.max()) + 1 if ch.seg.size else 1
     # exact int64 arithmetic while every value stays far from overflow; damaged timestamps spanning years
     # fall back to float64 (the replay of such a trace is not worth nanoseconds)
@@ -187,9 +189,9 @@ def _rounds(graph: Graph, weight: np.ndarray, ch: Chains | None, max_rounds: int
         seg_off = ch.seg.astype(np.int64)  # a copy (astype copies), scaled in place
         seg_off *= big
     a = a.astype(dt, copy=False)
-    t_rel = (t_meas - t0).astype(dt, copy=False)
+    t_src = (t_meas[ch.sources] - t0).astype(dt, copy=False)  # the sources keep their measured times
     x = np.full(n, neg, dtype=dt)
-    x[ch.sources] = t_rel[ch.sources]
+    x[ch.sources] = t_src
     times = np.full(n, neg, dtype=dt)
     src = _pick(graph.src, extra[0] if extra is not None else None, ch.cross)
     w = _pick(weight, extra[2] if extra is not None else None, ch.cross).astype(dt, copy=False)
@@ -228,7 +230,7 @@ def _rounds(graph: Graph, weight: np.ndarray, ch: Chains | None, max_rounds: int
             best = np.maximum.reduceat(vals, ch.cross_dst_bounds)
             x.fill(neg)
             x[ch.cross_dsts] = best
-            x[ch.sources] = t_rel[ch.sources]
+            x[ch.sources] = t_src
     if not exact:
         times = np.rint(times).astype(np.int64)
     times += t0  # in place: the buffer is this replay's own
