@@ -110,3 +110,27 @@ def test_a_link_far_slower_than_its_line_rate_keeps_the_excess_as_a_fixed_cost()
     per_byte = 1 / speed + (8e9 / (whatif.WIRE_EFFICIENCY * 1e9) - 8e9 / (whatif.WIRE_EFFICIENCY * 10e9)) / eta
     np.testing.assert_allclose(new, m.latency_ns + bus * per_byte, rtol=1e-6)
     assert whatif.predict(m, whatif.Scenario(bandwidth_bps=1e9)) < 3 * m.measured_iteration_ns
+
+
+def test_numbers_that_differ_never_print_alike() -> None:
+    """Two digits, or as many more as it takes: 0.900 against 0.897 is not "0.90 instead of 0.90"."""
+    assert whatif.distinct(0.91, 0.85) == ("0.91", "0.85")
+    assert whatif.distinct(0.9004, 0.8971) == ("0.900", "0.897")
+    assert whatif.distinct(0.8996, 0.85, 0.9) == ("0.8996", "0.8500", "0.9000")
+    assert whatif.distinct(0.5, 0.5) == ("0.50", "0.50")  # equal values print alike
+
+
+def test_the_verdict_of_a_recorded_job_compares_two_different_numbers() -> None:
+    """A real 2-rank gloo job on a 1 Gbit/s link whose full-utilisation and measured scaling both round to 0.90:
+    the verdict prints them with the digit that tells them apart."""
+    import re
+
+    job = ROOT / "tests" / "data" / "jobs" / "ddp-bucket4mb"
+    if not job.exists():
+        pytest.skip("recorded job not present")
+    b = whatif.bottleneck(_model(job, 1e9))
+    assert b is not None and b.scaling_full is not None
+    said = re.search(r"would scale at (\S+) instead of (\S+):", b.text)
+    assert said is not None, b.text
+    assert said.group(1) != said.group(2)
+    assert abs(float(said.group(1)) - b.scaling_full) < 5e-4 and abs(float(said.group(2)) - b.scaling_measured) < 5e-4

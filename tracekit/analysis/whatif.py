@@ -660,6 +660,16 @@ def _first_reaching(steps: list[float], target: float, scaling: Callable[[float]
     return float(steps[lo]) if lo < len(steps) else None
 
 
+def distinct(*values: float, digits: int = 2, most: int = 4) -> tuple[str, ...]:
+    """``values`` with ``digits`` decimals, or more (up to ``most``) where two that differ would print alike: a
+    verdict never reads "0.90 instead of 0.90" for 0.900 against 0.897."""
+    for d in range(digits, most + 1):
+        out = tuple(f"{v:.{d}f}" for v in values)
+        if all(out[i] != out[j] for i in range(len(values)) for j in range(i) if values[i] != values[j]):
+            break
+    return out
+
+
 def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     """Measured vs full-utilisation vs infinite-bandwidth predictions, and what would reach ``target``; None
     when the replay predicts no iteration time to compare. No verdict rests on a size nobody knows: without
@@ -701,8 +711,9 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
                 f"(communication costs {100 * (1 - sf_measured):.0f} % of an iteration).{tail}")
         return Bottleneck(measured, free, sf_measured, sf_full, rate, None, None, target, text, sizes, assumption)
     if sf_full >= target:
-        text = (f"At full utilisation of {link} this job would scale at {sf_full:.2f} instead of "
-                f"{sf_measured:.2f}: the link is not the bottleneck, its use is.{tail}")
+        full_s, measured_s = distinct(sf_full, sf_measured)
+        text = (f"At full utilisation of {link} this job would scale at {full_s} instead of "
+                f"{measured_s}: the link is not the bottleneck, its use is.{tail}")
         return Bottleneck(measured, free, sf_measured, sf_full, rate, None, None, target, text, sizes, assumption)
     need_c = _first_reaching([1.5, 2, 3, 4, 5, 8, 10, 16, 32, 64, 100], target,
                              lambda c: free / predict(model, Scenario(efficiency="full", compression=c)))
@@ -715,7 +726,9 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     if need_mult:
         wants.append(f"≥ {format_rate(need_r)}" if need_r else f"≥ {need_mult:g}x the bandwidth")
     want = " or ".join(wants) if wants else "more than 100x compression or 1000x the bandwidth"
+    full_s, measured_s, target_s = distinct(sf_full, sf_measured, target)
+    target_s = f"{target:.1f}" if target_s == f"{target:.2f}" else target_s  # "to reach 0.9" where that is clear
     text = (f"The link is the bottleneck: even at full utilisation of {link} this job would scale at "
-            f"{sf_full:.2f} (now {sf_measured:.2f}); it needs {want} to reach {target:.1f}.{tail}")
+            f"{full_s} (now {measured_s}); it needs {want} to reach {target_s}.{tail}")
     return Bottleneck(measured, free, sf_measured, sf_full, rate, need_c, need_r, target, text, sizes, assumption,
                       need_mult)
