@@ -110,6 +110,21 @@ def test_console_command_exits_with_its_output_flushed_and_nothing_left(tmp_path
     assert r.returncode == 1 and "no such file" in r.stderr
 
 
+@pytest.mark.parametrize("json_out", [False, True])
+def test_a_reader_that_stops_early_ends_the_command_quietly(json_out: bool) -> None:
+    """``tracekit summary … | head -1``: the report and ``--json`` alike end with exit 0 and nothing on stderr
+    once the reader has gone (rich's console would exit 1)."""
+    sample = Path(__file__).resolve().parents[1] / "samples" / "ddp-gloo"
+    cmd = [sys.executable, "-m", "tracekit.cli", "summary", str(sample), *(["--json"] if json_out else [])]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    first = p.stdout.readline()
+    p.stdout.close()  # the reader goes away after one line, before the report is written out
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 0, err
+    assert first.strip() and err == b""
+
+
 def test_run_flushes_and_runs_exit_handlers_before_leaving(monkeypatch: pytest.MonkeyPatch) -> None:
     """What ``run`` does before ``os._exit``: buffered output is written, exit handlers run, the code is kept; with
     another thread alive it leaves the usual way, which waits for it."""

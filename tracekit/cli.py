@@ -245,6 +245,21 @@ def _tensor_sorts() -> list[str]:
     return list(TENSOR_SORTS)
 
 
+class _Stdout(Console):
+    """A report on stdout. A reader that stops early (``tracekit summary … | head``) ends the command quietly with
+    exit 0, as with ``--json``; rich's own console exits 1 there."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        raise BrokenPipeError
+
+
+def _stdout(width: int) -> Console:
+    """The console a report prints on: the terminal's width, or ``width`` columns into a pipe or a file."""
+    return _Stdout() if sys.stdout.isatty() else _Stdout(width=width)
+
+
 def _job(args: argparse.Namespace, console: Console):
     """Read and analyse the inputs (:func:`tracekit.api.load`): the whole job in memory, or rank by rank through a
     per-rank dataset when an option of the big-jobs group asks for it or the job would not fit in memory."""
@@ -318,7 +333,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         return 0
     from tracekit.views.report import render_summary
 
-    out = Console() if sys.stdout.isatty() else Console(width=120)
+    out = _stdout(120)
     if result.horovod_only:
         if result.notes:
             out.print(_text("; ".join(result.notes)), highlight=False)
@@ -366,7 +381,7 @@ def cmd_collectives(args: argparse.Namespace) -> int:
         return 0
     from tracekit.views.report import render_collectives
 
-    out = Console() if sys.stdout.isatty() else Console(width=140)
+    out = _stdout(140)
     render_collectives(out, result, sort=args.sort, limit=args.limit)
     _warn(result.diagnostics, err, args.quiet)
     return 0
@@ -392,7 +407,7 @@ def cmd_tensors(args: argparse.Namespace) -> int:
     else:
         from tracekit.views.report import render_tensors
 
-        out = Console() if sys.stdout.isatty() else Console(width=160)
+        out = _stdout(160)
         render_tensors(out, res, sort=args.sort, limit=args.limit, line_rate_bps=result.line_rate_bps)
     _warn(result.diagnostics, err, args.quiet)
     return 0
@@ -413,7 +428,7 @@ def cmd_critical_path(args: argparse.Namespace) -> int:
     else:
         from tracekit.views.report import render_critical_path
 
-        out = Console() if sys.stdout.isatty() else Console(width=140)
+        out = _stdout(140)
         render_critical_path(out, summ, segs, chosen, args.min_share)
     _warn(job.diagnostics, err, args.quiet)
     return 0
@@ -438,7 +453,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     else:
         from tracekit.views.report import render_whatif
 
-        out = Console() if sys.stdout.isatty() else Console(width=120)
+        out = _stdout(120)
         render_whatif(out, rows, model, verdict)
     _warn(job.diagnostics, err, args.quiet)
     return 0
@@ -482,7 +497,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     else:
         from tracekit.views.report import render_diff
 
-        out = Console() if sys.stdout.isatty() else Console(width=140)
+        out = _stdout(140)
         render_diff(out, d, limit=args.limit)
     _warn([*base.diagnostics, *new.diagnostics], err, args.quiet)
     return 0
