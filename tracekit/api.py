@@ -447,7 +447,7 @@ class Job:
             except ValueError as exc:
                 raise TraceError(None, str(exc)) from exc
             verdict = self.analysis.bottleneck if latency is None or model.latency_ns == saved else \
-                whatif.bottleneck(model)
+                self.analysis.bottleneck_of(model)
         finally:
             model.latency_ns = saved
         return rows, verdict
@@ -619,7 +619,7 @@ def bottleneck_payload(b: Bottleneck | None) -> dict[str, Any] | None:
             "scaling_factor_measured": b.scaling_measured, "scaling_factor_full_utilisation": b.scaling_full,
             "line_rate_bps": b.line_rate_bps, "compression_needed": b.compression_needed,
             "bandwidth_needed_bps": b.bandwidth_needed_bps, "bandwidth_needed_factor": b.bandwidth_needed_factor,
-            "target": b.target, "text": b.text, "sizes": b.sizes, "assumption": b.assumption}
+            "target": b.target, "text": b.text, "sizes": b.sizes, "assumption": b.assumption, "note": b.note}
 
 
 def clocks(result: Analysis) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracekit.analysis import (
     attribution,
@@ -120,7 +121,21 @@ class Analysis:
         """Is the network the bottleneck? None when the job has no communication."""
         if self.horovod_only or self.dataset is not None or self.whatif.comm.height == 0:
             return None
-        return whatif.bottleneck(self.whatif)
+        return self.bottleneck_of(self.whatif)
+
+    def bottleneck_of(self, model: whatif.Model) -> whatif.Bottleneck | None:
+        """:func:`~tracekit.analysis.whatif.bottleneck` of ``model`` (this job's, or it under another per-call
+        latency), with the breakdown's word where the replay gains far less than the exposed communication
+        suggests (:func:`~tracekit.analysis.whatif.with_small_gain_note`)."""
+        b = whatif.bottleneck(model)
+        if b is None:
+            return None
+        bd = self.breakdown
+        wall = pc.sum(bd.column("wall_ns")).as_py() or 0
+        if wall <= 0:
+            return b
+        exposed = (pc.sum(bd.column("exposed_comm_ns")).as_py() or 0) - (pc.sum(bd.column("wait_ns")).as_py() or 0)
+        return whatif.with_small_gain_note(b, exposed / wall)
 
     @cached_property
     def top_ops(self) -> pa.Table:

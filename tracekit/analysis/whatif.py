@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -645,6 +645,32 @@ class Bottleneck:
     sizes: dict[str, Any] = field(default_factory=dict)
     assumption: str | None = None
     bandwidth_needed_factor: float | None = None  # every link's rate times this (per-link rates)
+    #: why the replay without communication gains far less than the exposed communication suggests
+    #: (:func:`with_small_gain_note`); part of ``text`` too
+    note: str | None = None
+
+
+#: :func:`with_small_gain_note` speaks where exposed communication not spent waiting for other ranks is at least
+#: this share of the ranks' time ...
+NOTE_MIN_SHARE = 0.05
+#: ... and the replay without any communication gains less than this fraction of that share
+NOTE_SMALL_GAIN = 0.5
+
+
+def with_small_gain_note(b: Bottleneck, exposed_share: float) -> Bottleneck:
+    """``b`` with a note where the replay without communication gains far less than the breakdown's exposed
+    communication (``exposed_share``: not spent waiting for other ranks, of the ranks' time) suggests — what follows
+    it waited on other work too, or on gaps no recorded dependency explains, which the replay keeps as measured (a
+    wait the profiler did not record among them would make a faster link worth more); the critical path shows
+    which. Otherwise ``b`` unchanged."""
+    gain = b.measured_ns / b.free_ns - 1 if b.free_ns > 0 else 0.0
+    if exposed_share < NOTE_MIN_SHARE or gain >= NOTE_SMALL_GAIN * exposed_share:
+        return b
+    note = (f"Exposed communication not spent waiting for other ranks is {100 * exposed_share:.0f} % of the "
+            f"iteration time, yet without any communication the replay is only {b.measured_ns / b.free_ns:.2f}x "
+            "faster: what follows it waited on other work too, or on gaps no recorded dependency explains, which "
+            "the replay keeps as measured (tracekit critical-path shows the chain that sets the pace).")
+    return replace(b, text=f"{b.text} {note}", note=note)
 
 
 def _first_reaching(steps: list[float], target: float, scaling: Callable[[float], float]) -> float | None:
