@@ -663,11 +663,13 @@ def with_small_gain_note(b: Bottleneck, exposed_share: float) -> Bottleneck:
     it waited on other work too, or on gaps no recorded dependency explains, which the replay keeps as measured (a
     wait the profiler did not record among them would make a faster link worth more); the critical path shows
     which. Otherwise ``b`` unchanged."""
-    gain = b.measured_ns / b.free_ns - 1 if b.free_ns > 0 else 0.0
-    if exposed_share < NOTE_MIN_SHARE or gain >= NOTE_SMALL_GAIN * exposed_share:
+    if b.free_ns <= 0 or exposed_share < NOTE_MIN_SHARE:
+        return b
+    speedup = b.measured_ns / b.free_ns
+    if speedup - 1 >= NOTE_SMALL_GAIN * exposed_share:
         return b
     note = (f"Exposed communication not spent waiting for other ranks is {100 * exposed_share:.0f} % of the "
-            f"iteration time, yet without any communication the replay is only {b.measured_ns / b.free_ns:.2f}x "
+            f"iteration time, yet without any communication the replay is only {speedup:.2f}x "
             "faster: what follows it waited on other work too, or on gaps no recorded dependency explains, which "
             "the replay keeps as measured (tracekit critical-path shows the chain that sets the pace).")
     return replace(b, text=f"{b.text} {note}", note=note)
