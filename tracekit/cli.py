@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from tracekit import __version__
+from tracekit import __version__, allocators
 from tracekit.model.diagnostics import Diagnostic, TraceError, printable
 
 EXIT_INPUT = 1
@@ -584,15 +584,8 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv[:cut], argv[cut + 1:]
 
 
-#: polars' allocator (jemalloc) hands memory it freed back to the system after this long, not the default 10 s: a
-#: command's peak memory is then what it holds, not every frame it has dropped (-110 MB at the peak of a 300 MB
-#: trace's summary; decaying at once costs ~10 % more time in page faults)
-POLARS_ALLOCATOR = "dirty_decay_ms:100,muzzy_decay_ms:0"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    if "polars" not in sys.modules:  # read once, when polars loads; a user's own setting wins
-        os.environ.setdefault("_RJEM_MALLOC_CONF", POLARS_ALLOCATOR)
+    allocators.configure()
     parser = build_parser()
     head, command = _split_command(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(head)

@@ -12,6 +12,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.allocators import release_memory
 from tracekit.analysis import (
     attribution,
     background,
@@ -26,7 +27,7 @@ from tracekit.analysis import (
     top_ops,
     whatif,
 )
-from tracekit.loading.traceset import TraceSet, release_memory
+from tracekit.loading.traceset import TraceSet
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
 from tracekit.model.units import memory_budget

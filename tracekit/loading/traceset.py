@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.allocators import release_memory
 from tracekit.loading import cache
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError, printable
@@ -285,19 +286,6 @@ def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.Pa
     if todo:
         release_memory()
     return traces
-
-
-def release_memory() -> None:
-    """Give memory that parsing freed back to the system: Arrow's allocator keeps freed pages for reuse, and
-    glibc's heap keeps what numpy and Python freed below its top (~150 MB after a 300 MB trace), which would
-    otherwise stay in the process's resident set through the analysis."""
-    pa.default_memory_pool().release_unused()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def _rank_from_name(path: str) -> int | None:
