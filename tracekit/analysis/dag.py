@@ -555,15 +555,20 @@ def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, sta
     but started only right after it (the consumer waited for the result).
     """
     comm_act = (act.get_column("kind") == "comm").fill_null(False).to_numpy()
-    dev = lk.select(["a", "rank", "device", "stream", pl.col("l_start").alias("launch")]).sort(
-        ["rank", "device", "launch"])
-    a_ids = dev.get_column("a").to_numpy()
+    # by rank, device and launch, stably (launches at the same nanosecond keep their order); a missing rank first
+    rank = lk.get_column("rank").cast(pl.Int64).fill_null(np.iinfo(np.int64).min).to_numpy()
+    device = lk.get_column("device").cast(pl.Int64).to_numpy()
+    launch = lk.get_column("l_start").to_numpy()
+    by = np.lexsort((launch, device, rank))
+    a_ids = lk.get_column("a").to_numpy()[by]
     is_comm = comm_act[a_ids]
     if not is_comm.any():
         return
-    group = dev.select(pl.struct(["rank", "device"]).rank("dense")).to_series().to_numpy().astype(np.int64)
-    stream = dev.get_column("stream").fill_null(-1).to_numpy()
-    launch = dev.get_column("launch").to_numpy()
+    rank, device, launch = rank[by], device[by], launch[by]
+    new_group = np.ones(by.size, dtype=bool)
+    new_group[1:] = (rank[1:] != rank[:-1]) | (device[1:] != device[:-1])
+    group = np.cumsum(new_group)
+    stream = lk.get_column("stream").fill_null(-1).to_numpy()[by]
     # inbound: the launch before the current run of same-stream launches
     run_break = np.ones(a_ids.size, dtype=bool)
     run_break[1:] = (stream[1:] != stream[:-1]) | (group[1:] != group[:-1])

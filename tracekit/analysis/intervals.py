@@ -47,14 +47,26 @@ def lane_order(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.nd
     group = (rank - int(rank.min())) * (int(lane.max()) + 2) + lane + 1
     span = int(start.max()) - int(start.min()) + 1
     if (int(group.max()) + 1) * span < 1 << 62:
-        import polars as pl
-
         key = group * span + (start - int(start.min()))
-        order = pl.DataFrame({"k": key, "e": end}).with_row_index("i").sort(
-            ["k", "e"], descending=[False, True], maintain_order=True).get_column("i").to_numpy()
+        order = np.argsort(key, kind="stable")  # a trace's rows are mostly in order: a merge sort's best case
+        _by_end_within_ties(order, key[order], end)
     else:
         order = np.lexsort((-end, start, group))
     return order, group[order]
+
+
+def _by_end_within_ties(order: np.ndarray, sorted_key: np.ndarray, end: np.ndarray) -> None:
+    """Reorder in place the runs of equal ``sorted_key`` in ``order`` by ``end`` descending, stably (rows that
+    start together on one lane: the outer one first). Only the rows in such runs are sorted again."""
+    tie = sorted_key[1:] == sorted_key[:-1]
+    if not tie.any():
+        return
+    rows = np.zeros(order.size, dtype=bool)
+    rows[:-1] = tie
+    rows[1:] |= tie
+    at = np.flatnonzero(rows)
+    sub = order[at]
+    order[at] = sub[np.lexsort((-end[sub], sorted_key[at]))]
 
 
 def runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
