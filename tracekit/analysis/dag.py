@@ -462,7 +462,8 @@ def correlation_key(*frames: pl.DataFrame) -> pl.Expr | None:
 
 def _bind(src: np.ndarray, dst: np.ndarray, lag: np.ndarray, node_time: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
-    """Per node, the edge attaining max(source time + lag), and the slack left on it."""
+    """Per node, the edge attaining max(source time + lag), and the slack left on it. Each temporary (an edge
+    list's size: ~9 MB per million edges) is dropped as soon as it is used: this is the graph build's peak."""
     val = node_time[src]
     val += lag  # in place: the gather is a new array
     lo = np.iinfo(np.int64).min
@@ -470,11 +471,18 @@ def _bind(src: np.ndarray, dst: np.ndarray, lag: np.ndarray, node_time: np.ndarr
     np.maximum.at(best, dst, val)
     # among the edges attaining the max, the last one (as a stable sort by value would pick)
     hit = np.flatnonzero(val == best[dst])
+    del val
     binding = np.full(node_time.size, -1, dtype=np.int64)
     np.maximum.at(binding, dst[hit], hit)
-    best_edge = binding[binding >= 0]
+    del hit
+    # a bound node's binding edge attains best[node]: its slack is the node's time beyond that
+    nodes = np.flatnonzero(binding >= 0)
+    gap = node_time[nodes]
+    gap -= best[nodes]
+    del best
+    np.maximum(gap, 0, out=gap)
     slack = np.zeros(src.size, dtype=np.int64)
-    slack[best_edge] = np.maximum(node_time[dst[best_edge]] - val[best_edge], 0)
+    slack[binding[nodes]] = gap
     return binding, slack
 
 
