@@ -108,7 +108,9 @@ def measure(act: pl.DataFrame, overlap: np.ndarray, compute: np.ndarray) -> Cont
     keep = compute & (dur >= MIN_DURATION_NS) & act.get_column("iteration").is_not_null().to_numpy()
     if not keep.any():
         return NONE
-    df = act.filter(pl.Series(keep)).select(["rank", "iteration", pl.col("name").cast(pl.String)]).with_columns(
+    # an operation's name as its categorical code where it has one (the same groups as its text, cheaper to hash)
+    name = pl.col("name").to_physical() if act.schema["name"] == pl.Categorical else pl.col("name")
+    df = act.filter(pl.Series(keep)).select(["rank", "iteration", name]).with_columns(
         pl.Series("f", overlap[keep]), pl.Series("y", np.log(dur[keep].astype(np.float64))))
     df = df.with_columns(pl.int_range(pl.len()).over(["rank", "iteration", "name"]).alias("k"))
     ident = ["rank", "name", "k"]

@@ -325,9 +325,11 @@ def _compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
     ev = ev.filter(pl.when(pl.col("rank").is_in(gpu)).then(pl.col("kind") == "compute")
                    .otherwise((pl.col("kind") == "cpu_op") & pl.col("device").is_null())
                    & pl.col("iteration").is_not_null())
-    # strings only for the rows kept (the lane's text orders the sort below where its codes do not)
-    text = [] if codes is not None else [pl.col("lane").cast(pl.String)]
-    ev = ev.with_columns(*text, pl.col("name").cast(pl.String), (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
+    # only what the fit reads is sorted; the lane's text for the rows kept where its codes do not order it; names
+    # stay categorical (the fit groups by them)
+    lane_col = pl.col("lane") if codes is not None else pl.col("lane").cast(pl.String)
+    ev = ev.select("rank", lane_col, "iteration", "name", "start_ns",
+                   (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
     ev, lane = sort_by_lane(ev, "start_ns", "end_ns")
     start = ev.get_column("start_ns").to_numpy()
     end = ev.get_column("end_ns").to_numpy()
