@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis.intervals import lane_order, prev_max_end, runs
+from tracekit.analysis.intervals import PACK_SHIFT, lane_order, packs, prev_max_end, runs
 from tracekit.model.schema import normalise_op
 
 EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume", "collective")
@@ -448,16 +448,16 @@ def _take_all(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def correlation_key(*frames: pl.DataFrame) -> pl.Expr | None:
-    """``_k = rank * 2^40 + correlation``: one int64 join key (several times faster to join on than the pair)
+    """``_k``: rank and correlation packed (:data:`~tracekit.analysis.intervals.PACK_SHIFT`), one int64 join key,
     when every frame has rows and all their ranks and correlations fit it; else None."""
     for df in frames:
         if df.height == 0:
             return None
         r = df.select(pl.col("rank").min().alias("r0"), pl.col("rank").max().alias("r1"),
                       pl.col("correlation").min().alias("c0"), pl.col("correlation").max().alias("c1")).row(0)
-        if None in r or r[0] < 0 or r[1] >= 1 << 22 or r[2] < 0 or r[3] >= 1 << 40:
+        if None in r or not packs(*r):
             return None
-    return (pl.col("rank").cast(pl.Int64) * (1 << 40) + pl.col("correlation")).alias("_k")
+    return (pl.col("rank").cast(pl.Int64) * (1 << PACK_SHIFT) + pl.col("correlation")).alias("_k")
 
 
 def _bind(src: np.ndarray, dst: np.ndarray, lag: np.ndarray, node_time: np.ndarray

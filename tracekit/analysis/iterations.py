@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis.intervals import runs
+from tracekit.analysis.intervals import PACK_SHIFT, packs, runs
 from tracekit.model import schema
 from tracekit.model.diagnostics import TraceError
 
@@ -117,13 +117,14 @@ def assign(events: pa.Table, step_marker: str | None = None, *, require_steps: b
 
 
 def _fits_key(rank: np.ndarray, values: np.ndarray, used: np.ndarray) -> bool:
-    """Whether the ``used`` rows' rank and key fit ``rank * 2^40 + key``: checked on every row first (plain
-    reductions), on the used rows only where that fails (masked reductions are several times slower)."""
+    """Whether the ``used`` rows' rank and key fit the packed key (:func:`~tracekit.analysis.intervals.packs`):
+    checked on every row first (plain reductions), on the used rows only where that fails (masked reductions are
+    several times slower)."""
     def fits(where: np.ndarray | None) -> bool:
         big = np.iinfo(np.int64).max
         kw = {} if where is None else {"where": where}
-        return (rank.min(initial=big, **kw) >= 0 and rank.max(initial=-1, **kw) < 1 << 22
-                and values.min(initial=big, **kw) >= 0 and values.max(initial=-1, **kw) < 1 << 40)
+        return packs(rank.min(initial=big, **kw), rank.max(initial=-1, **kw), values.min(initial=big, **kw),
+                     values.max(initial=-1, **kw))
 
     return fits(None) or fits(used)
 
@@ -131,7 +132,7 @@ def _fits_key(rank: np.ndarray, values: np.ndarray, used: np.ndarray) -> bool:
 def _through(df: pl.DataFrame, key: str, source: np.ndarray, target: np.ndarray, it: np.ndarray
              ) -> tuple[np.ndarray, np.ndarray]:
     """The ``target`` rows whose ``key`` (on their rank) a ``source`` row has, and the iteration ``it`` of the
-    first such source row in file order: on one packed int64 key (rank * 2^40 + key) with numpy when ranks and
+    first such source row in file order: on one packed int64 key (rank and key) with numpy when ranks and
     keys fit it, else with a polars join."""
     k = df.get_column(key)
     valid = k.is_not_null().to_numpy()
@@ -142,7 +143,7 @@ def _through(df: pl.DataFrame, key: str, source: np.ndarray, target: np.ndarray,
     rank = df.get_column("rank").to_numpy().astype(np.int64)
     values = k.fill_null(0).to_numpy()
     if _fits_key(rank, values, (source | target) & valid):
-        packed = rank * (1 << 40) + values
+        packed = rank * (1 << PACK_SHIFT) + values
         keys, first = np.unique(packed[src], return_index=True)  # the first occurrence of each
         pos = np.minimum(np.searchsorted(keys, packed[dst]), keys.size - 1)
         hit = keys[pos] == packed[dst]
