@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {"tracekit": ROOT / "tracekit", "tracekit.parsers": ROOT / "parsers", "tracekit.tui": ROOT / "tui"}
 #: layers, lowest first: a module may import its own layer and those below it
 LAYERS = [
+    ("process", ("tracekit.allocators",)),  # how the process allocates: below everything, imports nothing of ours
     ("model", ("tracekit.model",)),
     ("parsers", ("tracekit.parsers",)),
     ("loading", ("tracekit.loading",)),
