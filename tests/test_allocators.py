@@ -80,3 +80,14 @@ def test_real_glibc_accepts_the_settings() -> None:
     env = {k: v for k, v in os.environ.items() if k not in allocators._GLIBC_ENV}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_arrow_allocator_without_huge_pages() -> None:
+    code = ("from tracekit import allocators; allocators.configure(); import os, pyarrow; "
+            "print(os.environ['MIMALLOC_ALLOW_THP'])")
+    env = {k: v for k, v in os.environ.items() if k != "MIMALLOC_ALLOW_THP"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "0"
+    env["MIMALLOC_ALLOW_THP"] = "1"  # a user's own setting wins
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "1"

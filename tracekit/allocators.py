@@ -13,6 +13,10 @@ import sys
 #: command's peak memory is then what it holds, not every frame it has dropped (-110 MB at the peak of a 300 MB
 #: trace's summary; decaying at once costs ~10 % more time in page faults)
 POLARS_ALLOCATOR = "dirty_decay_ms:100,muzzy_decay_ms:0"
+#: Arrow's allocator (mimalloc) without transparent huge pages: with them, a page first touched costs its whole 2 MB
+#: zeroed, and on a VM that cost varies run to run (the parse's final tables took 0.10-0.14 s in some runs and
+#: 0.28-0.36 s in others; 0.16-0.18 s every time without). Read when Arrow's allocator starts
+MIMALLOC_THP = ("MIMALLOC_ALLOW_THP", "0")
 #: glibc's ``mallopt`` parameters (malloc.h) and the values a command sets: numpy's arrays up to 32 MB come from the
 #: heap, not a fresh ``mmap`` each, and the heap is not trimmed on every free but where :func:`release_memory` is
 #: called (reused pages instead of faulting new ones: ~0.1 s of a 300 MB trace's summary); one arena for every thread,
@@ -39,6 +43,8 @@ def configure() -> None:
     For the command line only: a program that imports tracekit keeps its own process's settings."""
     if "polars" not in sys.modules:  # read once, when polars loads
         os.environ.setdefault("_RJEM_MALLOC_CONF", POLARS_ALLOCATOR)
+    if "pyarrow" not in sys.modules:
+        os.environ.setdefault(*MIMALLOC_THP)
     if any(name in os.environ for name in _GLIBC_ENV):
         return
     libc = _libc()
