@@ -211,3 +211,20 @@ def test_activities_sorted_on_lane_codes_equal_the_sort_on_lane_text(rows, shuff
     slow = dag._kept_by_lane(df, keep, None)
     assert fast.equals(slow)
     assert fast.get_column("lane").dtype == pl.String
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (1, 0, 2)])
+def test_stream_edges_break_ties_in_launch_by_activity_order(order: tuple[int, ...]) -> None:
+    """Two compute kernels launched at the same nanosecond on two streams, then an all-reduce: the stream it waits
+    for is that of the later of the two in the launches' row order (the activities' order in a build), the same on
+    every run."""
+    act = pl.DataFrame({"a": [0, 1, 2], "kind": ["compute", "compute", "comm"]})
+    lk = pl.DataFrame({"a": [0, 1, 2], "rank": [0, 0, 0], "device": [0, 0, 0], "stream": [7, 8, 13],
+                       "l_start": [100, 100, 200]})[list(order)]
+    start = np.array([300, 300, 500])
+    end = np.array([400, 450, 900])
+    edges: list[tuple[list[int], list[int], str]] = []
+    dag._stream_edges(lambda s, d, lag, kind: edges.append((np.asarray(s).tolist(), np.asarray(d).tolist(), kind)),
+                      act, lk, end, start)
+    later = order[1]  # the second of the tied launches in the rows' order
+    assert ([2 * later + 1], [2 * 2], "stream") in edges
