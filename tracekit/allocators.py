@@ -20,7 +20,8 @@ MIMALLOC_THP = ("MIMALLOC_ALLOW_THP", "0")
 #: glibc's ``mallopt`` parameters (malloc.h) and the values a command sets: numpy's arrays up to 32 MB come from the
 #: heap, not a fresh ``mmap`` each, and the heap is not trimmed on every free but where :func:`release_memory` is
 #: called (reused pages instead of faulting new ones: ~0.1 s of a 300 MB trace's summary); one arena for every thread,
-#: so that the what-if replays' threads reuse the main heap instead of each keeping its own (-10 MB at that peak)
+#: so that the what-if replays' threads reuse the main heap instead of each keeping its own (the thresholds alone
+#: made that summary's peak 30-40 MB bigger; with one arena it stays within 10 MB of glibc's defaults)
 GLIBC_HEAP = {-3: 32 << 20, -1: 256 << 20, -8: 1}  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_ARENA_MAX
 #: environment variables by which a user sets glibc's heap themselves (then :func:`configure` leaves it alone)
 _GLIBC_ENV = ("GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
@@ -39,8 +40,9 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def configure() -> None:
-    """Set the allocators for a command, before polars and numpy allocate anything; a user's own settings win.
-    For the command line only: a program that imports tracekit keeps its own process's settings."""
+    """Set the allocators for a command, before polars, pyarrow and numpy allocate anything; a user's own settings
+    win. The command line calls it first thing; a program that imports tracekit keeps its process's settings unless
+    it calls this before importing those libraries."""
     if "polars" not in sys.modules:  # read once, when polars loads
         os.environ.setdefault("_RJEM_MALLOC_CONF", POLARS_ALLOCATOR)
     if "pyarrow" not in sys.modules:
