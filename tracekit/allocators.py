@@ -21,7 +21,7 @@ MIMALLOC_THP = ("MIMALLOC_ALLOW_THP", "0")
 #: heap, not a fresh ``mmap`` each, and the heap is not trimmed on every free but where :func:`release_memory` is
 #: called (reused pages instead of faulting new ones: ~0.1 s of a 300 MB trace's summary); one arena for every thread,
 #: so that the what-if replays' threads reuse the main heap instead of each keeping its own (the thresholds alone
-#: made that summary's peak 30-40 MB bigger; with one arena it stays within 10 MB of glibc's defaults)
+#: made that summary's peak 30-40 MB bigger; with one arena it stays within 20 MB of glibc's defaults, either way)
 GLIBC_HEAP = {-3: 32 << 20, -1: 256 << 20, -8: 1}  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_ARENA_MAX
 #: environment variables by which a user sets glibc's heap themselves (then :func:`configure` leaves it alone)
 _GLIBC_ENV = ("GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
