@@ -202,13 +202,32 @@ def _skip_ws(buf: bytes, i: int) -> int:
 
 
 class _Stream:
-    """Accumulates blocks; ``buf[0]`` sits at stream offset ``base``."""
+    """Accumulates blocks; ``buf[0]`` sits at stream offset ``base``. A block read is kept apart from what was
+    buffered before it until ``buf`` is needed whole: the array's fast path cuts a batch out of the two in one copy
+    (:meth:`cut_batch`), where joining them first would copy every byte once more."""
 
     def __init__(self, blocks: Iterable[tuple[int, bytes]]) -> None:
         self._blocks = iter(blocks)
-        self.buf = b""
+        self._buf = b""
+        self._block = b""  # the last block read, after _buf
         self.base = 0
         self.eof = False
+
+    @property
+    def buf(self) -> bytes:
+        """The buffered bytes, whole."""
+        if self._block:
+            self._buf, self._block = self._buf + self._block, b""
+        return self._buf
+
+    @buf.setter
+    def buf(self, value: bytes) -> None:
+        self._buf, self._block = value, b""
+
+    @property
+    def size(self) -> int:
+        """``len(buf)``, without joining it."""
+        return len(self._buf) + len(self._block)
 
     def more(self) -> bool:
         """Append the next block; False at end of input."""
@@ -216,15 +235,36 @@ class _Stream:
             return False
         for _, block in self._blocks:
             if block:
-                self.buf += block
+                if self._block:
+                    self._buf += self._block
+                self._block = block
                 return True
         self.eof = True
         return False
 
     def drop(self, n: int) -> None:
         """Forget the first ``n`` bytes of the buffer."""
-        self.buf = self.buf[n:]
+        head = len(self._buf)
+        if self._block and n >= head:
+            self._buf, self._block = self._block[n - head :], b""
+        else:
+            self.buf = self.buf[n:]
         self.base += n
+
+    def cut_batch(self) -> tuple[bytes, int] | None:
+        """``[`` + the buffer up to the comma of its last ``}, {`` + ``]``, and that comma's position in ``buf``; None
+        where there is no such comma. One copy when there is one in the last block read: the last in the whole
+        buffer is then that block's last (one found by :func:`_fast_cut`'s windows of the block's last bytes is
+        found by those of the buffer's, and any other starts before the block)."""
+        block = self._block
+        if block:
+            cut = _fast_cut(block)
+            if cut is not None:
+                head = self._buf
+                return b"".join((b"[", head, memoryview(block)[:cut], b"]")), len(head) + cut
+        buf = self.buf
+        cut = _fast_cut(buf)
+        return None if cut is None else (_bracketed(buf, cut), cut)
 
 
 def stream_array(
@@ -446,11 +486,11 @@ def _array(s: _Stream, depth: int, batch_bytes: int, lazy: bool = False) -> Iter
     skip_from = 0
     while True:
         if st.pos == 0 and not skipping:
-            while len(s.buf) < batch_bytes and s.more():
+            while s.size < batch_bytes and s.more():
                 pass
-            cut = _fast_cut(s.buf)
-            if cut is not None:
-                data = _bracketed(s.buf, cut)
+            found_cut = s.cut_batch()
+            if found_cut is not None:
+                data, cut = found_cut
                 if lazy:
                     batch = Batch(s.base, data, lazy=True)
                     yield batch

@@ -96,3 +96,31 @@ def test_lazy_batches_give_the_same_elements_whatever_the_caller_decides() -> No
             except msgspec.DecodeError:
                 assert item.lazy and not item.check()
         assert out == events and lazy
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.data())
+def test_a_batch_cut_from_the_last_block_is_the_cut_of_the_whole_buffer(data: st.DataObject) -> None:
+    """The fast path cuts a batch out of what was buffered and the block just read without joining them first: the
+    same boundary and bytes as cutting the joined buffer, wherever the record boundaries fall (none in the block,
+    one spanning the two, none in the block's last 64 KB, a block smaller than that)."""
+    piece = st.sampled_from([b"}, {", b"},\n  {", b"}", b"{", b",", b" ", b'"x": 1', b"a" * 100, b"b" * 5000])
+    head = b"".join(data.draw(st.lists(piece, max_size=30)))
+    tail = b"".join(data.draw(st.lists(piece, max_size=40)))
+    filler = data.draw(st.sampled_from([0, 10, 40_000, 1 << 16, 70_000, 300_000]))
+    where = data.draw(st.integers(0, 2))  # the boundaries before, around or after the filler
+    body = [tail + b"c" * filler, b"c" * (filler // 2) + tail + b"c" * (filler // 2), b"c" * filler + tail][where]
+    stream = js._Stream([(0, head), (len(head), body)])
+    while stream.more():
+        pass
+    whole = head + body
+    expected = js._fast_cut(whole)
+    got = stream.cut_batch()
+    if expected is None:
+        assert got is None
+    else:
+        assert got == (js._bracketed(whole, expected), expected)
+    assert stream.buf == whole and stream.size == len(whole)
+    if expected is not None:  # what is left after the batch, as the array's fast path drops it
+        stream.drop(expected + 1)
+        assert stream.buf == whole[expected + 1 :]
