@@ -444,6 +444,37 @@ def test_a_batch_cut_inside_a_string_is_read_again(scan, tmp_path: Path, monkeyp
     _same(_parse(path, monkeypatch, True), plain)
 
 
+def test_batches_this_thread_scans_while_the_scanner_is_busy_read_the_same(scan, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rather than wait for the scanner thread, the reading thread scans the newest batches still queued for it: the
+    tables are those of one thread, whichever thread scanned which batch."""
+    import threading
+    import time
+
+    from tracekit.parsers import _kineto_records
+
+    path = _big_trace(tmp_path / "big.json")
+    plain = _parse(path, monkeypatch, False)
+    real = native_scan()
+    assert real is not None
+    by: list[str] = []
+
+    def slow_scan(data):  # a scanner thread slower than this one: batches queue up behind it
+        name = threading.current_thread().name
+        by.append(name)
+        if name.startswith("tracekit-scan"):
+            time.sleep(0.02)
+        return real(data)
+
+    with monkeypatch.context() as m:
+        m.setattr(_kineto_records, "native_scan", lambda: slow_scan)
+        m.setattr(kineto, "BATCH_BYTES", 1 << 16)
+        _same(_parse(path, monkeypatch, True, threads=1), plain)
+    assert len(by) > 8
+    assert any(n.startswith("tracekit-scan") for n in by)
+    assert by.count(threading.current_thread().name) >= len(by) // 4  # this thread took its share
+
+
 def test_spilled_and_threaded_reads_are_the_same(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _big_trace(tmp_path / "big.json")
     plain = _parse(path, monkeypatch, False)
