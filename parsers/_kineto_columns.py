@@ -527,10 +527,11 @@ def _int_array(n: int, values: bytes, validity: tuple[bytes, int] | None) -> pa.
                                  null_count=validity[1])
 
 
-def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
+def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any, arrow_takes: bool | None = None) -> bool:
     """What :func:`_consume_typed` does with a batch, from what the C scanner (``parsers/_kineto_scan.c``) made of
     it (``scanned``; None where it declined): the same columns, dictionaries, collective and metadata records.
-    Returns False, having changed nothing, where the scanner declined or the typed path would consult Arrow's."""
+    Returns False, having changed nothing, where the scanner declined or the typed path would consult Arrow's.
+    ``arrow_takes``: whether Arrow's path takes the batch, where asked already (None: ask it here)."""
     if scanned is None:
         return False
     n_x, ints, valid, codes, cats, names, meta_ranges, flags = scanned
@@ -550,7 +551,9 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
         # where the typed path asks Arrow's path whether it takes the batch (negative pids or tids, timestamps
         # with fractions), ask it too
         consulted = bool(flags & F_NEGATIVE) or (not acc.has_fraction and (has_fraction or bool(flags & F_DOT)))
-        if consulted and not _consume_arrow(_Accumulator(acc.path), batch):
+        if consulted and arrow_takes is None:
+            arrow_takes = _consume_arrow(_Accumulator(acc.path), batch)
+        if consulted and not arrow_takes:
             return False
         ts_ok = np.frombuffer(valid[0], dtype=np.bool_)
         all_ok = bool(ts_ok.all())
@@ -591,13 +594,13 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any) -> bool:
     return True
 
 
-def _consume(acc: _Accumulator, batch: Batch, scanned: Any = _NOT_SCANNED) -> None:
+def _consume(acc: _Accumulator, batch: Batch, scanned: Any = _NOT_SCANNED, arrow_takes: bool | None = None) -> None:
     """Turn one batch into Arrow columns (X events) and side records (metadata, markers). ``scanned``: what the C
-    scanner made of it, if it was run already."""
+    scanner made of it, if it was run already; ``arrow_takes``: whether Arrow's path takes it, if asked already."""
     acc.consulted = False
     if scanned is _NOT_SCANNED:
         scanned = acc.scan(batch.data) if acc.scan is not None else None
-    if _consume_scanned(acc, batch, scanned) or _consume_typed(acc, batch):
+    if _consume_scanned(acc, batch, scanned, arrow_takes) or _consume_typed(acc, batch):
         if acc.log is not None:
             acc.log.append((batch.offset, len(batch.data), not acc.consulted))
         return

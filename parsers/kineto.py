@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from tracekit.model.diagnostics import TraceError
 from tracekit.model.schema import ParsedFile
 
-from ._kineto_columns import _SEPARATOR, _consume
+from ._kineto_columns import _SEPARATOR, F_DOT, F_FRACTION, F_NEGATIVE, _consume, _consume_arrow
 from ._kineto_records import (
     BATCH_BYTES,
     DECODE_ERRORS,
@@ -150,8 +150,22 @@ def _parse_once(path: str, spill_dir: str | None, threads: int) -> ParsedFile:
     return _finish(acc, members, members_after, end, spill_dir)
 
 
-#: batches read and handed to the scanner threads ahead of the one whose results are being collected
+#: batches read and handed to the scanner threads ahead of the one whose results are being collected ...
 LOOKAHEAD = 8
+#: ... and as many as this while the oldest one's scan is not done and this thread has none left to take over (the
+#: scanner thread asks Arrow's reader about the first batch: ~40 ms of a 303 MB trace, which this thread reads and
+#: scans on through)
+MAX_AHEAD = 32
+
+
+def _scan(acc: _Accumulator, batch: Batch, first: bool) -> tuple[Any, bool | None]:
+    """A scanner thread's work on a batch: the C scanner's result, and whether Arrow's path takes the batch where
+    its consumption will most likely ask (:func:`_consume_scanned`: negative pids or tids, or timestamps that may have
+    fractions in the file's first batch), else None. Both are functions of the batch alone."""
+    scanned = acc.scan(batch.data)  # type: ignore[misc]  # there is a pool only with the scanner
+    flags = scanned[-1] if scanned is not None and scanned[0] else 0
+    ask = flags & F_NEGATIVE or (first and flags & (F_FRACTION | F_DOT))
+    return scanned, _consume_arrow(_Accumulator(acc.path), batch) if ask else None
 
 
 def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch: Callable[[], None] | None = None,
@@ -180,26 +194,29 @@ def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch:
             batch, future = ahead[i]
             if future is not None and future.cancel():
                 mine: Future = Future()
-                mine.set_result(acc.scan(batch.data))  # type: ignore[misc]  # acc.scan is set: there is a pool
+                mine.set_result((acc.scan(batch.data), None))  # type: ignore[misc]  # acc.scan is set: there is a pool
                 ahead[i] = (batch, mine)
                 return True
         return False
 
-    def collect(keep: int) -> None:
-        """Consume the oldest batches read until ``keep`` are left (those read ahead, with their scan's future)."""
+    def collect(keep: int, room: int = 0) -> None:
+        """Consume the oldest batches read until ``keep`` are left (those read ahead, with their scan's future); with
+        fewer than ``room`` read ahead, return to read on rather than wait for the oldest one's scan."""
         nonlocal first_batch
         while len(ahead) > keep:
             batch, future = ahead[0]
             while future is not None and not future.done() and steal():
                 pass
+            if future is not None and not future.done() and len(ahead) < room:
+                return
             ahead.popleft()
             if future is None:
                 _consume(acc, batch)
             else:
-                scanned = future.result()
+                scanned, arrow_takes = future.result()
                 if scanned is None and not batch.check():
                     raise _Misread  # the stream went on after this batch as if it were cut right
-                _consume(acc, batch, scanned)
+                _consume(acc, batch, scanned, arrow_takes)
             if first_batch is not None:
                 first_batch()
                 first_batch = None
@@ -207,9 +224,9 @@ def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch:
     try:
         for item in stream_array(blocks, batch_bytes=BATCH_BYTES, lazy=True):
             if isinstance(item, Batch):
+                ahead.append((item, pool.submit(_scan, acc, item, not array_seen) if pool is not None else None))
                 array_seen = True
-                ahead.append((item, pool.submit(acc.scan, item.data) if pool is not None else None))
-                collect(LOOKAHEAD - 1 if pool is not None else 0)
+                collect(LOOKAHEAD - 1, MAX_AHEAD) if pool is not None else collect(0)
                 continue
             collect(0)
             if isinstance(item, Member):

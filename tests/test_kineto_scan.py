@@ -475,6 +475,29 @@ def test_batches_this_thread_scans_while_the_scanner_is_busy_read_the_same(scan,
     assert by.count(threading.current_thread().name) >= len(by) // 4  # this thread took its share
 
 
+def test_the_scanner_thread_asks_arrow_about_the_first_batch(scan, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timestamps with fractions in the first batch make its consumption ask whether Arrow's reader takes it: the
+    scanner thread asks, while this one reads and scans on, and the tables are those of one thread."""
+    import threading
+
+    path = kt.write(tmp_path / "t.json", kt.gpu_job(1500), era="fraction")
+    plain = _parse(path, monkeypatch, False)
+    asked: list[str] = []
+    real = kc._consume_arrow
+
+    def consume_arrow(acc, batch):
+        asked.append(threading.current_thread().name)
+        return real(acc, batch)
+
+    with monkeypatch.context() as m:
+        m.setattr(kineto, "_consume_arrow", consume_arrow)
+        m.setattr(kc, "_consume_arrow", consume_arrow)
+        m.setattr(kineto, "BATCH_BYTES", 1 << 16)
+        _same(_parse(path, monkeypatch, True, threads=1), plain)
+    assert asked and all(n.startswith("tracekit-scan") for n in asked), asked
+
+
 def test_spilled_and_threaded_reads_are_the_same(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _big_trace(tmp_path / "big.json")
     plain = _parse(path, monkeypatch, False)
