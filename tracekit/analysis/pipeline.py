@@ -277,8 +277,11 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     if hvd is not None:  # Horovod's collectives on the clock its timeline was aligned to
         traces = replace(traces, collectives=hvd.collectives)
     colls, join_notes = nccl_join.join(traces.collectives)
-    events, iters = iterations.assign(traces.events if hvd is None else hvd.base_events(traces.events),
-                                      step_marker)
+    base = traces.events if hvd is None else hvd.base_events(traces.events)
+    # attribution's intervals read no iteration: without a timeline they are those of the events before their
+    # iterations are assigned, computed meanwhile on the other core
+    act_soon = background.start(attribution.activity, base) if hvd is None else None
+    events, iters = iterations.assign(base, step_marker)
     if hvd is not None:
         events, iters = hvd.use_iterations(events, iters)
     attr_events = events if hvd is None else hvd.attribution_events(events)
@@ -286,7 +289,7 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     matching = collectives.match(colls, traces.ranks, groups=groups, events=events, align=align_clocks)
     colls = collectives.fill_sizes(colls, matching)
     split = collectives.comm_split(attr_events, matching) if matching.matched else None
-    act = attribution.activity(attr_events)
+    act = act_soon.result() if act_soon is not None else attribution.activity(attr_events)
     breakdown = attribution.breakdown(attr_events, iters, colls, comm_split=split, act=act)
     if hvd is not None:
         breakdown = hvd.attribute(breakdown, attr_events, iters, colls, split)
