@@ -374,7 +374,7 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     launches = full.filter(pl.col("device").is_null() & (pl.col("kind") == "runtime")
                            & pl.col("correlation").is_not_null()).select(
         ["rank", "correlation", pl.col("start").alias("l_start"), pl.col("end").alias("l_end"), "anc",
-         pl.col("name").cast(pl.String).alias("l_name")])
+         pl.col("name").alias("l_name")])
     # gloo: enqueue -> work -> the wait that consumes it (may move a work's effective end earlier)
     _gloo_edges(add, act, full, start, end)
     del full  # every nested row (a job's largest frame here) is done with: the edges below need less
@@ -397,13 +397,14 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     key = correlation_key(launches, dev_act)
     if key is not None:
         launches, dev_act, on = launches.with_columns(key), dev_act.with_columns(key), "_k"
-    lk = dev_act.join(launches.unique(on, keep="first").drop(["rank", "correlation"] if on == "_k" else []), on=on,
-                      how="inner", maintain_order="left")
+    lk = _launched(dev_act, launches, on)
     if lk.height:
         anc = lk.get_column("anc").to_numpy()
         add(2 * anc, 2 * lk.get_column("a").to_numpy(), lk.get_column("l_start").to_numpy() - start[anc], "launch")
     # synchronisation: a CPU call that blocks until device work ends -> the end of its operator
-    sync_calls = launches.filter(pl.col("l_name").str.contains(SYNC_CALL))
+    names = launches.get_column("l_name").unique()  # the calls' few names matched, not every call's
+    sync_calls = launches.filter(pl.col("l_name").is_in(names.filter(names.cast(pl.String).str.contains(SYNC_CALL))
+                                                        .implode()))
     if sync_calls.height and lk.height:
         # the device-side record of a synchronisation names the stream it waited for
         sync_streams = _sync_streams(events)
@@ -445,6 +446,21 @@ def _take_all(parts: list[np.ndarray]) -> np.ndarray:
     out = np.concatenate(parts)
     parts.clear()
     return out
+
+
+def _launched(dev_act: pl.DataFrame, launches: pl.DataFrame, on: str | list[str]) -> pl.DataFrame:
+    """Each device activity with the first launch of its rank and correlation (an inner join in the device
+    activity's order). On the one-column key ``_k``: the launches' first rows per key by numpy's ``unique``, and
+    one ``searchsorted`` (a polars ``unique`` and join on 200 k launches cost ~4x more)."""
+    right = launches.drop(["rank", "correlation"] if on == "_k" else [])
+    if on != "_k" or launches.get_column("_k").has_nulls() or dev_act.get_column("_k").has_nulls() \
+            or launches.height == 0:
+        return dev_act.join(right.unique(on, keep="first"), on=on, how="inner", maintain_order="left")
+    keys, first = np.unique(launches.get_column("_k").to_numpy(), return_index=True)
+    want = dev_act.get_column("_k").to_numpy()
+    pos = np.minimum(np.searchsorted(keys, want), keys.size - 1)
+    hit = keys[pos] == want
+    return pl.concat([dev_act.filter(pl.Series(hit)), right.drop("_k")[first[pos[hit]]]], how="horizontal")
 
 
 def correlation_key(*frames: pl.DataFrame) -> pl.Expr | None:
