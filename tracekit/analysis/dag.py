@@ -149,6 +149,7 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     # when it lies wholly inside that operator, waits for it (edges in build)
     nested = ~df.get_column("top") & (df.get_column("kind") == "comm") & df.get_column("device").is_null()
     if nested.any():
+        df = df.with_columns(pl.col("lane").cast(pl.String))
         ids = df.get_column("_id").to_numpy()
         parent = pl.Series("comm_parent", np.where(nested.to_numpy(), ids[df.get_column("ancestor").to_numpy()], -1))
         slot = _slots(df.get_column("rank").to_numpy(), df.get_column("lane").to_numpy(),
@@ -199,7 +200,7 @@ def _kept_by_lane(df: pl.DataFrame, rows: np.ndarray, codes: np.ndarray | None) 
         return _nest(df)
     order, group = lane_order(rank.to_numpy()[rows].astype(np.int64), codes[rows], start.to_numpy()[rows],
                               df.get_column("end").to_numpy()[rows])
-    df = df[rows[order]].with_columns(pl.col("lane").cast(pl.String), pl.Series("_id", order.astype(np.int64)))
+    df = df[rows[order]].with_columns(pl.Series("_id", order.astype(np.int64)))  # lanes stay codes: see build
     return _nested(df, _lane_numbers(group))
 
 
@@ -264,7 +265,8 @@ def _split_waits(df: pl.DataFrame) -> pl.DataFrame:
     pieces = df[seg_a].with_columns(pl.Series("start", seg_start), pl.Series("end", seg_end),
                                     pl.Series("dur", seg_end - seg_start))
     rest = df.filter(~pl.Series(np.isin(np.arange(df.height), ua)))
-    return _nest(pl.concat([rest, pieces]).drop("top", "ancestor", "lane_id"))
+    both = pl.concat([rest, pieces]).drop("top", "ancestor", "lane_id")
+    return _nest(both.with_columns(pl.col("lane").cast(pl.String)))  # sorted by the lanes' text
 
 
 def _slots(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarray, pick: np.ndarray) -> np.ndarray:
@@ -340,8 +342,9 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     every member (from :mod:`tracekit.analysis.collectives`); without it communication is plain activity.
     """
     full = activities(events, ranks)
+    # lanes as text for the activities only (a third of the rows are nested calls, which need none)
     act = full.filter(pl.col("top")).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("a"),
-                                                  pl.col("kind").cast(pl.String))
+                                                  pl.col("kind").cast(pl.String), pl.col("lane").cast(pl.String))
     # map every row of `full` to the activity index of its top-level ancestor
     a_of_pos = np.full(full.height, -1, dtype=np.int64)
     top_pos = np.flatnonzero(full.get_column("top").to_numpy())
