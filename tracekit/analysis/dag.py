@@ -191,9 +191,9 @@ def lane_codes(lane: pa.ChunkedArray) -> np.ndarray | None:
 
 
 def _kept_by_lane(df: pl.DataFrame, rows: np.ndarray, codes: np.ndarray | None) -> pl.DataFrame:
-    """``rows`` of ``df`` (original order) with ``_id`` (their position among them) and lanes as text, sorted and
-    nested by :func:`_nest`. With the rows' lane codes it sorts on those and gathers once (no filtered copy, no
-    per-row lane text before the sort); the order is the same."""
+    """``rows`` of ``df`` (original order) with ``_id`` (their position among them), sorted and nested by
+    :func:`_nest`. With the rows' lane codes it sorts on those and gathers once, and the lanes stay categorical
+    (:func:`build` makes text of the activities' only); without, it sorts on the lanes' text. The order is the same."""
     rank, start = df.get_column("rank"), df.get_column("start")
     if codes is None or rank.has_nulls() or start.has_nulls() or not rows.size:
         df = df[rows].with_columns(pl.col("lane").cast(pl.String), pl.Series("_id", np.arange(rows.size)))
