@@ -254,8 +254,7 @@ class _Stream:
     def cut_batch(self) -> tuple[bytes, int] | None:
         """``[`` + the buffer up to the comma of its last ``}, {`` + ``]``, and that comma's position in ``buf``; None
         where there is no such comma. One copy when there is one in the last block read: the last in the whole
-        buffer is then that block's last (one found by :func:`_fast_cut`'s windows of the block's last bytes is
-        found by those of the buffer's, and any other starts before the block)."""
+        buffer is then that block's last (any other starts before the block)."""
         block = self._block
         if block:
             cut = _fast_cut(block)
@@ -412,8 +411,37 @@ _CANDIDATE = re.compile(rb"\}\s*,\s*\{")
 _VALIDATE = msgspec.json.Decoder(msgspec.Raw)
 
 
+#: whitespace as the candidate pattern's ``\s`` reads it in bytes
+_SPACE = frozenset(b" \t\n\r\x0b\x0c")
+#: ``{`` tried from the end of a buffer before the last ``}, {`` is looked for by the pattern instead
+_BACK_TRIES = 16
+
+
 def _fast_cut(buf: bytes) -> int | None:
-    """Position of the comma of the last ``}, {`` in ``buf``: a likely element boundary."""
+    """Position of the comma of the last ``}, {`` in ``buf``: a likely element boundary. Read backwards from the
+    last ``{`` (the record a batch ends in has a few: its own and its ``args``'); where that takes many steps, by
+    the pattern over growing windows from the end. Both give the comma of the last match in the buffer."""
+    end = len(buf)
+    for _ in range(_BACK_TRIES):
+        brace = buf.rfind(b"{", 0, end)
+        if brace < 0:
+            return None
+        k = brace - 1
+        while k >= 0 and buf[k] in _SPACE:
+            k -= 1
+        if k > 0 and buf[k] == 0x2C:  # ','
+            comma = k
+            k -= 1
+            while k >= 0 and buf[k] in _SPACE:
+                k -= 1
+            if k >= 0 and buf[k] == 0x7D:  # '}'
+                return comma
+        end = brace
+    return _last_cut(buf)
+
+
+def _last_cut(buf: bytes) -> int | None:
+    """:func:`_fast_cut` by the pattern, over windows from the end growing fourfold."""
     window = 1 << 16
     while True:
         lo = max(0, len(buf) - window)

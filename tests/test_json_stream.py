@@ -124,3 +124,15 @@ def test_a_batch_cut_from_the_last_block_is_the_cut_of_the_whole_buffer(data: st
     if expected is not None:  # what is left after the batch, as the array's fast path drops it
         stream.drop(expected + 1)
         assert stream.buf == whole[expected + 1 :]
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.sampled_from([b"}", b"{", b",", b" ", b"\n", b"\x0b", b"\t", b"a", b'"x": {', b"}, {", b"},\n  {",
+                                 b"}\x0b,\x0c{", b"}\r,\t{", b"[1, {", b"{" * 40]), max_size=80),
+       st.integers(0, 70_000))
+def test_the_last_boundary_read_backwards_is_the_patterns(pieces: list[bytes], pad: int) -> None:
+    """Reading back from the last ``{`` finds the comma of the last ``}, {`` the pattern finds over its windows
+    (braces that start no boundary, none at all, one beyond the first window, more braces than it tries)."""
+    buf = b"".join(pieces)
+    for b in (buf, buf + b"b" * pad, b"}, {" + b"b" * pad + buf):
+        assert js._fast_cut(b) == js._last_cut(b)
