@@ -164,8 +164,12 @@ def _scan(acc: _Accumulator, batch: Batch, first: bool) -> tuple[Any, bool | Non
     fractions in the file's first batch), else None. Both are functions of the batch alone."""
     scanned = acc.scan(batch.data)  # type: ignore[misc]  # there is a pool only with the scanner
     flags = scanned[-1] if scanned is not None and scanned[0] else 0
-    ask = flags & F_NEGATIVE or (first and flags & (F_FRACTION | F_DOT))
-    return scanned, _consume_arrow(_Accumulator(acc.path), batch) if ask else None
+    if not (flags & F_NEGATIVE or (first and flags & (F_FRACTION | F_DOT))):
+        return scanned, None
+    try:
+        return scanned, _consume_arrow(_Accumulator(acc.path), batch)
+    except Exception:  # asked where the consumption might not ask (a record it refuses first): it asks, if it does
+        return scanned, None
 
 
 def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch: Callable[[], None] | None = None,

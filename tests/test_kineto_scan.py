@@ -498,6 +498,21 @@ def test_the_scanner_thread_asks_arrow_about_the_first_batch(scan, tmp_path: Pat
     assert asked and all(n.startswith("tracekit-scan") for n in asked), asked
 
 
+def test_a_question_to_arrow_that_fails_on_the_scanner_thread_is_asked_again(scan, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scanner thread asks ahead of the consumption, which may refuse the batch before it would ask: what the
+    question raises there is left for the consumption to meet, if it asks at all."""
+    path = kt.write(tmp_path / "t.json", kt.gpu_job(300), era="fraction")
+    plain = _parse(path, monkeypatch, False)
+
+    def fails(acc, batch):
+        raise KeyError("args")
+
+    with monkeypatch.context() as m:
+        m.setattr(kineto, "_consume_arrow", fails)  # the scanner thread's, not the consumption's
+        _same(_parse(path, monkeypatch, True, threads=1), plain)
+
+
 def test_spilled_and_threaded_reads_are_the_same(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _big_trace(tmp_path / "big.json")
     plain = _parse(path, monkeypatch, False)
