@@ -179,11 +179,11 @@ def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch:
     the array has been read.
 
     ``threads`` > 0 (with the C scanner): up to :data:`LOOKAHEAD` batches are scanned on that many threads while
-    this one reads on and collects their results in order; where it would wait for a scan, it scans the newest batch
-    still queued itself (a 303 MB trace on 2 cores: the stream took 0.30-0.38 s instead of 0.37-0.47 s, where this
-    thread had waited 0.07-0.12 s). The stream reads on as if every batch it cut where
-    records most likely end were cut right (what a batch the scanner takes proves); one that was not raises
-    :class:`_Misread`, and the caller reads the file again with ``threads=0``."""
+    this one reads on and collects their results in order. Where it would wait for a scan, it scans the newest batch
+    still queued itself, or with none left, reads on up to :data:`MAX_AHEAD` (a 303 MB trace on 2 cores: the stream
+    took 0.29-0.38 s instead of 0.37-0.47 s, where this thread had waited 0.07-0.12 s). The stream reads on as if
+    every batch it cut where records most likely end were cut right (what a batch the scanner takes proves); one
+    that was not raises :class:`_Misread`, and the caller reads the file again with ``threads=0``."""
     members: dict[str, Any] = {}
     members_after: set[str] = set()
     end: End | None = None

@@ -149,7 +149,7 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     # when it lies wholly inside that operator, waits for it (edges in build)
     nested = ~df.get_column("top") & (df.get_column("kind") == "comm") & df.get_column("device").is_null()
     if nested.any():
-        df = df.with_columns(pl.col("lane").cast(pl.String))
+        df = df.with_columns(pl.col("lane").cast(pl.String))  # the lanes beside a thread are named after its text
         ids = df.get_column("_id").to_numpy()
         parent = pl.Series("comm_parent", np.where(nested.to_numpy(), ids[df.get_column("ancestor").to_numpy()], -1))
         slot = _slots(df.get_column("rank").to_numpy(), df.get_column("lane").to_numpy(),
