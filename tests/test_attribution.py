@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests import kineto_traces as kt
 from tracekit.analysis import attribution, iterations
-from tracekit.analysis.intervals import lane_order, prev_max_end, sweep, union_length
+from tracekit.analysis.intervals import first_match, lane_order, prev_max_end, sweep, union_length
 from tracekit.analysis.pipeline import analyse
 from tracekit.loading.traceset import load
 from tracekit.model import schema
@@ -230,6 +230,16 @@ def test_device_rows_take_the_first_source_iteration_on_packed_keys_as_in_a_join
                    for i in expected_rows]
     assert through(0) == (expected_rows, expected_it)
     assert through(1 << 41) == (expected_rows, expected_it)  # beyond the packed key: the join
+
+
+@given(st.lists(st.integers(-3, 6), max_size=30), st.lists(st.integers(-5, 8), max_size=30))
+def test_first_match_is_each_querys_first_equal_key(keys, queries) -> None:
+    """Per query: whether a key equals it, and the first such key's position, as a scan of the keys finds it."""
+    hit, first = first_match(np.array(keys, dtype=np.int64), np.array(queries, dtype=np.int64))
+    for q, h, f in zip(queries, hit.tolist(), first.tolist(), strict=True):
+        assert h == (q in keys)
+        if h:
+            assert f == keys.index(q)
 
 
 def test_runs_are_the_distinct_values_and_bounds_of_a_sorted_column() -> None:

@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis.intervals import PACK_SHIFT, lane_order, packs, prev_max_end, runs
+from tracekit.analysis.intervals import PACK_SHIFT, first_match, lane_order, packs, prev_max_end, runs
 from tracekit.model.schema import normalise_op
 
 EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume", "collective")
@@ -453,17 +453,13 @@ def _take_all(parts: list[np.ndarray]) -> np.ndarray:
 
 def _launched(dev_act: pl.DataFrame, launches: pl.DataFrame, on: str | list[str]) -> pl.DataFrame:
     """Each device activity with the first launch of its rank and correlation (an inner join in the device
-    activity's order). On the one-column key ``_k``: the launches' first rows per key by numpy's ``unique``, and
-    one ``searchsorted`` (a polars ``unique`` and join on 200 k launches cost ~4x more)."""
+    activity's order): on the one-column key ``_k`` by :func:`~tracekit.analysis.intervals.first_match` (a polars
+    ``unique`` and join on 200 k launches cost ~4x more), else by polars."""
     right = launches.drop(["rank", "correlation"] if on == "_k" else [])
-    if on != "_k" or launches.get_column("_k").has_nulls() or dev_act.get_column("_k").has_nulls() \
-            or launches.height == 0:
+    if on != "_k" or launches.get_column("_k").has_nulls() or dev_act.get_column("_k").has_nulls():
         return dev_act.join(right.unique(on, keep="first"), on=on, how="inner", maintain_order="left")
-    keys, first = np.unique(launches.get_column("_k").to_numpy(), return_index=True)
-    want = dev_act.get_column("_k").to_numpy()
-    pos = np.minimum(np.searchsorted(keys, want), keys.size - 1)
-    hit = keys[pos] == want
-    return pl.concat([dev_act.filter(pl.Series(hit)), right.drop("_k")[first[pos[hit]]]], how="horizontal")
+    hit, first = first_match(launches.get_column("_k").to_numpy(), dev_act.get_column("_k").to_numpy())
+    return pl.concat([dev_act.filter(pl.Series(hit)), right.drop("_k")[first[hit]]], how="horizontal")
 
 
 def correlation_key(*frames: pl.DataFrame) -> pl.Expr | None:

@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis.intervals import PACK_SHIFT, packs, runs
+from tracekit.analysis.intervals import PACK_SHIFT, first_match, packs, runs
 from tracekit.model import schema
 from tracekit.model.diagnostics import TraceError
 
@@ -144,10 +144,8 @@ def _through(df: pl.DataFrame, key: str, source: np.ndarray, target: np.ndarray,
     values = k.fill_null(0).to_numpy()
     if _fits_key(rank, values, (source | target) & valid):
         packed = rank * (1 << PACK_SHIFT) + values
-        keys, first = np.unique(packed[src], return_index=True)  # the first occurrence of each
-        pos = np.minimum(np.searchsorted(keys, packed[dst]), keys.size - 1)
-        hit = keys[pos] == packed[dst]
-        return dst[hit], it[src[first[pos[hit]]]]
+        hit, first = first_match(packed[src], packed[dst])
+        return dst[hit], it[src[first[hit]]]
     sources = pl.DataFrame({"rank": rank[src], key: values[src], "it": it[src]}).unique(
         ["rank", key], keep="first", maintain_order=True)
     hits = pl.DataFrame({"row": dst, "rank": rank[dst], key: values[dst]}).join(sources, on=["rank", key],
