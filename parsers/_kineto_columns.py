@@ -458,7 +458,7 @@ def _consume_typed(acc: _Accumulator, batch: Batch) -> bool:
         # decides on types of records this path does not look at), else the exact path's.
         acc.consulted = ((pc.min(pid_a).as_py() or 0) < 0 or (pc.min(tid_a).as_py() or 0) < 0
                          or (not acc.has_fraction and (has_fraction or b"." in b"".join(ts))))
-        if acc.consulted and not _consume_arrow(_Accumulator(acc.path), batch):
+        if acc.consulted and not arrow_takes(acc.path, batch):
             return False
         # collective metadata: only from events whose name says they may carry it; read before the accumulator
         # changes, as a value msgspec cannot hold (``"Input Dims": 1e400``) sends the batch the old ways
@@ -527,11 +527,17 @@ def _int_array(n: int, values: bytes, validity: tuple[bytes, int] | None) -> pa.
                                  null_count=validity[1])
 
 
-def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any, arrow_takes: bool | None = None) -> bool:
+def arrow_takes(path: str, batch: Batch) -> bool:
+    """Whether Arrow's path (:func:`_consume_arrow`) takes ``batch``, asked on an accumulator of its own: nothing of
+    the file's changes (the older paths' results depend on the answer, not on what it read)."""
+    return _consume_arrow(_Accumulator(path), batch)
+
+
+def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any, asked: bool | None = None) -> bool:
     """What :func:`_consume_typed` does with a batch, from what the C scanner (``parsers/_kineto_scan.c``) made of
     it (``scanned``; None where it declined): the same columns, dictionaries, collective and metadata records.
     Returns False, having changed nothing, where the scanner declined or the typed path would consult Arrow's.
-    ``arrow_takes``: whether Arrow's path takes the batch, where asked already (None: ask it here)."""
+    ``asked``: :func:`arrow_takes` of the batch, where asked already (None: ask it here)."""
     if scanned is None:
         return False
     n_x, ints, valid, codes, cats, names, meta_ranges, flags = scanned
@@ -551,9 +557,7 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any, arrow_takes:
         # where the typed path asks Arrow's path whether it takes the batch (negative pids or tids, timestamps
         # with fractions), ask it too
         consulted = bool(flags & F_NEGATIVE) or (not acc.has_fraction and (has_fraction or bool(flags & F_DOT)))
-        if consulted and arrow_takes is None:
-            arrow_takes = _consume_arrow(_Accumulator(acc.path), batch)
-        if consulted and not arrow_takes:
+        if consulted and not (asked if asked is not None else arrow_takes(acc.path, batch)):
             return False
         ts_ok = np.frombuffer(valid[0], dtype=np.bool_)
         all_ok = bool(ts_ok.all())
@@ -594,13 +598,13 @@ def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any, arrow_takes:
     return True
 
 
-def _consume(acc: _Accumulator, batch: Batch, scanned: Any = _NOT_SCANNED, arrow_takes: bool | None = None) -> None:
+def _consume(acc: _Accumulator, batch: Batch, scanned: Any = _NOT_SCANNED, asked: bool | None = None) -> None:
     """Turn one batch into Arrow columns (X events) and side records (metadata, markers). ``scanned``: what the C
-    scanner made of it, if it was run already; ``arrow_takes``: whether Arrow's path takes it, if asked already."""
+    scanner made of it, if it was run already; ``asked``: :func:`arrow_takes` of it, if asked already."""
     acc.consulted = False
     if scanned is _NOT_SCANNED:
         scanned = acc.scan(batch.data) if acc.scan is not None else None
-    if _consume_scanned(acc, batch, scanned, arrow_takes) or _consume_typed(acc, batch):
+    if _consume_scanned(acc, batch, scanned, asked) or _consume_typed(acc, batch):
         if acc.log is not None:
             acc.log.append((batch.offset, len(batch.data), not acc.consulted))
         return

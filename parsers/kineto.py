@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from tracekit.model.diagnostics import TraceError
 from tracekit.model.schema import ParsedFile
 
-from ._kineto_columns import _SEPARATOR, F_DOT, F_FRACTION, F_NEGATIVE, _consume, _consume_arrow
+from ._kineto_columns import _SEPARATOR, F_DOT, F_FRACTION, F_NEGATIVE, _consume, arrow_takes
 from ._kineto_records import (
     BATCH_BYTES,
     DECODE_ERRORS,
@@ -167,7 +167,7 @@ def _scan(acc: _Accumulator, batch: Batch, first: bool) -> tuple[Any, bool | Non
     if not (flags & F_NEGATIVE or (first and flags & (F_FRACTION | F_DOT))):
         return scanned, None
     try:
-        return scanned, _consume_arrow(_Accumulator(acc.path), batch)
+        return scanned, arrow_takes(acc.path, batch)
     except Exception:  # asked where the consumption might not ask (a record it refuses first): it asks, if it does
         return scanned, None
 
@@ -217,10 +217,10 @@ def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch:
             if future is None:
                 _consume(acc, batch)
             else:
-                scanned, arrow_takes = future.result()
+                scanned, asked = future.result()
                 if scanned is None and not batch.check():
                     raise _Misread  # the stream went on after this batch as if it were cut right
-                _consume(acc, batch, scanned, arrow_takes)
+                _consume(acc, batch, scanned, asked)
             if first_batch is not None:
                 first_batch()
                 first_batch = None

@@ -491,8 +491,7 @@ def test_the_scanner_thread_asks_arrow_about_the_first_batch(scan, tmp_path: Pat
         return real(acc, batch)
 
     with monkeypatch.context() as m:
-        m.setattr(kineto, "_consume_arrow", consume_arrow)
-        m.setattr(kc, "_consume_arrow", consume_arrow)
+        m.setattr(kc, "_consume_arrow", consume_arrow)  # where both threads' questions go
         m.setattr(kineto, "BATCH_BYTES", 1 << 16)
         _same(_parse(path, monkeypatch, True, threads=1), plain)
     assert asked and all(n.startswith("tracekit-scan") for n in asked), asked
@@ -505,11 +504,11 @@ def test_a_question_to_arrow_that_fails_on_the_scanner_thread_is_asked_again(sca
     path = kt.write(tmp_path / "t.json", kt.gpu_job(300), era="fraction")
     plain = _parse(path, monkeypatch, False)
 
-    def fails(acc, batch):
+    def fails(path, batch):
         raise KeyError("args")
 
     with monkeypatch.context() as m:
-        m.setattr(kineto, "_consume_arrow", fails)  # the scanner thread's, not the consumption's
+        m.setattr(kineto, "arrow_takes", fails)  # the scanner thread's, not the consumption's
         _same(_parse(path, monkeypatch, True, threads=1), plain)
 
 
