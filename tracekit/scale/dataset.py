@@ -40,12 +40,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tracekit.analysis import attribution, iterations
 from tracekit.loading.atomic import apply_modes, data_dir, new_data_dir, publish_dir, real_dir, remove_dir, sweep_stale
@@ -55,6 +54,9 @@ from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
 from tracekit.model.units import DEFAULT_BUDGET, memory_budget, parse_size  # noqa: F401 (re-exported)
 from tracekit.scale import bounded
+
+if TYPE_CHECKING:  # imported where used: Parquet and the file systems it loads are ~10 ms of every command's
+    import pyarrow.parquet as pq  # start, and only the rank-by-rank path needs them
 
 DATASET_VERSION = "1"
 #: the per-rank tables of a part (besides events), in write order
@@ -149,6 +151,7 @@ class _ParquetSink:
             self._flush()
 
     def _flush(self) -> None:
+        import pyarrow.parquet as pq
         if self.writer is None:
             self.writer = pq.ParquetWriter(str(self.path), self.schema, compression="zstd",
                                            write_page_checksum=True)
@@ -183,6 +186,7 @@ def _with_rank(t: pa.Table, rank: int) -> pa.Table:
 
 
 def _write(table: pa.Table, path: Path, keep_rank: bool = False) -> None:
+    import pyarrow.parquet as pq
     pq.write_table(table if keep_rank else _drop_rank(table), str(path), compression="zstd",
                    write_page_checksum=True)
 
@@ -360,6 +364,7 @@ class Dataset:
 
     def table(self, name: str) -> pa.Table:
         """A small table (collectives, iterations, breakdown, topology) of every rank, in rank order."""
+        import pyarrow.parquet as pq
         if name not in self._cache:
             parts = []
             for d, r in self.parts:
@@ -378,6 +383,7 @@ class Dataset:
 
     def rank_event_counts(self) -> dict[int, int]:
         """Events per rank of the per-rank parts (from the Parquet footers: nothing else is read)."""
+        import pyarrow.parquet as pq
         out: dict[int, int] = {}
         for d, r in self.parts:
             p = self.root / d / "events.parquet"
@@ -387,6 +393,7 @@ class Dataset:
 
     def rank_events(self, rank: int) -> pa.Table:
         """Every event of one rank (of its per-rank parts), as one EVENTS table."""
+        import pyarrow.parquet as pq
         parts = []
         for d, r in self.parts:
             p = self.root / d / "events.parquet"
@@ -398,6 +405,7 @@ class Dataset:
 
     def event_batches(self) -> Iterator[pa.RecordBatch]:
         """Every rank's events as EVENTS batches, one row group at a time (bounded memory)."""
+        import pyarrow.parquet as pq
         for d, r in self.parts:
             p = self.root / d / "events.parquet"
             if not p.exists():
@@ -411,6 +419,7 @@ class Dataset:
 
     @property
     def ranks(self) -> pa.Table:
+        import pyarrow.parquet as pq
         return pq.read_table(str(self.root / "ranks.parquet")).cast(schema.RANKS)
 
     @property
