@@ -586,6 +586,10 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     allocators.configure()
+    # numpy's OpenBLAS starts a thread per core whose idle spin takes ~0.1 s of CPU while the libraries load (3-5 %
+    # of a 300 MB trace's summary, and more where several processes parse); tracekit's one BLAS call, a small
+    # least-squares fit of clock offsets, needs no thread of its own
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = build_parser()
     head, command = _split_command(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(head)
