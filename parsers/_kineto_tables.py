@@ -193,6 +193,27 @@ class _Finisher:
         return pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
 
 
+def _collective_ids(idx: np.ndarray, coll_index: np.ndarray, coll_ids: np.ndarray) -> pa.Array:
+    """The ``collective_id`` column of rows at file positions ``idx``: ``coll_ids[i]`` where ``coll_index[i]``
+    (ascending) is the row's position, null elsewhere. The few collectives are looked up among the rows when those
+    are in file order (as parsed: one search per collective, not one per row), else each row among the collectives."""
+    n = idx.size
+    if n < 2 or bool(np.all(idx[1:] > idx[:-1])):
+        pos = np.minimum(np.searchsorted(idx, coll_index), max(n - 1, 0))
+        found = idx[pos] == coll_index if n else np.zeros(coll_index.size, bool)
+        rows = pos[found][::-1]  # reversed: of a position named twice, the first id is written last and kept
+        values = np.zeros(n, np.int64)
+        values[rows] = coll_ids[found][::-1]
+        valid = np.zeros(n, bool)
+        valid[rows] = True
+        bitmap = np.packbits(valid, bitorder="little")
+        return pa.Array.from_buffers(pa.int64(), n, [pa.py_buffer(bitmap), pa.py_buffer(values)],
+                                     null_count=n - int(np.count_nonzero(valid)))
+    pos = np.minimum(np.searchsorted(coll_index, idx), coll_index.size - 1)
+    hit = coll_index[pos] == idx
+    return pa.array(np.where(hit, coll_ids[pos], 0), pa.int64(), mask=~hit)
+
+
 def _chunk_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(col, pa.ChunkedArray):
         return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
@@ -265,12 +286,8 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
     n_events = 0
     try:
         for ch in classified():
-            idx = ch.raw.column("_index").to_numpy()
-            cid = None
-            if coll_index.size:
-                pos = np.minimum(np.searchsorted(coll_index, idx), coll_index.size - 1)
-                hit = coll_index[pos] == idx
-                cid = pa.array(np.where(hit, coll_ids[pos], 0), pa.int64(), mask=~hit)
+            cid = _collective_ids(ch.raw.column("_index").to_numpy(), coll_index, coll_ids) if coll_index.size \
+                else None
             ev = fin.events(ch, cid)
             n_events += ev.num_rows
             if events_file is None:
