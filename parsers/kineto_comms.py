@@ -148,6 +148,31 @@ def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: the args :func:`_row_fields` reads, besides ``seq``
+_FIELD_ARGS = ("collective", "dtype", "in_nelems", "out_nelems", "in_size", "out_size", "input_dims",
+               "input_dims_legacy", "input_type", "pg_name", "pg_id", "dst_rank", "src_rank", "group_size")
+
+
+def _rows_fields(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`_row_fields` of each row, normalised once per distinct set of args (with their types: ``True`` is not
+    ``1`` here) and once per row where a shape makes them unhashable: a job repeats a few collectives thousands of
+    times, each with its own ``seq``."""
+    done: dict[tuple, dict[str, Any]] = {}
+    out = []
+    for row in rows:
+        values = tuple(map(row.get, _FIELD_ARGS))
+        key = (values, tuple(map(type, values)))
+        try:
+            fields = done.get(key)
+        except TypeError:  # a list (shapes): not hashable
+            out.append(_row_fields(row))
+            continue
+        if fields is None:
+            fields = done[key] = _row_fields(row)
+        out.append({**fields, "seq": _int(row.get("seq"))})
+    return out
+
+
 def _bus_buffer_bytes(op: str | None, input_bytes: int, nranks: int | None) -> int:
     """S (the full buffer) from the bytes of an op's *input* tensor (FORMATS.md §4)."""
     if op == "allgather" and nranks:
@@ -173,13 +198,13 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
                schema.KINDS.index("comm")) if events.num_rows else np.zeros(0, bool)
     if not is_comm.any():
         return schema.empty(schema.COLLECTIVES), None
-    # row of each metadata record: ``index_col`` (the events' positions in the file) is ascending
+    # row of each metadata record among the events (-1: none), by its position in the file
     order = np.argsort(index_col, kind="stable")
     sorted_index = index_col[order]
-
-    def row_of(i: int) -> int:
-        j = int(np.searchsorted(sorted_index, i))
-        return int(order[j]) if j < sorted_index.size and sorted_index[j] == i else -1
+    wanted = np.fromiter((r["_index"] for r in comm_rows), np.int64, len(comm_rows))
+    at = np.minimum(np.searchsorted(sorted_index, wanted), max(sorted_index.size - 1, 0))
+    found = sorted_index[at] == wanted if sorted_index.size else np.zeros(wanted.size, bool)
+    rows = np.where(found, order[at] if sorted_index.size else -1, -1).tolist()
 
     import polars as pl  # here: a split parse's worker processes never need it (~0.1 s of their start)
 
@@ -192,8 +217,7 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
     comm = ev.filter(pl.Series(is_comm)).with_columns(
         (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
     # metadata rows (args of ops/kernels that carry collective information)
-    rows_of = [(r, row_of(r["_index"])) for r in comm_rows]
-    fields = [{**_row_fields(r), "row": row} for r, row in rows_of if row >= 0]
+    fields = [{**f, "row": row} for f, row in zip(_rows_fields(comm_rows), rows, strict=True) if row >= 0]
     meta = pl.DataFrame(fields, schema={"op": pl.String, "dtype": pl.String, "bytes": pl.Int64,
                                         "dims_bytes": pl.Int64, "elem": pl.Int64, "nranks": pl.Int64,
                                         "pg": pl.String, "seq": pl.Int64, "peer": pl.Int64, "row": pl.Int64})

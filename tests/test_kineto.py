@@ -8,11 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests import kineto_traces as kt
 from tracekit.model.diagnostics import TraceError
-from tracekit.parsers import detect, kineto, parse
+from tracekit.parsers import detect, kineto, kineto_comms, parse
+from tracekit.parsers._kineto_tables import _collective_ids
 
 
 def _events(parsed) -> pl.DataFrame:
@@ -365,3 +369,42 @@ def test_collective_metadata_beyond_a_double_does_not_stop_the_parse(tmp_path: P
                     '"args":{"device":0,"stream":7,"correlation":3}}]}')
     parsed = kineto.parse(str(path))
     assert sorted(_events(parsed)["name"].to_list()) == ["k", "record_param_comms"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 60), max_size=40, unique=True), st.booleans(),
+       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 999)), min_size=1, max_size=10))
+def test_collective_ids_are_those_a_search_per_row_finds(rows: list[int], in_order: bool,
+                                                          named: list[tuple[int, int]]) -> None:
+    """The events' ``collective_id`` column: one search per collective among rows in file order (as parsed), the
+    same as one search per row among the collectives (rows out of order, a position named twice: the first id)."""
+    idx = np.array(sorted(rows) if in_order else rows, dtype=np.int64)
+    named.sort(key=lambda p: p[0])
+    coll_index = np.array([p for p, _ in named], dtype=np.int64)
+    coll_ids = np.array([i for _, i in named], dtype=np.int64)
+    got = _collective_ids(idx, coll_index, coll_ids)
+    got.validate(full=True)
+    first = {p: i for p, i in reversed(named)}
+    assert got.to_pylist() == [first.get(int(r)) for r in idx]
+    assert got.type == pa.int64()
+
+
+_ARG = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([1.0, 2.5, "1", "2", "x"]),
+                 st.lists(st.integers(1, 3), max_size=3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.fixed_dictionaries({k: _ARG for k in ("collective", "dtype", "in_nelems", "group_size",
+                                                          "input_dims", "seq", "dst_rank")}), max_size=12))
+def test_collective_args_normalised_once_per_distinct_args_are_normalised_per_row(args: list[dict]) -> None:
+    """A job's collectives repeat a few sets of args: normalising each set once gives every row's own fields
+    (``True`` and ``1``, ``1`` and ``1.0`` stay apart; unhashable shapes are done per row; ``seq`` is each row's)."""
+    def twin_of(v: object) -> object:  # an equal value of another type
+        if isinstance(v, bool):
+            return int(v)
+        if isinstance(v, int) and v in (0, 1):
+            return bool(v)
+        return int(v) if isinstance(v, float) and v.is_integer() else v
+
+    rows = args + [{k: twin_of(v) for k, v in a.items()} for a in args]
+    assert kineto_comms._rows_fields(rows) == [kineto_comms._row_fields(r) for r in rows]
