@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tracekit import results_cache
+from tracekit.allocators import release_memory
 from tracekit.model.diagnostics import Diagnostic, TraceError
 
 if TYPE_CHECKING:
@@ -314,6 +315,7 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
     if callbacks.whatif:
         callbacks.whatif(data)
     _store(later)
+    release_memory()  # the computation is over and the inspection waits for its user: what it freed goes back
     options = data.options
     if options is not None and options.diff_paths and not data.diff_ready:
         if callbacks.stop():
