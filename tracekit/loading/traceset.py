@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.allocators import release_memory
 from tracekit.loading import cache
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError, printable
@@ -281,9 +282,10 @@ def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.Pa
             done += sizes[i]
             if progress:
                 progress(done, total, f)
-    # what the parse freed stays in the allocators: the analysis that follows reuses it (a page the process
-    # gives back costs a fault and zeroing when it is taken again: ~0.1 s of a 300 MB trace's summary)
-    return assemble([p for p in parsed if p is not None], notes + cache_notes)
+    traces = assemble([p for p in parsed if p is not None], notes + cache_notes)
+    if todo:  # Arrow's freed pages (the parse's, and those of the files' tables joined) back, not glibc's heap: the
+        release_memory(heap=False)  # analysis reuses that (fresh pages cost a fault and zeroing each)
+    return traces
 
 
 def _rank_from_name(path: str) -> int | None:
