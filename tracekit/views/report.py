@@ -1,4 +1,7 @@
-"""Human-readable rendering of analysis results for the terminal (rich), shared by the CLI and TUI."""
+"""Human-readable rendering of analysis results for the terminal (rich), shared by the CLI and TUI.
+
+Light to import (the CLI builds its ``--sort`` choices from :data:`SORTS` before it starts reading the inputs):
+pyarrow and polars are imported where they are used."""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from tracekit.model.diagnostics import printable
-from tracekit.model.schema import CLASSES
 from tracekit.views.formats import fmt_bytes, fmt_change, fmt_delta_ns, fmt_gbps, fmt_ns, fmt_share
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ def _more_ranks(console: Console, ranks: int) -> None:
 
 def render_summary(console: Console, result: Analysis) -> None:
     """The ``tracekit summary`` screen: ranks × classes, then the job's headline numbers."""
+    from tracekit.model.schema import CLASSES
     from tracekit.views import summary
 
     pr = summary.per_rank(result.breakdown)
@@ -622,6 +625,8 @@ def diff_renderables(d: object, limit: int = 10) -> list[Any]:
     """Everything ``tracekit diff`` prints (and the Diff tab shows), as rich renderables."""
     import polars as pl
     from rich.text import Text
+
+    from tracekit.model.schema import CLASSES
 
     out: list[Any] = []
     head = Text()
