@@ -24,8 +24,7 @@
  * flagged: the caller then asks Arrow's path, as the typed path does.
  */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_kineto_scan.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -69,7 +68,7 @@ typedef struct {
     size_t tcap; /* a power of two */
 } Dict;
 
-typedef struct {
+struct Scan {
     const uint8_t *base, *end;
     const char *reason;
     Row *rows;
@@ -80,7 +79,11 @@ typedef struct {
     uint8_t *scratch;
     size_t scratch_cap;
     int flags;
-} Scan;
+    /* the result's columns in one allocation (layout()), and where each starts in it (-1: no bitmap, none null) */
+    uint8_t *block;
+    size_t block_len;
+    Py_ssize_t at_int[N_INT], at_valid[N_VALID], nulls[N_VALID], at_code[2], at_meta;
+};
 
 typedef struct {
     const uint8_t *p; /* the content, after the opening quote */
@@ -910,6 +913,7 @@ static void scan_free(Scan *s) {
     free(s->rows);
     free(s->meta);
     free(s->scratch);
+    free(s->block);
     dict_free(&s->cats);
     dict_free(&s->names);
 }
@@ -928,64 +932,157 @@ static PyObject *dict_list(const Dict *d) {
     return list;
 }
 
-static PyObject *result(const Scan *s) {
+static inline size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+/* The rows turned into the result's columns, in one block, without the GIL (the rows are freed): int64 columns,
+ * then the timestamps' validity as bytes, the other columns' validity as Arrow bitmaps where something is null,
+ * the code columns and the metadata ranges, each 8-aligned. 0 where memory ran out. */
+static int layout(Scan *s) {
     Py_ssize_t n = s->n_rows;
-    PyObject *ints = NULL, *valid = NULL, *codes = NULL, *cats = NULL, *names = NULL, *meta = NULL;
+    size_t off = 0;
+    for (int c = 0; c < N_INT; c++) {
+        s->at_int[c] = (Py_ssize_t)off;
+        off += (size_t)n * sizeof(int64_t);
+    }
+    s->at_valid[V_TS] = (Py_ssize_t)off;
+    off += pad8((size_t)n);
+    for (int c = 1; c < N_VALID; c++) {
+        Py_ssize_t nulls = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            nulls += !s->rows[i].ok[c];
+        s->nulls[c] = nulls;
+        s->at_valid[c] = nulls ? (Py_ssize_t)off : -1;
+        if (nulls) off += pad8((size_t)(n + 7) / 8);
+    }
+    for (int c = 0; c < 2; c++) {
+        s->at_code[c] = (Py_ssize_t)off;
+        off += pad8((size_t)n * sizeof(int32_t));
+    }
+    s->at_meta = (Py_ssize_t)off;
+    off += (size_t)s->n_meta * sizeof(int64_t);
+    uint8_t *b = malloc(off ? off : 1);
+    if (b == NULL) return 0;
+    for (int c = 0; c < N_INT; c++) {
+        int64_t *out = (int64_t *)(b + s->at_int[c]);
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[i] = s->rows[i].v[c];
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        b[s->at_valid[V_TS] + i] = s->rows[i].ok[V_TS];
+    for (int c = 1; c < N_VALID; c++) {
+        if (s->at_valid[c] < 0) continue;
+        uint8_t *out = b + s->at_valid[c];
+        memset(out, 0, (size_t)(n + 7) / 8);
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[i >> 3] |= (uint8_t)(s->rows[i].ok[c] << (i & 7));
+    }
+    for (int c = 0; c < 2; c++) {
+        int32_t *out = (int32_t *)(b + s->at_code[c]);
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[i] = s->rows[i].code[c];
+    }
+    if (s->n_meta) memcpy(b + s->at_meta, s->meta, (size_t)s->n_meta * sizeof(int64_t));
+    s->block = b;
+    s->block_len = off;
+    free(s->rows);
+    s->rows = NULL;
+    s->n_rows = n; /* the count stays: the block holds the rows now */
+    s->cap_rows = 0;
+    return 1;
+}
+
+/* --- Columns: one scan's block, lent to Python as read-only bytes ------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    uint8_t *block;
+    Py_ssize_t len;
+} Columns;
+
+static int Columns_getbuffer(Columns *self, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->block, self->len, 1, flags);
+}
+
+static void Columns_dealloc(Columns *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    free(self->block);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyType_Slot Columns_slots[] = {
+    {Py_bf_getbuffer, Columns_getbuffer},
+    {Py_tp_dealloc, Columns_dealloc},
+    {Py_tp_doc, "The columns of one scanned batch, in one block (read-only bytes; scan() hands out views of it)."},
+    {0, NULL},
+};
+
+static PyType_Spec Columns_spec = {
+    "tracekit.parsers._kineto_scan.Columns", sizeof(Columns), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    Columns_slots,
+};
+
+typedef struct {
+    PyTypeObject *columns_type;
+} ModuleState;
+
+/* a read-only view of bytes [at, at + len) of the block */
+static PyObject *view_of(PyObject *whole, Py_ssize_t at, Py_ssize_t len) {
+    return PySequence_GetSlice(whole, at, at + len);
+}
+
+/* scan()'s result from a laid-out scan: views of its block, no copy (the block lives while any view does) */
+static PyObject *result(PyObject *module, Scan *s) {
+    ModuleState *st = PyModule_GetState(module);
+    Py_ssize_t n = s->n_rows;
+    PyObject *ints = NULL, *valid = NULL, *codes = NULL, *cats = NULL, *names = NULL, *meta = NULL, *whole = NULL;
+    Columns *cols = PyObject_New(Columns, st->columns_type);
+    if (cols == NULL) return NULL;
+    cols->block = s->block;
+    cols->len = (Py_ssize_t)s->block_len;
+    s->block = NULL;
+    whole = PyMemoryView_FromObject((PyObject *)cols);
+    Py_DECREF(cols);
+    if (whole == NULL) return NULL;
     ints = PyTuple_New(N_INT);
     valid = PyTuple_New(N_VALID);
     codes = PyTuple_New(2);
     if (ints == NULL || valid == NULL || codes == NULL) goto fail;
     for (int c = 0; c < N_INT; c++) {
-        PyObject *b = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
-        if (b == NULL) goto fail;
-        int64_t *out = (int64_t *)PyBytes_AS_STRING(b);
-        for (Py_ssize_t i = 0; i < n; i++)
-            out[i] = s->rows[i].v[c];
-        PyTuple_SET_ITEM(ints, c, b);
+        PyObject *v = view_of(whole, s->at_int[c], n * (Py_ssize_t)sizeof(int64_t));
+        if (v == NULL) goto fail;
+        PyTuple_SET_ITEM(ints, c, v);
     }
     {
-        PyObject *b = PyBytes_FromStringAndSize(NULL, n);
-        if (b == NULL) goto fail;
-        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(b);
-        for (Py_ssize_t i = 0; i < n; i++)
-            out[i] = s->rows[i].ok[V_TS];
-        PyTuple_SET_ITEM(valid, V_TS, b);
+        PyObject *v = view_of(whole, s->at_valid[V_TS], n);
+        if (v == NULL) goto fail;
+        PyTuple_SET_ITEM(valid, V_TS, v);
     }
     /* the other columns' validity as Arrow wants it: a bitmap (least significant bit first) and the null count, or
        None where nothing is null */
     for (int c = 1; c < N_VALID; c++) {
-        Py_ssize_t nulls = 0;
-        for (Py_ssize_t i = 0; i < n; i++)
-            nulls += !s->rows[i].ok[c];
-        if (nulls == 0) {
-            Py_INCREF(Py_None);
-            PyTuple_SET_ITEM(valid, c, Py_None);
+        if (s->at_valid[c] < 0) {
+            PyTuple_SET_ITEM(valid, c, Py_NewRef(Py_None));
             continue;
         }
-        PyObject *b = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
-        if (b == NULL) goto fail;
-        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(b);
-        memset(out, 0, (size_t)((n + 7) / 8));
-        for (Py_ssize_t i = 0; i < n; i++)
-            out[i >> 3] |= (uint8_t)(s->rows[i].ok[c] << (i & 7));
-        PyObject *pair = Py_BuildValue("(Nn)", b, nulls);
+        PyObject *v = view_of(whole, s->at_valid[c], (n + 7) / 8);
+        if (v == NULL) goto fail;
+        PyObject *pair = Py_BuildValue("(Nn)", v, s->nulls[c]);
         if (pair == NULL) goto fail;
         PyTuple_SET_ITEM(valid, c, pair);
     }
     for (int c = 0; c < 2; c++) {
-        PyObject *b = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
-        if (b == NULL) goto fail;
-        int32_t *out = (int32_t *)PyBytes_AS_STRING(b);
-        for (Py_ssize_t i = 0; i < n; i++)
-            out[i] = s->rows[i].code[c];
-        PyTuple_SET_ITEM(codes, c, b);
+        PyObject *v = view_of(whole, s->at_code[c], n * (Py_ssize_t)sizeof(int32_t));
+        if (v == NULL) goto fail;
+        PyTuple_SET_ITEM(codes, c, v);
     }
     cats = dict_list(&s->cats);
     if (cats == NULL) goto fail;
     names = dict_list(&s->names);
     if (names == NULL) goto fail;
-    meta = PyBytes_FromStringAndSize((const char *)s->meta, s->n_meta * (Py_ssize_t)sizeof(int64_t));
+    meta = view_of(whole, s->at_meta, s->n_meta * (Py_ssize_t)sizeof(int64_t));
     if (meta == NULL) goto fail;
+    Py_DECREF(whole);
     return Py_BuildValue("(nNNNNNNi)", n, ints, valid, codes, cats, names, meta, s->flags);
 fail:
     Py_XDECREF(ints);
@@ -994,36 +1091,91 @@ fail:
     Py_XDECREF(cats);
     Py_XDECREF(names);
     Py_XDECREF(meta);
+    Py_XDECREF(whole);
     return NULL;
 }
 
-/* scan the buffer with the GIL released; returns the result, Py_None (declined; *reason says why) or NULL */
-static PyObject *run(PyObject *data, const char **reason) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
-    Scan s;
-    memset(&s, 0, sizeof s);
-    s.base = (const uint8_t *)view.buf;
-    s.end = s.base + view.len;
-    int ok;
-    Py_BEGIN_ALLOW_THREADS
-    ok = scan_all(&s);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
+Scan *scanner_run(const uint8_t *data, size_t len, int *ok) {
+    Scan *s = calloc(1, sizeof *s);
+    if (s == NULL) return NULL;
+    s->base = data;
+    s->end = data + len;
+    *ok = scan_all(s);
+    if (*ok && !layout(s)) {
+        scanner_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void scanner_free(Scan *s) {
+    if (s == NULL) return;
+    scan_free(s);
+    free(s);
+}
+
+PyObject *scanner_result(PyObject *module, Scan *s, int ok) {
     PyObject *out;
     if (ok) {
-        out = result(&s);
+        out = result(module, s);
         if (out == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
             /* cannot happen for validated UTF-8; declining is the safe answer anyway */
             PyErr_Clear();
-            s.reason = "string not decodable";
             out = Py_NewRef(Py_None);
         }
     } else {
         out = Py_NewRef(Py_None);
     }
-    *reason = s.reason;
-    scan_free(&s);
+    scanner_free(s);
+    return out;
+}
+
+uint64_t scanner_fingerprint(const uint8_t *p, size_t n) {
+    /* four lanes of multiply-rotate rounds over 32-byte stripes, then the rest word by word, folded together with
+       the length: a few GB/s, so a 1 MB batch costs ~0.2 ms */
+    const uint64_t m1 = 0x9E3779B185EBCA87ULL, m2 = 0xC2B2AE3D27D4EB4FULL;
+    uint64_t lane[4] = {m1 + m2, m2, 0, (uint64_t)0 - m1};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int k = 0; k < 4; k++) {
+            uint64_t x;
+            memcpy(&x, p + i + 8 * k, 8);
+            lane[k] += x * m2;
+            lane[k] = (lane[k] << 31) | (lane[k] >> 33);
+            lane[k] *= m1;
+        }
+    }
+    uint64_t h = (uint64_t)n * m1;
+    for (int k = 0; k < 4; k++)
+        h = (((h ^ lane[k]) << 27) | ((h ^ lane[k]) >> 37)) * m1 + m2;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x;
+        memcpy(&x, p + i, 8);
+        h = ((h ^ (x * m2)) << 29 | (h ^ (x * m2)) >> 35) * m1;
+    }
+    uint64_t x = 0;
+    if (i < n) memcpy(&x, p + i, n - i);
+    h = (h ^ (x * m2)) * m1;
+    h ^= h >> 33;
+    h *= m2;
+    h ^= h >> 29;
+    return h;
+}
+
+/* scan the buffer with the GIL released; returns the result, Py_None (declined; *reason says why) or NULL */
+static PyObject *run(PyObject *module, PyObject *data, const char **reason) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Scan *s;
+    int ok = 0;
+    Py_BEGIN_ALLOW_THREADS
+    s = scanner_run((const uint8_t *)view.buf, (size_t)view.len, &ok);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (s == NULL) return PyErr_NoMemory();
+    *reason = s->reason;
+    PyObject *out = scanner_result(module, s, ok);
+    if (out == Py_None && ok) *reason = "string not decodable";
     return out;
 }
 
@@ -1031,13 +1183,13 @@ PyDoc_STRVAR(scan_doc,
 "scan(data) -> None | tuple\n\n"
 "The records of one batch (a JSON array of objects, any bytes-like object) with the GIL released. None when the\n"
 "batch needs the typed msgspec path or another; else (n, ints, valid, codes, cats, names, meta, flags) for its\n"
-"n complete (X) events, in order:\n"
-"  ints: 14 bytes objects of n int64 each: start_ns, dur_ns (not clamped), pid, tid, External id, external id,\n"
+"n complete (X) events, in order (each column a read-only memoryview of one block, no copy):\n"
+"  ints: 14 columns of n int64 each: start_ns, dur_ns (not clamped), pid, tid, External id, external id,\n"
 "        correlation, device, stream, bytes, wait_on_stream, wait_on_cuda_event_record_corr_id, and the byte\n"
 "        range of each event's record in data (start, stop); 0 where the value is null;\n"
-"  valid: ts readable within +-2^62 ns (bytes of n bools), then for pid, tid and the 8 ids None where none is\n"
+"  valid: ts readable within +-2^62 ns (n bools), then for pid, tid and the 8 ids None where none is\n"
 "    null, else (bitmap, null count): Arrow's validity bitmap (bit i, least significant first, set where not null);\n"
-"  codes: 2 bytes objects of n int32: cat and name as codes into cats and names (-1: null);\n"
+"  codes: 2 columns of n int32: cat and name as codes into cats and names (-1: null);\n"
 "  cats, names: the distinct strings of the batch, in order of first appearance;\n"
 "  meta: int64 (start, stop) byte ranges of the metadata (M) records;\n"
 "  flags: 1 a valid timestamp is not a whole microsecond, 2 a timestamp's text has a '.', 4 an instant named\n"
@@ -1045,14 +1197,14 @@ PyDoc_STRVAR(scan_doc,
 
 static PyObject *scan(PyObject *module, PyObject *data) {
     const char *reason = NULL;
-    return run(data, &reason);
+    return run(module, data, &reason);
 }
 
 PyDoc_STRVAR(why_doc, "why(data) -> str | None\n\nWhy scan(data) declines, or None when it takes the batch.");
 
 static PyObject *why(PyObject *module, PyObject *data) {
     const char *reason = NULL;
-    PyObject *out = run(data, &reason);
+    PyObject *out = run(module, data, &reason);
     if (out == NULL) return NULL;
     if (out == Py_None) {
         Py_DECREF(out);
@@ -1068,7 +1220,29 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static int exec_module(PyObject *module) {
+    ModuleState *st = PyModule_GetState(module);
+    st->columns_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &Columns_spec, NULL);
+    if (st->columns_type == NULL) return -1;
+    return prescan_add_type(module);
+}
+
+static int traverse_module(PyObject *module, visitproc visit, void *arg) {
+    ModuleState *st = PyModule_GetState(module);
+    Py_VISIT(st->columns_type);
+    return 0;
+}
+
+static int clear_module(PyObject *module) {
+    ModuleState *st = PyModule_GetState(module);
+    Py_CLEAR(st->columns_type);
+    return 0;
+}
+
+static void free_module(void *module) { clear_module((PyObject *)module); }
+
 static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
 #ifdef Py_mod_multiple_interpreters
     {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
 #endif
@@ -1080,7 +1254,8 @@ static PyModuleDef_Slot slots[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_kineto_scan",
-    "The Kineto parser's batch scanner in C (see scan).", 0, methods, slots, NULL, NULL, NULL,
+    "The Kineto parser's batch scanner in C (see scan), and its prescan of a whole file (see Prescan).",
+    sizeof(ModuleState), methods, slots, traverse_module, clear_module, free_module,
 };
 
 PyMODINIT_FUNC PyInit__kineto_scan(void) { return PyModuleDef_Init(&module); }
