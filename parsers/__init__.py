@@ -7,11 +7,14 @@ import importlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tracekit.model.diagnostics import TraceError
-from tracekit.model.schema import ParsedFile
 
 from .source import Blocks
+
+if TYPE_CHECKING:  # the package stays light: a command imports its prescan before pyarrow
+    from tracekit.model.schema import ParsedFile
 
 
 @dataclass(frozen=True)

@@ -430,9 +430,9 @@ def test_a_batch_cut_inside_a_string_is_read_again(scan, tmp_path: Path, monkeyp
     misread = []
     real = kineto._parse_once
 
-    def once(p, spill, threads):
+    def once(p, spill, threads, prescan=None):
         try:
-            return real(p, spill, threads)
+            return real(p, spill, threads, prescan)
         except kineto._Misread:
             misread.append(threads)
             raise
