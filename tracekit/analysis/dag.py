@@ -74,36 +74,9 @@ class Graph:
         return self.node_time.size
 
     @cached_property
-    def binding_list(self) -> list[int]:
-        return self.binding.tolist()
-
-    @cached_property
-    def src_list(self) -> list[int]:
-        return self.src.tolist()
-
-    @cached_property
-    def etype_list(self) -> list[int]:
-        return self.etype.tolist()
-
-    @cached_property
-    def lag_list(self) -> list[int]:
-        return self.lag.tolist()
-
-    @cached_property
-    def time_list(self) -> list[int]:
-        return self.node_time.tolist()
-
-    @cached_property
     def gpu_ranks(self) -> set[int]:
         """Ranks with device activity."""
         return set(self.act.filter(pl.col("device").is_not_null()).get_column("rank").unique().to_list())
-
-    def column_list(self, name: str) -> list:
-        """An activity column as a plain list (cached: walks over the graph index it per node)."""
-        cache = self.__dict__.setdefault("_lists", {})
-        if name not in cache:
-            cache[name] = self.act.get_column(name).to_list()
-        return cache[name]
 
     def weight(self) -> np.ndarray:
         """Edge weights of the measured schedule (lag + slack)."""
