@@ -156,7 +156,9 @@ def measure(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None)
     """Run ``cmd``; wall, CPU of the process tree, peak RSS of the tree (MB) and stdout.
 
     The peak is the larger of the command's own high-water mark (``wait4``'s ``ru_maxrss``: exact, however short the
-    peak) and the most its process tree held at once, sampled every 10 ms (what worker processes add)."""
+    peak) and the most its process tree held at once, sampled every 10 ms (what worker processes add). A child
+    started by vfork + exec inherits its parent's high-water mark: at or below this driver's own, it is not read."""
+    driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env)
@@ -185,7 +187,8 @@ def measure(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None)
         r.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    peak = max(peak, usage.ru_maxrss * 1024)
+    if usage.ru_maxrss > driver:
+        peak = max(peak, usage.ru_maxrss * 1024)
     if child.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} ...: exit {child.returncode}: {chunks['err'].decode()[-1500:]}")
     return {"wall": wall, "cpu": cpu, "peak_mb": peak / 1e6, "stdout": chunks["out"].decode()}
