@@ -43,6 +43,11 @@ enum { C_START, C_DUR, C_PID, C_TID, C_EXT, C_EXT_L, C_CORR, C_DEV, C_STREAM, C_
        C_REC_START, C_REC_END, N_INT };
 /* validity columns */
 enum { V_TS, V_PID, V_TID, V_EXT, V_EXT_L, V_CORR, V_DEV, V_STREAM, V_BYTES, V_WSTREAM, V_WCORR, N_VALID };
+/* the result's columns, in their order in Scan.col */
+#define COL_VALID N_INT
+#define COL_CODE (COL_VALID + N_VALID)
+#define COL_META (COL_CODE + 2)
+#define N_COLS (COL_META + 1)
 #define N_IDS 8
 
 /* flags of the result */
@@ -79,10 +84,10 @@ struct Scan {
     uint8_t *scratch;
     size_t scratch_cap;
     int flags;
-    /* the result's columns in one allocation (layout()), and where each starts in it (-1: no bitmap, none null) */
-    uint8_t *block;
-    size_t block_len;
-    Py_ssize_t at_int[N_INT], at_valid[N_VALID], nulls[N_VALID], at_code[2], at_meta;
+    /* the result's columns (layout()), each its own allocation: ints, the validity of ts (bytes) and of the others
+       (Arrow bitmaps; NULL where none is null), codes, then the metadata ranges; NULL once handed out */
+    uint8_t *col[N_COLS];
+    Py_ssize_t col_len[N_COLS], nulls[N_VALID];
 };
 
 typedef struct {
@@ -913,7 +918,8 @@ static void scan_free(Scan *s) {
     free(s->rows);
     free(s->meta);
     free(s->scratch);
-    free(s->block);
+    for (int c = 0; c < N_COLS; c++)
+        free(s->col[c]);
     dict_free(&s->cats);
     dict_free(&s->names);
 }
@@ -934,78 +940,69 @@ static PyObject *dict_list(const Dict *d) {
 
 static inline size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
-/* The rows turned into the result's columns, in one block, without the GIL (the rows are freed): int64 columns,
- * then the timestamps' validity as bytes, the other columns' validity as Arrow bitmaps where something is null,
- * the code columns and the metadata ranges, each 8-aligned. 0 where memory ran out. */
+/* The rows turned into the result's columns without the GIL (the rows are freed), each column its own allocation:
+ * what the caller keeps (Arrow arrays on a column) and what it reads once (the records' byte ranges, the codes) are
+ * freed each when its last reader is done, as separate bytes objects were. 0 where memory ran out. */
 static int layout(Scan *s) {
     Py_ssize_t n = s->n_rows;
-    size_t off = 0;
-    for (int c = 0; c < N_INT; c++) {
-        s->at_int[c] = (Py_ssize_t)off;
-        off += (size_t)n * sizeof(int64_t);
-    }
-    s->at_valid[V_TS] = (Py_ssize_t)off;
-    off += pad8((size_t)n);
+    for (int c = 0; c < N_INT; c++)
+        s->col_len[c] = n * (Py_ssize_t)sizeof(int64_t);
+    s->col_len[COL_VALID + V_TS] = n;
     for (int c = 1; c < N_VALID; c++) {
         Py_ssize_t nulls = 0;
         for (Py_ssize_t i = 0; i < n; i++)
             nulls += !s->rows[i].ok[c];
         s->nulls[c] = nulls;
-        s->at_valid[c] = nulls ? (Py_ssize_t)off : -1;
-        if (nulls) off += pad8((size_t)(n + 7) / 8);
+        s->col_len[COL_VALID + c] = nulls ? (n + 7) / 8 : -1;
     }
-    for (int c = 0; c < 2; c++) {
-        s->at_code[c] = (Py_ssize_t)off;
-        off += pad8((size_t)n * sizeof(int32_t));
+    s->col_len[COL_CODE] = s->col_len[COL_CODE + 1] = n * (Py_ssize_t)sizeof(int32_t);
+    s->col_len[COL_META] = s->n_meta * (Py_ssize_t)sizeof(int64_t);
+    for (int c = 0; c < N_COLS; c++) {
+        if (s->col_len[c] < 0) continue;
+        s->col[c] = malloc(s->col_len[c] ? (size_t)s->col_len[c] : 1);
+        if (s->col[c] == NULL) return 0;
     }
-    s->at_meta = (Py_ssize_t)off;
-    off += (size_t)s->n_meta * sizeof(int64_t);
-    uint8_t *b = malloc(off ? off : 1);
-    if (b == NULL) return 0;
     for (int c = 0; c < N_INT; c++) {
-        int64_t *out = (int64_t *)(b + s->at_int[c]);
+        int64_t *out = (int64_t *)s->col[c];
         for (Py_ssize_t i = 0; i < n; i++)
             out[i] = s->rows[i].v[c];
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        b[s->at_valid[V_TS] + i] = s->rows[i].ok[V_TS];
+        s->col[COL_VALID + V_TS][i] = s->rows[i].ok[V_TS];
     for (int c = 1; c < N_VALID; c++) {
-        if (s->at_valid[c] < 0) continue;
-        uint8_t *out = b + s->at_valid[c];
+        uint8_t *out = s->col[COL_VALID + c];
+        if (out == NULL) continue;
         memset(out, 0, (size_t)(n + 7) / 8);
         for (Py_ssize_t i = 0; i < n; i++)
             out[i >> 3] |= (uint8_t)(s->rows[i].ok[c] << (i & 7));
     }
     for (int c = 0; c < 2; c++) {
-        int32_t *out = (int32_t *)(b + s->at_code[c]);
+        int32_t *out = (int32_t *)s->col[COL_CODE + c];
         for (Py_ssize_t i = 0; i < n; i++)
             out[i] = s->rows[i].code[c];
     }
-    if (s->n_meta) memcpy(b + s->at_meta, s->meta, (size_t)s->n_meta * sizeof(int64_t));
-    s->block = b;
-    s->block_len = off;
+    if (s->n_meta) memcpy(s->col[COL_META], s->meta, (size_t)s->col_len[COL_META]);
     free(s->rows);
-    s->rows = NULL;
-    s->n_rows = n; /* the count stays: the block holds the rows now */
+    s->rows = NULL; /* n_rows stays: the columns hold the rows now */
     s->cap_rows = 0;
     return 1;
 }
 
-/* --- Columns: one scan's block, lent to Python as read-only bytes ------------------------------------------------ */
+/* --- Columns: a column of one scan, lent to Python as read-only bytes -------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD
-    uint8_t *block;
+    uint8_t *data;
     Py_ssize_t len;
 } Columns;
 
 static int Columns_getbuffer(Columns *self, Py_buffer *view, int flags) {
-    return PyBuffer_FillInfo(view, (PyObject *)self, self->block, self->len, 1, flags);
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->len, 1, flags);
 }
 
 static void Columns_dealloc(Columns *self) {
     PyTypeObject *tp = Py_TYPE(self);
-    free(self->block);
+    free(self->data);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -1013,7 +1010,7 @@ static void Columns_dealloc(Columns *self) {
 static PyType_Slot Columns_slots[] = {
     {Py_bf_getbuffer, Columns_getbuffer},
     {Py_tp_dealloc, Columns_dealloc},
-    {Py_tp_doc, "The columns of one scanned batch, in one block (read-only bytes; scan() hands out views of it)."},
+    {Py_tp_doc, "A column of one scanned batch, as the scanner laid it out (read-only bytes; scan() hands out a view)."},
     {0, NULL},
 };
 
@@ -1026,53 +1023,52 @@ typedef struct {
     PyTypeObject *columns_type;
 } ModuleState;
 
-/* a read-only view of bytes [at, at + len) of the block */
-static PyObject *view_of(PyObject *whole, Py_ssize_t at, Py_ssize_t len) {
-    return PySequence_GetSlice(whole, at, at + len);
+/* column c of the scan as a read-only memoryview that owns it (taken out of the scan: no copy) */
+static PyObject *view_of(PyTypeObject *type, Scan *s, int c) {
+    Columns *col = PyObject_New(Columns, type);
+    if (col == NULL) return NULL;
+    col->data = s->col[c];
+    col->len = s->col_len[c];
+    s->col[c] = NULL;
+    PyObject *view = PyMemoryView_FromObject((PyObject *)col);
+    Py_DECREF(col);
+    return view;
 }
 
-/* scan()'s result from a laid-out scan: views of its block, no copy (the block lives while any view does) */
+/* scan()'s result from a laid-out scan: views of its columns, no copy */
 static PyObject *result(PyObject *module, Scan *s) {
-    ModuleState *st = PyModule_GetState(module);
+    PyTypeObject *type = ((ModuleState *)PyModule_GetState(module))->columns_type;
     Py_ssize_t n = s->n_rows;
-    PyObject *ints = NULL, *valid = NULL, *codes = NULL, *cats = NULL, *names = NULL, *meta = NULL, *whole = NULL;
-    Columns *cols = PyObject_New(Columns, st->columns_type);
-    if (cols == NULL) return NULL;
-    cols->block = s->block;
-    cols->len = (Py_ssize_t)s->block_len;
-    s->block = NULL;
-    whole = PyMemoryView_FromObject((PyObject *)cols);
-    Py_DECREF(cols);
-    if (whole == NULL) return NULL;
+    PyObject *ints = NULL, *valid = NULL, *codes = NULL, *cats = NULL, *names = NULL, *meta = NULL;
     ints = PyTuple_New(N_INT);
     valid = PyTuple_New(N_VALID);
     codes = PyTuple_New(2);
     if (ints == NULL || valid == NULL || codes == NULL) goto fail;
     for (int c = 0; c < N_INT; c++) {
-        PyObject *v = view_of(whole, s->at_int[c], n * (Py_ssize_t)sizeof(int64_t));
+        PyObject *v = view_of(type, s, c);
         if (v == NULL) goto fail;
         PyTuple_SET_ITEM(ints, c, v);
     }
     {
-        PyObject *v = view_of(whole, s->at_valid[V_TS], n);
+        PyObject *v = view_of(type, s, COL_VALID + V_TS);
         if (v == NULL) goto fail;
         PyTuple_SET_ITEM(valid, V_TS, v);
     }
     /* the other columns' validity as Arrow wants it: a bitmap (least significant bit first) and the null count, or
        None where nothing is null */
     for (int c = 1; c < N_VALID; c++) {
-        if (s->at_valid[c] < 0) {
+        if (s->col[COL_VALID + c] == NULL) {
             PyTuple_SET_ITEM(valid, c, Py_NewRef(Py_None));
             continue;
         }
-        PyObject *v = view_of(whole, s->at_valid[c], (n + 7) / 8);
+        PyObject *v = view_of(type, s, COL_VALID + c);
         if (v == NULL) goto fail;
         PyObject *pair = Py_BuildValue("(Nn)", v, s->nulls[c]);
         if (pair == NULL) goto fail;
         PyTuple_SET_ITEM(valid, c, pair);
     }
     for (int c = 0; c < 2; c++) {
-        PyObject *v = view_of(whole, s->at_code[c], n * (Py_ssize_t)sizeof(int32_t));
+        PyObject *v = view_of(type, s, COL_CODE + c);
         if (v == NULL) goto fail;
         PyTuple_SET_ITEM(codes, c, v);
     }
@@ -1080,9 +1076,8 @@ static PyObject *result(PyObject *module, Scan *s) {
     if (cats == NULL) goto fail;
     names = dict_list(&s->names);
     if (names == NULL) goto fail;
-    meta = view_of(whole, s->at_meta, s->n_meta * (Py_ssize_t)sizeof(int64_t));
+    meta = view_of(type, s, COL_META);
     if (meta == NULL) goto fail;
-    Py_DECREF(whole);
     return Py_BuildValue("(nNNNNNNi)", n, ints, valid, codes, cats, names, meta, s->flags);
 fail:
     Py_XDECREF(ints);
@@ -1091,7 +1086,6 @@ fail:
     Py_XDECREF(cats);
     Py_XDECREF(names);
     Py_XDECREF(meta);
-    Py_XDECREF(whole);
     return NULL;
 }
 
@@ -1183,7 +1177,7 @@ PyDoc_STRVAR(scan_doc,
 "scan(data) -> None | tuple\n\n"
 "The records of one batch (a JSON array of objects, any bytes-like object) with the GIL released. None when the\n"
 "batch needs the typed msgspec path or another; else (n, ints, valid, codes, cats, names, meta, flags) for its\n"
-"n complete (X) events, in order (each column a read-only memoryview of one block, no copy):\n"
+"n complete (X) events, in order (each column a read-only memoryview of the scanner's own buffer, no copy):\n"
 "  ints: 14 columns of n int64 each: start_ns, dur_ns (not clamped), pid, tid, External id, external id,\n"
 "        correlation, device, stream, bytes, wait_on_stream, wait_on_cuda_event_record_corr_id, and the byte\n"
 "        range of each event's record in data (start, stop); 0 where the value is null;\n"
