@@ -55,15 +55,13 @@ def configure() -> None:
             libc.mallopt(param, value)
 
 
-def release_memory(*, heap: bool = True) -> None:
+def release_memory() -> None:
     """Give memory that the work before freed back to the system: Arrow's allocator keeps freed pages for reuse, and
-    glibc's heap keeps what numpy and Python freed below its top (~150 MB after a 300 MB trace's analysis), which
-    would otherwise stay in the process's resident set beside what comes next. ``heap=False`` gives back Arrow's
-    only: where numpy and polars work next, they reuse the heap's freed pages (faulting fresh ones costs more than
-    the copying they hold), while Arrow's stay unused."""
+    glibc's heap keeps what numpy and Python freed below its top (~150 MB after a 300 MB trace), which would
+    otherwise stay in the process's resident set through the analysis."""
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
     libc = _libc()
-    if heap and libc is not None:
+    if libc is not None:
         libc.malloc_trim(0)

@@ -89,10 +89,9 @@ class Analysis:
         # Horovod's phases are a coordinator's per-tensor view, not a thread's program order: the graph (critical
         # path, what-if) is built from the profiler traces only
         events = self.events if self.horovod is None else horovod.without_timeline(self.events)
-        # the build is where an analysis peaks: memory the parse and the analysis freed is given back before it, not
-        # kept beside it (kept, ~80 MB more at a 300 MB trace's peak); what the build frees is reused after it
-        release_memory()
-        return dag.build(events, self.ranks, whatif.consistent_members(self.members, self.instances, self.collectives))
+        graph = dag.build(events, self.ranks, whatif.consistent_members(self.members, self.instances, self.collectives))
+        release_memory()  # the build's temporaries (~90 MB of a 300 MB trace's) would stay in glibc's heap
+        return graph
 
     @cached_property
     def critical_path(self) -> pl.DataFrame:
@@ -112,9 +111,11 @@ class Analysis:
     @cached_property
     def whatif(self) -> whatif.Model:
         """The what-if model of the job (its graph with re-costable transfers)."""
-        return whatif.build(self.events, self.collectives, self.ranks, self.members, self.instances,
-                            line_rate_bps=self.line_rate_bps, graph=self.graph, line_rates=self.line_rates,
-                            pg_desc=self.pg_desc)
+        model = whatif.build(self.events, self.collectives, self.ranks, self.members, self.instances,
+                             line_rate_bps=self.line_rate_bps, graph=self.graph, line_rates=self.line_rates,
+                             pg_desc=self.pg_desc)
+        release_memory()
+        return model
 
     @cached_property
     def bottleneck(self) -> whatif.Bottleneck | None:
