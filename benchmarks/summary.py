@@ -16,8 +16,8 @@ Measured:
      ``--compare-rev REV`` runs the same command from another git revision of this repository too;
   2. HTA: ``TraceAnalysis(trace_dir=...).get_temporal_breakdown()`` on the same file, in the interpreter of
      ``--hta-python`` (HTA pins its own pandas: keep it in a separate venv); ``--skip-hta`` leaves it out;
-  3. where tracekit's time goes, in one process: imports (the prescan reading and scanning the file meanwhile, as
-     the command does), parse, analysis, and the graph + replay behind the verdict (what-if, reported separately);
+  3. where tracekit's time goes, in one process: imports, parse (one process), analysis, and the graph +
+     replay behind the verdict (what-if, reported separately);
   4. the parser alone: MB per CPU-second in one process (with and without the C extension), and wall with
      ``--jobs`` (scanner threads, or the file split across processes: as ``kineto.parse`` chooses);
   5. ``tracekit summary DIR --no-cache --json`` of ``--ranks`` ranks x ``--size-mb``;
@@ -69,15 +69,13 @@ def lap(name):
     t, c = time.perf_counter(), time.process_time()
     laps[name] = {"wall": t - t0, "cpu": c - c0}
     t0, c0 = t, c
-from tracekit.parsers import kineto_prescan
-prescan = kineto_prescan.start(sys.argv[1:], 2)  # as the command starts it, before the libraries load
 from tracekit.analysis import pipeline as analysis
 from tracekit.loading import traceset
 from tracekit.views import summary
 import tracekit.parsers.kineto
 lap("imports")
-ts = traceset.load(sys.argv[1:], use_cache=False, jobs=2, prescan=prescan)
-lap("parse (one process" + (", prescanned during the imports)" if prescan else ")"))
+ts = traceset.load(sys.argv[1:], use_cache=False, jobs=1)
+lap("parse (one process)")
 result = analysis.analyse(ts)
 lap("analysis")
 result.bottleneck

@@ -13,7 +13,7 @@ from tracekit.model.diagnostics import TraceError
 
 from .source import Blocks
 
-if TYPE_CHECKING:  # the package stays light: a command imports its prescan before pyarrow
+if TYPE_CHECKING:  # the package stays light (no pyarrow) until a parser is used
     from tracekit.model.schema import ParsedFile
 
 

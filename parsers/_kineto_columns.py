@@ -603,7 +603,7 @@ def _consume(acc: _Accumulator, batch: Batch, scanned: Any = _NOT_SCANNED, asked
     scanner made of it, if it was run already; ``asked``: :func:`arrow_takes` of it, if asked already."""
     acc.consulted = False
     if scanned is _NOT_SCANNED:
-        scanned = acc.scan_batch(batch) if acc.scan is not None else None
+        scanned = acc.scan(batch.data) if acc.scan is not None else None
     if _consume_scanned(acc, batch, scanned, asked) or _consume_typed(acc, batch):
         if acc.log is not None:
             acc.log.append((batch.offset, len(batch.data), not acc.consulted))

@@ -24,7 +24,8 @@
  * flagged: the caller then asks Arrow's path, as the typed path does.
  */
 
-#include "_kineto_scan.h"
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 
 #include <math.h>
 #include <stdint.h>
@@ -73,7 +74,7 @@ typedef struct {
     size_t tcap; /* a power of two */
 } Dict;
 
-struct Scan {
+typedef struct {
     const uint8_t *base, *end;
     const char *reason;
     Row *rows;
@@ -88,7 +89,7 @@ struct Scan {
        (Arrow bitmaps; NULL where none is null), codes, then the metadata ranges; NULL once handed out */
     uint8_t *col[N_COLS];
     Py_ssize_t col_len[N_COLS], nulls[N_VALID];
-};
+} Scan;
 
 typedef struct {
     const uint8_t *p; /* the content, after the opening quote */
@@ -1089,7 +1090,15 @@ fail:
     return NULL;
 }
 
-Scan *scanner_run(const uint8_t *data, size_t len, int *ok) {
+static void scanner_free(Scan *s) {
+    if (s == NULL) return;
+    scan_free(s);
+    free(s);
+}
+
+/* Scan the batch data[0:len] and lay out what it found as the result's columns; needs no GIL. NULL where memory ran
+ * out; else the scan, taken (*ok = 1) or declined (*ok = 0). */
+static Scan *scanner_run(const uint8_t *data, size_t len, int *ok) {
     Scan *s = calloc(1, sizeof *s);
     if (s == NULL) return NULL;
     s->base = data;
@@ -1102,13 +1111,8 @@ Scan *scanner_run(const uint8_t *data, size_t len, int *ok) {
     return s;
 }
 
-void scanner_free(Scan *s) {
-    if (s == NULL) return;
-    scan_free(s);
-    free(s);
-}
-
-PyObject *scanner_result(PyObject *module, Scan *s, int ok) {
+/* With the GIL: scan()'s result for a scan of scanner_run (ok as it set it), or NULL with an exception set. Frees s. */
+static PyObject *scanner_result(PyObject *module, Scan *s, int ok) {
     PyObject *out;
     if (ok) {
         out = result(module, s);
@@ -1122,38 +1126,6 @@ PyObject *scanner_result(PyObject *module, Scan *s, int ok) {
     }
     scanner_free(s);
     return out;
-}
-
-uint64_t scanner_fingerprint(const uint8_t *p, size_t n) {
-    /* four lanes of multiply-rotate rounds over 32-byte stripes, then the rest word by word, folded together with
-       the length: a few GB/s, so a 1 MB batch costs ~0.2 ms */
-    const uint64_t m1 = 0x9E3779B185EBCA87ULL, m2 = 0xC2B2AE3D27D4EB4FULL;
-    uint64_t lane[4] = {m1 + m2, m2, 0, (uint64_t)0 - m1};
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        for (int k = 0; k < 4; k++) {
-            uint64_t x;
-            memcpy(&x, p + i + 8 * k, 8);
-            lane[k] += x * m2;
-            lane[k] = (lane[k] << 31) | (lane[k] >> 33);
-            lane[k] *= m1;
-        }
-    }
-    uint64_t h = (uint64_t)n * m1;
-    for (int k = 0; k < 4; k++)
-        h = (((h ^ lane[k]) << 27) | ((h ^ lane[k]) >> 37)) * m1 + m2;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t x;
-        memcpy(&x, p + i, 8);
-        h = ((h ^ (x * m2)) << 29 | (h ^ (x * m2)) >> 35) * m1;
-    }
-    uint64_t x = 0;
-    if (i < n) memcpy(&x, p + i, n - i);
-    h = (h ^ (x * m2)) * m1;
-    h ^= h >> 33;
-    h *= m2;
-    h ^= h >> 29;
-    return h;
 }
 
 /* scan the buffer with the GIL released; returns the result, Py_None (declined; *reason says why) or NULL */
@@ -1217,8 +1189,7 @@ static PyMethodDef methods[] = {
 static int exec_module(PyObject *module) {
     ModuleState *st = PyModule_GetState(module);
     st->columns_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &Columns_spec, NULL);
-    if (st->columns_type == NULL) return -1;
-    return prescan_add_type(module);
+    return st->columns_type == NULL ? -1 : 0;
 }
 
 static int traverse_module(PyObject *module, visitproc visit, void *arg) {
@@ -1248,7 +1219,7 @@ static PyModuleDef_Slot slots[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_kineto_scan",
-    "The Kineto parser's batch scanner in C (see scan), and its prescan of a whole file (see Prescan).",
+    "The Kineto parser's batch scanner in C (see scan).",
     sizeof(ModuleState), methods, slots, traverse_module, clear_module, free_module,
 };
 

@@ -430,9 +430,9 @@ def test_a_batch_cut_inside_a_string_is_read_again(scan, tmp_path: Path, monkeyp
     misread = []
     real = kineto._parse_once
 
-    def once(p, spill, threads, prescan=None):
+    def once(p, spill, threads):
         try:
-            return real(p, spill, threads, prescan)
+            return real(p, spill, threads)
         except kineto._Misread:
             misread.append(threads)
             raise

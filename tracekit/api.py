@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from tracekit.analysis.pipeline import Analysis
     from tracekit.analysis.whatif import Bottleneck, Scenario
     from tracekit.diff import Diff
-    from tracekit.parsers.kineto_prescan import Prescan
 
 __all__ = ["Job", "Verdict", "load"]
 
@@ -76,7 +75,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
          memory_budget: str | int | None = None, rebuild: bool = False,
          on_start: Callable[[list[str], int], None] | None = None,
          progress: Callable[[int, int, str], None] | None = None,
-         on_note: Callable[[str], None] | None = None, prescan: Prescan | None = None) -> Job:
+         on_note: Callable[[str], None] | None = None) -> Job:
     """Read and analyse a job: trace files and directories (searched recursively, files recognised by content).
 
     ``link_bw`` is the line rate the job ran on (``"100gbit"``, ``"25GB/s"``, bits/s as a number, or per process
@@ -87,9 +86,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     ``engine`` (``"local"``/``"dask"``), ``scheduler``, ``dataset`` or ``memory_budget`` — it is analysed rank by
     rank through a per-rank Parquet dataset; ``by_rank=False`` forces memory. ``on_start(files, total_bytes)`` is
     called once the inputs are found, ``progress(done_bytes, total_bytes, path)`` while they are read, and
-    ``on_note(text)`` with what the user should know about how the job was read (default: logged). ``prescan``: one
-    of the files already being read and scanned (:func:`tracekit.parsers.kineto_prescan.start`), taken where that
-    file is parsed in this process, and closed.
+    ``on_note(text)`` with what the user should know about how the job was read (default: logged).
 
     Raises :class:`~tracekit.model.diagnostics.TraceError` (one line) for a bad input or option."""
     from tracekit.analysis.pipeline import analyse
@@ -117,8 +114,6 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     if rank_by_rank:
         from tracekit.scale import engine as engine_mod
 
-        if prescan is not None:  # the dataset's workers parse the files
-            prescan.close()
         eng = engine_mod.make(engine or "local", scheduler=scheduler, jobs=jobs, total_bytes=total)
         ds = dataset_mod.build(names, out=None if dataset is None else os.fspath(dataset), engine=eng,
                                step_marker=step_marker, budget=memory_budget, use_cache=cache, cache_dir=cache_root,
@@ -132,7 +127,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
             ds.cleanup()
             raise
         return Job(analysis, names)
-    ts = traceset.load(names, use_cache=cache, cache_dir=cache_root, jobs=jobs, progress=progress, prescan=prescan)
+    ts = traceset.load(names, use_cache=cache, cache_dir=cache_root, jobs=jobs, progress=progress)
     if ts.events.num_rows == 0 and ts.collectives.num_rows == 0:
         damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))

@@ -14,16 +14,13 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from tracekit import __version__, allocators
 from tracekit.model.diagnostics import Diagnostic, TraceError, printable
-
-if TYPE_CHECKING:
-    from tracekit.parsers.kineto_prescan import Prescan
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
@@ -295,11 +292,10 @@ def _job(args: argparse.Namespace, console: Console):
         if not args.quiet:
             console.print(f"[yellow]note[/]: {text}", highlight=False)
 
-    prescan, args.prescan = getattr(args, "prescan", None), None  # for the first job read only
     try:
         job = api.load(args.paths, link_bw=args.link_bw or None, step_marker=args.step_marker,
                        cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs, by_rank=by_rank,
-                       on_start=on_start, progress=progress_cb, on_note=on_note, prescan=prescan, **big)
+                       on_start=on_start, progress=progress_cb, on_note=on_note, **big)
     finally:
         if bar is not None:
             bar.stop()
@@ -547,8 +543,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     rate, named = parse_link_rates(args.link_bw) if args.link_bw else (None, {})
     return run(args.paths, LoadOptions(use_cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs,
                                        step_marker=args.step_marker, link_bw_bps=rate,
-                                       line_rates=tuple(sorted(named.items())), diff_paths=tuple(args.diff or ())),
-               prescan=args.prescan)
+                                       line_rates=tuple(sorted(named.items())), diff_paths=tuple(args.diff or ())))
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -589,23 +584,6 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv[:cut], argv[cut + 1:]
 
 
-def _prescan(args: argparse.Namespace) -> Prescan | None:
-    """The one big Kineto trace of the inputs read and scanned on the second core while this process loads its
-    libraries (:mod:`tracekit.parsers.kineto_prescan`), where the command reads one job in memory; else None. Started
-    before anything heavy is imported: a 300 MB trace is mostly scanned by the time the parser asks for it."""
-    read_once = (cmd_summary, cmd_collectives, cmd_tensors, cmd_critical_path, cmd_whatif, cmd_export, cmd_report,
-                 cmd_inspect)
-    big = ("engine", "scheduler", "dataset", "memory_budget")
-    if args.func not in read_once or any(getattr(args, k, None) for k in big):
-        return None
-    from tracekit.parsers import kineto_prescan
-
-    try:
-        return kineto_prescan.start(list(args.paths), args.jobs)
-    except OSError:  # an input the loader will name in its own error
-        return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     allocators.configure()
     # numpy's OpenBLAS starts a thread per core whose idle spin takes ~0.1 s of CPU while the libraries load (3-5 %
@@ -619,9 +597,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.stray, args.command = args.command, command
     try:
         with contextlib.ExitStack() as args.exit_stack:  # what a command leaves to clean up (temporary datasets)
-            args.prescan = _prescan(args)
-            if args.prescan is not None:
-                args.exit_stack.callback(args.prescan.close)
             return int(args.func(args) or 0)
     except TraceError as exc:
         print(f"tracekit: {exc}", file=sys.stderr)

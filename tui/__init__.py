@@ -5,17 +5,11 @@ Only :mod:`tracekit.cli` imports this package (lazily, inside the ``inspect`` co
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tracekit.tui.data import LoadOptions
 
-if TYPE_CHECKING:
-    from tracekit.parsers.kineto_prescan import Prescan
 
-
-def run(paths: list[str], options: LoadOptions | None = None, prescan: Prescan | None = None) -> int:
-    """Run the app on ``paths`` until the user quits; returns the exit status. ``prescan``: one of the files read
-    and scanned ahead (:func:`tracekit.parsers.kineto_prescan.start`), for the parse where it is needed."""
+def run(paths: list[str], options: LoadOptions | None = None) -> int:
+    """Run the app on ``paths`` until the user quits; returns the exit status."""
     from tracekit.tui.app import InspectApp
 
-    return InspectApp(paths, options, prescan=prescan).run() or 0
+    return InspectApp(paths, options).run() or 0

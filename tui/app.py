@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import work
@@ -30,9 +30,6 @@ from tracekit.tui.dialogs import ExportScreen, HelpScreen
 from tracekit.tui.timeline_canvas import TimelineCanvas
 from tracekit.tui.timeline_view import TimelineView
 from tracekit.tui.views import ShowInTimeline, View, view_classes
-
-if TYPE_CHECKING:
-    from tracekit.parsers.kineto_prescan import Prescan
 
 #: the phase after which loading is over (tui/data.py)
 LAST_PHASE = "whatif"
@@ -67,7 +64,7 @@ class InspectApp(App[int]):
     ]
 
     def __init__(self, paths: Iterable[str] = (), options: LoadOptions | None = None, *,
-                 data: JobData | None = None, prescan: Prescan | None = None) -> None:
+                 data: JobData | None = None) -> None:
         super().__init__()
         self.paths = [str(p) for p in paths]
         self.options = options or LoadOptions()
@@ -75,11 +72,6 @@ class InspectApp(App[int]):
         self._preloaded = data
         # a warm results cache gives the first screen before anything else is read
         self._start = cached_summary(self.paths, self.options) if data is None and self.paths else None
-        #: a file read ahead for the parse (closed at once where the results are cached: the traces are too)
-        self._prescan = prescan
-        if prescan is not None and (self._start is not None or data is not None):
-            prescan.close()
-            self._prescan = None
         if data is None and self.paths and self._start is None:
             _start_resource_tracker()
         elif self.options.jobs is None:
@@ -143,7 +135,7 @@ class InspectApp(App[int]):
             **self._later_phases(),
         )
         try:
-            load_job(self.paths, self.options, callbacks, start=self._start, prescan=self._prescan)
+            load_job(self.paths, self.options, callbacks, start=self._start)
         except TraceError as exc:
             self._ui(self._failed, str(exc))
         except OSError as exc:

@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from tracekit.analysis.pipeline import Analysis
     from tracekit.analysis.whatif import Bottleneck
     from tracekit.diff import Diff
-    from tracekit.parsers.kineto_prescan import Prescan
     from tracekit.views.timeline import Marks, TimelineModel
 
 #: name of the critical path's marks on the timeline (``TimelineCanvas.marks``)
@@ -192,10 +191,10 @@ def cached_summary(paths: list[str], options: LoadOptions) -> tuple[JobData, res
 
 
 def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
-             start: tuple[JobData, results_cache.Results] | None = None, prescan: Prescan | None = None) -> JobData:
+             start: tuple[JobData, results_cache.Results] | None = None) -> JobData:
     """Load ``paths`` in the three phases of the module docstring; raises TraceError for bad input.
     ``start`` is what :func:`cached_summary` found, when the caller already looked (phase 1 is then
-    not reported again); ``prescan`` a file read ahead (:func:`tracekit.loading.traceset.load` takes it)."""
+    not reported again)."""
     from tracekit.loading import traceset
 
     callbacks.say("finding traces")
@@ -219,7 +218,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         callbacks.say(f"read {os.path.basename(path)}", done / total if total else 1.0)
 
     traces = traceset.load(paths, use_cache=options.use_cache, cache_dir=options.cache_dir, jobs=options.jobs,
-                           progress=progress, found=found, prescan=prescan)
+                           progress=progress, found=found)
     if traces.events.num_rows == 0 and traces.collectives.num_rows == 0:
         damage = "; ".join(str(d) for d in traces.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))

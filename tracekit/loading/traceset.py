@@ -28,7 +28,6 @@ from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError, printable
 from tracekit.model.schema import ParsedFile
 from tracekit.parsers import Format, detect, parse
-from tracekit.parsers.kineto_prescan import Prescan
 
 #: below this much input, parsing in worker processes costs more than it saves
 PARALLEL_MIN_BYTES = 64 << 20
@@ -133,15 +132,13 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
 
 
-def parse_stable(path: str, fmt: Format | None = None, workers: int = 1, prescan: Prescan | None = None
-                 ) -> tuple[ParsedFile, os.stat_result | None]:
+def parse_stable(path: str, fmt: Format | None = None, workers: int = 1) -> tuple[ParsedFile, os.stat_result | None]:
     """Parse ``path`` and make sure it did not change while it was read (size, times, inode before and
     after): a file rewritten meanwhile is read again once; if it changed again, the result is kept with a
-    warning and no stat is returned (so it is not cached under either version). ``prescan``: the file read and
-    scanned ahead (:func:`tracekit.parsers.kineto.parse` takes what it scanned of the bytes the parser reads)."""
+    warning and no stat is returned (so it is not cached under either version)."""
     for _ in range(2):
         st = os.stat(path)
-        parsed = _parse_format(path, fmt, workers, prescan) if fmt is not None else parse(path)
+        parsed = _parse_format(path, fmt, workers) if fmt is not None else parse(path)
         try:
             after = _identity(os.stat(path))
         except OSError:  # removed meanwhile
@@ -159,22 +156,22 @@ def _cache_note(root: str, exc: OSError) -> Diagnostic:
 
 
 def _parse_cached(path: str, cache_root: str | None, notes: list[Diagnostic] | None = None,
-                  workers: int = 1, prescan: Prescan | None = None) -> ParsedFile:
-    """Parse one file, through the cache when ``cache_root`` is given; a big Kineto trace is read with ``workers``
-    (:func:`tracekit.parsers.kineto.parse`), from ``prescan`` where that read it ahead. A cache that cannot be
-    written (read-only, full, not a directory) never stops the analysis: the first such error goes to ``notes``."""
+                  workers: int = 1) -> ParsedFile:
+    """Parse one file, through the cache when ``cache_root`` is given; a big Kineto trace is split across
+    ``workers`` processes (:func:`tracekit.parsers.kineto.parse`). A cache that cannot be written (read-only,
+    full, not a directory) never stops the analysis: the first such error goes to ``notes``."""
     fmt = detect(path) if os.path.getsize(path) else None
     if fmt is None:
         return parse(path)
     if cache_root is None:
-        return parse_stable(path, fmt, workers, prescan)[0]
+        return parse_stable(path, fmt, workers)[0]
     try:
         hit = cache.load(Path(cache_root) / cache.entry_key(path, fmt.version))
     except OSError:
         hit = None
     if hit is not None:
         return hit
-    parsed, st = parse_stable(path, fmt, workers, prescan)
+    parsed, st = parse_stable(path, fmt, workers)
     if st is None:
         return parsed
     entry = Path(cache_root) / cache.entry_key(path, fmt.version, st)
@@ -187,11 +184,11 @@ def _parse_cached(path: str, cache_root: str | None, notes: list[Diagnostic] | N
     return cache.load(entry) or parsed
 
 
-def _parse_format(path: str, fmt: Format, workers: int, prescan: Prescan | None = None) -> ParsedFile:
+def _parse_format(path: str, fmt: Format, workers: int) -> ParsedFile:
     if workers > 1 and fmt.name == "kineto":
         from tracekit.parsers import kineto
 
-        return kineto.parse(path, workers=workers, prescan=prescan)
+        return kineto.parse(path, workers=workers)
     return fmt.parse(path)
 
 
@@ -224,25 +221,12 @@ def _worker(path: str, cache_root: str, scratch: str | None = None) -> tuple[str
 
 def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.PathLike | None = None,
          jobs: int | None = None, progress: Progress | None = None,
-         found: tuple[list[str], list[Diagnostic]] | None = None, prescan: Prescan | None = None) -> TraceSet:
+         found: tuple[list[str], list[Diagnostic]] | None = None) -> TraceSet:
     """Load every trace under ``paths`` (files or directories) into one TraceSet (``found``: what
     :func:`discover` gave for ``paths``, when the caller already looked: 100 000 files are sniffed once).
 
     Several processes may load the same traces through one cache at once; a cache that cannot be written
-    (read-only, full, not a directory of its own) costs a warning, never the answer.
-
-    ``prescan``: one of the files read and scanned ahead (:func:`tracekit.parsers.kineto_prescan.start`), used where
-    that file is parsed in this process; it is closed once the files are read (at once where it is not used)."""
-    try:
-        return _load(paths, use_cache, cache_dir, jobs, progress, found, prescan)
-    finally:
-        if prescan is not None:
-            prescan.close()
-
-
-def _load(paths: Iterable[str], use_cache: bool, cache_dir: str | os.PathLike | None, jobs: int | None,
-          progress: Progress | None, found: tuple[list[str], list[Diagnostic]] | None, prescan: Prescan | None
-          ) -> TraceSet:
+    (read-only, full, not a directory of its own) costs a warning, never the answer."""
     files, notes = found if found is not None else discover(paths)
     if not files:
         raise TraceError(None, "no input files")
@@ -265,11 +249,7 @@ def _load(paths: Iterable[str], use_cache: bool, cache_dir: str | os.PathLike | 
                 if progress:
                     progress(done, total, f)
     todo = [i for i in range(len(files)) if parsed[i] is None]
-    pooled = jobs > 1 and len(todo) > 1 and sum(sizes[i] for i in todo) >= PARALLEL_MIN_BYTES
-    if prescan is not None and (pooled or not any(prescan.is_for(files[i]) for i in todo)):
-        prescan.close()  # its file is read from the cache, or by a worker process
-        prescan = None
-    if pooled:
+    if jobs > 1 and len(todo) > 1 and sum(sizes[i] for i in todo) >= PARALLEL_MIN_BYTES:
         # entries the cache cannot take (read-only, full) go to a scratch directory instead
         scratch = tempfile.mkdtemp(prefix="tracekit-")
         root = cache_root or scratch
@@ -298,8 +278,7 @@ def _load(paths: Iterable[str], use_cache: bool, cache_dir: str | os.PathLike | 
         split = jobs if len(todo) == 1 else 1
         for i in todo:
             f = files[i]
-            parsed[i] = _parse_cached(f, cache_root, cache_notes, split,
-                                      prescan if prescan is not None and prescan.is_for(f) else None)
+            parsed[i] = _parse_cached(f, cache_root, cache_notes, split)
             done += sizes[i]
             if progress:
                 progress(done, total, f)
