@@ -939,8 +939,6 @@ static PyObject *dict_list(const Dict *d) {
     return list;
 }
 
-static inline size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
-
 /* The rows turned into the result's columns without the GIL (the rows are freed), each column its own allocation:
  * what the caller keeps (Arrow arrays on a column) and what it reads once (the records' byte ranges, the codes) are
  * freed each when its last reader is done, as separate bytes objects were. 0 where memory ran out. */
@@ -989,44 +987,44 @@ static int layout(Scan *s) {
     return 1;
 }
 
-/* --- Columns: a column of one scan, lent to Python as read-only bytes -------------------------------------------- */
+/* --- Column: a column of one scan, lent to Python as read-only bytes -------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD
     uint8_t *data;
     Py_ssize_t len;
-} Columns;
+} Column;
 
-static int Columns_getbuffer(Columns *self, Py_buffer *view, int flags) {
+static int Column_getbuffer(Column *self, Py_buffer *view, int flags) {
     return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->len, 1, flags);
 }
 
-static void Columns_dealloc(Columns *self) {
+static void Column_dealloc(Column *self) {
     PyTypeObject *tp = Py_TYPE(self);
     free(self->data);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
 
-static PyType_Slot Columns_slots[] = {
-    {Py_bf_getbuffer, Columns_getbuffer},
-    {Py_tp_dealloc, Columns_dealloc},
+static PyType_Slot Column_slots[] = {
+    {Py_bf_getbuffer, Column_getbuffer},
+    {Py_tp_dealloc, Column_dealloc},
     {Py_tp_doc, "A column of one scanned batch, as the scanner laid it out (read-only bytes; scan() hands out a view)."},
     {0, NULL},
 };
 
-static PyType_Spec Columns_spec = {
-    "tracekit.parsers._kineto_scan.Columns", sizeof(Columns), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    Columns_slots,
+static PyType_Spec Column_spec = {
+    "tracekit.parsers._kineto_scan.Column", sizeof(Column), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    Column_slots,
 };
 
 typedef struct {
-    PyTypeObject *columns_type;
+    PyTypeObject *column_type;
 } ModuleState;
 
 /* column c of the scan as a read-only memoryview that owns it (taken out of the scan: no copy) */
 static PyObject *view_of(PyTypeObject *type, Scan *s, int c) {
-    Columns *col = PyObject_New(Columns, type);
+    Column *col = PyObject_New(Column, type);
     if (col == NULL) return NULL;
     col->data = s->col[c];
     col->len = s->col_len[c];
@@ -1038,7 +1036,7 @@ static PyObject *view_of(PyTypeObject *type, Scan *s, int c) {
 
 /* scan()'s result from a laid-out scan: views of its columns, no copy */
 static PyObject *result(PyObject *module, Scan *s) {
-    PyTypeObject *type = ((ModuleState *)PyModule_GetState(module))->columns_type;
+    PyTypeObject *type = ((ModuleState *)PyModule_GetState(module))->column_type;
     Py_ssize_t n = s->n_rows;
     PyObject *ints = NULL, *valid = NULL, *codes = NULL, *cats = NULL, *names = NULL, *meta = NULL;
     ints = PyTuple_New(N_INT);
@@ -1090,58 +1088,37 @@ fail:
     return NULL;
 }
 
-static void scanner_free(Scan *s) {
-    if (s == NULL) return;
-    scan_free(s);
-    free(s);
-}
-
-/* Scan the batch data[0:len] and lay out what it found as the result's columns; needs no GIL. NULL where memory ran
- * out; else the scan, taken (*ok = 1) or declined (*ok = 0). */
-static Scan *scanner_run(const uint8_t *data, size_t len, int *ok) {
-    Scan *s = calloc(1, sizeof *s);
-    if (s == NULL) return NULL;
-    s->base = data;
-    s->end = data + len;
-    *ok = scan_all(s);
-    if (*ok && !layout(s)) {
-        scanner_free(s);
-        return NULL;
-    }
-    return s;
-}
-
-/* With the GIL: scan()'s result for a scan of scanner_run (ok as it set it), or NULL with an exception set. Frees s. */
-static PyObject *scanner_result(PyObject *module, Scan *s, int ok) {
+/* scan the buffer and lay out its columns with the GIL released; returns the result, Py_None (declined; *reason says
+   why) or NULL */
+static PyObject *run(PyObject *module, PyObject *data, const char **reason) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Scan s;
+    memset(&s, 0, sizeof s);
+    s.base = (const uint8_t *)view.buf;
+    s.end = s.base + view.len;
+    int ok, laid = 1;
+    Py_BEGIN_ALLOW_THREADS
+    ok = scan_all(&s);
+    if (ok) laid = layout(&s);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
     PyObject *out;
-    if (ok) {
-        out = result(module, s);
+    if (!laid) {
+        out = PyErr_NoMemory();
+    } else if (ok) {
+        out = result(module, &s);
         if (out == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
             /* cannot happen for validated UTF-8; declining is the safe answer anyway */
             PyErr_Clear();
+            s.reason = "string not decodable";
             out = Py_NewRef(Py_None);
         }
     } else {
         out = Py_NewRef(Py_None);
     }
-    scanner_free(s);
-    return out;
-}
-
-/* scan the buffer with the GIL released; returns the result, Py_None (declined; *reason says why) or NULL */
-static PyObject *run(PyObject *module, PyObject *data, const char **reason) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
-    Scan *s;
-    int ok = 0;
-    Py_BEGIN_ALLOW_THREADS
-    s = scanner_run((const uint8_t *)view.buf, (size_t)view.len, &ok);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    if (s == NULL) return PyErr_NoMemory();
-    *reason = s->reason;
-    PyObject *out = scanner_result(module, s, ok);
-    if (out == Py_None && ok) *reason = "string not decodable";
+    *reason = s.reason;
+    scan_free(&s);
     return out;
 }
 
@@ -1188,19 +1165,19 @@ static PyMethodDef methods[] = {
 
 static int exec_module(PyObject *module) {
     ModuleState *st = PyModule_GetState(module);
-    st->columns_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &Columns_spec, NULL);
-    return st->columns_type == NULL ? -1 : 0;
+    st->column_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &Column_spec, NULL);
+    return st->column_type == NULL ? -1 : 0;
 }
 
 static int traverse_module(PyObject *module, visitproc visit, void *arg) {
     ModuleState *st = PyModule_GetState(module);
-    Py_VISIT(st->columns_type);
+    Py_VISIT(st->column_type);
     return 0;
 }
 
 static int clear_module(PyObject *module) {
     ModuleState *st = PyModule_GetState(module);
-    Py_CLEAR(st->columns_type);
+    Py_CLEAR(st->column_type);
     return 0;
 }
 
