@@ -189,6 +189,22 @@ async def test_search_and_hits(sample: JobData) -> None:
         assert "search" not in c.marks
 
 
+async def test_a_view_key_pressed_while_the_last_view_takes_focus_is_not_undone(sample: JobData) -> None:
+    """``4`` then ``5`` typed quickly: the critical path's table takes focus (as ``4`` asks) and Textual
+    learns of it only later, when ``5`` has shown the collectives; the app must stay on the collectives."""
+    app = app_on(sample)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        tabs = app.query_one("#views", TabbedContent)
+        for first, second in [("critical_path", "collectives"), ("iterations", "timeline"), ("whatif", "overview")]:
+            app.action_show_view(first)
+            app.views[first].focus_main()  # what ``first``'s key does once its tab is painted
+            app.action_show_view(second)  # the next key, before the focus has been told about
+            await pilot.pause(0.1)
+            assert tabs.active == second
+            assert app.focused is not None and second in {w.id for w in app.focused.ancestors_with_self}  # its pane
+
+
 async def test_sort_iterations_and_enter_opens_timeline(sample: JobData) -> None:
     app = app_on(sample)
     async with app.run_test(size=SIZE) as pilot:

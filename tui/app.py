@@ -50,6 +50,19 @@ def _start_resource_tracker() -> None:
         resource_tracker.ensure_running()
 
 
+class ViewTabs(TabbedContent):
+    """The views' tabs, switched only by their keys, the tab bar and jumps to the timeline.
+
+    Textual's TabbedContent also shows the pane of any widget that takes focus, but it learns of the focus
+    from a message that comes later: a view key pressed meanwhile (``4`` then ``5`` typed quickly) was
+    undone, and the app went back to the view before it. Every focus here is in the pane just shown.
+    """
+
+    def on_tab_pane_focused(self, event: TabPane.Focused) -> None:
+        event.stop()
+        event.prevent_default()  # not TabbedContent's own handler, which would show that pane again
+
+
 class InspectApp(App[int]):
     """Browse one job: overview, iterations and timeline (and any view whose analysis exists)."""
 
@@ -95,7 +108,7 @@ class InspectApp(App[int]):
         with Vertical(id="loading"):
             yield Label("starting", id="loading-what")
             yield ProgressBar(total=1.0, show_eta=False, id="loading-bar")
-        with TabbedContent(id="views"):
+        with ViewTabs(id="views"):
             if self._start is not None:  # the views of the cached results, in the very first frame
                 data = self._start[0]
                 for cls in view_classes():
