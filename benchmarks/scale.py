@@ -4,9 +4,9 @@ huge file, against the plain in-memory path (every rank's events in one process)
     python benchmarks/scale.py [--rank-mb 100] [--ranks 1,8,64] [--big-mb 4000] [--jobs 2]
                                [--engine local|dask] [--baseline-cap-gb 12] [--workdir /tmp/x]
 
-Each measurement runs in a child process; the driver samples the resident memory of the child's whole
-process tree (the command and its worker processes) every 20 ms and reports the peak, and takes CPU time
-from ``getrusage(RUSAGE_CHILDREN)``. Ranks are one generated PyTorch-2.4-style GPU trace of ``--rank-mb``
+Each measurement runs in a child process (``benchmarks/process_tree.py``): the peak RSS of its whole process
+tree (the command and its worker processes) and the tree's CPU time; tracekit runs from its bytecode cache, as
+an installed tracekit does. Ranks are one generated PyTorch-2.4-style GPU trace of ``--rank-mb``
 MB hard-linked as ``rank-N.json`` (ranks from the file names; no disk space per rank, and the page cache
 holds the bytes once, so this measures parsing and analysis, not the disk). The huge file is one generated
 trace of ``--big-mb`` MB. The baseline is killed when its tree passes ``--baseline-cap-gb``.
@@ -17,22 +17,19 @@ Targets (issue 7): one 4 GB file in <= 1 GB peak RSS; 64 ranks x 300 MB complete
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
-import time
 from pathlib import Path
 
+import process_tree
 import psutil
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 BASELINE = """
 import json, sys, time
@@ -66,49 +63,17 @@ ds.cleanup()
 """
 
 
-def _tree_rss(proc: psutil.Process) -> int:
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            total += p.memory_info().rss
-    return total
-
-
 def measure(code: str, args: list[str], cap_bytes: int | None = None) -> dict:
-    """Run ``code`` in a child; its JSON line plus peak tree RSS (MB) and CPU seconds of the tree."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    proc = psutil.Process(child.pid)
-    peak = 0
-    killed = False
-    stop = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak, killed
-        while not stop.is_set():
-            rss = _tree_rss(proc)
-            peak = max(peak, rss)
-            if cap_bytes and rss > cap_bytes and not killed:
-                killed = True
-                for p in [*proc.children(recursive=True), proc]:
-                    with contextlib.suppress(psutil.Error):
-                        p.kill()
-            time.sleep(0.02)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    out, err = child.communicate()
-    stop.set()
-    t.join()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if killed:
-        return {"failed": f"killed at {cap_bytes / 2**30:.0f} GiB of RSS", "peak_mb": peak / 2**20, "cpu": cpu}
-    if child.returncode != 0:
-        return {"failed": (err.strip().splitlines() or ["?"])[-1][:200], "peak_mb": peak / 2**20, "cpu": cpu}
-    r = json.loads(out.strip().splitlines()[-1])
-    r.update(peak_mb=peak / 2**20, cpu=cpu)
+    """Run ``code`` in a child (:func:`process_tree.run`); its JSON line plus the tree's peak RSS (MiB) and CPU
+    seconds."""
+    m = process_tree.run([sys.executable, "-c", textwrap.dedent(code), *args], cap_bytes=cap_bytes)
+    peak_mb = m.peak_bytes / 2**20
+    if m.capped:
+        return {"failed": f"killed at {cap_bytes / 2**30:g} GiB of RSS", "peak_mb": peak_mb, "cpu": m.cpu}
+    if m.returncode != 0:
+        return {"failed": (m.stderr.strip().splitlines() or ["?"])[-1][:200], "peak_mb": peak_mb, "cpu": m.cpu}
+    r = json.loads(m.stdout.strip().splitlines()[-1])
+    r.update(peak_mb=peak_mb, cpu=m.cpu)
     return r
 
 
@@ -127,6 +92,7 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from synthetic import write_trace
 
+    process_tree.compile_bytecode(ROOT / "tracekit", ROOT / "parsers", ROOT / "tui")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tracekit-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     cap = int(args.baseline_cap_gb * 2**30)
@@ -177,7 +143,7 @@ def main() -> None:
                     notes += f"; {r['spilled']} files read in bounded memory; largest unit {r['unit_peak_mb']:.0f} MB"
                 print(f"{name:26} {label:10} {r['wall']:>8.1f} {r['cpu']:>8.1f} {mb / r['wall']:>7.0f} "
                       f"{mb / max(r['cpu'], 1e-9):>9.0f} {r['peak_mb']:>12.0f} {ratio:>12}  {notes}", flush=True)
-        print("\npeak RSS: the whole process tree (command + worker processes), sampled every 20 ms; "
+        print("\npeak RSS: the whole process tree (command + worker processes); "
               "RSS vs mem: tracekit's peak / the in-memory path's; MB = 10^6 bytes of JSON")
     finally:
         if not args.workdir:

@@ -4,12 +4,11 @@ temporal breakdown of the same file, in one run.
     python benchmarks/summary.py [--size-mb 300] [--ranks 8] [--repeat 3] [--hta-python /tmp/hta-venv/bin/python]
                                  [--skip-hta] [--hta-repeat 1] [--compare-rev REV] [--workdir DIR] [--startup-runs 10]
 
-Every measurement runs as a child process; its peak RSS is the larger of the command's own high-water mark
-(``wait4``) and the most its process tree (the command and the workers it starts) held at once, sampled every 10 ms
-from ``/proc``; CPU time (user + system, the tree's) is from ``getrusage(RUSAGE_CHILDREN)``. Both trees run from
-their bytecode cache, as an installed tracekit does. Traces are generated PyTorch-2.4-style GPU traces
-(``benchmarks/synthetic.py``, 8-rank job metadata); the N-rank job is N distinct files (one per rank, different
-seeds), parsed from the page cache (``--no-cache`` skips tracekit's parse cache, not the OS's).
+Every measurement runs as a child process (``benchmarks/process_tree.py``): wall, the CPU time of its process tree
+and the tree's peak RSS (the command's own high-water mark or the most the tree held at once, whichever is larger).
+Both trees run from their bytecode cache, as an installed tracekit does. Traces are generated PyTorch-2.4-style GPU
+traces (``benchmarks/synthetic.py``, 8-rank job metadata); the N-rank job is N distinct files (one per rank,
+different seeds), parsed from the page cache (``--no-cache`` skips tracekit's parse cache, not the OS's).
 
 Measured:
   1. ``tracekit summary FILE --no-cache --json``, 1 file: wall, CPU, peak RSS (``--repeat`` runs);
@@ -33,17 +32,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
-import time
 from pathlib import Path
 
+import process_tree
 import psutil
 
 HERE = Path(__file__).resolve().parent
@@ -116,80 +113,12 @@ else:
 """
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _tree_pids(pid: int) -> list[int]:
-    """``pid`` and its descendants, from each thread's ``/proc/PID/task/TID/children`` (a few small reads; scanning
-    every process of the machine for parents, as psutil does, took ~15 % of a core at 100 samples a second)."""
-    pids, i = [pid], 0
-    while i < len(pids):
-        p, i = pids[i], i + 1
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                with open(f"/proc/{p}/task/{t}/children") as f:
-                    pids.extend(int(x) for x in f.read().split())
-            except OSError:
-                continue
-    return pids
-
-
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and its descendants now."""
-    total = 0
-    for p in _tree_pids(pid):
-        try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * _PAGE
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
 def measure(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None) -> dict:
-    """Run ``cmd``; wall, CPU of the process tree, peak RSS of the tree (MB) and stdout.
-
-    The peak is the larger of the command's own high-water mark (``wait4``'s ``ru_maxrss``: exact, however short the
-    peak) and the most its process tree held at once, sampled every 10 ms (what worker processes add). A child
-    started by vfork + exec inherits its parent's high-water mark: at or below this driver's own, it is not read."""
-    driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env)
-    peak = 0
-    stop = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not stop.is_set():
-            peak = max(peak, _tree_rss(child.pid))
-            time.sleep(0.01)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    chunks: dict[str, bytes] = {}
-    readers = [threading.Thread(target=lambda k=k, s=s: chunks.__setitem__(k, s.read()), daemon=True)
-               for k, s in (("out", child.stdout), ("err", child.stderr))]
-    for r in readers:
-        r.start()
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - t
-    child.returncode = os.waitstatus_to_exitcode(status)
-    stop.set()
-    th.join()
-    for r in readers:
-        r.join()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if usage.ru_maxrss > driver:
-        peak = max(peak, usage.ru_maxrss * 1024)
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} ...: exit {child.returncode}: {chunks['err'].decode()[-1500:]}")
-    return {"wall": wall, "cpu": cpu, "peak_mb": peak / 1e6, "stdout": chunks["out"].decode()}
+    """Run ``cmd`` (:func:`process_tree.run`); wall, CPU and peak RSS (MB) of its tree, and its stdout."""
+    m = process_tree.run(cmd, cwd=cwd, env=env)
+    if m.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ...: exit {m.returncode}: {m.stderr[-1500:]}")
+    return {"wall": m.wall, "cpu": m.cpu, "peak_mb": m.peak_bytes / 1e6, "stdout": m.stdout}
 
 
 def _py(code: str) -> list[str]:
@@ -214,15 +143,8 @@ def _other_tree(rev: str, into: Path) -> Path:
     if (src / "setup.py").exists():  # its C extension, built as its install would build it
         subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(site)], cwd=src,
                        check=True, capture_output=True)
-    _compile(site / "tracekit")
+    process_tree.compile_bytecode(site / "tracekit")
     return site
-
-
-def _compile(*dirs: Path) -> None:
-    """Byte-compile the Python files under ``dirs``, as an install does: every command then starts from the bytecode
-    cache, as a user's does. Where ``PYTHONDONTWRITEBYTECODE`` is set (this project's machines set it), an editable
-    checkout never gets one, and each command would compile tracekit's ~26 000 lines again (~0.1 s)."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", *map(str, dirs)], check=True, capture_output=True)
 
 
 def _stats(runs: list[dict], key: str) -> str:
@@ -269,7 +191,7 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; python {sys.version.split()[0]}; tracekit --jobs "
               f"{args.jobs}; trace {one} ({size_mb:.0f} MB)")
-        _compile(ROOT / "tracekit", ROOT / "parsers", ROOT / "tui")
+        process_tree.compile_bytecode(ROOT / "tracekit", ROOT / "parsers", ROOT / "tui")
         summary_cmd = [*_tracekit(), "summary", str(one), "--no-cache", "--json", "--jobs", str(args.jobs)]
         rows: list[tuple[str, list[dict]]] = []
 

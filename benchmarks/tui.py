@@ -250,8 +250,10 @@ def main() -> None:
     ap.add_argument("--keep", metavar="DIR", help="write the traces and caches here and keep them")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
+    from process_tree import compile_bytecode
     from synthetic import write_trace
 
+    compile_bytecode(ROOT / "tracekit", ROOT / "parsers", ROOT / "tui")  # the launches start as an install's would
     work = Path(args.keep or tempfile.mkdtemp(prefix="tracekit-tui-bench-"))
     job = work / f"job_{args.ranks}x{int(args.size_mb)}mb"
     job.mkdir(parents=True, exist_ok=True)
