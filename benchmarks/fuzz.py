@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -442,7 +443,10 @@ def fuzz_target(name: str, a: argparse.Namespace, say: Any) -> dict[str, Any]:
                               **{k: stats[k] for k in ("cases", "analysed", "cpu_s", "mutations")},
                               "crashes": crashes}
     if engine == "random":
-        result["coverage"] = json.loads((out / "coverage-random.json").read_text())["modules"]
+        try:
+            result["coverage"] = json.loads((out / "coverage-random.json").read_text())["modules"]
+        except (OSError, ValueError):  # the child failed before writing it: its exit is among the crashes
+            result["coverage"] = {}
     else:
         result["corpus"] = len(list((out / "corpus").iterdir()))
         t1 = time.perf_counter()
@@ -565,6 +569,9 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     if a.recheck:
         return recheck(Path(a.recheck), a, lambda line: print(line, flush=True))
+    if importlib.util.find_spec("coverage") is None:  # both engines measure what they reached with coverage.py
+        print("fuzz.py: coverage.py is not installed (pip install -e '.[fuzz]')", file=sys.stderr)
+        return 2
     from tests import fuzzing
 
     targets = a.target or [t for t in DEFAULT_TARGETS if t in fuzzing.TARGETS] + \
