@@ -18,6 +18,9 @@ kernels and copies, and gloo work. Each activity ``i`` is two nodes, its start `
                that thread sat idle until then (DDP waits for its buckets without a traced op)
 ``collective`` across ranks: no member ends an instance before every member has arrived; from each
                member's start to each member's end, with the transfer as lag
+``handoff``    inferred from PyTorch's threading (docs/dependencies.md): the calling thread's last operation
+               before ``backward()`` → the autograd engine thread's first backward operation, and the engine's
+               last → the caller's next operation
 
 Every node's measured time is at least the max over its incoming edges of (source time + lag). The
 difference on the *binding* edge (the one attaining the max) is measured slack: untraced CPU work,
@@ -38,7 +41,7 @@ import pyarrow.compute as pc
 from tracekit.analysis.intervals import PACK_SHIFT, first_match, lane_order, packs, prev_max_end, runs
 from tracekit.model.schema import normalise_op
 
-EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume", "collective")
+EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume", "collective", "handoff")
 _ET = {name: i for i, name in enumerate(EDGE_TYPES)}
 ACTIVITY_KINDS = ("compute", "comm", "memory", "cpu_op", "runtime")
 #: consume edges only bind when the thread wakes up this soon after the work ends
@@ -53,6 +56,8 @@ STREAM_MAX_LAG_NS = 50_000
 _BUILD_ONLY = ("_id", "top", "ancestor", "comm_parent")
 #: runtime calls that block the CPU until device work is done (cudaMemcpyAsync does not)
 SYNC_CALL = r"Synchronize|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$"
+#: runtime calls that make a stream wait for an event recorded on another
+STREAM_WAIT_CALL = r"^(?:cuda|hip)StreamWaitEvent|^cuStreamWaitEvent"
 
 
 @dataclass
@@ -365,6 +370,8 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     lane_id = act.get_column("lane_id").to_numpy()
     same = lane_id[1:] == lane_id[:-1]
     add(2 * idx[:-1][same] + 1, 2 * idx[1:][same], 0, "program")
+    # PyTorch's hand-offs between the calling thread and the autograd engine's thread
+    _handoff_edges(add, act, events)
     dev_act = act.filter(pl.col("device").is_not_null() & pl.col("correlation").is_not_null()).select(
         ["a", "rank", "correlation", "start", "device", "stream"])
     # in the device activity's order, so that edges are numbered the same on every run; on one int64 key when
@@ -387,7 +394,9 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
         _sync_edges(add, lk, sync_calls, sync_streams, end, own)
     # communication kernels wait for the streams they depend on (stream-wait-event)
     if lk.height:
-        _stream_edges(add, act, lk, end, start)
+        waits = launches.filter(pl.col("l_name").is_in(
+            names.filter(names.cast(pl.String).str.contains(STREAM_WAIT_CALL)).implode())).select(["rank", "l_start"])
+        _stream_edges(add, act, lk, end, start, waits)
     # collectives across ranks
     if instances is not None and instances.height and is_comm.any():
         _collective_edges(add, act, instances, start, end, own)
@@ -409,7 +418,7 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
             srcs[i], dsts[i], lags[i], types[i] = srcs[i][keep], dsts[i][keep], lags[i][keep], types[i][keep]
     violated = {EDGE_TYPES[k]: int(bad[k]) for k in np.flatnonzero(bad).tolist()}
     src, dst, lag, etype = (_take_all(parts) for parts in (srcs, dsts, lags, types))
-    binding, slack = _bind(src, dst, lag, node_time)
+    binding, slack = bind(src, dst, lag, node_time)
     # what only the build reads (nesting and gloo bookkeeping) is left out of the graph
     act = act.drop(_BUILD_ONLY, strict=False)
     return Graph(act=act, src=src, dst=dst, lag=lag, etype=etype, node_time=node_time, binding=binding,
@@ -448,7 +457,7 @@ def correlation_key(*frames: pl.DataFrame) -> pl.Expr | None:
     return (pl.col("rank").cast(pl.Int64) * (1 << PACK_SHIFT) + pl.col("correlation")).alias("_k")
 
 
-def _bind(src: np.ndarray, dst: np.ndarray, lag: np.ndarray, node_time: np.ndarray
+def bind(src: np.ndarray, dst: np.ndarray, lag: np.ndarray, node_time: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
     """Per node, the edge attaining max(source time + lag), and the slack left on it. Each temporary (an edge
     list's size: ~9 MB per million edges) is dropped as soon as it is used: this is the graph build's peak."""
@@ -542,13 +551,18 @@ def _sync_edges(add, lk: pl.DataFrame, sync_calls: pl.DataFrame, sync_streams: p
     np.maximum(own, 0, out=own)
 
 
-def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, start: np.ndarray) -> None:
+def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, start: np.ndarray,
+                  waits: pl.DataFrame | None = None) -> None:
     """Communication kernels and the compute streams of the same device wait for each other.
 
     Inbound: the last kernel launched on another stream before the communication kernel's launch
     (PyTorch makes the NCCL stream wait for an event recorded on the current stream at enqueue).
     Outbound: the first kernel on another stream that was launched before the communication ended
-    but started only right after it (the consumer waited for the result).
+    but started only right after it (the consumer waited for the result). Where the rank's stream-wait calls
+    are traced (``waits``: ``rank, l_start`` of ``cudaStreamWaitEvent``), the consumer must also have been told to
+    wait: the rank's last such call before its launch came after the communication's launch, with no other
+    communication launched in between (that call was the communication's own wait for the compute stream) — a
+    kernel that merely happened to start as a transfer ended is no consumer.
     """
     comm_act = (act.get_column("kind") == "comm").fill_null(False).to_numpy()
     # by rank, device and launch, stably (launches at the same nanosecond keep their order); a missing rank first
@@ -572,8 +586,12 @@ def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, sta
     prev = run_start - 1
     ok = is_comm & (prev >= 0) & (group[np.maximum(prev, 0)] == group)
     add(2 * a_ids[prev[ok]] + 1, 2 * a_ids[ok], 0, "stream")
-    # outbound: first kernel of the device (other stream) starting at/after the comm's end
+    # outbound: first kernel of the device (other stream) starting at/after the comm's end; only computation and
+    # copies consume a transfer (another communication kernel that starts then is queued on its own stream)
     order = np.lexsort((start[a_ids], group))
+    order = order[~is_comm[order]]
+    if order.size == 0:
+        return
     g_sorted = group[order]
     s_sorted = start[a_ids][order]
     span = int(s_sorted.max() - s_sorted.min()) + 2 + STREAM_MAX_LAG_NS
@@ -586,7 +604,112 @@ def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, sta
     cand = order[pos]
     ok = ((group[cand] == group[ci]) & (stream[cand] != stream[ci]) & (start[a_ids[cand]] >= e)
           & (start[a_ids[cand]] - e <= STREAM_MAX_LAG_NS) & (launch[cand] < e))
+    if waits is not None and waits.height:
+        ok &= _told_to_wait(waits, rank[ci], launch[ci], launch[cand], rank[is_comm], launch[is_comm])
     add(2 * a_ids[ci[ok]] + 1, 2 * a_ids[cand[ok]], 0, "stream")
+
+
+def _told_to_wait(waits: pl.DataFrame, rank: np.ndarray, comm_launch: np.ndarray, cand_launch: np.ndarray,
+                  comm_ranks: np.ndarray, comm_launches: np.ndarray) -> np.ndarray:
+    """Per (communication, candidate consumer) pair of one rank: whether the rank's last stream-wait call before the
+    consumer's launch came after the communication's launch with no communication launched since (see
+    :func:`_stream_edges`). Ranks without any traced stream-wait call pass (the timing alone decides there)."""
+    waits = waits.drop_nulls()
+    out = np.ones(rank.size, dtype=bool)
+    if waits.height == 0 or rank.size == 0:
+        return out
+    w_rank = waits.get_column("rank").cast(pl.Int64).to_numpy()
+    w_time = waits.get_column("l_start").to_numpy()
+    valid = np.isin(rank, np.unique(w_rank))  # a rank without any traced wait (or a missing rank) passes
+    if not valid.any():
+        return out
+    c_ok = np.isin(comm_ranks, np.unique(w_rank))
+    comm_ranks, comm_launches = comm_ranks[c_ok], comm_launches[c_ok]
+    rank, comm_launch, cand_launch = rank[valid], comm_launch[valid], cand_launch[valid]
+    lo = int(min(w_time.min(), comm_launches.min(), cand_launch.min()))
+    hi = int(max(w_time.max(), comm_launches.max(), cand_launch.max()))
+    span = hi - lo + 2
+    base = int(w_rank.min())
+    wk = np.sort((w_rank - base) * span + (w_time - lo))
+    # the last wait call of the rank at or before the consumer's launch
+    key = (rank - base) * span + (cand_launch - lo)
+    pos = np.searchsorted(wk, key, side="right") - 1
+    ok_pos = pos >= 0
+    last = np.where(ok_pos, wk[np.maximum(pos, 0)], -1)
+    same_rank = ok_pos & ((last // span) == (rank - base))
+    last_t = last % span + lo
+    after_comm = same_rank & (last_t > comm_launch)
+    # no communication launched on the rank between that call and the consumer's launch
+    ck = np.sort((comm_ranks - base) * span + (comm_launches - lo))
+    between = (np.searchsorted(ck, key, side="left")
+               - np.searchsorted(ck, (rank - base) * span + (last_t - lo), side="right"))
+    out[valid] = after_comm & (between == 0)
+    return out
+
+
+def _caller_lanes(act: pl.DataFrame, events: pa.Table) -> pl.DataFrame:
+    """``rank, lane``: per rank, the CPU thread that drives the training loop — the one carrying its
+    ``ProfilerStep#`` annotations (the thread that calls ``profiler.step()`` also calls ``backward()``), else the
+    thread with the most top-level operators outside the autograd engine."""
+    ev = pl.from_arrow(events.select(["rank", "lane", "kind", "name", "device"]))
+    assert isinstance(ev, pl.DataFrame)
+    steps = (ev.filter((pl.col("kind") == "annotation") & pl.col("device").is_null())
+             .filter(pl.col("name").cast(pl.String).str.starts_with("ProfilerStep#"))
+             .group_by(["rank", pl.col("lane").cast(pl.String)]).len()
+             .sort(["rank", "len", "lane"], descending=[False, True, False]).unique("rank", keep="first")
+             .select(["rank", "lane"]))
+    ops = (act.filter(pl.col("device").is_null() & (pl.col("kind") == "cpu_op")
+                      & ~pl.col("name").cast(pl.String).str.starts_with(AUTOGRAD_OP))
+           .group_by(["rank", "lane"]).len().sort(["rank", "len", "lane"], descending=[False, True, False])
+           .unique("rank", keep="first").select(["rank", "lane"]))
+    return pl.concat([steps.with_columns(pl.col("rank").cast(ops.schema["rank"])), ops]).unique(
+        "rank", keep="first", maintain_order=True)
+
+
+#: the autograd engine's operators: one per backward function it evaluates (PyTorch >= 1.8)
+AUTOGRAD_OP = "autograd::engine::evaluate_function"
+
+
+def _handoff_edges(add, act: pl.DataFrame, events: pa.Table) -> None:
+    """PyTorch's hand-off to the autograd engine and back, which the trace does not draw (docs/dependencies.md).
+
+    ``backward()`` on a GPU job runs the backward functions on the engine's device thread while the calling thread
+    blocks. Each maximal group of top-level activities of an engine thread that lies inside one idle gap of its
+    rank's calling thread (:func:`_caller_lanes`) is one backward pass: its first activity starts after the caller's
+    activity before the gap (the last forward operation), and the caller's activity after the gap starts after the
+    pass's last activity. Without these edges the engine thread's idle time between passes is measured slack on its
+    program order, which pins every backward launch to the measured period whatever the link."""
+    name = pl.col("name").cast(pl.String)
+    cpu = act.filter(pl.col("device").is_null())
+    engine_lanes = (cpu.filter(name.str.starts_with(AUTOGRAD_OP)).select(["rank", "lane"]).unique())
+    if engine_lanes.height == 0:
+        return
+    callers = _caller_lanes(act, events)
+    engine_lanes = engine_lanes.join(callers, on=["rank", "lane"], how="anti")
+    if engine_lanes.height == 0:  # the backward ran on the calling thread (CPU jobs): program order covers it
+        return
+    caller = (cpu.join(callers, on=["rank", "lane"], how="semi").select(["a", "rank", "start", "end"])
+              .sort(["rank", "start"]).with_columns(pl.int_range(pl.len()).alias("k")))
+    engine = cpu.join(engine_lanes, on=["rank", "lane"], how="semi").select(["a", "rank", "lane", "start", "end"])
+    if caller.height == 0 or engine.height == 0:
+        return
+    # the caller's activity that ended last before each engine activity starts, and the first one to start after
+    # it ends: the activity lies in that gap when they are consecutive (top-level activities of a lane never overlap)
+    before = caller.select(["rank", pl.col("end").alias("_t"), pl.col("a").alias("p"), pl.col("k").alias("kp")])
+    after = caller.select(["rank", pl.col("start").alias("_t"), pl.col("a").alias("q"), pl.col("k").alias("kq")])
+    e = engine.sort("start").join_asof(before.sort("_t"), left_on="start", right_on="_t", by="rank",
+                                       strategy="backward", check_sortedness=False).drop("_t")
+    e = e.sort("end").join_asof(after.sort("_t"), left_on="end", right_on="_t", by="rank",
+                                strategy="forward", check_sortedness=False).drop("_t")
+    e = e.filter(pl.col("p").is_not_null() & (pl.col("kq").is_null() | (pl.col("kq") == pl.col("kp") + 1)))
+    if e.height == 0:
+        return
+    passes = e.group_by(["rank", "lane", "p"]).agg(
+        pl.col("a").sort_by("start").first().alias("first"), pl.col("a").sort_by("end").last().alias("last"),
+        pl.col("q").first())
+    add(2 * passes.get_column("p").to_numpy() + 1, 2 * passes.get_column("first").to_numpy(), 0, "handoff")
+    back = passes.filter(pl.col("q").is_not_null())
+    add(2 * back.get_column("last").to_numpy() + 1, 2 * back.get_column("q").to_numpy(), 0, "handoff")
 
 
 def _gloo_family(name: str) -> str:
