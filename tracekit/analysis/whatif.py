@@ -239,7 +239,8 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
                         comm.select(["link", "link_class"]).iter_rows()], dtype=bool)
         rate[hit] = r
     comm = comm.with_columns(pl.Series("line_rate_bps", rate))
-    comm = _sizes_and_speeds(_data_spans(comm), backend)
+    latency = DEFAULT_LATENCY_NS[backend] if latency_ns is None else latency_ns
+    comm = _sizes_and_speeds(_data_spans(comm), backend, latency)
     row_of_act = np.full(act.height, -1, dtype=np.int64)
     row_of_act[a] = np.arange(a.size)
     coll_edges = np.flatnonzero(g.etype == _COLLECTIVE)
@@ -256,7 +257,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     model = Model(graph=g, chains=replay.chains(g), comm=comm, own_edge=own_edge, coll_edges=coll_edges,
                   coll_edge_row=coll_edge_row, iteration_of=it, fifo=_fifo(comm),
                   line_rate_bps=line_rate_bps, workers=workers,
-                  latency_ns=DEFAULT_LATENCY_NS[backend] if latency_ns is None else latency_ns,
+                  latency_ns=latency,
                   measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
     _measure_contention(model, own_of_node, compute, leaves.result() if leaves is not None else None)
     model.measured_iteration_ns = iteration_time(model, g.node_time)
@@ -385,11 +386,19 @@ def _data_spans(comm: pl.DataFrame) -> pl.DataFrame:
     ).drop("_ss", "_rs", "_re", "_sr", "_sl")
 
 
-def _sizes_and_speeds(comm: pl.DataFrame, backend: str) -> pl.DataFrame:
+def _busy_for_bytes(active: float, calls: int, latency_ns: int) -> float:
+    """The part of a link's busy time spent moving bytes: its union of transfer time less each call's fixed cost
+    (the latency every replay adds back), but never below half of it (calls that overlap share their latency)."""
+    return max(active - calls * latency_ns, 0.5 * active, 1.0)
+
+
+def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> pl.DataFrame:
     """Add ``bus``, ``size`` and ``speed`` to ``comm``.
 
     Per rank and link, the link's bus bandwidth is measured as bus bytes over the union of transfer time of the
-    calls of known size (concurrent transfers sharing the link count once). Where no call of a link has a known
+    calls of known size (concurrent transfers sharing the link count once), less each call's fixed cost
+    (``latency_ns``: a replay costs a transfer ``latency + bytes / speed``, so the same link replays as measured,
+    and a latency is not mistaken for a rate that a faster link would shorten). Where no call of a link has a known
     size but its line rate R is known, the link is taken to have run at ``1 / (8 / (0.95 R) + h)`` bytes per ns
     (payload at :data:`WIRE_EFFICIENCY` of the line rate, plus :data:`HOST_NS_PER_BYTE` of the backend), and a
     call of unknown size is given the bus bytes that speed moves in its share of the link's busy time. Never is
@@ -417,7 +426,7 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str) -> pl.DataFrame:
         if kn.any():
             active = union_length(np.zeros(int(kn.sum()), np.int64), start[kn], end[kn], np.zeros(1, np.int64),
                                   np.array([start[kn].min()]), np.array([end[kn].max() + 1]))[0]
-            speed[grp] = bus[kn].sum() / max(float(active), 1.0)
+            speed[grp] = bus[kn].sum() / _busy_for_bytes(float(active), int(kn.sum()), latency_ns)
         elif np.isfinite(rate[grp]).all():
             speed[grp] = 1.0 / (8e9 / (WIRE_EFFICIENCY * rate[grp]) + host)
         unk = grp & ~known
@@ -425,7 +434,7 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str) -> pl.DataFrame:
             active = union_length(np.zeros(int(unk.sum()), np.int64), start[unk], end[unk], np.zeros(1, np.int64),
                                   np.array([start[unk].min()]), np.array([end[unk].max() + 1]))[0]
             share = t[unk] / max(float(t[unk].sum()), 1.0)
-            bus[unk] = speed[unk] * float(active) * share
+            bus[unk] = speed[unk] * _busy_for_bytes(float(active), int(unk.sum()), latency_ns) * share
             estimated[unk] = True
     size = np.where(known, SIZE_MEASURED, np.where(estimated, SIZE_ESTIMATED, SIZE_UNKNOWN))
     return comm.with_columns(pl.Series("bus", bus), pl.Series("size", size), pl.Series("speed", speed))
@@ -538,9 +547,25 @@ def _link_names(model: Model) -> list[str]:
     return out[:8] + (["…"] if len(out) > 8 else [])
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """A replayed schedule: node times, the graph's edge weights it used and the replay's own extra edges
+    (``src, dst, weight``: transfers queued on a link), enough to follow its critical path
+    (:func:`tracekit.analysis.critical_path.of_schedule`)."""
+
+    times: np.ndarray
+    weight: np.ndarray
+    extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+
+
 def predict(model: Model, sc: Scenario) -> int:
     """Predicted iteration time (ns) under ``sc``: transfers re-costed and queued one after the other on
     their rank's link (Zhang et al.'s FIFO channel), everything else as measured."""
+    return iteration_time(model, schedule(model, sc).times)
+
+
+def schedule(model: Model, sc: Scenario) -> Schedule:
+    """The replayed schedule under ``sc`` (see :func:`predict`)."""
     g = model.graph
     w = g.weight()  # a new array: this prediction's own
     new_t = np.rint(transfers(model, sc)).astype(np.int64)
@@ -570,7 +595,7 @@ def predict(model: Model, sc: Scenario) -> int:
             w[model.compute_edge] = np.rint(contention.recost(model.compute_base, f, model.contention.slowdown)
                                             ).astype(np.int64) + g.slack[model.compute_edge]
             times, _ = replay.replay(g, w, model.chains, extra=extra)
-    return iteration_time(model, times)
+    return Schedule(times, w, extra)
 
 
 #: replays run at once by :func:`predict_many` (each holds a few arrays of the graph's nodes and edges)
