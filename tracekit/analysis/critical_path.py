@@ -9,7 +9,8 @@ the path, labelled by what the time was spent on:
 ``CPU``                   operators on a CPU thread, including work before a launch or after a wait
                           (on CPU-only ranks — gloo jobs — operators are the ``compute``)
 ``launch``                between a launch call and its kernel starting (queueing, launch latency)
-``idle``                  nothing traced explains the time (untraced CPU work, wake-up latency)
+``idle``                  nothing traced runs: a thread waking up after what it waited for (explained), or a gap
+                          no recorded or inferred dependency explains (``unexplained_share`` of the summary)
 ``waiting on rank k``     the path runs through rank k while the other members of a collective had
                           already arrived and waited for k (the skew of that instance)
 
@@ -83,14 +84,51 @@ def _slack_label(etype: int) -> str:
     return "idle"
 
 
+#: where an idle segment's edge says nothing traced or inferred explains it: a gap in a lane's program order, or
+#: before the first activity nothing binds (the ``tail`` after an iteration's last activity is the next
+#: iteration's own chain up to its first counted activity, not a gap)
+UNEXPLAINED_EDGES = ("program", "source")
 _LAG_LABEL = [_lag_label(i) for i in range(len(EDGE_TYPES))]
 _SLACK_LABEL = [_slack_label(i) for i in range(len(EDGE_TYPES))]
 
 
+def of_schedule(graph: Graph, times: np.ndarray, weight: np.ndarray,
+                extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Graph:
+    """``graph`` as a replay scheduled it (``times`` under edge weights ``weight``, plus the replay's ``extra``
+    edges — transfers queued on a link — as collective edges): :func:`paths` of it is the chain that would set the
+    pace, and its idle on gaps nothing explains (the measured slack every replay keeps) shows where a prediction
+    rests on unexplained time."""
+    # a replay's weight is the edge's (re-costed) structural lag plus the measured slack it keeps
+    src, dst, etype, slack = graph.src, graph.dst, graph.etype, graph.slack
+    w = weight
+    if extra is not None and extra[0].size:
+        src = np.concatenate([src, extra[0]])
+        dst = np.concatenate([dst, extra[1]])
+        w = np.concatenate([w, extra[2]])
+        slack = np.concatenate([slack, np.zeros(extra[0].size, dtype=slack.dtype)])
+        etype = np.concatenate([etype, np.full(extra[0].size, _ET["collective"], dtype=etype.dtype)])
+    from tracekit.analysis.dag import bind
+
+    binding, _ = bind(src, dst, w, times)
+    return Graph(act=graph.act, src=src, dst=dst, lag=w - slack, etype=etype, node_time=times, binding=binding,
+                 slack=slack, violated=graph.violated)
+
+
+def schedule_spans(iteration_of: np.ndarray, times: np.ndarray) -> pl.DataFrame:
+    """``iteration, start_ns, end_ns`` of a replayed schedule: each iteration from its first counted activity's start
+    (``iteration_of``: per activity, its iteration or a huge negative number where it does not count, as
+    :attr:`tracekit.analysis.whatif.Model.iteration_of`) to the next one's, the last to its last end."""
+    ok = iteration_of > -(1 << 61)
+    df = pl.DataFrame({"iteration": iteration_of[ok], "s": times[0::2][ok], "e": times[1::2][ok]}).group_by(
+        "iteration").agg(pl.col("s").min().alias("start_ns"), pl.col("e").max().alias("_last")).sort("iteration")
+    return df.with_columns(pl.col("start_ns").shift(-1).fill_null(pl.col("_last")).alias("end_ns")).drop("_last")
+
+
 def paths(graph: Graph, iterations: pa.Table, ranks: pa.Table | None = None,
-          iteration: int | None = None) -> pl.DataFrame:
-    """Critical-path segments of every iteration (or one), in time order."""
-    spans = iteration_spans(iterations, ranks)
+          iteration: int | None = None, spans: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Critical-path segments of every iteration (or one), in time order (``spans``: the iterations' spans on the
+    job clock where they are not the measured ones, as for a replayed schedule)."""
+    spans = iteration_spans(iterations, ranks) if spans is None else spans
     if iteration is not None:
         spans = spans.filter(pl.col("iteration") == iteration)
     act = graph.act
@@ -299,12 +337,15 @@ def runs(segments: pl.DataFrame) -> pl.DataFrame:
             .drop("_run"))
 
 
-def summary(segments: pl.DataFrame, iterations: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
-    """Per iteration: path length (= iteration time), share of the path per label, the ranks it crosses
-    and the rank most waited on (the longest in all; null when the path never waits)."""
+def summary(segments: pl.DataFrame, iterations: pa.Table, ranks: pa.Table | None = None,
+            spans: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per iteration: path length (= iteration time), share of the path per label, the ranks it crosses,
+    the rank most waited on (the longest in all; null when the path never waits) and ``unexplained_share``: the
+    part of the idle share that no recorded or inferred dependency explains (:data:`UNEXPLAINED_EDGES`), which
+    every what-if replay keeps as measured."""
     if segments.height == 0:
         return pl.DataFrame()
-    spans = iteration_spans(iterations, ranks)
+    spans = iteration_spans(iterations, ranks) if spans is None else spans
     label = pl.when(pl.col("label") == "waiting").then(pl.lit("waiting")).otherwise(pl.col("label"))
     base = segments.with_columns(label.alias("label"))
     per = base.group_by(["iteration", "label"]).agg(pl.col("dur_ns").sum()).pivot(
@@ -319,6 +360,11 @@ def summary(segments: pl.DataFrame, iterations: pa.Table, ranks: pa.Table | None
               .sort(["iteration", "_waited", "waiting_on"], descending=[False, True, False])
               .group_by("iteration", maintain_order=True).agg(pl.col("waiting_on").first().alias("most_waited_on")))
     agg = agg.join(waited, on="iteration", how="left")
+    # idle that no recorded or inferred dependency explains: a gap on a lane's program order, or before the path's
+    # first activity — every replay keeps it as measured
+    unexplained = (base.filter((pl.col("label") == "idle") & pl.col("edge").is_in(UNEXPLAINED_EDGES))
+                   .group_by("iteration").agg(pl.col("dur_ns").sum().alias("unexplained")))
+    agg = agg.join(unexplained, on="iteration", how="left").with_columns(pl.col("unexplained").fill_null(0))
     out = agg.join(per, on="iteration").join(spans.rename({"start_ns": "span_start_ns", "end_ns": "span_end_ns"}),
                                              on="iteration")
     out = out.with_columns((pl.col("span_end_ns") - pl.col("span_start_ns")).alias("iteration_ns"))
@@ -326,6 +372,7 @@ def summary(segments: pl.DataFrame, iterations: pa.Table, ranks: pa.Table | None
         if lab not in out.columns:
             out = out.with_columns(pl.lit(0, dtype=pl.Int64).alias(lab))
         out = out.with_columns((pl.col(lab) / pl.col("path_ns")).alias(f"{lab}_share"))
+    out = out.with_columns((pl.col("unexplained") / pl.col("path_ns")).alias("unexplained_share"))
     cols = ["iteration", "path_ns", "iteration_ns", "ranks", "most_waited_on",
-            *[f"{lab}_share" for lab in LABELS]]
+            *[f"{lab}_share" for lab in LABELS], "unexplained_share"]
     return out.select(cols).sort("iteration")

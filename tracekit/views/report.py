@@ -251,10 +251,18 @@ def render_critical_path(console: Console, summ: object, segs: object, iteration
     table.add_column("length", justify="right")
     for lab in LABELS:
         table.add_column("waiting" if lab == "waiting" else lab, justify="right")
+    unexplained = "unexplained_share" in summ.columns
+    if unexplained:
+        table.add_column("unexplained", justify="right")
+        table.caption = ("unexplained = idle that no recorded or inferred dependency explains: every what-if replay "
+                         "keeps it as measured")
+        table.caption_justify = "left"
     table.add_column("ranks on path")
     table.add_column("most waited on", justify="right")
     for row in summ.iter_rows(named=True):
         shares = [fmt_share(row[f"{lab}_share"]) for lab in LABELS]
+        if unexplained:
+            shares.append(fmt_share(row["unexplained_share"]))
         table.add_row(str(row["iteration"]), fmt_ns(row["path_ns"]), *shares,
                       ",".join(str(r) for r in row["ranks"]),
                       "–" if row["most_waited_on"] is None else f"rank {row['most_waited_on']}")
