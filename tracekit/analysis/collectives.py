@@ -723,3 +723,27 @@ def transfer_sizes(collectives: pa.Table) -> dict[str, Any]:
                 "record_shapes?): bus bytes, bus bandwidth and link utilisation leave them out, and the what-if "
                 "needs --link-bw to estimate them from transfer times")
     return {"calls": c.height, "known": known.height, "unknown": unknown, "by_source": by_source, "note": note}
+
+
+def stragglers(instances: pa.Table) -> pl.DataFrame:
+    """Who everyone waited for: per rank, how often it arrived last (``last_arrivals``, its share of the
+    instances that could be judged), how long the other members waited for it in all (``waited_ns``, its
+    share of all waiting) and its median lateness (``median_skew_ns``). Only complete, consistent
+    instances count (those with a ``straggler_rank``). Sorted by ``waited_ns``, largest first."""
+    i = pl.from_arrow(instances.select(["straggler_rank", "wait_ns", "skew_ns"]))
+    assert isinstance(i, pl.DataFrame)
+    i = i.filter(pl.col("straggler_rank").is_not_null())
+    if i.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int32, "last_arrivals": pl.UInt32, "last_arrival_share": pl.Float64,
+                                    "waited_ns": pl.Int64, "wait_share": pl.Float64, "median_skew_ns": pl.Int64})
+    total_wait = int(i.get_column("wait_ns").sum())
+    n = i.height
+    return (i.group_by("straggler_rank").agg(pl.len().alias("last_arrivals"),
+                                             pl.col("wait_ns").sum().alias("waited_ns"),
+                                             pl.col("skew_ns").median().round().cast(pl.Int64).alias("median_skew_ns"))
+            .rename({"straggler_rank": "rank"})
+            .with_columns((pl.col("last_arrivals") / n).alias("last_arrival_share"),
+                          (pl.col("waited_ns") / total_wait if total_wait else pl.lit(None, dtype=pl.Float64))
+                          .alias("wait_share"))
+            .select(["rank", "last_arrivals", "last_arrival_share", "waited_ns", "wait_share", "median_skew_ns"])
+            .sort(["waited_ns", "rank"], descending=[True, False]))

@@ -25,6 +25,7 @@ from tracekit.analysis import (
     links,
     nccl_join,
     top_ops,
+    verdict,
     whatif,
 )
 from tracekit.loading.traceset import TraceSet
@@ -137,6 +138,21 @@ class Analysis:
             return b
         exposed = (pc.sum(bd.column("exposed_comm_ns")).as_py() or 0) - (pc.sum(bd.column("wait_ns")).as_py() or 0)
         return whatif.with_small_gain_note(b, exposed / wall)
+
+    @cached_property
+    def verdict(self) -> verdict.Answer:
+        """The job's one verdict (:mod:`tracekit.analysis.verdict`): from the replays and the critical path, or from
+        the attribution alone (and saying so) where no replay can run."""
+        if self.horovod_only:
+            return verdict.from_attribution(self.breakdown, collectives.stragglers(self.instances),
+                                            "Horovod timelines alone have no dependency graph to replay")
+        if self.dataset is not None:
+            return verdict.from_attribution(self.breakdown, collectives.stragglers(self.instances),
+                                            "the replays need the whole job in memory (analysed rank by rank)")
+        if self.breakdown.num_rows == 0:
+            return verdict.Answer("none", "No iterations found: nothing to attribute.")
+        return verdict.classify(self.whatif, self.bottleneck, self.critical_path_summary, self.breakdown,
+                                self.iterations, self.ranks, self.critical_path)
 
     @cached_property
     def top_ops(self) -> pa.Table:

@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import background, contention, dag, replay
+from tracekit.analysis import background, balance, contention, dag, replay
 from tracekit.analysis.dag import EDGE_TYPES, Graph, lane_codes, sort_by_lane
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
@@ -69,6 +69,8 @@ class Scenario:
     free: bool = False  # communication costs nothing (the reference for the scaling factor)
     links: tuple[tuple[str, float], ...] = ()
     bandwidth_scale: float = 1.0  # every link's rate (as set above, else as the job ran) times this
+    #: every rank's work brought down to the median rank's (:mod:`tracekit.analysis.balance`): stragglers removed
+    balanced: bool = False
 
 
 #: what a transfer's size rests on, per communication activity of the model (``Model.comm["size"]``)
@@ -138,6 +140,15 @@ class Model:
             note = (f"transfer sizes of {n[SIZE_UNKNOWN]} of {self.comm.height} calls are not in the traces and no "
                     "line rate was given to estimate them from transfer times")
         return {**n, "calls": self.comm.height, "note": note}
+
+    @property
+    def balance(self) -> balance.Balance:
+        """Each rank's work and its excess over the median rank's (computed on first use)."""
+        if "_balance" not in self.__dict__:
+            it = self.iteration_of
+            n = int(np.unique(it[it > -(1 << 61)]).size)
+            self.__dict__["_balance"] = balance.measure(self.graph, n)
+        return self.__dict__["_balance"]
 
     @property
     def line_rate_known(self) -> bool:
@@ -574,6 +585,10 @@ def schedule(model: Model, sc: Scenario) -> Schedule:
     w[model.own_edge[valid]] = new_t[valid] + g.slack[model.own_edge[valid]]
     ok = model.coll_edge_row >= 0
     w[model.coll_edges[ok]] = new_t[model.coll_edge_row[ok]] + g.slack[model.coll_edges[ok]]
+    base = model.compute_base
+    if sc.balanced:
+        balance.apply(g, model.balance, w)
+        base = base * model.balance.act_factor[model.compute_act] if base.size else base
     extra = None
     if not sc.free:
         prev, cur, dst = model.fifo
@@ -592,7 +607,7 @@ def schedule(model: Model, sc: Scenario) -> Schedule:
         for _ in range(CONTENTION_ROUNDS):
             cs, ce = _transfer_spans(model, times, new_t) if not sc.free else (np.zeros(0, np.int64),) * 2
             f = contention.coverage(times[2 * a], times[2 * a + 1], rank[a], cs, ce, crank[:cs.size])
-            w[model.compute_edge] = np.rint(contention.recost(model.compute_base, f, model.contention.slowdown)
+            w[model.compute_edge] = np.rint(contention.recost(base, f, model.contention.slowdown)
                                             ).astype(np.int64) + g.slack[model.compute_edge]
             times, _ = replay.replay(g, w, model.chains, extra=extra)
     return Schedule(times, w, extra)

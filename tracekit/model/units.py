@@ -104,6 +104,16 @@ _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|
 _DURATION_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
 
+def format_duration(ns: float | int) -> str:
+    """``1234567`` → ``1.23 ms``: three significant digits, or whole units from 100 up."""
+    ns = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= scale:
+            v = ns / scale
+            return f"{v:.3g} {unit}" if abs(v) < 100 else f"{v:.0f} {unit}"
+    return f"{ns:.0f} ns"
+
+
 def parse_duration(text: str, *, option: str = "--latency") -> int:
     """``20us``, ``1.5ms``, ``300ns`` → nanoseconds; a unit is required (one-line error otherwise)."""
     m = _DURATION.match(text)

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
+from tracekit.model.units import format_duration
+
 
 def fmt_ns(ns: float | int | None) -> str:
-    """``1234567`` → ``1.23 ms``."""
-    if ns is None:
-        return "–"
-    ns = float(ns)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            v = ns / scale
-            return f"{v:.3g} {unit}" if abs(v) < 100 else f"{v:.0f} {unit}"
-    return f"{ns:.0f} ns"
+    """``1234567`` → ``1.23 ms`` (``–`` for None)."""
+    return "–" if ns is None else format_duration(ns)
 
 
 def fmt_bytes(n: float | int | None) -> str:

@@ -1,0 +1,112 @@
+"""Each rank's work and its excess over the median rank's: what "stragglers removed" replays (DESIGN.md "Verdict").
+
+A rank's work is counted in two parts, on the dependency graph (:mod:`tracekit.analysis.dag`):
+
+``device``  the own time of its device kernels and copies (GPU ranks)
+``host``    the own time of its CPU operators and runtime calls (blocking waits already cut out by the graph), plus
+            the gaps on its CPU threads that nothing traced explains (slack on program order: a ``sleep``, work the
+            profiler does not see) — on CPU-only ranks this is their compute too
+
+Communication is never work here: waiting for others and moving data are what the other replays change. The
+*median rank* is an actual rank's value (the lower middle one for an even count), so that with two ranks the faster
+one's work is the reference. Removing a rank's excess scales each of its parts down to the median rank's: every
+activity's own time by the same factor, and the unexplained gaps of its threads too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from tracekit.analysis.dag import EDGE_TYPES, Graph
+
+_OWN = EDGE_TYPES.index("own")
+_PROGRAM = EDGE_TYPES.index("program")
+#: activity kinds that are a rank's device work, and its host work
+DEVICE_KINDS = ("compute", "memory")
+HOST_KINDS = ("cpu_op", "runtime")
+
+
+@dataclass(frozen=True)
+class Balance:
+    """Per rank (``ranks``): its device and host work over the whole trace (ns), the median rank's, and the factor
+    that brings each down to it (1 where it is not above). ``act_factor`` is that factor per graph activity (1 for
+    communication); ``own_edge`` each activity's own edge (-1 where none); ``gap_edges`` the program edges into host
+    activities, whose slack is the threads' unexplained gaps."""
+
+    ranks: np.ndarray
+    device_ns: np.ndarray
+    host_ns: np.ndarray
+    median_device_ns: int
+    median_host_ns: int
+    device_factor: np.ndarray
+    host_factor: np.ndarray
+    act_factor: np.ndarray
+    own_edge: np.ndarray
+    gap_edges: np.ndarray
+    gap_factor: np.ndarray
+    iterations: int
+
+    def excess(self) -> pl.DataFrame:
+        """``rank, device_excess_ns, host_excess_ns, excess_ns`` per iteration, ranks above the median rank only,
+        largest first."""
+        n = max(self.iterations, 1)
+        dev = np.maximum(self.device_ns - self.median_device_ns, 0) // n
+        host = np.maximum(self.host_ns - self.median_host_ns, 0) // n
+        df = pl.DataFrame({"rank": self.ranks.astype(np.int64), "device_excess_ns": dev.astype(np.int64),
+                           "host_excess_ns": host.astype(np.int64)})
+        return (df.with_columns((pl.col("device_excess_ns") + pl.col("host_excess_ns")).alias("excess_ns"))
+                .filter(pl.col("excess_ns") > 0).sort(["excess_ns", "rank"], descending=[True, False]))
+
+
+def _median_rank(values: np.ndarray) -> int:
+    """The median rank's value: the lower middle one of the sorted values (an actual rank's)."""
+    if values.size == 0:
+        return 0
+    return int(np.sort(values)[(values.size - 1) // 2])
+
+
+def measure(graph: Graph, iterations: int) -> Balance:
+    """Every rank's device and host work on ``graph`` (over ``iterations`` iterations) and the factors that remove
+    its excess over the median rank's."""
+    act = graph.act
+    n = act.height
+    own_mask = graph.etype == _OWN
+    own_edge = np.full(n, -1, dtype=np.int64)
+    own_edge[graph.dst[own_mask] // 2] = np.flatnonzero(own_mask)
+    kind = act.get_column("kind").cast(pl.String)
+    on_device = act.get_column("device").is_not_null().to_numpy()
+    device = on_device & kind.is_in(DEVICE_KINDS).fill_null(False).to_numpy()
+    host = ~on_device & kind.is_in(HOST_KINDS).fill_null(False).to_numpy()
+    ranks, code = np.unique(act.get_column("rank").fill_null(-1).to_numpy(), return_inverse=True)
+    own = np.where(own_edge >= 0, graph.lag[np.maximum(own_edge, 0)], 0)
+    dev_ns = np.bincount(code[device], weights=own[device], minlength=ranks.size).astype(np.int64)
+    prog = np.flatnonzero(graph.etype == _PROGRAM)
+    gap_edges = prog[host[graph.dst[prog] // 2] & (graph.slack[prog] > 0)]
+    gap_rank = code[graph.dst[gap_edges] // 2]
+    host_ns = (np.bincount(code[host], weights=own[host], minlength=ranks.size)
+               + np.bincount(gap_rank, weights=graph.slack[gap_edges], minlength=ranks.size)).astype(np.int64)
+    has_dev = dev_ns > 0
+    m_dev = _median_rank(dev_ns[has_dev])
+    m_host = _median_rank(host_ns)
+    dev_f = np.where(has_dev & (dev_ns > m_dev), m_dev / np.maximum(dev_ns, 1), 1.0)
+    host_f = np.where(host_ns > m_host, m_host / np.maximum(host_ns, 1), 1.0)
+    act_factor = np.ones(n)
+    act_factor[device] = dev_f[code[device]]
+    act_factor[host] = host_f[code[host]]
+    return Balance(ranks=ranks, device_ns=dev_ns, host_ns=host_ns, median_device_ns=m_dev, median_host_ns=m_host,
+                   device_factor=dev_f, host_factor=host_f, act_factor=act_factor, own_edge=own_edge,
+                   gap_edges=gap_edges, gap_factor=host_f[gap_rank], iterations=iterations)
+
+
+def apply(graph: Graph, b: Balance, weight: np.ndarray) -> None:
+    """``weight`` (one per edge of ``graph``) with every rank's excess removed: own times and unexplained gaps
+    scaled by their rank's factor, in place."""
+    scaled = np.flatnonzero((b.act_factor < 1.0) & (b.own_edge >= 0))
+    e = b.own_edge[scaled]
+    weight[e] = np.rint(graph.lag[e] * b.act_factor[scaled]).astype(np.int64) + graph.slack[e]
+    g = b.gap_factor < 1.0
+    e = b.gap_edges[g]
+    weight[e] = graph.lag[e] + np.rint(graph.slack[e] * b.gap_factor[g]).astype(np.int64)

@@ -1,0 +1,411 @@
+"""One answer to "what sets this job's pace?" (DESIGN.md "Verdict"), derived from the replays and the critical path,
+so that no headline can contradict the what-if.
+
+Three replays of the job's dependency graph (:mod:`tracekit.analysis.whatif`) say what each suspect costs: with
+communication free, the link's cost; with every rank's work brought down to the median rank's
+(:mod:`tracekit.analysis.balance`), the stragglers' cost; and at full utilisation of the line rate, whether the link or
+its use is to blame. What is left when neither costs much is read off the measured critical path: device compute, or
+the host (CPU operators, launches, input). The classes:
+
+``link-bound``       communication free saves at least :data:`SIGNIFICANT` of each iteration, and more than removing the
+                     stragglers' excess does
+``straggler-bound``  removing the stragglers' excess saves at least :data:`SIGNIFICANT`, more than free communication
+``mixed``            both save at least :data:`SIGNIFICANT` and within a factor :data:`COMPARABLE` of each other; or
+                     neither does and the path is split between compute and host
+``compute-bound``    neither saves much, and device compute (on CPU-only ranks: their operators) is most of the path
+``host-bound``       neither saves much, and CPU work, launches and the host's gaps are most of the path
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.analysis import critical_path
+from tracekit.analysis.whatif import Bottleneck, Model, Scenario, predict_many, schedule
+from tracekit.model.units import format_duration, format_rate
+
+KINDS = ("link-bound", "straggler-bound", "host-bound", "compute-bound", "mixed", "none")
+#: a replay that saves at least this share of the iteration time names a cause
+SIGNIFICANT = 0.10
+#: two causes both significant and within this factor of each other: mixed
+COMPARABLE = 2.0
+#: of the path left when no replay saves much: the larger of compute and host names the class above this share
+DOMINANT = 0.5
+#: a rank is named a straggler when its excess is at least this share of the largest rank's excess ...
+NAMED_SHARE = 0.5
+#: ... and at most this many are named (a host whose ranks all stall is named as the host)
+NAMED_MOST = 3
+#: the free-communication replay's path resting this much on unexplained gaps gets a caveat
+CAVEAT_SHARE = 0.10
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank whose excess over the median rank's work the ``stragglers removed`` replay took away (per iteration),
+    and what it was doing: ``device`` compute, ``host`` work (``input`` when the data loader is most of it), or
+    ``untraced`` gaps on its threads; ``top`` the activity with the most excess."""
+
+    rank: int
+    host: str | None
+    excess_ns: int
+    device_excess_ns: int
+    host_excess_ns: int
+    doing: str
+    top: str | None = None
+
+    @property
+    def what(self) -> str:
+        """What its excess was spent on, as the verb of a sentence ("its device computes")."""
+        return {"device": "its device computes", "host": "its host works", "input": "its input pipeline takes",
+                "untraced": "its threads sit in gaps the profiler does not explain for"}[self.doing]
+
+    def describe(self) -> str:
+        s = f"rank {self.rank} ({self.what} {_ms(self.excess_ns)} more per iteration than the median rank's"
+        if self.top:
+            s += f"; most in {_short(self.top)}"
+        return s + ")"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The job's verdict. ``kind`` is one of :data:`KINDS`; ``headline`` its first sentence; ``shares`` what each
+    replay saves of the measured iteration (``link``, ``stragglers``) and the measured path's split (``compute``,
+    ``host``, ``transfer``, ``waiting``, ``unexplained``); ``replays`` the iteration times behind them (ns; ``full``
+    None without a line rate); ``support`` the sentences that back it; ``caveat`` where the answer rests on gaps no
+    dependency explains."""
+
+    kind: str
+    headline: str
+    shares: dict[str, float] = field(default_factory=dict)
+    replays: dict[str, int | None] = field(default_factory=dict)
+    stragglers: tuple[Straggler, ...] = ()
+    support: tuple[str, ...] = ()
+    caveat: str | None = None
+    source: str = "replay"  # "replay", or "attribution" where no replay could run
+
+    @property
+    def text(self) -> str:
+        """The headline, its support and its caveat, as one paragraph."""
+        return " ".join([self.headline, *self.support, *([self.caveat] if self.caveat else [])])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "headline": self.headline, "shares": self.shares, "replays": self.replays,
+                "stragglers": [s.__dict__ for s in self.stragglers], "support": list(self.support),
+                "caveat": self.caveat, "source": self.source, "text": self.text}
+
+
+def _ms(ns: float) -> str:
+    return format_duration(int(ns))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+def exposed_sentence(breakdown: pa.Table) -> str | None:
+    """Exposed communication with its split into waiting and transfer (never "communication-bound" without it)."""
+    wall = pc.sum(breakdown.column("wall_ns")).as_py() or 0
+    if wall <= 0:
+        return None
+    exposed = pc.sum(breakdown.column("exposed_comm_ns")).as_py() or 0
+    if exposed <= 0:
+        return "No communication is exposed: compute hides all of it."
+    s = f"Exposed communication is {_pct(exposed / wall)} of the iteration time"
+    if breakdown.column("wait_ns").null_count == 0:
+        wait = pc.sum(breakdown.column("wait_ns")).as_py() or 0
+        s += (f": {_pct(wait / exposed)} of it waiting for other ranks to arrive, {_pct(1 - wait / exposed)} "
+              "moving data.")
+    else:
+        s += " (waiting and transfer cannot be told apart: the collectives were not matched across ranks)."
+    return s
+
+
+def _stragglers(model: Model, ranks: pa.Table | None) -> tuple[Straggler, ...]:
+    """The ranks whose excess the ``balanced`` replay removed, largest first (see :data:`NAMED_SHARE`)."""
+    ex = model.balance.excess()
+    if ex.height == 0:
+        return ()
+    top = int(ex.get_column("excess_ns")[0])
+    ex = ex.filter(pl.col("excess_ns") >= NAMED_SHARE * top)
+    hosts: dict[int, str | None] = {}
+    if ranks is not None and ranks.num_rows:
+        hosts = dict(zip(ranks.column("rank").to_pylist(), ranks.column("host").to_pylist(), strict=True))
+    tops = _top_excess(model, ex.get_column("rank").to_list())
+    out = []
+    for row in ex.iter_rows(named=True):
+        r = row["rank"]
+        name, gap = tops.get(r, (None, 0))
+        if row["device_excess_ns"] >= row["host_excess_ns"]:
+            doing = "device"
+        elif gap > 0.5 * row["host_excess_ns"] * max(model.balance.iterations, 1):
+            doing, name = "untraced", None
+        elif name and "DataLoader" in name:
+            doing = "input"
+        else:
+            doing = "host"
+        out.append(Straggler(rank=r, host=hosts.get(r), excess_ns=row["excess_ns"],
+                             device_excess_ns=row["device_excess_ns"], host_excess_ns=row["host_excess_ns"],
+                             doing=doing, top=name))
+    return tuple(out)
+
+
+def _top_excess(model: Model, ranks: list[int]) -> dict[int, tuple[str | None, int]]:
+    """Per rank: the activity name whose own time exceeds the median rank's the most, and the rank's unexplained gap
+    time beyond the median rank's."""
+    g = model.graph
+    b = model.balance
+    own = np.where(b.own_edge >= 0, g.lag[np.maximum(b.own_edge, 0)], 0)
+    work = (b.act_factor >= 0) & np.isin(g.act.get_column("kind").cast(pl.String).to_numpy(),
+                                         ["compute", "memory", "cpu_op", "runtime"])
+    df = pl.DataFrame({"rank": g.act.get_column("rank").to_numpy()[work],
+                       "name": g.act.get_column("name").cast(pl.String).to_numpy()[work], "own": own[work]})
+    per = df.group_by(["rank", "name"]).agg(pl.col("own").sum())
+    n_ranks = int(b.ranks.size)
+    med = per.group_by("name").agg(pl.col("own").sort().alias("v"), pl.len().alias("k")).with_columns(
+        pl.col("v").list.get(pl.lit((n_ranks - 1) // 2) - (n_ranks - pl.col("k")), null_on_oob=True)
+        .fill_null(0).alias("median"))
+    per = per.filter(pl.col("rank").is_in(ranks)).join(med.select(["name", "median"]), on="name", how="left")
+    best = (per.with_columns((pl.col("own") - pl.col("median")).alias("d")).sort("d", descending=True)
+            .group_by("rank", maintain_order=True).first())
+    gap_rank = g.act.get_column("rank").to_numpy()[g.dst[b.gap_edges] // 2]
+    gaps = {int(r): int(g.slack[b.gap_edges][gap_rank == r].sum()) for r in ranks}
+    med_gap = int(np.sort([int(g.slack[b.gap_edges][gap_rank == r].sum()) for r in b.ranks.tolist()])[
+        (n_ranks - 1) // 2]) if n_ranks else 0
+    return {int(r): (n if d and d > 0 else None, gaps.get(int(r), 0) - med_gap)
+            for r, n, d in best.select(["rank", "name", "d"]).iter_rows()}
+
+
+def _path_shares(summary: pl.DataFrame) -> dict[str, float]:
+    """The measured critical path's split over all iterations: compute (device or CPU-only compute, copies), host
+    (CPU, launch, idle the host's threads could not explain), transfer, waiting, and of the idle the unexplained."""
+    if summary.height == 0:
+        return {}
+    total = float(summary.get_column("path_ns").sum())
+
+    def part(*labels: str) -> float:
+        return float(sum((summary.get_column(f"{lab}_share") * summary.get_column("path_ns")).sum()
+                         for lab in labels)) / total
+
+    return {"compute": part("compute", "memory"), "host": part("CPU", "launch", "idle"),
+            "transfer": part("transfer"), "waiting": part("waiting"),
+            "unexplained": float((summary.get_column("unexplained_share") * summary.get_column("path_ns")).sum())
+            / total if "unexplained_share" in summary.columns else 0.0}
+
+
+def replay_unexplained(model: Model, sc: Scenario, iterations: pa.Table, ranks: pa.Table | None) -> float | None:
+    """The share of the replay's critical path (its middle iteration) that rests on gaps no dependency explains."""
+    s = schedule(model, sc)
+    spans = critical_path.schedule_spans(model.iteration_of, s.times)
+    if spans.height == 0:
+        return None
+    it = int(spans.get_column("iteration")[spans.height // 2])
+    g = critical_path.of_schedule(model.graph, s.times, s.weight, s.extra)
+    segs = critical_path.paths(g, iterations, ranks, iteration=it, spans=spans)
+    summ = critical_path.summary(segs, iterations, ranks, spans=spans)
+    return float(summ.get_column("unexplained_share")[0]) if summ.height else None
+
+
+def _one_host(stragglers: tuple[Straggler, ...]) -> str | None:
+    """The host every named straggler is on, when there are several and they share one."""
+    hosts = {s.host for s in stragglers}
+    return hosts.pop() if len(stragglers) > 1 and len(hosts) == 1 and None not in hosts else None
+
+
+def _who(stragglers: tuple[Straggler, ...]) -> str:
+    """"rank 7", "ranks 3 and 5", or the host when every named rank is on one host."""
+    ranks = sorted(s.rank for s in stragglers)
+    host = _one_host(stragglers)
+    if host is not None:
+        return f"host {host} ({len(ranks)} ranks: {_rank_list(ranks)})"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + _rank_list(ranks)
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """``3, 5 and 9``; ``8–15`` for a run; the first :data:`NAMED_MOST` and a count beyond."""
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}–{ranks[-1]}"
+    shown = ranks[:NAMED_MOST]
+    out = ", ".join(map(str, shown[:-1])) + (f" and {shown[-1]}" if len(shown) > 1 else str(shown[-1]))
+    return out + (f" (and {len(ranks) - NAMED_MOST} more)" if len(ranks) > NAMED_MOST else "")
+
+
+def _detail(stragglers: tuple[Straggler, ...]) -> str:
+    """What the named stragglers were doing: once for a host whose ranks all did the same, else rank by rank."""
+    host = _one_host(stragglers)
+    if host is not None and len({(s.doing, s.top) for s in stragglers}) == 1:
+        s = stragglers[0]
+        lo, hi = min(x.excess_ns for x in stragglers), max(x.excess_ns for x in stragglers)
+        amount = _ms(lo) if _ms(lo) == _ms(hi) else f"{_ms(lo)}–{_ms(hi)}"
+        return (f"Stragglers: on host {host}, {s.what} {amount} more per iteration than the median rank's on each "
+                f"of its {len(stragglers)} ranks" + (f"; most in {_short(s.top)}" if s.top else "") + ".")
+    return "Stragglers: " + "; ".join(s.describe() for s in stragglers[:NAMED_MOST]) + \
+        (f"; and {len(stragglers) - NAMED_MOST} more ranks" if len(stragglers) > NAMED_MOST else "") + "."
+
+
+def _short(name: str | None, most: int = 60) -> str:
+    return "" if name is None else name if len(name) <= most else name[:most - 1] + "…"
+
+
+def _top_on_path(segments: pl.DataFrame | None, labels: tuple[str, ...]) -> str | None:
+    """The activity with the most time on the measured critical path among segments of ``labels``, and its share
+    of the path: "aten::linear on rank 0's cpu/tid 12 (41 % of the path)"."""
+    if segments is None or segments.height == 0:
+        return None
+    total = int(segments.get_column("dur_ns").sum())
+    top = (segments.filter(pl.col("label").is_in(labels) & pl.col("name").is_not_null())
+           .group_by(["name", "rank", "lane"]).agg(pl.col("dur_ns").sum()).sort("dur_ns", descending=True).head(1))
+    if top.height == 0 or total <= 0:
+        return None
+    name, rank, lane, dur = top.row(0)
+    return f"{_short(name)} on rank {rank}'s {lane} ({_pct(dur / total)} of the path)"
+
+
+def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataFrame, breakdown: pa.Table,
+             iterations: pa.Table, ranks: pa.Table | None, segments: pl.DataFrame | None = None) -> Answer:
+    """The verdict of a job from its what-if model, its answer to "is the link the bottleneck?" (``bottleneck``:
+    :func:`tracekit.analysis.whatif.bottleneck`, None when it could not run), its measured critical path (``segments``
+    and their summary) and its breakdown."""
+    if bottleneck is not None:
+        measured, free = bottleneck.measured_ns, bottleneck.free_ns
+        (balanced,) = predict_many(model, [Scenario(balanced=True)])
+    else:
+        free, measured, balanced = predict_many(model, [Scenario(free=True), Scenario(), Scenario(balanced=True)])
+    if measured <= 0:
+        return Answer("none", "No iteration time to explain: the replay found no iteration.", source="replay")
+    link = max(0.0, 1 - free / measured)
+    strag = max(0.0, 1 - balanced / measured)
+    path = _path_shares(path_summary)
+    full = None
+    if bottleneck is not None and bottleneck.scaling_full:
+        full = round(bottleneck.free_ns / bottleneck.scaling_full)
+    replays: dict[str, int | None] = {"measured": measured, "free_communication": free,
+                                      "stragglers_removed": balanced, "full_utilisation": full}
+    shares = {"link": link, "stragglers": strag, **path}
+    stragglers = _stragglers(model, ranks) if strag >= SIGNIFICANT / 2 else ()
+    x_free = measured / free if free else float("inf")
+    x_bal = measured / balanced if balanced else float("inf")
+    several = model.balance.ranks.size > 1
+    replay_line = f"Replays: communication free {x_free:.2f}x faster" + (
+        f"; every rank's excess over the median rank's work removed {x_bal:.2f}x." if several else ".")
+    support: list[str] = [replay_line]
+    if stragglers:
+        support.append(_detail(stragglers))
+    exposed = exposed_sentence(breakdown)
+    if exposed:
+        support.append(exposed)
+
+    if link >= SIGNIFICANT and strag >= SIGNIFICANT and max(link, strag) <= COMPARABLE * min(link, strag):
+        kind = "mixed"
+        who = f"{_who(stragglers)}'s excess" if stragglers else "the stragglers' excess"
+        headline = (f"Mixed: the link costs {_pct(link)} of each iteration and {who} {_pct(strag)} — a faster link "
+                    "alone or a balanced job alone would not be enough.")
+    elif link >= SIGNIFICANT and link >= strag:
+        kind = "link-bound"
+        headline = (f"Link-bound: communication costs {_pct(link)} of each iteration — with free communication it "
+                    f"would take {_ms(free)} instead of {_ms(measured)}.")
+    elif strag >= SIGNIFICANT:
+        kind = "straggler-bound"
+        who = _who(stragglers) if stragglers else "the slowest ranks"
+        headline = (f"Straggler-bound: the job waits on {who}; removing its excess over the median rank's work makes "
+                    f"each iteration {x_bal:.2f}x faster, while free communication gives only {x_free:.2f}x.")
+    else:
+        compute, host = path.get("compute", 0.0), path.get("host", 0.0)
+        rest = f"free communication gives only {x_free:.2f}x" + (
+            f" and removing stragglers {x_bal:.2f}x" if several else "")
+        if compute >= DOMINANT and compute >= host:
+            kind = "compute-bound"
+            top = _top_on_path(segments, ("compute", "memory"))
+            headline = (f"Compute-bound: {_pct(compute)} of the critical path is compute"
+                        + (f", most of it {top}" if top else "") + f"; {rest}.")
+        elif host >= DOMINANT:
+            kind = "host-bound"
+            top = _top_on_path(segments, ("CPU", "launch"))
+            headline = (f"Host-bound: {_pct(host)} of the critical path is CPU work, launches and host gaps, not "
+                        f"device compute or communication" + (f" — most of it {top}" if top else "") + f"; {rest}.")
+        else:
+            kind = "mixed"
+            headline = (f"Mixed: the critical path is {_pct(compute)} compute, {_pct(host)} host, "
+                        f"{_pct(path.get('transfer', 0.0))} transfer and {_pct(path.get('waiting', 0.0))} waiting; "
+                        f"{rest}.")
+    if bottleneck is not None:
+        link_detail = _link_detail(bottleneck, kind)
+        if link_detail:
+            support.insert(1, link_detail)
+    caveat = None
+    u = replay_unexplained(model, Scenario(free=True), iterations, ranks) if link >= SIGNIFICANT / 2 or \
+        kind in ("host-bound", "mixed") else None
+    if u is not None and u >= CAVEAT_SHARE:
+        caveat = (f"Caveat: {_pct(u)} of the free-communication replay's critical path is time no recorded or "
+                  "inferred dependency explains, which every replay keeps as measured (tracekit critical-path shows "
+                  "where; docs/dependencies.md lists what tracekit infers).")
+        shares["free_path_unexplained"] = u
+    return Answer(kind=kind, headline=headline, shares=shares, replays=replays, stragglers=stragglers,
+                  support=tuple(support), caveat=caveat)
+
+
+def _link_detail(b: Bottleneck, kind: str) -> str | None:
+    """What a faster link or compression buys, from the bottleneck replays (the sentence after its first)."""
+    rate = format_rate(b.line_rate_bps) if b.line_rate_bps else None
+    if kind not in ("link-bound", "mixed"):
+        return None
+    if b.scaling_full is None:  # no line rate or sizes: what to give instead
+        return _after_first_sentence(b.text)
+    on = f"the {rate} link" if rate else "each link's line rate"
+    if b.scaling_full >= b.target:
+        return (f"At full utilisation of {on} it would scale at {b.scaling_full:.2f} instead of "
+                f"{b.scaling_measured:.2f}: the link is fast enough, its use is not.")
+    wants = []
+    if b.compression_needed:
+        wants.append(f"≥ {b.compression_needed:g}x compression")
+    if b.bandwidth_needed_bps:
+        wants.append(f"≥ {format_rate(b.bandwidth_needed_bps)}")
+    elif b.bandwidth_needed_factor:
+        wants.append(f"≥ {b.bandwidth_needed_factor:g}x the bandwidth")
+    want = " or ".join(wants) or "more than 100x compression or 1000x the bandwidth"
+    s = (f"Even at full utilisation of {on} it would scale at {b.scaling_full:.2f} (now {b.scaling_measured:.2f}); it "
+         f"needs {want} to reach {b.target:g}.")
+    if b.assumption:
+        s += " " + b.assumption
+    return s
+
+
+def _after_first_sentence(text: str) -> str | None:
+    """The bottleneck text without its first sentence (which the verdict's replay line already says)."""
+    parts = text.split(". ", 1)
+    return parts[1] if len(parts) == 2 else None
+
+
+def from_attribution(breakdown: pa.Table, stragglers: pl.DataFrame, why: str) -> Answer:
+    """A verdict where no replay can run (``why``): from the breakdown and the collectives' stragglers alone, and
+    saying so."""
+    wall = pc.sum(breakdown.column("wall_ns")).as_py() or 0 if breakdown.num_rows else 0
+    if wall <= 0:
+        return Answer("none", "No iterations found: nothing to attribute.", source="attribution")
+
+    def share(col: str) -> float:
+        return (pc.sum(breakdown.column(col)).as_py() or 0) / wall
+
+    exposed, idle, compute = share("exposed_comm_ns"), share("idle_ns"), share("compute_ns") + share("overlapped_ns")
+    wait = share("wait_ns") if breakdown.column("wait_ns").null_count == 0 else None
+    top = stragglers.row(0, named=True) if stragglers.height else None
+    if exposed >= 0.25 and wait is not None and wait >= 0.5 * exposed and top and (top["wait_share"] or 0) > 2 / 3:
+        kind, head = "straggler-bound", (f"Straggler-bound: {_pct(wait)} of the iteration time is waiting, "
+                                         f"{_pct(top['wait_share'])} of it for rank {top['rank']}.")
+    elif exposed >= 0.25:
+        kind, head = "link-bound", f"Link-bound: {_pct(exposed)} of the iteration time is exposed communication."
+    elif idle >= 0.25:
+        kind, head = "host-bound", f"Host-bound: ranks sit idle {_pct(idle)} of the time, neither computing nor " \
+                                   "communicating."
+    else:
+        kind, head = "compute-bound", f"Compute-bound: {_pct(compute)} of the iteration time is compute."
+    support = tuple(s for s in [exposed_sentence(breakdown)] if s)
+    return Answer(kind, head, shares={"exposed": exposed, "idle": idle, "compute": compute},
+                  support=support, caveat=f"From the attribution alone: {why}.", source="attribution")
