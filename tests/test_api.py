@@ -80,7 +80,12 @@ def test_whatif_and_verdict_are_the_cli_s(job: tracekit.Job, capsys: pytest.Capt
     assert rows.to_dicts() == printed["rows"]
     v = job.verdict
     assert isinstance(v, tracekit.Verdict) and str(v) == v.text == printed["verdict"]
-    assert v.kind == "network" and v.bottleneck is not None and v.scaling_factor == v.bottleneck.scaling_measured
+    assert v.kind == "link-bound" and v.bottleneck is not None and v.scaling_factor == v.bottleneck.scaling_measured
+    # one verdict: the headline is the text's first sentence, and the replay behind it says the same
+    assert v.text.startswith(v.headline) and v.answer is not None and v.answer.kind == v.kind
+    assert v.answer.replays["free_communication"] == v.bottleneck.free_ns
+    assert v.answer.shares["link"] >= 0.10 and v.answer.shares["link"] >= v.answer.shares["stragglers"]
+    assert "Communication-bound" not in v.text and "waiting for other ranks" in v.text
     assert "Links were busy" in v.links
     # per-link rates, dicts and latency; errors are one-line TraceErrors
     assert job.whatif(bandwidth={"default": "1gbit"}).height == 1
@@ -124,7 +129,12 @@ def test_export_and_chrome(job: tracekit.Job, tmp_path: Path) -> None:
 def test_reprs(job: tracekit.Job) -> None:
     text = repr(job)
     assert text.startswith(f"tracekit.Job {SAMPLE}: 2 ranks · 5 iterations")
-    assert "exposed" in text and "Communication-bound" in text
+    # a repr replays nothing: measurements until the verdict is computed, then the verdict
+    job.analysis.__dict__.pop("verdict", None)
+    text = repr(job)
+    assert "exposed" in text and "Exposed communication is" in text and "job.verdict replays" in text
+    job.verdict  # noqa: B018
+    assert "Link-bound" in repr(job)
     html = job._repr_html_()
     assert html.startswith("<div class='tracekit-job'>") and "<table>" in html and "<td" in html
 
@@ -171,7 +181,7 @@ def test_readme_python_api_example_runs(tmp_path: Path, monkeypatch: pytest.Monk
     code = _readme_example()
     exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
     out = capsys.readouterr().out
-    assert "tracekit.Job samples/ddp-gloo: 2 ranks" in out and "The link is the bottleneck" in out
+    assert "tracekit.Job samples/ddp-gloo: 2 ranks" in out and "Link-bound" in out
     assert (tmp_path / "tracekit-export" / "breakdown.parquet").exists()
     assert not (ROOT / "tracekit-export").exists() and not (ROOT / "samples" / "tracekit-export").exists()
 

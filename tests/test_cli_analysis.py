@@ -43,7 +43,8 @@ def test_whatif_sweep_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert {"bandwidth_bps", "compression", "workers", "iteration_ns", "speedup", "scaling_factor"} <= set(rows[0])
     by = {(r["bandwidth_bps"], r["compression"]): r["iteration_ns"] for r in rows}
     assert by[(1e8, 1.0)] > by[(1e9, 1.0)] > by[(1e9, 4.0)]
-    assert "bottleneck" in data["verdict"]
+    assert data["verdict"].startswith("Link-bound") and data["answer"]["kind"] == "link-bound"
+    assert data["verdict"] == data["answer"]["text"] and "bottleneck" in data["bottleneck"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -107,7 +107,10 @@ def test_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diff", str(BASE), str(NEW), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {"iterations", "breakdown", "comm", "ops", "critical_path", "base_verdict", "new_verdict"} <= set(data)
-    assert data["comm"][0]["base_calls_per_iteration"] == 8 and "bottleneck" in data["new_verdict"]["text"]
+    assert data["comm"][0]["base_calls_per_iteration"] == 8
+    new = data["new_verdict"]
+    assert new["kind"] in ("link-bound", "straggler-bound", "host-bound", "compute-bound", "mixed")
+    assert new["text"].startswith(new["headline"]) and new["answer"]["kind"] == new["kind"]
 
 
 def test_command_errors_are_one_line(tmp_path: Path) -> None:

@@ -166,6 +166,7 @@ def test_collect_has_every_figure(job: Analysis) -> None:
     assert data.link_activity.height == 100
     assert data.curves is not None and data.path_composition.height
     assert data.verdicts["bottleneck"] == job.bottleneck.text  # type: ignore[union-attr]
-    assert data.verdicts["kind"] == "network"
+    assert data.verdicts["kind"] == "link-bound" == job.verdict.kind
+    assert data.verdicts["headline"] == job.verdict.headline and data.verdicts["headline"].startswith("Link-bound")
     assert "Links were busy" in (data.verdicts["paragraph"] or "")
     assert ("line rate", "500 Mbit/s") in data.facts

@@ -55,8 +55,9 @@ def test_the_report_says_the_verdict(report: Path, data: figures.ReportData) -> 
     import html
 
     text = html.unescape(report.read_text())
-    assert data.verdicts["bottleneck"] and data.verdicts["bottleneck"] in text
-    assert "The link is the bottleneck" in text
+    assert data.verdicts["headline"] and data.verdicts["headline"] in text
+    assert data.verdicts["answer"] and data.verdicts["answer"] in text
+    assert "Link-bound" in text and "Communication-bound" not in text
     assert data.verdicts["paragraph"] and data.verdicts["paragraph"] in text
     assert "500 Mbit/s" in text and "samples/ddp-gloo" in text
 

@@ -74,7 +74,7 @@ async def test_every_view(tmp_path: Path) -> None:
         await loaded(pilot)
         tabs = app.query_one("#views", TabbedContent)
         assert tabs.active == "overview"
-        assert "Communication-bound: 41.9 %" in text_of(app, "#verdict")
+        assert "Link-bound: communication costs" in text_of(app, "#verdict")
         assert "rank 1" in text_of(app, "#exposed")  # the most exposed rank
         assert "#6 took 271 ms" in text_of(app, "#worst")
         await pilot.press("2")

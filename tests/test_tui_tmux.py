@@ -57,8 +57,8 @@ def session(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
 def test_inspect_in_a_real_terminal(session: str) -> None:
-    for text in ("Communication-bound", "tracekit inspect", "1 Overview", "Where each rank's time goes", "rank 0",
-                 "rank 1", "#6 took 271 ms", "? Keys"):
+    for text in ("Verdict: what sets the pace?", "tracekit inspect", "1 Overview", "Where each rank's time goes",
+                 "rank 0", "rank 1", "#6 took 271 ms", "? Keys"):
         _wait_for(session, text)  # the terminal is read while the app may still be drawing
     _wait_for(session, "3 Timeline")  # the timeline tab appears once its analysis is loaded
     _tmux("send-keys", "-t", session, "3")
@@ -75,6 +75,7 @@ def test_inspect_in_a_real_terminal(session: str) -> None:
     _wait_for(session, "40 collectives")
     _tmux("send-keys", "-t", session, "6")
     _wait_for(session, "scaling factor")
+    _wait_for(session, "Link-bound")  # the job's verdict, under the what-if
     _tmux("send-keys", "-t", session, "q")
     screen = _wait_for(session, "EXIT=0")
     assert "Traceback" not in screen

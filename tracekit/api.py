@@ -37,6 +37,7 @@ from tracekit.model.diagnostics import Diagnostic, TraceError
 
 if TYPE_CHECKING:
     from tracekit.analysis.pipeline import Analysis
+    from tracekit.analysis.verdict import Answer
     from tracekit.analysis.whatif import Bottleneck, Scenario
     from tracekit.diff import Diff
 
@@ -137,19 +138,21 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
 
 @dataclass(frozen=True)
 class Verdict:
-    """Is the network the bottleneck of this job?
+    """What sets this job's pace, and is the network the bottleneck?
 
-    ``text`` is the answer (the what-if replay's, in Zhang et al.'s terms: measured vs full utilisation vs free
-    communication; the attribution's rule of thumb when there is no replay — a job analysed rank by rank, or one
-    without communication). ``kind`` is the attribution's class of the job (``network``, ``partly-network``,
-    ``idle``, ``compute`` or ``none``) and ``headline`` its one line; ``links`` is the measurement paragraph of
-    ``tracekit summary``; ``bottleneck`` the replay's figures (None without a replay)."""
+    ``kind`` is the one classification (``link-bound``, ``straggler-bound``, ``host-bound``, ``compute-bound``,
+    ``mixed``, or ``none`` without iterations), derived from the replays and the critical path
+    (:mod:`tracekit.analysis.verdict`); ``headline`` is its first sentence and ``text`` the whole answer (the
+    replays behind it, the stragglers named, exposed communication split into waiting and transfer, and a caveat
+    where it rests on unexplained gaps). ``answer`` holds its figures; ``links`` is the measurement paragraph of
+    ``tracekit summary``; ``bottleneck`` the link replays' figures (None without communication or a replay)."""
 
     text: str
     kind: str
     headline: str
     links: str
     bottleneck: Bottleneck | None = None
+    answer: Answer | None = None
 
     @property
     def scaling_factor(self) -> float | None:
@@ -397,23 +400,23 @@ class Job:
 
     @property
     def verdict(self) -> Verdict:
-        """Is the network the bottleneck? (replays the job's graph on first use; see :class:`Verdict`)."""
+        """What sets the job's pace (replays the job's graph on first use; see :class:`Verdict`)."""
         from tracekit.views import summary, verdict
         from tracekit.views.report import horovod_paragraph
-        from tracekit.views.report import verdict as rule_of_thumb
 
         a = self.analysis
-        job = summary.job(a.breakdown)
-        headline, kind = rule_of_thumb(job)
+        answer = a.verdict
         if a.horovod_only:
             text = horovod_paragraph(a.horovod)
-            return Verdict(text=text, kind=kind, headline=headline, links=text)
+            return Verdict(text=f"{answer.text} {text}", kind=answer.kind, headline=answer.headline, links=text,
+                           answer=answer)
+        job = summary.job(a.breakdown)
         links = verdict.paragraph(job, summary.stragglers(a.instances), summary.collectives_overview(a.instances),
                                   line_rate_bps=a.line_rate_bps, line_rate_source=a.line_rate_source,
                                   n_ranks=a.ranks.num_rows, sizes=summary.transfer_sizes(a.collectives))
-        b = a.bottleneck
-        return Verdict(text=b.text if b is not None else headline, kind=kind, headline=headline, links=links,
-                       bottleneck=b)
+        b = a.bottleneck if a.dataset is None else None
+        return Verdict(text=answer.text, kind=answer.kind, headline=answer.headline, links=links, bottleneck=b,
+                       answer=answer)
 
     def whatif(self, bandwidth: RateArg | Mapping[str, RateArg] | Sequence[RateArg | Mapping[str, RateArg]] | None
                = None, compression: float | Sequence[float] = 1, workers: int | Sequence[int] | None = None,
@@ -507,9 +510,9 @@ class Job:
 
     def _overview(self) -> tuple[str, list[str], list[list[str]], list[str]]:
         """Title, header, rows and footer lines of the reprs (cheap: nothing is replayed)."""
+        from tracekit.analysis.verdict import exposed_sentence
         from tracekit.views import summary
         from tracekit.views.report import SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share
-        from tracekit.views.report import verdict as rule_of_thumb
 
         a = self.analysis
         title = f"tracekit.Job {self.name}: {self.n_ranks} ranks · {self.n_iterations} iterations"
@@ -523,11 +526,11 @@ class Job:
                          *[fmt_share(r[f"{c}_share"]) for c in schema.CLASSES],
                          fmt_bytes(r["comm_bytes_per_iteration"])])
         footer = []
-        if a.breakdown.num_rows:
-            footer.append(rule_of_thumb(summary.job(a.breakdown))[0])
-        b = a.__dict__.get("bottleneck")
-        if b is not None:
-            footer.append("is the network the bottleneck? " + b.text)
+        answer = a.__dict__.get("verdict")  # only once computed: a repr replays nothing
+        if answer is not None:
+            footer.append(answer.text)
+        elif a.breakdown.num_rows:
+            footer.append((exposed_sentence(a.breakdown) or "") + " (job.verdict replays the job for the answer)")
         footer += a.notes
         return title, header, rows, footer
 
@@ -558,7 +561,7 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
     from tracekit.views import summary, verdict
 
     if result.dataset is None and not result.horovod_only:
-        result.prefetch("bottleneck", "top_ops", "idle_breakdown")
+        result.prefetch("verdict", "top_ops", "idle_breakdown")
     job = summary.job(result.breakdown)
     strag = summary.stragglers(result.instances)
     overview = summary.collectives_overview(result.instances)
@@ -579,6 +582,7 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
         verdict.paragraph(job, strag, overview, line_rate_bps=result.line_rate_bps,
                           line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows,
                           sizes=summary.transfer_sizes(result.collectives)),
+        "answer": result.verdict.as_dict(),
         "bottleneck": bottleneck_payload(result.bottleneck),
         "contention": result.whatif.contention.as_dict() if result.bottleneck is not None else None,
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),

@@ -445,16 +445,20 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     job = _job(args, err)
     rows, verdict = job.replay(scenarios, latency=args.latency)
     model = job.analysis.whatif
+    # the job's one verdict (its own per-call latency); under another --latency only the link replays' answer
+    answer = job.analysis.verdict if args.latency is None else None
     if args.json:
         payload = {"measured_iteration_ns": model.measured_iteration_ns, "line_rate_bps": job.line_rate_bps,
                    "workers": model.workers, "sizes": model.sizes, "rows": rows.to_dicts(),
-                   "verdict": verdict.text if verdict else None}
+                   "verdict": answer.text if answer is not None else verdict.text if verdict else None,
+                   "answer": answer.as_dict() if answer is not None else None,
+                   "bottleneck": verdict.text if verdict else None}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
         from tracekit.views.report import render_whatif
 
         out = _stdout(120)
-        render_whatif(out, rows, model, verdict)
+        render_whatif(out, rows, model, answer if answer is not None else verdict)
     _warn(job.diagnostics, err, args.quiet)
     return 0
 

@@ -95,6 +95,7 @@ class Diff:
             from tracekit.api import bottleneck_payload
 
             return {"text": v.text, "kind": v.kind, "headline": v.headline, "links": v.links,
+                    "answer": v.answer.as_dict() if v.answer is not None else None,
                     "bottleneck": bottleneck_payload(v.bottleneck)}
 
         return {"base": self.base, "new": self.new, "base_ranks": self.base_ranks, "new_ranks": self.new_ranks,

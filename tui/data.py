@@ -12,8 +12,9 @@ Loading a big job takes seconds, so the app shows each result as soon as it exis
    (``Analysis.critical_path`` / ``critical_path_summary``, cached properties that compute on first
    access, or come from the results cache when an earlier launch stored them) with its marks on the
    timeline: the critical-path view and the timeline overlay appear;
-5. ``whatif`` — the what-if model and the bottleneck verdict (``Analysis.bottleneck``: a few replays of
-   the graph): the overview's what-if answer and the what-if view appear;
+5. ``whatif`` — the what-if model, the link replays (``Analysis.bottleneck``) and the job's one verdict
+   (``Analysis.verdict``: a few replays of the graph and its critical path): the overview's verdict and the what-if
+   view appear;
 6. ``diff`` (only with ``LoadOptions.diff_paths``, ``tracekit inspect BASE --diff NEW``) — the other run loaded
    and analysed with the same options, and :func:`tracekit.diff.compare` of the two: the Diff tab appears.
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     import polars as pl
 
     from tracekit.analysis.pipeline import Analysis
+    from tracekit.analysis.verdict import Answer
     from tracekit.analysis.whatif import Bottleneck
     from tracekit.diff import Diff
     from tracekit.views.timeline import Marks, TimelineModel
@@ -87,6 +89,8 @@ class JobData:
     whatif_ready: bool = False
     #: "is the network the bottleneck?" (None before phase 5, or for a job without communication)
     bottleneck: Bottleneck | None = None
+    #: the job's one verdict (:mod:`tracekit.analysis.verdict`; None before phase 5)
+    verdict: Answer | None = None
     #: phase 6 is done: :attr:`diff` compares the job with the run of ``LoadOptions.diff_paths``
     diff_ready: bool = False
     #: the comparison with another run (None before phase 6, or without ``--diff``)
@@ -248,7 +252,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     # polars release the GIL, so the two cores both work
     had = frozenset(analysis.__dict__)
     data.background = (None if analysis.horovod_only or analysis.dataset is not None else
-                       analysis.start("critical_path", "critical_path_summary", "bottleneck"), had)
+                       analysis.start("critical_path", "critical_path_summary", "bottleneck", "verdict"), had)
     callbacks.say("top ops and idle time", None)
     analysis.top_ops  # noqa: B018  (computed here, in the worker: JobData.tables() lists them)
     analysis.idle_breakdown  # noqa: B018
@@ -309,6 +313,7 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
     if not data.whatif_ready:
         callbacks.say("what-if: replaying the job with free communication and at the line rate", None)
         data.bottleneck = analysis.bottleneck
+        data.verdict = analysis.verdict
         data.whatif_ready = True
         if not graph_cached and "graph" in analysis.__dict__ and data.results_entry is not None:
             later.append(lambda: results_cache.store_graph(*entry, analysis.graph))  # the next launch skips it

@@ -20,10 +20,7 @@ from textual.widgets import Static
 from tracekit.model.schema import CLASSES
 from tracekit.tui.data import JobData
 from tracekit.tui.views import ShowInTimeline, View
-from tracekit.views.report import CLASS_STYLES, SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share, verdict
-
-VERDICT_STYLES = {"network": "bold red", "partly-network": "bold dark_orange", "idle": "bold yellow",
-                  "compute": "bold green", "none": "bold"}
+from tracekit.views.report import CLASS_STYLES, SHORT_LABELS, VERDICT_STYLES, fmt_bytes, fmt_ns, fmt_share
 
 
 def _nb(text: str) -> str:
@@ -118,7 +115,7 @@ class OverviewView(View):
             yield Static(id="per-rank", classes="card")
 
     def on_mount(self) -> None:  # View.on_mount then shows the data
-        titles = {"verdict": "Is the network the bottleneck?", "ranks": "Where each rank's time goes",
+        titles = {"verdict": "Verdict: what sets the pace?", "ranks": "Where each rank's time goes",
                   "iteration-times": "Iteration times (slowest rank)", "exposed": "Most exposed rank",
                   "worst": "Worst iteration", "inputs": "Inputs", "per-rank": "Per rank (as tracekit summary)"}
         for wid, title in titles.items():
@@ -128,9 +125,17 @@ class OverviewView(View):
         self._data = data
         job = data.job
         per_rank = data.per_rank
-        headline, kind = verdict(job)
         answer = Text()
-        answer.append(headline, style=VERDICT_STYLES[kind])
+        if data.verdict is not None:  # the replays' answer, once phase 5 has computed it
+            answer.append(data.verdict.headline, style=VERDICT_STYLES.get(data.verdict.kind, "bold"))
+        elif not job.get("ranks"):
+            answer.append("No iterations found: nothing to attribute.", style="bold")
+        else:  # until then, measurements only: a headline from them could contradict the replays
+            wait = job.get("wait_share_of_exposed")
+            answer.append(f"exposed communication {fmt_share(job.get('exposed_comm_share'))}"
+                          + (f" ({fmt_share(wait)} of it waiting for other ranks)" if wait is not None else ""),
+                          style="bold")
+            answer.append(" · the verdict follows once the replays are done", style="dim")
         facts = [f"{job.get('ranks', 0)} ranks", f"{job.get('iterations', 0)} iterations"]
         if job.get("ranks"):
             facts.append(f"median iteration {fmt_ns(job['median_iteration_ns'])}")
@@ -138,9 +143,9 @@ class OverviewView(View):
                 facts.append(f"{fmt_bytes(job['comm_bytes_per_iteration'])} communicated per iteration")
         facts += data.notes
         answer.append("\n" + " · ".join(facts))
-        if data.bottleneck is not None:  # the what-if replay's answer, once phase 5 has computed it
-            answer.append("\nwhat-if: ", style="bold")
-            answer.append(data.bottleneck.text)
+        if data.verdict is not None:
+            answer.append("\n" + " ".join([*data.verdict.support,
+                                            *([data.verdict.caveat] if data.verdict.caveat else [])]))
         self.query_one("#verdict", Static).update(answer)
         self.query_one("#ranks", Static).update(self._rank_bars(job, per_rank))
         self.query_one("#iteration-times", Static).update(self._iteration_bars(job, data.per_iteration))

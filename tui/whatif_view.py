@@ -34,7 +34,7 @@ from textual_plotext import PlotextPlot
 from tracekit.model.diagnostics import TraceError
 from tracekit.tui.data import JobData
 from tracekit.tui.views import View
-from tracekit.views.report import fmt_ns
+from tracekit.views.report import VERDICT_STYLES, fmt_ns
 
 if TYPE_CHECKING:
     import polars as pl
@@ -195,7 +195,7 @@ class WhatIfView(View, can_focus=True):
 
     def on_mount(self) -> None:  # View.on_mount then shows the data
         for wid, title in (("wi-inputs", "What if …"), ("wi-prediction", "Predicted"),
-                           ("wi-sweep", "Line rates around it"), ("wi-verdict", "Is the network the bottleneck?"),
+                           ("wi-sweep", "Line rates around it"), ("wi-verdict", "Verdict"),
                            ("wi-curve-rate-box", "Scaling factor against the line rate"),
                            ("wi-curve-compression-box", "Scaling factor against compression")):
             self.query_one(f"#{wid}").border_title = title
@@ -231,7 +231,12 @@ class WhatIfView(View, can_focus=True):
         workers = self.query_one("#wi-workers", Input)
         with workers.prevent(Input.Changed):
             workers.value = str(analysis.whatif.workers)
-        verdict = Text(data.bottleneck.text) if data.bottleneck is not None else Text("–")
+        if data.verdict is not None:  # the job's one verdict, as the overview and the CLI say it
+            verdict = Text(data.verdict.headline, style=VERDICT_STYLES.get(data.verdict.kind, "bold"))
+            verdict.append(" " + " ".join([*data.verdict.support, *([data.verdict.caveat] if data.verdict.caveat
+                                                                       else [])]))
+        else:
+            verdict = Text(data.bottleneck.text) if data.bottleneck is not None else Text("–")
         self.query_one("#wi-verdict", Static).update(verdict)
         self._changed(at_once=True)
         if self._curves_for != id(analysis):

@@ -311,20 +311,22 @@ def whatif_curves(model: Model, bottleneck: Bottleneck | None = None, *,
 
 
 def verdicts(analysis: Analysis) -> dict[str, str | None]:
-    """The plain-language answers ``tracekit summary`` prints: ``headline`` (from the attribution alone) and its
-    ``kind`` (:func:`tracekit.views.report.verdict`), ``paragraph`` (:func:`tracekit.views.verdict.paragraph`) and
-    ``bottleneck`` (the what-if replay's answer to "is the network the bottleneck?", None without one)."""
+    """The plain-language answers ``tracekit summary`` prints: the job's one verdict (``headline``, its ``kind`` and
+    ``answer``: the support and caveat after the headline; :attr:`tracekit.analysis.pipeline.Analysis.verdict`),
+    ``paragraph`` (the measurements: :func:`tracekit.views.verdict.paragraph`) and ``bottleneck`` (the link
+    replays' answer, None without one)."""
     from tracekit.views import summary, verdict
-    from tracekit.views.report import verdict as headline
 
     job = summary.job(analysis.breakdown)
-    head, kind = headline(job)
+    answer = analysis.verdict
     para = verdict.paragraph(job, summary.stragglers(analysis.instances),
                              summary.collectives_overview(analysis.instances),
                              line_rate_bps=analysis.line_rate_bps, line_rate_source=analysis.line_rate_source,
                              n_ranks=analysis.ranks.num_rows, sizes=summary.transfer_sizes(analysis.collectives))
     b = analysis.bottleneck
-    return {"headline": head, "kind": kind, "paragraph": para, "bottleneck": b.text if b is not None else None}
+    return {"headline": answer.headline, "kind": answer.kind,
+            "answer": " ".join([*answer.support, *([answer.caveat] if answer.caveat else [])]) or None,
+            "paragraph": para, "bottleneck": b.text if b is not None else None}
 
 
 @dataclass

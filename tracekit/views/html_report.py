@@ -343,8 +343,9 @@ def render(data: ReportData, cache_dir: str | os.PathLike | None = None) -> str:
 
     e = html.escape
     v = data.verdicts
-    kind_colour = {"network": CLASS_COLOURS["exposed_comm"], "partly-network": "#d98c00",
-                   "idle": CLASS_COLOURS["idle"], "compute": CLASS_COLOURS["compute"]}.get(v.get("kind") or "", "#888")
+    kind_colour = {"link-bound": CLASS_COLOURS["exposed_comm"], "straggler-bound": "#d98c00",
+                   "host-bound": CLASS_COLOURS["idle"], "compute-bound": CLASS_COLOURS["compute"],
+                   "mixed": "#9b59b6"}.get(v.get("kind") or "", "#888")
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>{e(data.title)}</title>", f"<style>{CSS % (FONT, kind_colour)}</style></head><body>",
@@ -354,8 +355,8 @@ def render(data: ReportData, cache_dir: str | os.PathLike | None = None) -> str:
     parts.append('<div class="verdict" id="verdict">')
     if v.get("headline"):
         parts.append(f'<p class="headline">{e(v["headline"] or "")}</p>')
-    if v.get("bottleneck"):
-        parts.append(f'<p><b>Is the network the bottleneck?</b> {e(v["bottleneck"] or "")}</p>')
+    if v.get("answer"):
+        parts.append(f'<p>{e(v["answer"] or "")}</p>')
     if v.get("paragraph"):
         parts.append(f"<p>{e(v['paragraph'] or '')}</p>")
     parts.append("</div>")

@@ -11,6 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from tracekit.model.diagnostics import printable
 from tracekit.views.formats import fmt_bytes, fmt_change, fmt_delta_ns, fmt_gbps, fmt_ns, fmt_share
@@ -32,6 +33,10 @@ KIND_STYLES = {"compute": "green", "comm": "magenta", "memory": "yellow", "cpu_o
 #: spent in (transfer: comm, launch: runtime, CPU: cpu_op); waiting on a rank stands out in bold pure red
 PATH_STYLES = {"compute": "green", "transfer": "magenta", "memory": "yellow", "idle": "grey50",
                "launch": "medium_purple1", "CPU": "dodger_blue2", "waiting": "bold red1"}
+
+#: colours of the verdict's classes (tracekit.analysis.verdict.KINDS)
+VERDICT_STYLES = {"link-bound": "bold red", "straggler-bound": "bold dark_orange", "host-bound": "bold yellow",
+                  "compute-bound": "bold green", "mixed": "bold magenta", "none": "bold"}
 
 
 def text(value: object) -> str:
@@ -63,6 +68,10 @@ def render_summary(console: Console, result: Analysis) -> None:
         console.print("no iterations found: no profiler trace with activity among the inputs")
         render_nccl(console, result.collectives, result.traces.topology)
         return
+    answer = result.verdict
+    console.print(Text.assemble(("verdict: ", "bold"), (answer.headline, VERDICT_STYLES.get(answer.kind, "bold"))),
+                  soft_wrap=False)
+    console.print()
     title = f"{job['ranks']} ranks · {job['iterations']} iterations"
     if result.notes:
         title += " · " + text("; ".join(result.notes))
@@ -105,10 +114,10 @@ def render_summary(console: Console, result: Analysis) -> None:
                                     line_rate_bps=result.line_rate_bps, line_rate_source=result.line_rate_source,
                                     n_ranks=result.ranks.num_rows,
                                     sizes=summary.transfer_sizes(result.collectives)), soft_wrap=False)
-    answer = result.bottleneck
-    if answer is not None:
-        console.print()
-        console.print(f"[bold]is the network the bottleneck?[/] {answer.text}", soft_wrap=False)
+    console.print()
+    console.print(Text.assemble(("verdict: ", "bold"), (answer.headline, VERDICT_STYLES.get(answer.kind, "bold")),
+                                " " + " ".join([*answer.support, *([answer.caveat] if answer.caveat else [])])),
+                  soft_wrap=False)
 
 
 def render_links(console: Console, result: Analysis, pr: object | None = None) -> None:
@@ -290,7 +299,7 @@ def render_critical_path(console: Console, summ: object, segs: object, iteration
 
 
 def render_whatif(console: Console, rows: object, model: object, verdict: object | None) -> None:
-    """The what-if table: one row per scenario, then the bottleneck verdict."""
+    """The what-if table: one row per scenario, then the job's verdict (or, given a link replays' answer, that)."""
     import polars as pl
 
     from tracekit.model.units import format_rate
@@ -312,7 +321,11 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
                       f"{row['compression']:g}x", str(row["workers"]), row["efficiency"], fmt_ns(row["iteration_ns"]),
                       f"{row['speedup']:.2f}x", f"{row['scaling_factor']:.2f}")
     console.print(table)
-    if verdict is not None:
+    if verdict is not None and hasattr(verdict, "kind"):  # the job's one verdict
+        v: Any = verdict
+        console.print(Text.assemble(("verdict: ", "bold"), (v.headline, VERDICT_STYLES.get(v.kind, "bold")),
+                                    " " + " ".join([*v.support, *([v.caveat] if v.caveat else [])])))
+    elif verdict is not None:  # the link replays' answer (under another --latency than the job's)
         console.print(f"[bold]is the network the bottleneck?[/] {verdict.text}")  # type: ignore[attr-defined]
 
 
@@ -523,39 +536,6 @@ def render_tensors(console: Console, res: object, *, sort: str = "transfer", lim
                   highlight=False)
 
 
-#: exposed communication above this share of the job's time: the job waits on its network
-COMM_BOUND_SHARE = 0.25
-#: above this share communication matters, though it is not the main cost
-COMM_NOTABLE_SHARE = 0.10
-#: idle above this share: ranks wait on something that is neither compute nor communication
-IDLE_SHARE = 0.25
-
-
-def verdict(job: dict[str, Any]) -> tuple[str, str]:
-    """A one-line answer to "is the network the bottleneck?" from the attribution alone (the figures of
-    :func:`tracekit.views.summary.job`), and its kind: ``network``, ``partly-network``, ``idle``, ``compute``
-    or ``none``.
-
-    The thresholds (:data:`COMM_BOUND_SHARE`, :data:`COMM_NOTABLE_SHARE`, :data:`IDLE_SHARE`) are
-    rules of thumb over the whole job's time; what-if predictions give the sharper answer.
-    """
-    if not job.get("ranks"):
-        return "No iterations found: nothing to attribute.", "none"
-    exposed = job["exposed_comm_share"]
-    idle = job["idle_share"]
-    overlapped = job["overlapped_share"]
-    pct = fmt_share(exposed)
-    if exposed >= COMM_BOUND_SHARE:
-        return f"Communication-bound: {pct} of iteration time is communication that no compute hides.", "network"
-    if exposed >= COMM_NOTABLE_SHARE:
-        return f"Partly communication-bound: {pct} of iteration time is exposed communication.", "partly-network"
-    if idle >= IDLE_SHARE:
-        return (f"Idle-bound: ranks sit idle {fmt_share(idle)} of the time, neither computing nor "
-                "communicating (input pipeline, host overhead, stragglers).", "idle")
-    return (f"Compute-bound: communication is hidden under compute ({fmt_share(overlapped)} overlapped, "
-            f"{pct} exposed).", "compute")
-
-
 # ---------------------------------------------------------------------------------------------------
 # top ops and the idle split (tracekit/analysis/top_ops.py, tracekit/analysis/idle.py)
 
@@ -739,8 +719,11 @@ def diff_renderables(d: object, limit: int = 10) -> list[Any]:
     for who, v in (("base", d.base_verdict), ("new", d.new_verdict)):
         if v is not None:
             line = Text()
-            line.append(f"is the network the bottleneck? ({who}) ", style="bold")
-            line.append(v.text)
+            line.append(f"verdict ({who}): ", style="bold")
+            line.append(v.headline, style=VERDICT_STYLES.get(v.kind, "bold"))
+            rest = v.text[len(v.headline):].strip() if v.text.startswith(v.headline) else v.text
+            if rest:
+                line.append(" " + rest)
             out.append(line)
     for note in d.notes:
         out.append(Text(f"note: {note}", style="yellow"))

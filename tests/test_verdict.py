@@ -1,0 +1,120 @@
+"""One verdict (DESIGN.md "Verdict"), on jobs designed to have each class: generated GPU jobs whose truth is known
+(``benchmarks/jobgen.py``), CPU jobs with a slow rank, and the fallback where no replay can run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from benchmarks import jobgen
+from tests import kineto_traces as kt
+from tracekit.analysis import verdict
+from tracekit.api import load
+
+MS = 1_000_000
+#: 2 hosts x 2 GPUs, 4 steps, 8 layers of 2.4 ms forward; gradients 8 x 8 MB
+BASE = jobgen.JobSpec(ranks=4, gpus_per_host=2, steps=4, layers=8, param_bytes=8 << 20, bucket_bytes=16 << 20,
+                      clock_skew_ns=300_000, fwd_ns=2_400_000)
+
+
+def _verdict(tmp_path: Path, spec: jobgen.JobSpec, **load_kw):
+    jobgen.write_job(tmp_path / "job", spec)
+    job = load([str(tmp_path / "job")], link_bw=f"{spec.inter_bps / 1e9:g}Gbit", cache=False, **load_kw)
+    return job, job.verdict
+
+
+def _consistent(v) -> None:
+    """No output contradicts itself: the headline is the text's first sentence, the class is the replays'."""
+    a = v.answer
+    assert v.text.startswith(v.headline) and a.kind == v.kind
+    assert "Communication-bound" not in v.text and "is not the bottleneck" not in v.text
+    if v.kind == "link-bound":
+        assert a.shares["link"] >= verdict.SIGNIFICANT and a.shares["link"] >= a.shares["stragglers"]
+    if v.kind == "straggler-bound":
+        assert a.shares["stragglers"] >= verdict.SIGNIFICANT and a.shares["stragglers"] > a.shares["link"]
+    if v.kind in ("compute-bound", "host-bound"):
+        assert a.shares["link"] < verdict.SIGNIFICANT and a.shares["stragglers"] < verdict.SIGNIFICANT
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_slow_link_is_link_bound_and_says_what_a_faster_one_buys(tmp_path: Path, parallel: str) -> None:
+    _, v = _verdict(tmp_path, replace(BASE, parallel=parallel, inter_bps=10e9))
+    _consistent(v)
+    assert v.kind == "link-bound"
+    free = jobgen.iteration_ns(replace(BASE, parallel=parallel, inter_bps=10e9, comm_free=True))
+    assert v.answer.replays["free_communication"] == pytest.approx(free, rel=0.03)
+    assert "Gbit/s to reach 0.9" in v.text  # what a faster link would buy
+
+
+def test_a_slow_rank_is_straggler_bound_and_named(tmp_path: Path) -> None:
+    spec = replace(BASE, inter_bps=200e9, stragglers=((3, 1.5),))
+    _, v = _verdict(tmp_path, spec)
+    _consistent(v)
+    assert v.kind == "straggler-bound" and "rank 3" in v.headline
+    s = v.answer.stragglers
+    assert [x.rank for x in s] == [3] and s[0].doing == "device"
+    balanced = jobgen.iteration_ns(replace(spec, stragglers=()))
+    assert v.answer.replays["stragglers_removed"] == pytest.approx(balanced, rel=0.03)
+
+
+def test_a_host_whose_input_stalls_is_named_with_what_it_was_doing(tmp_path: Path) -> None:
+    spec = replace(BASE, inter_bps=200e9, stalls=((1, 40 * MS),))
+    _, v = _verdict(tmp_path, spec)
+    _consistent(v)
+    assert v.kind == "straggler-bound" and "host node001" in v.headline
+    assert {x.rank for x in v.answer.stragglers} == {2, 3}
+    assert all(x.doing == "input" for x in v.answer.stragglers) and "DataLoader" in v.text
+
+
+def test_a_fast_link_and_balanced_ranks_are_compute_bound(tmp_path: Path) -> None:
+    _, v = _verdict(tmp_path, replace(BASE, inter_bps=400e9))
+    _consistent(v)
+    assert v.kind == "compute-bound"
+
+
+def test_slow_launches_are_host_bound(tmp_path: Path) -> None:
+    # every forward operator takes 4 ms on the CPU against 0.3 ms of kernel: the GPU waits for its launches
+    _, v = _verdict(tmp_path, replace(BASE, inter_bps=400e9, fwd_ns=300_000, cpu_op_ns=4 * MS))
+    _consistent(v)
+    assert v.kind == "host-bound"
+
+
+def test_a_link_and_a_straggler_that_cost_alike_are_mixed_and_both_named(tmp_path: Path) -> None:
+    spec = replace(BASE, inter_bps=15e9, stragglers=((1, 1.4),))
+    _, v = _verdict(tmp_path, spec)
+    _consistent(v)
+    assert v.kind == "mixed" and "rank 1" in v.headline and "link" in v.headline
+
+
+def test_a_cpu_job_waiting_on_a_slow_data_loader(tmp_path: Path) -> None:
+    """gloo (CPU) ranks: rank 3's loader takes 30 ms more every iteration; everyone waits for it."""
+    for r, evs in kt.gloo_job(4, 3, loader_ns={3: 30 * MS}).items():
+        kt.write(tmp_path / f"rank{r}.json", evs, rank=r, world_size=4, backend="gloo")
+    v = load([str(tmp_path)], cache=False).verdict
+    _consistent(v)
+    assert v.kind == "straggler-bound" and "rank 3" in v.headline
+    assert v.answer.stragglers[0].doing == "input"
+
+
+def test_summary_json_and_the_terminal_say_the_same(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tracekit.cli import main
+
+    jobgen.write_job(tmp_path / "job", replace(BASE, inter_bps=10e9))
+    assert main(["summary", str(tmp_path / "job"), "--link-bw", "10gbit", "--json", "--no-cache"]) == 0
+    answer = json.loads(capsys.readouterr().out)["answer"]
+    assert answer["kind"] == "link-bound" and answer["text"].startswith(answer["headline"])
+    assert main(["summary", str(tmp_path / "job"), "--link-bw", "10gbit", "--no-cache"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("verdict: " + " ".join(answer["headline"].split()))
+
+
+def test_rank_by_rank_the_verdict_says_it_rests_on_the_attribution(tmp_path: Path) -> None:
+    jobgen.write_job(tmp_path / "job", replace(BASE, inter_bps=10e9))
+    job = load([str(tmp_path / "job")], link_bw="10Gbit", cache=False, by_rank=True)
+    v = job.verdict
+    assert v.answer.source == "attribution" and "attribution alone" in v.text
+    assert v.kind in verdict.KINDS
