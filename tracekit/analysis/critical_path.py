@@ -171,6 +171,12 @@ class _Segments(NamedTuple):
 def _frame(graph: Graph, it_no: int, seg: _Segments) -> pl.DataFrame:
     """The SEGMENT_SCHEMA rows of one iteration's segments, in time order."""
     act = graph.act
+    # a walk's segments come latest first: reversed they are in time order (a stable sort where they are not), put
+    # in order on the arrays before any frame is built (a polars sort moves every column, strings included)
+    order = np.arange(seg.start.size)[::-1]
+    if seg.start.size > 1 and (np.diff(seg.start[order]) <= 0).any():  # ties: their order as a stable sort gives
+        order = np.argsort(seg.start, kind="stable")
+    seg = _Segments(*(x[order] for x in seg))
     idx = pl.Series(seg.act)
     idle = pl.Series(seg.label == "idle")
     return pl.DataFrame({
@@ -182,7 +188,7 @@ def _frame(graph: Graph, it_no: int, seg: _Segments) -> pl.DataFrame:
         "name": act.get_column("name").gather(idx).cast(pl.String).set(idle, None),
         "event_row": act.get_column("event_row").gather(idx).set(pl.Series(seg.edge == "tail"), None),
         "edge": seg.edge.tolist(),
-    }, schema=SEGMENT_SCHEMA).sort("start_ns", maintain_order=True)
+    }, schema=SEGMENT_SCHEMA)
 
 
 def _activity_labels(graph: Graph) -> np.ndarray:
