@@ -15,9 +15,12 @@ from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic
 from tracekit.model.schema import ParsedFile
 
-from . import json_stream, kineto_comms
-from ._kineto_columns import _columns
-from ._kineto_records import (
+from .. import json_stream
+from ..json_stream import End
+from ..timestamps import us_text_to_ns
+from . import comms
+from .columns import _columns
+from .records import (
     CPU_OP_CATS,
     DEVICE_CATS,
     KERNEL_CATS,
@@ -30,8 +33,6 @@ from ._kineto_records import (
     Event,
     _Accumulator,
 )
-from .json_stream import End
-from .timestamps import us_text_to_ns
 
 
 def _classify(cat: str | None, name: str | None) -> str:
@@ -274,7 +275,7 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
         reduced = reduced.take(pa.array(np.argsort(reduced.column("_index").to_numpy(), kind="stable")))
         rch, _ = fin.chunk(reduced)
         r_index = rch.raw.column("_index").to_numpy()
-        collectives, ids = kineto_comms.collectives(fin.events(rch), r_index, acc.comm_rows, members)
+        collectives, ids = comms.collectives(fin.events(rch), r_index, acc.comm_rows, members)
         if ids is not None:
             valid = pc.is_valid(ids).to_numpy(zero_copy_only=False)
             coll_index = r_index[valid]

@@ -1,5 +1,5 @@
 /* One batch of Kineto records ("[e0,e1,...]") -> the columns of its complete (X) events, in one pass of C with the
- * GIL released: what tracekit.parsers._kineto_columns._consume_typed makes of the batch with msgspec and Arrow.
+ * GIL released: what tracekit.parsers.kineto.columns._consume_typed makes of the batch with msgspec and Arrow.
  *
  * scan(data) returns None (declines) for anything that path might read differently or refuse: the caller then
  * runs it. Declining is always safe, so the scanner is stricter than msgspec wherever in doubt:
@@ -1014,7 +1014,7 @@ static PyType_Slot Column_slots[] = {
 };
 
 static PyType_Spec Column_spec = {
-    "tracekit.parsers._kineto_scan.Column", sizeof(Column), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    "tracekit.parsers.kineto.scan.Column", sizeof(Column), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     Column_slots,
 };
 
@@ -1195,9 +1195,9 @@ static PyModuleDef_Slot slots[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_kineto_scan",
+    PyModuleDef_HEAD_INIT, "scan",
     "The Kineto parser's batch scanner in C (see scan).",
     sizeof(ModuleState), methods, slots, traverse_module, clear_module, free_module,
 };
 
-PyMODINIT_FUNC PyInit__kineto_scan(void) { return PyModuleDef_Init(&module); }
+PyMODINIT_FUNC PyInit_scan(void) { return PyModuleDef_Init(&module); }
