@@ -36,11 +36,11 @@ from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
 
 if TYPE_CHECKING:
+    from tracekit.analysis.compare import Diff
     from tracekit.analysis.pipeline import Analysis
     from tracekit.analysis.whatif import Bottleneck, Scenario
-    from tracekit.diff import Diff
 
-__all__ = ["Job", "Verdict", "load"]
+__all__ = ["Job", "Verdict", "compare", "load"]
 
 PathArg = str | os.PathLike[str]
 #: a line rate: bits/s, or text such as ``"100gbit"``, ``"25GB/s"``; for some links only ``"dp=25gbit"``
@@ -158,6 +158,11 @@ class Verdict:
 
     def __str__(self) -> str:
         return self.text
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict as plain Python (each run's verdict in ``tracekit diff --json``)."""
+        return {"text": self.text, "kind": self.kind, "headline": self.headline, "links": self.links,
+                "bottleneck": bottleneck_payload(self.bottleneck)}
 
 
 def _frame(table: pa.Table) -> pl.DataFrame:
@@ -457,9 +462,7 @@ class Job:
         return summary_payload(self.analysis)
 
     def diff(self, other: Job) -> Diff:
-        """This job (the base) against ``other`` (the new run): :func:`tracekit.diff.compare`."""
-        from tracekit.diff import compare
-
+        """This job (the base) against ``other`` (the new run): :func:`compare`."""
         return compare(self, other)
 
     # ----------------------------------------------------------------- output
@@ -550,6 +553,19 @@ class Job:
 
 # ---------------------------------------------------------------------------------------------------
 # summary --json
+
+
+def compare(base: Job, new: Job, *, top: int | None = None, verdicts: bool = True) -> Diff:
+    """The :class:`~tracekit.analysis.compare.Diff` of two loaded jobs (:func:`tracekit.analysis.compare.compare`,
+    ``top`` changed ops per scope, by default :data:`~tracekit.analysis.compare.TOP`), with each job's verdict.
+    ``verdicts=False`` skips the what-if replays of the verdicts."""
+    from tracekit.analysis import compare as comparison
+
+    d = comparison.compare(base.analysis, new.analysis, base_name=base.name, new_name=new.name,
+                           top=comparison.TOP if top is None else top)
+    if verdicts:
+        d.base_verdict, d.new_verdict = base.verdict, new.verdict
+    return d
 
 
 def summary_payload(result: Analysis) -> dict[str, Any]:
