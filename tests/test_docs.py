@@ -102,3 +102,23 @@ def test_png_text_round_trip() -> None:
     again = build.with_text(png, "tracekit-test", "≥ 4x — ✓")
     assert build.png_text(again)["tracekit-test"] == "≥ 4x — ✓"
     assert len(again) > len(png) and again[:8] == png[:8]
+
+
+def test_the_readme_links_lead_somewhere() -> None:
+    """The README is not part of the site (mkdocs checks the site's links): its relative links name files that exist,
+    and headings that exist in them."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = ROOT / path if path else ROOT / "README.md"
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md":
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                     for h in re.findall(r"^#+ (.+)$", file.read_text(encoding="utf-8"), re.M)}
+            if anchor not in slugs:
+                broken.append(target)
+    assert not broken, f"README.md links to what is not there: {broken}"
