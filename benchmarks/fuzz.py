@@ -146,7 +146,6 @@ def child_atheris(a: argparse.Namespace) -> None:
             horovod,
             json_stream,
             kineto,
-            kineto_comms,
             nccl_log,
             source,
             timestamps,
@@ -263,8 +262,11 @@ def _coverage_json(cov: Any, path: Path, **extra: Any) -> None:
     modules = {}
     for f, info in report["files"].items():
         s = info["summary"]
-        modules[Path(f).name] = {"lines": s["num_statements"], "lines_hit": s["covered_lines"],
-                                 "branches": s.get("num_branches", 0), "branches_hit": s.get("covered_branches", 0)}
+        # named by its path under parsers/: each format package has its own tables.py, records.py, ...
+        file = Path(f).resolve()
+        name = file.relative_to(PARSERS_DIR).as_posix() if file.is_relative_to(PARSERS_DIR) else file.name
+        modules[name] = {"lines": s["num_statements"], "lines_hit": s["covered_lines"],
+                         "branches": s.get("num_branches", 0), "branches_hit": s.get("covered_branches", 0)}
     path.write_text(json.dumps({"modules": modules, **extra}, indent=1))
 
 
@@ -492,7 +494,7 @@ def report(results: list[dict[str, Any]], say: Any, now: dict[str, str] | None =
             s = seeds.get(mod)
             before = (f"{_pct(s['lines_hit'], s['lines'])} lines, {_pct(s['branches_hit'], s['branches'])} branches"
                       " -> ") if s else ""
-            say(f"    {mod:<16} {before}{_pct(c['lines_hit'], c['lines'])} lines, "
+            say(f"    {mod:<22} {before}{_pct(c['lines_hit'], c['lines'])} lines, "
                 f"{_pct(c['branches_hit'], c['branches'])} branches")
     findings = [f for r in results for f in r["findings"]]
     say("")

@@ -1,5 +1,5 @@
 """The Python API (tracekit/api.py): tracekit.load → Job, its tables and methods give what the command line
-prints; the README's worked example runs; ``import tracekit`` stays light."""
+prints; the documentation's worked example runs; ``import tracekit`` stays light."""
 
 from __future__ import annotations
 
@@ -165,21 +165,23 @@ def test_rank_by_rank_events_are_lazy(gpu: Path, tmp_path: Path) -> None:
         assert "rank by rank" in repr(j)
 
 
-def _readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    m = re.search(r"<!-- api-example -->\s*```python\n(.*?)```", text, re.S)
-    assert m, "README.md has no <!-- api-example --> python block"
-    return m.group(1)
+def _api_example() -> str:
+    """The worked example of the Python API: the python block after ``<!-- api-example -->`` in README.md or a page
+    of docs/ (exactly one)."""
+    found = [m.group(1) for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+             for m in re.finditer(r"<!-- api-example -->\s*```python\n(.*?)```", page.read_text(), re.S)]
+    assert len(found) == 1, f"{len(found)} <!-- api-example --> python blocks in README.md and docs/ (one, please)"
+    return found[0]
 
 
-def test_readme_python_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
-    """The README's worked example, run as written against samples/ddp-gloo (from a copy of the repository root:
-    the example's relative paths, its exports in a temporary directory)."""
+def test_the_python_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The worked example (docs/python-api.md), run as written against samples/ddp-gloo (from a copy of the
+    repository root: the example's relative paths, its exports in a temporary directory)."""
     (tmp_path / "samples").symlink_to(ROOT / "samples")
     monkeypatch.chdir(tmp_path)
-    code = _readme_example()
-    exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
+    code = _api_example()
+    exec(compile(code, "docs/python-api.md", "exec"), {"__name__": "__api_example__"})
     out = capsys.readouterr().out
     assert "tracekit.Job samples/ddp-gloo: 2 ranks" in out and "Link-bound" in out
     assert (tmp_path / "tracekit-export" / "breakdown.parquet").exists()

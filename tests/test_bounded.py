@@ -14,6 +14,7 @@ from tracekit.analysis import attribution, iterations
 from tracekit.loading import traceset
 from tracekit.model.diagnostics import TraceError
 from tracekit.parsers import json_stream, kineto, source
+from tracekit.parsers.kineto import reader
 from tracekit.scale import bounded
 
 REAL = ["hta/df_index_resolver/df_index_resolver.json.gz", "hta/nccl_parser_config/nccl_data.json.gz",
@@ -25,7 +26,7 @@ SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "ddp-gloo"
 @pytest.fixture
 def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(json_stream, "BATCH_BYTES", 2 << 10)
-    monkeypatch.setattr(kineto, "Blocks", lambda p: source.Blocks(p, block_size=4 << 10))
+    monkeypatch.setattr(reader, "Blocks", lambda p: source.Blocks(p, block_size=4 << 10))
     monkeypatch.setattr(bounded, "SLAB", 5)
 
 
@@ -87,7 +88,7 @@ def test_begin_end_pairs_and_base_range(tmp_path: Path, small_pieces) -> None:
 @pytest.mark.parametrize("rel", REAL)
 def test_real_traces(shared_data: Path, tmp_path: Path, rel: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(json_stream, "BATCH_BYTES", 256 << 10)
-    monkeypatch.setattr(kineto, "Blocks", lambda p: source.Blocks(p, block_size=256 << 10))
+    monkeypatch.setattr(reader, "Blocks", lambda p: source.Blocks(p, block_size=256 << 10))
     monkeypatch.setattr(bounded, "SLAB", 97)
     _check(shared_data / rel, tmp_path)
 

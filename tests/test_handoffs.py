@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 from benchmarks import jobgen
-from tracekit.analysis import critical_path, dag
+from tracekit.analysis import critical_path, dag, inferred
 from tracekit.analysis.whatif import Scenario, predict_many, schedule
 from tracekit.api import load
 
@@ -71,7 +71,7 @@ def test_the_engine_thread_is_tied_to_the_caller_both_ways(tmp_path: Path) -> No
     # one pass per step and rank, each way (the last step's caller resumes too)
     assert there.sum() == back.sum() == SMALL.ranks * SMALL.steps
     # into the engine: its first backward operation, from the caller's last forward one (the loss)
-    assert all(n.startswith(dag.AUTOGRAD_OP) for n in names[g.dst[hand[there]] // 2])
+    assert all(n.startswith(inferred.AUTOGRAD_OP) for n in names[g.dst[hand[there]] // 2])
     assert set(names[g.src[hand[there]] // 2]) == {"aten::cross_entropy_loss"}
     assert set(names[g.dst[hand[back]] // 2]) == {"Optimizer.step#AdamW.step"}
     # the engine's first operation of a pass is bound by the hand-off, not by its own idle gap
@@ -89,7 +89,7 @@ def test_without_the_hand_off_the_replay_cannot_speed_the_job_up_and_says_why(tm
     gain = measured / free - 1
     assert gain > 0.5
 
-    monkeypatch.setattr(dag, "_handoff_edges", lambda *args: None)
+    monkeypatch.setattr(inferred, "handoff_edges", lambda *args: None)
     _, blind = _job(tmp_path, SMALL, "blind")
     b = blind.analysis
     assert _counts(b.graph)["handoff"] == 0
@@ -141,5 +141,5 @@ def test_real_v100_ddp_trace_is_host_bound_and_the_path_says_where(shared_data: 
     assert summ.get_column("CPU_share").min() > 0.8
     assert summ.get_column("unexplained_share").max() < 0.1
     segs = a.critical_path
-    engine = segs.filter(pl.col("name").str.starts_with(dag.AUTOGRAD_OP))
+    engine = segs.filter(pl.col("name").str.starts_with(inferred.AUTOGRAD_OP))
     assert engine.get_column("dur_ns").sum() > 0.5 * segs.get_column("dur_ns").sum()

@@ -16,6 +16,7 @@ import pytest
 from tracekit.model.diagnostics import TraceError
 from tracekit.model.schema import COLLECTIVES, EVENTS, ITERATIONS, KINDS, ParsedFile
 from tracekit.parsers import horovod
+from tracekit.parsers.horovod import reader
 
 from .horovod_timelines import Timeline, loads_records, make_timeline, reference
 
@@ -331,8 +332,8 @@ def test_tiny_batches_and_blocks(tmp_path: Path, era: str, monkeypatch: pytest.M
     """Open phases carried across many batches; names and records straddling block ends."""
     tl = make_timeline(era=era, interleave_seed=5, iterations=3, ranks=2,
                        tensors=['a "quoted" name', "b\\back", "plain.c", 'd "}', "e"])
-    monkeypatch.setattr(horovod, "_BATCH_BYTES", 300)
-    monkeypatch.setattr(horovod, "_BLOCK_BYTES", 97)
+    monkeypatch.setattr(reader, "_BATCH_BYTES", 300)
+    monkeypatch.setattr(reader, "_BLOCK_BYTES", 97)
     pf = parse_bytes(tmp_path, tl.data)
     check_truth(pf, tl)
     assert_matches_reference(pf, tl.records)
@@ -404,7 +405,7 @@ def _kept_records(tl: Timeline, k: int) -> list[dict[str, Any]]:
 def test_cut_everywhere(tmp_path: Path, era: str, monkeypatch: pytest.MonkeyPatch) -> None:
     tl = make_timeline(era=era, interleave_seed=2, iterations=2, ranks=2,
                        tensors=["w1", 'odd "name"', "w3"], fuse=2)
-    monkeypatch.setattr(horovod, "_BATCH_BYTES", 512)
+    monkeypatch.setattr(reader, "_BATCH_BYTES", 512)
     data = tl.data
     n = len(tl.records)
     for k in range(n + 1):

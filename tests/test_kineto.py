@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from tests import kineto_traces as kt
 from tracekit.model.diagnostics import TraceError
-from tracekit.parsers import detect, kineto, kineto_comms, parse
-from tracekit.parsers._kineto_tables import _collective_ids
+from tracekit.parsers import detect, kineto, parse
+from tracekit.parsers.kineto import comms as kineto_comms
+from tracekit.parsers.kineto import reader
+from tracekit.parsers.kineto.tables import _collective_ids
 
 
 def _events(parsed) -> pl.DataFrame:
@@ -314,10 +316,10 @@ def _split_trace(path: Path, steps: int = 2000) -> Path:
 def test_a_big_file_split_across_processes_gives_the_same_tables(tmp_path: Path, workers: int,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     path = _split_trace(tmp_path / "big.json", 1500 * workers)  # parts well over 3 batches each
-    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", path.stat().st_size // 4)
+    monkeypatch.setattr(reader, "SPLIT_MIN_BYTES", path.stat().st_size // 4)
     split = []
-    real = kineto._parse_split
-    monkeypatch.setattr(kineto, "_parse_split", lambda *a: split.append(real(*a)) or split[-1])
+    real = reader._parse_split
+    monkeypatch.setattr(reader, "_parse_split", lambda *a: split.append(real(*a)) or split[-1])
     one, parts = kineto.parse(str(path)), kineto.parse(str(path), workers=workers, threads=0)
     assert split[0] is not None  # it was split
     for name in ("events", "collectives"):
@@ -344,11 +346,11 @@ def test_a_split_file_that_is_not_clean_is_read_in_one_pass(tmp_path: Path, dama
     else:
         data = data.replace(b'"tid": 1,', b'"tid": -1,')
     path.write_bytes(data)
-    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", len(data) // 4)
-    monkeypatch.setattr(kineto, "SPLIT_START_BYTES", 0)  # the cut falls in the middle, on the damage
+    monkeypatch.setattr(reader, "SPLIT_MIN_BYTES", len(data) // 4)
+    monkeypatch.setattr(reader, "SPLIT_START_BYTES", 0)  # the cut falls in the middle, on the damage
     split = []
-    real = kineto._parse_split
-    monkeypatch.setattr(kineto, "_parse_split", lambda *a: split.append(real(*a)) or split[-1])
+    real = reader._parse_split
+    monkeypatch.setattr(reader, "_parse_split", lambda *a: split.append(real(*a)) or split[-1])
     one, parts = kineto.parse(str(path)), kineto.parse(str(path), workers=2, threads=0)
     assert split == [None]  # fell back to one pass
     assert parts.events.to_pylist() == one.events.to_pylist()

@@ -1,4 +1,4 @@
-"""The C batch scanner of the Kineto parser (``parsers/_kineto_scan.c``): whatever it takes, it reads exactly as the
+"""The C batch scanner of the Kineto parser (``parsers/kineto/scan.c``): whatever it takes, it reads exactly as the
 typed msgspec path (:func:`_consume_typed`) does, and it declines whatever that path declines.
 
 Differential: generated batches, valid and hostile, go through both paths from the same accumulator state; where
@@ -24,30 +24,31 @@ from hypothesis import strategies as st
 from tests import fuzzing
 from tests import kineto_traces as kt
 from tests.conftest import shared_data_dir
-from tracekit.parsers import _kineto_columns as kc
 from tracekit.parsers import kineto
-from tracekit.parsers._kineto_records import RAW, _Accumulator, native_scan
 from tracekit.parsers.json_stream import Batch
+from tracekit.parsers.kineto import columns as kc
+from tracekit.parsers.kineto import reader
+from tracekit.parsers.kineto.records import RAW, _Accumulator, native_scan
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_extension_is_built() -> None:
     try:
-        from tracekit.parsers import _kineto_scan  # noqa: F401
+        from tracekit.parsers.kineto import scan  # noqa: F401
     except ImportError as exc:
         if os.environ.get("TRACEKIT_REQUIRE_EXTENSION", "0") not in ("", "0"):
-            pytest.fail(f"tracekit.parsers._kineto_scan is not built: {exc}")
+            pytest.fail(f"tracekit.parsers.kineto.scan is not built: {exc}")
         pytest.skip(f"the C extension is not built ({exc})")
 
 
 @pytest.fixture(scope="module")
 def scan():
     try:
-        from tracekit.parsers import _kineto_scan
+        from tracekit.parsers.kineto import scan as native
     except ImportError:
         pytest.skip("the C extension is not built")
-    return _kineto_scan.scan
+    return native.scan
 
 
 def test_the_extension_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, scan) -> None:
@@ -428,16 +429,16 @@ def test_a_batch_cut_inside_a_string_is_read_again(scan, tmp_path: Path, monkeyp
     at = data.index(b'"name": "', len(data) // 3) + 9
     path.write_bytes(data[:at] + b"}, {" * 200_000 + data[at:])  # a name that looks like record boundaries
     misread = []
-    real = kineto._parse_once
+    real = reader._parse_once
 
     def once(p, spill, threads):
         try:
             return real(p, spill, threads)
-        except kineto._Misread:
+        except reader._Misread:
             misread.append(threads)
             raise
 
-    monkeypatch.setattr(kineto, "_parse_once", once)
+    monkeypatch.setattr(reader, "_parse_once", once)
     plain = _parse(path, monkeypatch, False)
     _same(_parse(path, monkeypatch, True, threads=2), plain)
     assert misread == [2]
@@ -451,7 +452,7 @@ def test_batches_this_thread_scans_while_the_scanner_is_busy_read_the_same(scan,
     import threading
     import time
 
-    from tracekit.parsers import _kineto_records
+    from tracekit.parsers.kineto import records as kineto_records
 
     path = _big_trace(tmp_path / "big.json")
     plain = _parse(path, monkeypatch, False)
@@ -467,8 +468,8 @@ def test_batches_this_thread_scans_while_the_scanner_is_busy_read_the_same(scan,
         return real(data)
 
     with monkeypatch.context() as m:
-        m.setattr(_kineto_records, "native_scan", lambda: slow_scan)
-        m.setattr(kineto, "BATCH_BYTES", 1 << 16)
+        m.setattr(kineto_records, "native_scan", lambda: slow_scan)
+        m.setattr(reader, "BATCH_BYTES", 1 << 16)
         _same(_parse(path, monkeypatch, True, threads=1), plain)
     assert len(by) > 8
     assert any(n.startswith("tracekit-scan") for n in by)
@@ -492,7 +493,7 @@ def test_the_scanner_thread_asks_arrow_about_the_first_batch(scan, tmp_path: Pat
 
     with monkeypatch.context() as m:
         m.setattr(kc, "_consume_arrow", consume_arrow)  # where both threads' questions go
-        m.setattr(kineto, "BATCH_BYTES", 1 << 16)
+        m.setattr(reader, "BATCH_BYTES", 1 << 16)
         _same(_parse(path, monkeypatch, True, threads=1), plain)
     assert asked and all(n.startswith("tracekit-scan") for n in asked), asked
 
@@ -508,7 +509,7 @@ def test_a_question_to_arrow_that_fails_on_the_scanner_thread_is_asked_again(sca
         raise KeyError("args")
 
     with monkeypatch.context() as m:
-        m.setattr(kineto, "arrow_takes", fails)  # the scanner thread's, not the consumption's
+        m.setattr(reader, "arrow_takes", fails)  # the scanner thread's, not the consumption's
         _same(_parse(path, monkeypatch, True, threads=1), plain)
 
 
@@ -535,8 +536,8 @@ def test_mutated_files_parse_the_same_with_threads(scan, tmp_path_factory: pytes
     path = tmp_path_factory.mktemp("mut") / "case.json"
     path.write_bytes(data)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(kineto, "BATCH_BYTES", 1 << 10)  # many batches from a small file
-        m.setattr(kineto, "LOOKAHEAD", 3)
+        m.setattr(reader, "BATCH_BYTES", 1 << 10)  # many batches from a small file
+        m.setattr(reader, "LOOKAHEAD", 3)
         results = []
         for native, threads in ((False, 0), (True, 0), (True, 2)):
             m.setenv("TRACEKIT_NO_EXTENSION", "0" if native else "1")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit.analysis import whatif
+from tracekit.analysis import bottleneck, whatif
 from tracekit.analysis.pipeline import analyse
 from tracekit.loading import traceset
 
@@ -66,7 +66,7 @@ def test_efficiency_measured_needs_the_line_rate(tmp_path: Path) -> None:
     m = _model(ROOT / "samples" / "ddp-gloo", None)
     with pytest.raises(ValueError, match="--link-bw"):
         whatif.predict(m, whatif.Scenario(bandwidth_bps=1e9))
-    assert "--link-bw" in whatif.bottleneck(m).text
+    assert "--link-bw" in bottleneck.bottleneck(m).text
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +115,10 @@ def test_a_link_far_slower_than_its_line_rate_keeps_the_excess_as_a_fixed_cost()
 
 def test_numbers_that_differ_never_print_alike() -> None:
     """Two digits, or as many more as it takes: 0.900 against 0.897 is not "0.90 instead of 0.90"."""
-    assert whatif.distinct(0.91, 0.85) == ("0.91", "0.85")
-    assert whatif.distinct(0.9004, 0.8971) == ("0.900", "0.897")
-    assert whatif.distinct(0.8996, 0.85, 0.9) == ("0.8996", "0.8500", "0.9000")
-    assert whatif.distinct(0.5, 0.5) == ("0.50", "0.50")  # equal values print alike
+    assert bottleneck.distinct(0.91, 0.85) == ("0.91", "0.85")
+    assert bottleneck.distinct(0.9004, 0.8971) == ("0.900", "0.897")
+    assert bottleneck.distinct(0.8996, 0.85, 0.9) == ("0.8996", "0.8500", "0.9000")
+    assert bottleneck.distinct(0.5, 0.5) == ("0.50", "0.50")  # equal values print alike
 
 
 def test_the_verdict_of_a_recorded_job_compares_two_different_numbers() -> None:
@@ -129,7 +129,7 @@ def test_the_verdict_of_a_recorded_job_compares_two_different_numbers() -> None:
     job = ROOT / "tests" / "data" / "jobs" / "ddp-bucket4mb"
     if not job.exists():
         pytest.skip("recorded job not present")
-    b = whatif.bottleneck(_model(job, 1e9))
+    b = bottleneck.bottleneck(_model(job, 1e9))
     assert b is not None and b.scaling_full is not None
     said = re.search(r"would scale at (\S+) instead of (\S+):", b.text)
     assert said is not None, b.text
@@ -140,14 +140,14 @@ def test_the_verdict_of_a_recorded_job_compares_two_different_numbers() -> None:
 def test_a_small_gain_against_much_exposed_communication_is_explained() -> None:
     """Where the breakdown shows much exposed communication that is not waiting but the replay without any
     communication gains little, the verdict says why and where to look; where the gain matches, it says nothing."""
-    b = whatif.Bottleneck(measured_ns=100, free_ns=99, scaling_measured=0.99, scaling_full=None, line_rate_bps=None,
+    b = bottleneck.Bottleneck(measured_ns=100, free_ns=99, scaling_measured=0.99, scaling_full=None, line_rate_bps=None,
                           compression_needed=None, bandwidth_needed_bps=None, target=0.9, text="Verdict.")
-    noted = whatif.with_small_gain_note(b, 0.26)
+    noted = bottleneck.with_small_gain_note(b, 0.26)
     assert noted.note is not None and noted.text == f"Verdict. {noted.note}"
     assert "26 %" in noted.note and "1.01x" in noted.note and "tracekit critical-path" in noted.note
-    assert whatif.with_small_gain_note(b, 0.03) is b  # too little exposed communication to wonder about
+    assert bottleneck.with_small_gain_note(b, 0.03) is b  # too little exposed communication to wonder about
     gained = dataclasses.replace(b, free_ns=80)  # 1.25x for 26 % exposed: as expected
-    assert whatif.with_small_gain_note(gained, 0.26) is gained
+    assert bottleneck.with_small_gain_note(gained, 0.26) is gained
 
 
 def test_the_verdict_of_a_recorded_pipeline_explains_its_small_gain() -> None:

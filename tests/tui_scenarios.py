@@ -1,5 +1,5 @@
 """Screens of ``tracekit inspect`` on the bundled sample, as key presses from launch: the SVG snapshot
-tests check them and ``docs/screenshots/render.py`` renders them for the README, so both always show
+tests check them and ``docs/build.py screenshots`` renders them for the docs, so both always show
 the same app.
 
 The sample was recorded on a 500 Mbit/s link (``samples/ddp-gloo/run.json``), so the screens are of

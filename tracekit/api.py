@@ -36,12 +36,13 @@ from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
 
 if TYPE_CHECKING:
+    from tracekit.analysis.bottleneck import Bottleneck
+    from tracekit.analysis.compare import Diff
     from tracekit.analysis.pipeline import Analysis
     from tracekit.analysis.verdict import Answer
-    from tracekit.analysis.whatif import Bottleneck, Scenario
-    from tracekit.diff import Diff
+    from tracekit.analysis.whatif import Scenario
 
-__all__ = ["Job", "Verdict", "load"]
+__all__ = ["Job", "Verdict", "compare", "load"]
 
 PathArg = str | os.PathLike[str]
 #: a line rate: bits/s, or text such as ``"100gbit"``, ``"25GB/s"``; for some links only ``"dp=25gbit"``
@@ -161,6 +162,12 @@ class Verdict:
 
     def __str__(self) -> str:
         return self.text
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict as plain Python (each run's verdict in ``tracekit diff --json``)."""
+        return {"text": self.text, "kind": self.kind, "headline": self.headline, "links": self.links,
+                "answer": self.answer.as_dict() if self.answer is not None else None,
+                "bottleneck": bottleneck_payload(self.bottleneck)}
 
 
 def _frame(table: pa.Table) -> pl.DataFrame:
@@ -460,9 +467,7 @@ class Job:
         return summary_payload(self.analysis)
 
     def diff(self, other: Job) -> Diff:
-        """This job (the base) against ``other`` (the new run): :func:`tracekit.diff.compare`."""
-        from tracekit.diff import compare
-
+        """This job (the base) against ``other`` (the new run): :func:`compare`."""
         return compare(self, other)
 
     # ----------------------------------------------------------------- output
@@ -555,6 +560,19 @@ class Job:
 # summary --json
 
 
+def compare(base: Job, new: Job, *, top: int | None = None, verdicts: bool = True) -> Diff:
+    """The :class:`~tracekit.analysis.compare.Diff` of two loaded jobs (:func:`tracekit.analysis.compare.compare`,
+    ``top`` changed ops per scope, by default :data:`~tracekit.analysis.compare.TOP`), with each job's verdict.
+    ``verdicts=False`` skips the what-if replays of the verdicts."""
+    from tracekit.analysis import compare as comparison
+
+    d = comparison.compare(base.analysis, new.analysis, base_name=base.name, new_name=new.name,
+                           top=comparison.TOP if top is None else top)
+    if verdicts:
+        d.base_verdict, d.new_verdict = base.verdict, new.verdict
+    return d
+
+
 def summary_payload(result: Analysis) -> dict[str, Any]:
     """What ``tracekit summary --json`` prints for ``result``."""
     from tracekit.analysis import idle, top_ops
@@ -616,7 +634,7 @@ def horovod_payload(result: Analysis) -> dict[str, Any]:
 
 
 def bottleneck_payload(b: Bottleneck | None) -> dict[str, Any] | None:
-    """A :class:`~tracekit.analysis.whatif.Bottleneck` as the ``bottleneck`` object of ``summary --json``."""
+    """A :class:`~tracekit.analysis.bottleneck.Bottleneck` as the ``bottleneck`` object of ``summary --json``."""
     if b is None:
         return None
     return {"measured_iteration_ns": b.measured_ns, "free_comm_iteration_ns": b.free_ns,

@@ -27,9 +27,10 @@ from textual.worker import get_current_worker
 from tracekit.model.diagnostics import TraceError
 from tracekit.tui.data import JobData, LoadCallbacks, LoadOptions, cached_summary, complete, load_job
 from tracekit.tui.dialogs import ExportScreen, HelpScreen
+from tracekit.tui.tabs import view_classes
 from tracekit.tui.timeline_canvas import TimelineCanvas
 from tracekit.tui.timeline_view import TimelineView
-from tracekit.tui.views import ShowInTimeline, View, view_classes
+from tracekit.tui.views import ShowInTimeline, View
 
 #: the phase after which loading is over (tui/data.py)
 LAST_PHASE = "whatif"

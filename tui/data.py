@@ -42,10 +42,10 @@ if TYPE_CHECKING:
 
     import polars as pl
 
+    from tracekit.analysis.bottleneck import Bottleneck
+    from tracekit.analysis.compare import Diff
     from tracekit.analysis.pipeline import Analysis
     from tracekit.analysis.verdict import Answer
-    from tracekit.analysis.whatif import Bottleneck
-    from tracekit.diff import Diff
     from tracekit.views.timeline import Marks, TimelineModel
 
 #: name of the critical path's marks on the timeline (``TimelineCanvas.marks``)

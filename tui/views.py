@@ -1,4 +1,5 @@
-"""The views of ``tracekit inspect`` and how they plug in.
+"""The view contract of ``tracekit inspect``: what every view is and how it plugs in (every view module imports
+this one; :mod:`tracekit.tui.tabs` lists the views).
 
 A view is a widget class derived from :class:`View` that declares, as class variables, its id, tab
 title, the key that shows it, and the analysis tables it needs (``REQUIRES``, names as in
@@ -10,7 +11,7 @@ phase being done). To add a screen:
 1. write ``tui/<name>.py`` with ``class XView(View)`` setting ``VIEW_ID``, ``TITLE``, ``KEY``,
    ``REQUIRES`` and implementing :meth:`View.show_data` (called with the :class:`JobData` once the view
    is mounted, and again whenever more of the job has loaded);
-2. add the class to :func:`view_classes` in display order.
+2. add the class to :func:`tracekit.tui.tabs.view_classes` in display order.
 
 A view that wants to show something on the timeline posts :class:`ShowInTimeline` (rank-clock times,
 as the events and breakdown have them; :func:`rank_clock` converts the job-clock times of the
@@ -128,19 +129,3 @@ def rank_clock(data: JobData, rank: int, job_ns: int) -> int:
         if r == rank:
             return job_ns - int(off or 0)
     return job_ns
-
-
-def view_classes() -> list[type[View]]:
-    """Every view, in tab order (imported here so that each view module stays independent)."""
-    from tracekit.tui.collectives_view import CollectivesView
-    from tracekit.tui.critical_path_view import CriticalPathView
-    from tracekit.tui.diff_view import DiffView
-    from tracekit.tui.iterations import IterationsView
-    from tracekit.tui.ops_view import OpsView
-    from tracekit.tui.overview import OverviewView
-    from tracekit.tui.tensors_view import TensorsView
-    from tracekit.tui.timeline_view import TimelineView
-    from tracekit.tui.whatif_view import WhatIfView
-
-    return [OverviewView, IterationsView, TimelineView, CriticalPathView, CollectivesView, WhatIfView, TensorsView,
-            OpsView, DiffView]

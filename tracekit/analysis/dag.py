@@ -38,6 +38,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.analysis import inferred
 from tracekit.analysis.intervals import PACK_SHIFT, first_match, lane_order, packs, prev_max_end, runs
 from tracekit.model.schema import normalise_op
 
@@ -56,8 +57,6 @@ STREAM_MAX_LAG_NS = 50_000
 _BUILD_ONLY = ("_id", "top", "ancestor", "comm_parent")
 #: runtime calls that block the CPU until device work is done (cudaMemcpyAsync does not)
 SYNC_CALL = r"Synchronize|^(?:cuda|hip)Memcpy(?:2D|3D)?$|^cuMemcpy(?:DtoH|HtoD|DtoD)?(?:_v2)?$"
-#: runtime calls that make a stream wait for an event recorded on another
-STREAM_WAIT_CALL = r"^(?:cuda|hip)StreamWaitEvent|^cuStreamWaitEvent"
 
 
 @dataclass
@@ -371,7 +370,7 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     same = lane_id[1:] == lane_id[:-1]
     add(2 * idx[:-1][same] + 1, 2 * idx[1:][same], 0, "program")
     # PyTorch's hand-offs between the calling thread and the autograd engine's thread
-    _handoff_edges(add, act, events)
+    inferred.handoff_edges(add, act, events)
     dev_act = act.filter(pl.col("device").is_not_null() & pl.col("correlation").is_not_null()).select(
         ["a", "rank", "correlation", "start", "device", "stream"])
     # in the device activity's order, so that edges are numbered the same on every run; on one int64 key when
@@ -394,8 +393,8 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
         _sync_edges(add, lk, sync_calls, sync_streams, end, own)
     # communication kernels wait for the streams they depend on (stream-wait-event)
     if lk.height:
-        waits = launches.filter(pl.col("l_name").is_in(
-            names.filter(names.cast(pl.String).str.contains(STREAM_WAIT_CALL)).implode())).select(["rank", "l_start"])
+        wait_names = names.filter(names.cast(pl.String).str.contains(inferred.STREAM_WAIT_CALL)).implode()
+        waits = launches.filter(pl.col("l_name").is_in(wait_names)).select(["rank", "l_start"])
         _stream_edges(add, act, lk, end, start, waits)
     # collectives across ranks
     if instances is not None and instances.height and is_comm.any():
@@ -605,111 +604,8 @@ def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, sta
     ok = ((group[cand] == group[ci]) & (stream[cand] != stream[ci]) & (start[a_ids[cand]] >= e)
           & (start[a_ids[cand]] - e <= STREAM_MAX_LAG_NS) & (launch[cand] < e))
     if waits is not None and waits.height:
-        ok &= _told_to_wait(waits, rank[ci], launch[ci], launch[cand], rank[is_comm], launch[is_comm])
+        ok &= inferred.told_to_wait(waits, rank[ci], launch[ci], launch[cand], rank[is_comm], launch[is_comm])
     add(2 * a_ids[ci[ok]] + 1, 2 * a_ids[cand[ok]], 0, "stream")
-
-
-def _told_to_wait(waits: pl.DataFrame, rank: np.ndarray, comm_launch: np.ndarray, cand_launch: np.ndarray,
-                  comm_ranks: np.ndarray, comm_launches: np.ndarray) -> np.ndarray:
-    """Per (communication, candidate consumer) pair of one rank: whether the rank's last stream-wait call before the
-    consumer's launch came after the communication's launch with no communication launched since (see
-    :func:`_stream_edges`). Ranks without any traced stream-wait call pass (the timing alone decides there)."""
-    waits = waits.drop_nulls()
-    out = np.ones(rank.size, dtype=bool)
-    if waits.height == 0 or rank.size == 0:
-        return out
-    w_rank = waits.get_column("rank").cast(pl.Int64).to_numpy()
-    w_time = waits.get_column("l_start").to_numpy()
-    valid = np.isin(rank, np.unique(w_rank))  # a rank without any traced wait (or a missing rank) passes
-    if not valid.any():
-        return out
-    c_ok = np.isin(comm_ranks, np.unique(w_rank))
-    comm_ranks, comm_launches = comm_ranks[c_ok], comm_launches[c_ok]
-    rank, comm_launch, cand_launch = rank[valid], comm_launch[valid], cand_launch[valid]
-    lo = int(min(w_time.min(), comm_launches.min(), cand_launch.min()))
-    hi = int(max(w_time.max(), comm_launches.max(), cand_launch.max()))
-    span = hi - lo + 2
-    base = int(w_rank.min())
-    wk = np.sort((w_rank - base) * span + (w_time - lo))
-    # the last wait call of the rank at or before the consumer's launch
-    key = (rank - base) * span + (cand_launch - lo)
-    pos = np.searchsorted(wk, key, side="right") - 1
-    ok_pos = pos >= 0
-    last = np.where(ok_pos, wk[np.maximum(pos, 0)], -1)
-    same_rank = ok_pos & ((last // span) == (rank - base))
-    last_t = last % span + lo
-    after_comm = same_rank & (last_t > comm_launch)
-    # no communication launched on the rank between that call and the consumer's launch
-    ck = np.sort((comm_ranks - base) * span + (comm_launches - lo))
-    between = (np.searchsorted(ck, key, side="left")
-               - np.searchsorted(ck, (rank - base) * span + (last_t - lo), side="right"))
-    out[valid] = after_comm & (between == 0)
-    return out
-
-
-def _caller_lanes(act: pl.DataFrame, events: pa.Table) -> pl.DataFrame:
-    """``rank, lane``: per rank, the CPU thread that drives the training loop — the one carrying its
-    ``ProfilerStep#`` annotations (the thread that calls ``profiler.step()`` also calls ``backward()``), else the
-    thread with the most top-level operators outside the autograd engine."""
-    ev = pl.from_arrow(events.select(["rank", "lane", "kind", "name", "device"]))
-    assert isinstance(ev, pl.DataFrame)
-    steps = (ev.filter((pl.col("kind") == "annotation") & pl.col("device").is_null())
-             .filter(pl.col("name").cast(pl.String).str.starts_with("ProfilerStep#"))
-             .group_by(["rank", pl.col("lane").cast(pl.String)]).len()
-             .sort(["rank", "len", "lane"], descending=[False, True, False]).unique("rank", keep="first")
-             .select(["rank", "lane"]))
-    ops = (act.filter(pl.col("device").is_null() & (pl.col("kind") == "cpu_op")
-                      & ~pl.col("name").cast(pl.String).str.starts_with(AUTOGRAD_OP))
-           .group_by(["rank", "lane"]).len().sort(["rank", "len", "lane"], descending=[False, True, False])
-           .unique("rank", keep="first").select(["rank", "lane"]))
-    return pl.concat([steps.with_columns(pl.col("rank").cast(ops.schema["rank"])), ops]).unique(
-        "rank", keep="first", maintain_order=True)
-
-
-#: the autograd engine's operators: one per backward function it evaluates (PyTorch >= 1.8)
-AUTOGRAD_OP = "autograd::engine::evaluate_function"
-
-
-def _handoff_edges(add, act: pl.DataFrame, events: pa.Table) -> None:
-    """PyTorch's hand-off to the autograd engine and back, which the trace does not draw (docs/dependencies.md).
-
-    ``backward()`` on a GPU job runs the backward functions on the engine's device thread while the calling thread
-    blocks. Each maximal group of top-level activities of an engine thread that lies inside one idle gap of its
-    rank's calling thread (:func:`_caller_lanes`) is one backward pass: its first activity starts after the caller's
-    activity before the gap (the last forward operation), and the caller's activity after the gap starts after the
-    pass's last activity. Without these edges the engine thread's idle time between passes is measured slack on its
-    program order, which pins every backward launch to the measured period whatever the link."""
-    name = pl.col("name").cast(pl.String)
-    cpu = act.filter(pl.col("device").is_null())
-    engine_lanes = (cpu.filter(name.str.starts_with(AUTOGRAD_OP)).select(["rank", "lane"]).unique())
-    if engine_lanes.height == 0:
-        return
-    callers = _caller_lanes(act, events)
-    engine_lanes = engine_lanes.join(callers, on=["rank", "lane"], how="anti")
-    if engine_lanes.height == 0:  # the backward ran on the calling thread (CPU jobs): program order covers it
-        return
-    caller = (cpu.join(callers, on=["rank", "lane"], how="semi").select(["a", "rank", "start", "end"])
-              .sort(["rank", "start"]).with_columns(pl.int_range(pl.len()).alias("k")))
-    engine = cpu.join(engine_lanes, on=["rank", "lane"], how="semi").select(["a", "rank", "lane", "start", "end"])
-    if caller.height == 0 or engine.height == 0:
-        return
-    # the caller's activity that ended last before each engine activity starts, and the first one to start after
-    # it ends: the activity lies in that gap when they are consecutive (top-level activities of a lane never overlap)
-    before = caller.select(["rank", pl.col("end").alias("_t"), pl.col("a").alias("p"), pl.col("k").alias("kp")])
-    after = caller.select(["rank", pl.col("start").alias("_t"), pl.col("a").alias("q"), pl.col("k").alias("kq")])
-    e = engine.sort("start").join_asof(before.sort("_t"), left_on="start", right_on="_t", by="rank",
-                                       strategy="backward", check_sortedness=False).drop("_t")
-    e = e.sort("end").join_asof(after.sort("_t"), left_on="end", right_on="_t", by="rank",
-                                strategy="forward", check_sortedness=False).drop("_t")
-    e = e.filter(pl.col("p").is_not_null() & (pl.col("kq").is_null() | (pl.col("kq") == pl.col("kp") + 1)))
-    if e.height == 0:
-        return
-    passes = e.group_by(["rank", "lane", "p"]).agg(
-        pl.col("a").sort_by("start").first().alias("first"), pl.col("a").sort_by("end").last().alias("last"),
-        pl.col("q").first())
-    add(2 * passes.get_column("p").to_numpy() + 1, 2 * passes.get_column("first").to_numpy(), 0, "handoff")
-    back = passes.filter(pl.col("q").is_not_null())
-    add(2 * back.get_column("last").to_numpy() + 1, 2 * back.get_column("q").to_numpy(), 0, "handoff")
 
 
 def _gloo_family(name: str) -> str:

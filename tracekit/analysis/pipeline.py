@@ -16,6 +16,7 @@ from tracekit.allocators import release_memory
 from tracekit.analysis import (
     attribution,
     background,
+    bottleneck,
     collectives,
     critical_path,
     dag,
@@ -119,17 +120,17 @@ class Analysis:
         return model
 
     @cached_property
-    def bottleneck(self) -> whatif.Bottleneck | None:
+    def bottleneck(self) -> bottleneck.Bottleneck | None:
         """Is the network the bottleneck? None when the job has no communication."""
         if self.horovod_only or self.dataset is not None or self.whatif.comm.height == 0:
             return None
         return self.bottleneck_of(self.whatif)
 
-    def bottleneck_of(self, model: whatif.Model) -> whatif.Bottleneck | None:
-        """:func:`~tracekit.analysis.whatif.bottleneck` of ``model`` (this job's, or it under another per-call
+    def bottleneck_of(self, model: whatif.Model) -> bottleneck.Bottleneck | None:
+        """:func:`~tracekit.analysis.bottleneck.bottleneck` of ``model`` (this job's, or it under another per-call
         latency), with the breakdown's word where the replay gains far less than the exposed communication
-        suggests (:func:`~tracekit.analysis.whatif.with_small_gain_note`)."""
-        b = whatif.bottleneck(model)
+        suggests (:func:`~tracekit.analysis.bottleneck.with_small_gain_note`)."""
+        b = bottleneck.bottleneck(model)
         if b is None:
             return None
         bd = self.breakdown
@@ -137,7 +138,7 @@ class Analysis:
         if wall <= 0:
             return b
         exposed = (pc.sum(bd.column("exposed_comm_ns")).as_py() or 0) - (pc.sum(bd.column("wait_ns")).as_py() or 0)
-        return whatif.with_small_gain_note(b, exposed / wall)
+        return bottleneck.with_small_gain_note(b, exposed / wall)
 
     @cached_property
     def verdict(self) -> verdict.Answer:

@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analysis import critical_path
-from tracekit.analysis.whatif import Bottleneck, Model, Scenario, predict_many, schedule
+from tracekit.analysis.bottleneck import Bottleneck
+from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule
 from tracekit.model.units import format_duration, format_rate
 
 KINDS = ("link-bound", "straggler-bound", "host-bound", "compute-bound", "mixed", "none")
@@ -105,7 +106,8 @@ def _ms(ns: float) -> str:
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.0f} %"
+    """``0.42`` → ``42 %``; one decimal below 1 % (``0.5 %``), so that a small share never reads as none."""
+    return f"{100 * x:.0f} %" if x >= 0.01 or x <= 0 else f"{100 * x:.1f} %"
 
 
 def exposed_sentence(breakdown: pa.Table) -> str | None:
@@ -271,8 +273,8 @@ def _top_on_path(segments: pl.DataFrame | None, labels: tuple[str, ...]) -> str 
 def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataFrame, breakdown: pa.Table,
              iterations: pa.Table, ranks: pa.Table | None, segments: pl.DataFrame | None = None) -> Answer:
     """The verdict of a job from its what-if model, its answer to "is the link the bottleneck?" (``bottleneck``:
-    :func:`tracekit.analysis.whatif.bottleneck`, None when it could not run), its measured critical path (``segments``
-    and their summary) and its breakdown."""
+    :func:`tracekit.analysis.bottleneck.bottleneck`, None when it could not run), its measured critical path
+    (``segments`` and their summary) and its breakdown."""
     if bottleneck is not None:
         measured, free = bottleneck.measured_ns, bottleneck.free_ns
         (balanced,) = predict_many(model, [Scenario(balanced=True)])
@@ -339,6 +341,8 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
         link_detail = _link_detail(bottleneck, kind)
         if link_detail:
             support.insert(1, link_detail)
+    if model.contention.measured and model.contention.slowdown > 1.0:
+        support.insert(2, model.contention.sentence())
     caveat = None
     u = replay_unexplained(model, Scenario(free=True), iterations, ranks) if link >= SIGNIFICANT / 2 or \
         kind in ("host-bound", "mixed") else None
@@ -357,7 +361,11 @@ def _link_detail(b: Bottleneck, kind: str) -> str | None:
     if kind not in ("link-bound", "mixed"):
         return None
     if b.scaling_full is None:  # no line rate or sizes: what to give instead
-        return _after_first_sentence(b.text)
+        if (b.sizes or {}).get("unknown"):
+            return ("What a faster link or compression would buy cannot be told: the transfer sizes are not in the "
+                    "traces (profiled without record_shapes?) and no line rate was given. Pass --link-bw (the line "
+                    f"rate the job ran on) for an estimate from transfer times, or {RECORD_SHAPES_HINT}.")
+        return "Pass --link-bw (the line rate the job ran on) to learn what a faster link or compression would buy."
     on = f"the {rate} link" if rate else "each link's line rate"
     if b.scaling_full >= b.target:
         return (f"At full utilisation of {on} it would scale at {b.scaling_full:.2f} instead of "
@@ -375,12 +383,6 @@ def _link_detail(b: Bottleneck, kind: str) -> str | None:
     if b.assumption:
         s += " " + b.assumption
     return s
-
-
-def _after_first_sentence(text: str) -> str | None:
-    """The bottleneck text without its first sentence (which the verdict's replay line already says)."""
-    parts = text.split(". ", 1)
-    return parts[1] if len(parts) == 2 else None
 
 
 def from_attribution(breakdown: pa.Table, stragglers: pl.DataFrame, why: str) -> Answer:

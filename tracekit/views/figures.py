@@ -34,8 +34,9 @@ from tracekit.model.schema import CLASSES
 from tracekit.views.report import CLASS_LABELS, CLASS_STYLES, KIND_STYLES, PATH_STYLES
 
 if TYPE_CHECKING:
+    from tracekit.analysis.bottleneck import Bottleneck
     from tracekit.analysis.pipeline import Analysis
-    from tracekit.analysis.whatif import Bottleneck, Model
+    from tracekit.analysis.whatif import Model
 
 #: line rates of the rate curve, as multiples of the rate the job ran on (1 is the measured point)
 RATE_MULTIPLES: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)

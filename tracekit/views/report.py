@@ -17,8 +17,8 @@ from tracekit.model.diagnostics import printable
 from tracekit.views.formats import fmt_bytes, fmt_change, fmt_delta_ns, fmt_gbps, fmt_ns, fmt_share
 
 if TYPE_CHECKING:
+    from tracekit.analysis.compare import Diff  # noqa: F401 (what diff_renderables is given)
     from tracekit.analysis.pipeline import Analysis
-    from tracekit.diff import Diff  # noqa: F401 (what diff_renderables is given)
 
 CLASS_LABELS = {"compute": "compute", "overlapped": "overlapped", "exposed_comm": "exposed comm",
                 "memory": "memory", "idle": "idle"}

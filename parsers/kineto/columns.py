@@ -18,7 +18,9 @@ from msgspec.structs import astuple
 
 from tracekit.model.schema import clean_text
 
-from ._kineto_records import (
+from ..json_stream import Batch
+from ..timestamps import us_text_to_ns
+from .records import (
     _DECODE,
     _DECODE_ONE,
     _LEGACY_PID_CATS,
@@ -36,8 +38,6 @@ from ._kineto_records import (
     _Accumulator,
     _may_carry_comm,
 )
-from .json_stream import Batch
-from .timestamps import us_text_to_ns
 
 
 def _decode_batch(acc: _Accumulator, batch: Batch) -> list[Event]:
@@ -513,7 +513,7 @@ _DECODE_X = msgspec.json.Decoder(_TX)
 _DECODE_M = msgspec.json.Decoder(_TM)
 #: in place of what the C scanner made of a batch: it was not run yet
 _NOT_SCANNED: Any = object()
-#: the scanner's batch flags (``F_*`` in ``_kineto_scan.c``): a valid timestamp is not a whole µs, a timestamp's
+#: the scanner's batch flags (``F_*`` in ``scan.c``): a valid timestamp is not a whole µs, a timestamp's
 #: text has a '.', an instant named "Record Window End", a negative pid or tid
 F_FRACTION, F_DOT, F_WINDOW_END, F_NEGATIVE = 1, 2, 4, 8
 
@@ -534,7 +534,7 @@ def arrow_takes(path: str, batch: Batch) -> bool:
 
 
 def _consume_scanned(acc: _Accumulator, batch: Batch, scanned: Any, asked: bool | None = None) -> bool:
-    """What :func:`_consume_typed` does with a batch, from what the C scanner (``parsers/_kineto_scan.c``) made of
+    """What :func:`_consume_typed` does with a batch, from what the C scanner (``parsers/kineto/scan.c``) made of
     it (``scanned``; None where it declined): the same columns, dictionaries, collective and metadata records.
     Returns False, having changed nothing, where the scanner declined or the typed path would consult Arrow's.
     ``asked``: :func:`arrow_takes` of the batch, where asked already (None: ask it here)."""

@@ -14,14 +14,14 @@ name; records are not in time order across tensors. Both writer eras are read:
 
 How it works, and why (a timeline can be several GB):
 
-1. Bytes come from :func:`parsers.source.iter_blocks` (gzip sniffed by magic). A block filter repairs
+1. Bytes come from :func:`tracekit.parsers.source.iter_blocks` (gzip sniffed by magic). A block filter repairs
    tensor names that Horovod wrote without JSON escaping (a ``"`` or ``\\`` in a user-given name would
    otherwise derail every later record). Only ``process_name`` records hold names; they are found by a
    substring search for ``{"name"``, and a name runs from ``"args": {"name": "`` to the last ``"}}`` on
    its line (Horovod ends every metadata record with a newline; FORMATS.md 5.3). In Horovod's own layout
    (``{"ph": ...`` first) names are raw and are escaped verbatim; in a rewrite with reordered keys a name
    is only touched when it is not valid JSON string content.
-2. :func:`parsers.json_stream.stream_array` splits the array into ~4 MB batches of complete records
+2. :func:`tracekit.parsers.json_stream.stream_array` splits the array into ~4 MB batches of complete records
    (tolerating a missing ``]``, a trailing ``,`` and a record cut anywhere).
 3. Each batch is decoded by a typed msgspec decoder into structs, and the columns (phase code, name
    code, ``ts`` in ns, pid) are pulled out with ``map``/``attrgetter`` into ``np.fromiter`` (C-level
@@ -137,9 +137,9 @@ records and repaired names are counted in ``meta`` and reported as Diagnostics. 
 holding only ``[`` (a <= 0.20.0 timeline that never got a record) and input that is not a JSON array
 raise :class:`TraceError` naming the file: there is nothing to analyse, and silence would hide it.
 
-Modules: this one (the entry points and the pipeline), :mod:`._horovod_phases` (what phases and ops are),
-:mod:`._horovod_name_repair` (step 1), :mod:`._horovod_records` (decoding records, step 3),
-:mod:`._horovod_pairing` (the streaming state, steps 3-6) and :mod:`._horovod_tables` (the output).
+Modules: this one (the entry points and the pipeline), :mod:`.phases` (what phases and ops are),
+:mod:`.name_repair` (step 1), :mod:`.records` (decoding records, step 3),
+:mod:`.pairing` (the streaming state, steps 3-6) and :mod:`.tables` (the output).
 """
 
 from __future__ import annotations
@@ -147,12 +147,12 @@ from __future__ import annotations
 from tracekit.model.diagnostics import TraceError
 from tracekit.model.schema import ParsedFile
 
-from ._horovod_name_repair import _NameRepair
-from ._horovod_pairing import _Parser
-from ._horovod_phases import FORMAT, phase_kind
-from ._horovod_tables import FUSION_TOL_NS, _finish
-from .json_stream import Batch, End, stream_array
-from .source import iter_blocks
+from ..json_stream import Batch, End, stream_array
+from ..source import iter_blocks
+from .name_repair import _NameRepair
+from .pairing import _Parser
+from .phases import FORMAT, phase_kind
+from .tables import FUSION_TOL_NS, _finish
 
 PARSER_VERSION = "3"
 #: input block and record batch sizes (module attributes so tests can make them tiny)

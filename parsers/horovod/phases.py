@@ -5,7 +5,7 @@ dtypes and the element count of a logged shape.
 
 from __future__ import annotations
 
-#: the format's name, also the ``cat``, ``pg`` and ``source`` of its rows (re-exported by ``horovod.py``)
+#: the format's name, also the ``cat``, ``pg`` and ``source`` of its rows (re-exported by the package)
 FORMAT = "horovod"
 
 # ---------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ structs (no per-event dicts), turned into Arrow columns, and classified per *uni
 pair rather than per event. Timestamps go from the decimal text to int64 ns without a float
 round-trip (:mod:`timestamps`); ``baseTimeNanoseconds`` is applied at the end because writers before
 2025-03 put it after ``traceEvents``. Collective metadata is collected for the few events that carry
-it and linked to communication activity in :mod:`kineto_comms`.
+it and linked to communication activity in :mod:`comms`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ import pyarrow.compute as pc
 from tracekit.model.diagnostics import TraceError
 from tracekit.model.schema import ParsedFile
 
-from ._kineto_columns import _SEPARATOR, F_DOT, F_FRACTION, F_NEGATIVE, _consume, arrow_takes
-from ._kineto_records import (
+from ..json_stream import Batch, End, Member, stream_array
+from ..source import Blocks, is_gzip
+from .columns import _SEPARATOR, F_DOT, F_FRACTION, F_NEGATIVE, _consume, arrow_takes
+from .records import (
     BATCH_BYTES,
     DECODE_ERRORS,
     MAX_NS,  # noqa: F401 (re-exported)
@@ -38,9 +40,7 @@ from ._kineto_records import (
     _Accumulator,
     native_scan,
 )
-from ._kineto_tables import _append_begin_end, _finish
-from .json_stream import Batch, End, Member, stream_array
-from .source import Blocks, is_gzip
+from .tables import _append_begin_end, _finish
 
 PARSER_VERSION = "kineto-3"
 
@@ -82,7 +82,7 @@ def parse(path: str, *, spill_dir: str | None = None, workers: int = 1, threads:
     ``workers`` > 1 splits a big uncompressed file at record boundaries across that many processes (this
     one and ``workers - 1`` others): same tables, in about 1/workers of the time on as many cores.
 
-    ``threads``: how many threads run the C batch scanner (``parsers/_kineto_scan.c``, where it is built) while
+    ``threads``: how many threads run the C batch scanner (``parsers/kineto/scan.c``, where it is built) while
     this one reads the file and collects what they found, in order; 0 scans on this thread. Same tables. By
     default, where the scanner is built and ``workers`` is at most :data:`THREADED_WORKERS`, the file is read by
     this process with ``workers - 1`` scanner threads instead of being split across processes (faster, measured);
@@ -365,7 +365,7 @@ def _part_state(out_dir: str) -> dict[str, Any] | None:
 def _parse_split(path: str, workers: int) -> ParsedFile | None:
     """:func:`parse` of a big plain file in ``workers`` processes, or None where that does not apply (small or
     compressed files, a part that was not clean, a worker that could not run): then the caller parses it in
-    one. Workers are fresh interpreters running this module (never the caller's ``__main__``)."""
+    one. Workers are fresh interpreters running this package (``__main__.py``: never the caller's ``__main__``)."""
     size = os.path.getsize(path)
     parts = min(workers, size // SPLIT_MIN_BYTES)
     if parts < 2 or is_gzip(path):
@@ -386,7 +386,7 @@ def _parse_split(path: str, workers: int) -> ParsedFile | None:
             for k in range(parts - 1):
                 out = os.path.join(tmp, str(k))
                 os.mkdir(out)
-                cmd = [sys.executable, "-m", __name__, "--part", path, str(bounds[k] + 1), str(bounds[k + 1]), out,
+                cmd = [sys.executable, "-m", __package__, "--part", path, str(bounds[k] + 1), str(bounds[k + 1]), out,
                        str(int(acc.has_fraction))]
                 try:
                     procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -452,7 +452,3 @@ def _remap(codes: pa.Array, mapping: np.ndarray) -> pa.Array:
     out = mapping[idx] if mapping.size else np.zeros(len(idx), np.int32)
     return pa.array(out, pa.int32(), mask=pc.is_null(codes).to_numpy(zero_copy_only=False)) if codes.null_count \
         else pa.array(out, pa.int32())
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--part"]:  # a worker of _parse_split
-    _parse_part(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6] == "1")

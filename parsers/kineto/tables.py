@@ -15,9 +15,13 @@ from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic
 from tracekit.model.schema import ParsedFile
 
-from . import json_stream, kineto_comms
-from ._kineto_columns import _columns
-from ._kineto_records import (
+from .. import json_stream
+from ..ints import int_in, within
+from ..json_stream import End
+from ..timestamps import us_text_to_ns
+from . import comms
+from .columns import _columns
+from .records import (
     CPU_OP_CATS,
     DEVICE_CATS,
     KERNEL_CATS,
@@ -30,8 +34,6 @@ from ._kineto_records import (
     Event,
     _Accumulator,
 )
-from .json_stream import End
-from .timestamps import us_text_to_ns
 
 
 def _classify(cat: str | None, name: str | None) -> str:
@@ -164,7 +166,7 @@ class _Finisher:
             self._lane_dict = pa.array(self.lane_labels, pa.string())
         raw = ch.raw
         n = len(raw)
-        dev_ok = ch.on_device & (ch.device >= -(2**31)) & (ch.device < 2**31)
+        dev_ok = ch.on_device & within(ch.device)
 
         def dictionary(codes: pa.Array | np.ndarray, values: pa.Array) -> pa.DictionaryArray:
             idx = codes if isinstance(codes, pa.Array) else pa.array(codes, pa.int32())
@@ -274,7 +276,7 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
         reduced = reduced.take(pa.array(np.argsort(reduced.column("_index").to_numpy(), kind="stable")))
         rch, _ = fin.chunk(reduced)
         r_index = rch.raw.column("_index").to_numpy()
-        collectives, ids = kineto_comms.collectives(fin.events(rch), r_index, acc.comm_rows, members)
+        collectives, ids = comms.collectives(fin.events(rch), r_index, acc.comm_rows, members)
         if ids is not None:
             valid = pc.is_valid(ids).to_numpy(zero_copy_only=False)
             coll_index = r_index[valid]
@@ -396,11 +398,11 @@ def _meta(acc: _Accumulator, members: dict[str, Any], members_after: set[str], b
     info = members.get("distributedInfo") if isinstance(members.get("distributedInfo"), dict) else {}
     meta: dict[str, Any] = {}
     # only values of the right type and range: they become int32/string columns of the ranks table
-    meta["rank"] = _small_int(info.get("rank"), 0)
+    meta["rank"] = int_in(info.get("rank"), 0)
     if info.get("rank") is not None and meta["rank"] is None:
         acc.notes.append(f"distributedInfo.rank {str(info.get('rank'))[:40]!r} is not a rank; ignored")
     for key in ("world_size", "pg_count"):
-        if _small_int(info.get(key), 1) is not None:
+        if int_in(info.get(key), 1) is not None:
             meta[key] = info[key]
     for key in ("backend", "nccl_version"):
         if isinstance(info.get(key), str):
@@ -424,13 +426,6 @@ def _meta(acc: _Accumulator, members: dict[str, Any], members_after: set[str], b
     meta["process_names"] = process_names
     meta["format_version"] = _era(acc, members, members_after, base_ns)
     return meta
-
-
-def _small_int(v: Any, lowest: int) -> int | None:
-    """``v`` if it is an int in ``[lowest, 2^31)`` (ranks, world sizes), else None."""
-    if isinstance(v, int) and not isinstance(v, bool) and lowest <= v < 2**31:
-        return v
-    return None
 
 
 def _era(acc: _Accumulator, members: dict[str, Any], members_after: set[str], base_ns: int | None) -> str:

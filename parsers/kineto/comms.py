@@ -18,6 +18,8 @@ import pyarrow as pa
 from tracekit.model import schema
 from tracekit.model.schema import clean_text, normalise_op
 
+from ..ints import int_in
+
 #: element size in bytes of c10 ScalarType names (``dtype``), C++ type names (``Input type``) and
 #: common spellings of other writers
 DTYPE_BYTES: dict[str, int] = {
@@ -99,8 +101,7 @@ def _fits(v: int | None) -> int | None:
 
 def _int32(v: Any) -> int | None:
     """An int that fits the int32 columns (ranks, group sizes, peers), else None."""
-    i = _int(v)
-    return i if i is not None and -(2**31) <= i < 2**31 else None
+    return int_in(_int(v))
 
 
 def _positive32(v: Any) -> int | None:
@@ -368,7 +369,5 @@ def _gloo_groups(table: pa.Table, members: dict[str, Any]) -> pa.Table:
 def _world_size(members: dict[str, Any]) -> int | None:
     info = members.get("distributedInfo")
     if isinstance(info, dict):
-        ws = info.get("world_size")
-        if isinstance(ws, int) and not isinstance(ws, bool) and 0 < ws < 2**31:
-            return ws
+        return int_in(info.get("world_size"), 1)
     return None

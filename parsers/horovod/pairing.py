@@ -13,8 +13,9 @@ import numpy as np
 
 from tracekit.model.diagnostics import Diagnostic
 
-from ._horovod_phases import _TRANSFER_PREFIXES
-from ._horovod_records import (
+from ..json_stream import Batch
+from .phases import _TRANSFER_PREFIXES
+from .records import (
     _DAMAGE,
     _FAST,
     _GET_ARGS,
@@ -48,7 +49,6 @@ from ._horovod_records import (
     _LooseRec,
     _Rec,
 )
-from .json_stream import Batch
 
 # ---------------------------------------------------------------------------------------------------
 # Parser state

@@ -15,11 +15,11 @@ from tracekit.model.diagnostics import Diagnostic
 from tracekit.model.schema import COLLECTIVES, DICT_STR, EVENTS, ITERATIONS, ParsedFile
 from tracekit.model.schema import table as schema_table
 
-from ._horovod_name_repair import _NameRepair
-from ._horovod_pairing import _MAX_I64, _cat, _Instances, _Parser
-from ._horovod_phases import _DTYPE_SIZE, _OPS, FORMAT, _shape_count, phase_kind
-from ._horovod_records import _NO_TS
-from .json_stream import End
+from ..json_stream import End
+from .name_repair import _NameRepair
+from .pairing import _MAX_I64, _cat, _Instances, _Parser
+from .phases import _DTYPE_SIZE, _OPS, FORMAT, _shape_count, phase_kind
+from .records import _NO_TS
 
 #: transfer intervals closer than this belong to one fusion group
 FUSION_TOL_NS = 2_000

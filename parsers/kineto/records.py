@@ -230,7 +230,7 @@ class _Accumulator:
         #: without consulting another path); only such batches read the same whatever batches the file is cut into
         self.log: list[tuple[int, int, bool]] | None = None
         self.consulted = False  # the last batch's typed read asked Arrow's path whether it takes the batch
-        #: the C batch scanner (``parsers/_kineto_scan.c``), or None: not built, or ``TRACEKIT_NO_EXTENSION=1``
+        #: the C batch scanner (``parsers/kineto/scan.c``), or None: not built, or ``TRACEKIT_NO_EXTENSION=1``
         self.scan: Callable[[bytes], Any] | None = native_scan()
 
     def bad(self, offset: int, what: str) -> None:
@@ -289,17 +289,17 @@ def _combined(table: pa.Table) -> pa.Table:
 
 
 def native_scan() -> Callable[[bytes], Any] | None:
-    """:func:`tracekit.parsers._kineto_scan.scan`, or None where the extension is not built or
+    """:func:`tracekit.parsers.kineto.scan.scan`, or None where the extension is not built or
     ``$TRACEKIT_NO_EXTENSION`` is set (to anything but ``0`` or nothing): then the batches go the msgspec way.
     Also None under a recursion limit so low that msgspec might refuse JSON nested less deeply than the scanner
     refuses it (64 levels)."""
     if os.environ.get("TRACEKIT_NO_EXTENSION", "0") not in ("", "0") or sys.getrecursionlimit() < 500:
         return None
     try:
-        from . import _kineto_scan
+        from . import scan
     except ImportError:
         return None
-    return _kineto_scan.scan
+    return scan.scan
 
 
 def _may_carry_comm(name: str) -> bool:

@@ -1,0 +1,124 @@
+"""The documentation shows what tracekit does now: every printed example in README.md and docs/ is its command's
+output (``docs/build.py``'s ``EXAMPLES``), every screenshot of ``tracekit inspect`` shows what the app's snapshot test
+shows, and ``docs/report.png`` was drawn from the report the sample gives now. After an intended change, run
+``python docs/build.py`` (all of them, or ``examples``, ``screenshots``, ``report``) and look at what changed."""
+
+from __future__ import annotations
+
+import difflib
+import html
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import tui_scenarios as sc
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOTS = ROOT / "tests" / "__snapshots__" / "test_tui_snapshots"
+
+_spec = importlib.util.spec_from_file_location("docs_build", ROOT / "docs" / "build.py")
+assert _spec is not None and _spec.loader is not None
+build = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = build  # its dataclasses look their module up
+_spec.loader.exec_module(build)
+
+
+@pytest.fixture(scope="module")
+def printed() -> dict[str, str]:
+    """Every example's block as its command prints it now."""
+    return build.expected()
+
+
+def _places(name: str) -> list[tuple[Path, str]]:
+    return [(page, block) for page in build.pages() for n, block in build.blocks(page.read_text(encoding="utf-8"))
+            if n == name]
+
+
+@pytest.mark.parametrize("name", sorted(build.EXAMPLES))
+def test_a_printed_example_is_its_commands_output(name: str, printed: dict[str, str]) -> None:
+    places = _places(name)
+    assert places, f"the example {name!r} is printed nowhere: mark a block with it, or drop it from EXAMPLES"
+    for page, block in places:
+        assert block == printed[name], (
+            f"{page.relative_to(ROOT)}: the example {name!r} is not what its command prints now "
+            "(python docs/build.py examples):\n" + "".join(difflib.unified_diff(
+                block.splitlines(True), printed[name].splitlines(True), "as written", "printed now")))
+
+
+def test_every_marked_block_is_a_known_example() -> None:
+    unknown = [(str(page.relative_to(ROOT)), name) for page in build.pages()
+               for name, _ in build.blocks(page.read_text(encoding="utf-8")) if name not in build.EXAMPLES]
+    assert not unknown, f"marked blocks of no example in docs/build.py EXAMPLES: {unknown}"
+
+
+def test_the_check_finds_a_changed_example(printed: dict[str, str]) -> None:
+    """What --check and the test above compare: a block that lost a line differs; the block written back matches."""
+    name = "whatif"
+    page, block = _places(name)[0]
+    text = page.read_text(encoding="utf-8")
+    m = next(m for m in build.MARKER.finditer(text) if m.group(2) == name)
+    broken = text[:m.start(3)] + block.replace("10 Gbit/s", "11 Gbit/s", 1) + text[m.end(3):]
+    assert next(b for n, b in build.blocks(broken) if n == name) != printed[name]
+    assert build.render(build.EXAMPLES[name], printed[name].split("\n", 1)[1].rstrip("\n")) == printed[name]
+
+
+def _screen_text(svg: str) -> str:
+    """The characters a screenshot shows (title bar and blanks aside: exports differ in how they draw spaces)."""
+    svg = re.sub(r'<text class="[^"]*-title"[^>]*>[^<]*</text>', "", svg)
+    return re.sub(r"\s", "", "".join(html.unescape(t) for t in re.findall(r"<text [^>]*>([^<]*)</text>", svg)))
+
+
+@pytest.mark.parametrize("name", list(sc.SCENARIOS))
+def test_a_screenshot_shows_what_the_app_shows(name: str) -> None:
+    """``docs/screenshots/NAME.svg`` shows the screen the snapshot test (``tests/test_tui_snapshots.py``) checks
+    the app against."""
+    docs = build.SCREENSHOTS / f"{name}.svg"
+    assert docs.exists(), f"no {docs.relative_to(ROOT)}: python docs/build.py screenshots"
+    snap = SNAPSHOTS / f"test_screen[{name}].svg"
+    assert _screen_text(docs.read_text(encoding="utf-8")) == _screen_text(snap.read_text(encoding="utf-8")), \
+        f"{docs.relative_to(ROOT)} is not the app's screen now: python docs/build.py screenshots"
+
+
+def test_every_screenshot_is_a_screen() -> None:
+    extra = {p.stem for p in build.SCREENSHOTS.glob("*.svg")} - set(sc.SCENARIOS)
+    assert not extra, f"screenshots of no scenario in tests/tui_scenarios.py: {sorted(extra)}"
+
+
+def test_the_report_picture_is_of_the_report_now() -> None:
+    """``docs/report.png`` carries what it was drawn from (its command and the report's verdicts, the text at its
+    top): the same as the sample's report gives now."""
+    facts = build.png_text(build.REPORT_PNG.read_bytes()).get(build.PNG_KEY)
+    assert facts, "docs/report.png was not made by docs/build.py report"
+    assert json.loads(facts) == build.report_facts(), \
+        "docs/report.png shows another report than the sample gives now: python docs/build.py report"
+
+
+def test_png_text_round_trip() -> None:
+    png = build.REPORT_PNG.read_bytes()
+    again = build.with_text(png, "tracekit-test", "≥ 4x — ✓")
+    assert build.png_text(again)["tracekit-test"] == "≥ 4x — ✓"
+    assert len(again) > len(png) and again[:8] == png[:8]
+
+
+def test_the_readme_links_lead_somewhere() -> None:
+    """The README is not part of the site (mkdocs checks the site's links): its relative links name files that exist,
+    and headings that exist in them."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = ROOT / path if path else ROOT / "README.md"
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md":
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                     for h in re.findall(r"^#+ (.+)$", file.read_text(encoding="utf-8"), re.M)}
+            if anchor not in slugs:
+                broken.append(target)
+    assert not broken, f"README.md links to what is not there: {broken}"
