@@ -21,6 +21,7 @@ Overlapped communication never appears on the path: it never binds what follows 
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -208,11 +209,21 @@ def _activity_labels(graph: Graph) -> np.ndarray:
     return cache["_label"]
 
 
-def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
-    """Follow binding edges back from ``sink`` to time ``s0``: the segments of the path (latest first)."""
-    times = graph.node_time
-    # the chain itself is pointer chasing (a scalar loop); everything about its steps is vectorised
-    b_item, s_item, t_item = graph.binding.item, graph.src.item, times.item
+#: graphs of at least this many nodes follow their chains compiled (numba's import and cached code cost ~0.4 s once,
+#: a Python step ~0.5 µs: a big job's paths are millions of steps); a smaller graph only when numba is loaded already
+COMPILED_CHASE_NODES = 1_000_000
+
+
+def _chase(graph: Graph, sink: int, s0: int) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes back from ``sink`` along binding edges while after ``s0``, and each one's binding edge."""
+    if graph.n_nodes >= COMPILED_CHASE_NODES or "tracekit.analysis.topological" in sys.modules:
+        try:
+            from tracekit.analysis import topological
+        except ImportError:  # numba has no build for this interpreter: the loop below gives the same chain
+            pass
+        else:
+            return topological.chase(graph.binding, graph.src, graph.node_time, sink, s0)
+    b_item, s_item, t_item = graph.binding.item, graph.src.item, graph.node_time.item
     nodes: list[int] = []
     edges: list[int] = []
     node = sink
@@ -223,8 +234,15 @@ def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
         if e < 0:
             break
         node = s_item(e)
-    nd = np.asarray(nodes, dtype=np.int64)
-    ed = np.asarray(edges, dtype=np.int64)
+    return np.asarray(nodes, dtype=np.int64), np.asarray(edges, dtype=np.int64)
+
+
+def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
+    """Follow binding edges back from ``sink`` to time ``s0``: the segments of the path (latest first)."""
+    times = graph.node_time
+    # the chain itself is pointer chasing (a scalar loop), compiled on a big graph; everything about its steps is
+    # vectorised
+    nd, ed = _chase(graph, sink, s0)
     source = ed < 0
     ok = ~source
     e = ed[ok]

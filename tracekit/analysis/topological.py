@@ -126,3 +126,33 @@ def asap(p: Plan, weight: np.ndarray, start: np.ndarray) -> np.ndarray:
     out = np.empty_like(t)
     out[p.order] = t
     return out
+
+
+@njit(cache=True, nogil=True)
+def _chase(binding: np.ndarray, src: np.ndarray, times: np.ndarray, sink: int, s0: int
+           ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """The nodes from ``sink`` back along binding edges while their time is after ``s0``, and each one's binding
+    edge (-1 at a source, where the chain stops)."""
+    nodes = np.empty(64, np.int64)
+    edges = np.empty(64, np.int64)
+    k = 0
+    node = sink
+    while times[node] > s0:
+        if k == nodes.size:
+            nodes = np.concatenate((nodes, np.empty(nodes.size, np.int64)))
+            edges = np.concatenate((edges, np.empty(edges.size, np.int64)))
+        e = binding[node]
+        nodes[k] = node
+        edges[k] = e
+        k += 1
+        if e < 0:
+            break
+        node = src[e]
+    return nodes[:k], edges[:k]
+
+
+def chase(binding: np.ndarray, src: np.ndarray, times: np.ndarray, sink: int, s0: int
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tracekit.analysis.critical_path._walk`'s pointer chase, compiled: the nodes back from ``sink`` along
+    binding edges while after ``s0``, and their binding edges."""
+    return _chase(binding, src, times, int(sink), int(s0))
