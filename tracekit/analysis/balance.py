@@ -9,8 +9,9 @@ A rank's work is counted in two parts, on the dependency graph (:mod:`tracekit.a
 
 Communication is never work here: waiting for others and moving data are what the other replays change. The
 *median rank* is an actual rank's value (the lower middle one for an even count), so that with two ranks the faster
-one's work is the reference. Removing a rank's excess scales each of its parts down to the median rank's: every
-activity's own time by the same factor, and the unexplained gaps of its threads too.
+one's work is the reference. Removing the excess scales every operation of a rank down to the median rank's time in
+that operation (by name, among the ranks that run it: a slow data loader shrinks to the median loader, the rest of its
+rank stays), and the gaps of its threads down to the median rank's gaps.
 """
 
 from __future__ import annotations
@@ -93,12 +94,30 @@ def measure(graph: Graph, iterations: int) -> Balance:
     m_host = _median_rank(host_ns)
     dev_f = np.where(has_dev & (dev_ns > m_dev), m_dev / np.maximum(dev_ns, 1), 1.0)
     host_f = np.where(host_ns > m_host, m_host / np.maximum(host_ns, 1), 1.0)
+    # the replay scales each operation down to the median rank's time in it (a slow data loader shrinks to the median
+    # loader, not every operation of its rank by the same share), and the threads' gaps by the rank's gap excess
+    work = device | host
     act_factor = np.ones(n)
-    act_factor[device] = dev_f[code[device]]
-    act_factor[host] = host_f[code[host]]
+    act_factor[work] = _name_factors(code[work], act.get_column("name").to_physical().to_numpy()[work], own[work])
+    gap_ns = np.bincount(gap_rank, weights=graph.slack[gap_edges], minlength=ranks.size)
+    m_gap = _median_rank(gap_ns.astype(np.int64))
+    gap_f = np.where(gap_ns > m_gap, m_gap / np.maximum(gap_ns, 1), 1.0)
     return Balance(ranks=ranks, device_ns=dev_ns, host_ns=host_ns, median_device_ns=m_dev, median_host_ns=m_host,
                    device_factor=dev_f, host_factor=host_f, act_factor=act_factor, own_edge=own_edge,
-                   gap_edges=gap_edges, gap_factor=host_f[gap_rank], iterations=iterations)
+                   gap_edges=gap_edges, gap_factor=gap_f[gap_rank], iterations=iterations)
+
+
+def _name_factors(rank: np.ndarray, name: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """Per activity: the median rank's total time in its operation (by name, among the ranks that run it) over its
+    rank's, at most 1."""
+    df = pl.DataFrame({"rank": rank, "name": name, "own": own})
+    per = df.group_by(["rank", "name"]).agg(pl.col("own").sum())
+    med = per.group_by("name").agg(pl.col("own").sort().alias("v")).with_columns(
+        pl.col("v").list.get((pl.col("v").list.len() - 1) // 2).alias("median")).select(["name", "median"])
+    f = per.join(med, on="name").with_columns(
+        pl.when(pl.col("own") > pl.col("median")).then(pl.col("median") / pl.col("own")).otherwise(1.0).alias("f"))
+    return df.join(f.select(["rank", "name", "f"]), on=["rank", "name"], how="left", maintain_order="left"
+                   ).get_column("f").fill_null(1.0).to_numpy()
 
 
 def apply(graph: Graph, b: Balance, weight: np.ndarray) -> None:
