@@ -72,8 +72,11 @@ def test_summary_is_what_summary_json_prints(job: tracekit.Job, capsys: pytest.C
 
 
 def test_whatif_and_verdict_are_the_cli_s(job: tracekit.Job, capsys: pytest.CaptureFixture[str]) -> None:
-    rows = job.whatif(bandwidth=["500mbit", "1gbit", 10e9], compression=[1, 4])
-    assert rows.height == 6 and rows.columns[:3] == ["bandwidth_bps", "compression", "workers"]
+    rows = job.whatif(bandwidth=["500mbit", "1gbit", 10e9], compression=[1, 4], stragglers_removed=True)
+    assert rows.height == 7 and rows.columns[:3] == ["bandwidth_bps", "compression", "workers"]
+    # the last row: the job as it ran with every rank's excess removed, the number behind "straggler-bound"
+    assert rows["stragglers_removed"].to_list() == [False] * 6 + [True]
+    assert rows["iteration_ns"][-1] == job.verdict.answer.replays["stragglers_removed"]
     assert main(["whatif", str(SAMPLE), "--link-bw", "500mbit", "--bandwidth", "500mbit,1gbit,10gbit",
                  "--compression", "1,4", "--json", "--no-cache"]) == 0
     printed = json.loads(capsys.readouterr().out)

@@ -39,7 +39,8 @@ def test_whatif_sweep_json(capsys: pytest.CaptureFixture[str]) -> None:
                  "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     rows = data["rows"]
-    assert len(rows) == 4
+    assert len(rows) == 5 and [r["stragglers_removed"] for r in rows] == [False] * 4 + [True]
+    rows = rows[:4]
     assert {"bandwidth_bps", "compression", "workers", "iteration_ns", "speedup", "scaling_factor"} <= set(rows[0])
     by = {(r["bandwidth_bps"], r["compression"]): r["iteration_ns"] for r in rows}
     assert by[(1e8, 1.0)] > by[(1e9, 1.0)] > by[(1e9, 4.0)]

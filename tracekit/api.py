@@ -428,13 +428,19 @@ class Job:
     def whatif(self, bandwidth: RateArg | Mapping[str, RateArg] | Sequence[RateArg | Mapping[str, RateArg]] | None
                = None, compression: float | Sequence[float] = 1, workers: int | Sequence[int] | None = None,
                efficiency: str | float | None = None, *, latency: str | int | None = None,
-               codec_cost: float | None = None) -> pl.DataFrame:
+               codec_cost: float | None = None, stragglers_removed: bool = False) -> pl.DataFrame:
         """Replay the job with re-costed transfers for every combination of ``bandwidth`` (line rates),
         ``compression`` (ratios) and ``workers``: one row per scenario with ``bandwidth_bps, compression, workers,
-        efficiency, links, iteration_ns, speedup, scaling_factor`` (see :func:`scenarios` for the arguments;
-        ``latency`` is the fixed cost per call, ns or ``"20us"``). The rows ``tracekit whatif`` prints."""
+        efficiency, links, stragglers_removed, iteration_ns, speedup, scaling_factor`` (see :func:`scenarios` for the
+        arguments; ``latency`` is the fixed cost per call, ns or ``"20us"``; ``stragglers_removed`` adds the row of
+        the job as it ran with every rank's excess over the median rank's work removed). The rows ``tracekit whatif``
+        prints."""
+        from tracekit.analysis.whatif import Scenario
+
         sc = scenarios(bandwidth, compression, workers, efficiency, codec_cost,
                        link_bw_known=self.line_rate_bps is not None or bool(self.analysis.line_rates))
+        if stragglers_removed:
+            sc = [*sc, Scenario(balanced=True)]
         return self.replay(sc, latency=latency)[0]
 
     def replay(self, scenarios: Sequence[Scenario], *, latency: str | int | None = None

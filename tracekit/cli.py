@@ -443,6 +443,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                               args.efficiency, args.codec_cost, link_bw_known=bool(args.link_bw))
     err = Console(stderr=True)
     job = _job(args, err)
+    if job.n_ranks > 1:  # the number behind "straggler-bound": the job as it ran with the stragglers' excess removed
+        from tracekit.analysis.whatif import Scenario
+
+        scenarios = [*scenarios, Scenario(balanced=True)]
     rows, verdict = job.replay(scenarios, latency=args.latency)
     model = job.analysis.whatif
     # the job's one verdict (its own per-call latency); under another --latency only the link replays' answer

@@ -295,8 +295,10 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     x_free = measured / free if free else float("inf")
     x_bal = measured / balanced if balanced else float("inf")
     several = model.balance.ranks.size > 1
-    replay_line = f"Replays: communication free {x_free:.2f}x faster" + (
-        f"; every rank's excess over the median rank's work removed {x_bal:.2f}x." if several else ".")
+    replay_line = (f"Replays (against the job replayed as measured, {_ms(measured)}): communication free {_ms(free)} "
+                   f"({x_free:.2f}x faster)" + (
+                       f"; every rank's excess over the median rank's work removed {_ms(balanced)} ({x_bal:.2f}x)."
+                       if several else "."))
     support: list[str] = [replay_line]
     if stragglers:
         support.append(_detail(stragglers))

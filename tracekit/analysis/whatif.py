@@ -648,8 +648,9 @@ def iteration_time(model: Model, times: np.ndarray) -> int:
 
 
 def sweep(model: Model, scenarios: list[Scenario]) -> pl.DataFrame:
-    """Rows ``bandwidth_bps, compression, workers, efficiency, links, iteration_ns, speedup, scaling_factor``
-    (``bandwidth_bps`` NaN where links keep different rates; ``links`` the per-link rates a scenario set)."""
+    """Rows ``bandwidth_bps, compression, workers, efficiency, links, stragglers_removed, iteration_ns, speedup,
+    scaling_factor`` (``bandwidth_bps`` NaN where links keep different rates; ``links`` the per-link rates a scenario
+    set; ``stragglers_removed`` whether every rank's excess over the median rank's work was removed)."""
     free, *predicted = predict_many(model, [Scenario(free=True), *scenarios])
     rows = []
     for sc, t in zip(scenarios, predicted, strict=True):
@@ -659,10 +660,12 @@ def sweep(model: Model, scenarios: list[Scenario]) -> pl.DataFrame:
             "workers": sc.workers or model.workers,
             "efficiency": str(sc.efficiency),
             "links": ",".join(f"{k}={format_rate(v)}" for k, v in sc.links) or None,
+            "stragglers_removed": sc.balanced,
             "iteration_ns": t,
             "speedup": model.measured_iteration_ns / t if t else math.inf,
             "scaling_factor": free / t if t else 1.0,
         })
     return pl.DataFrame(rows, schema={"bandwidth_bps": pl.Float64, "compression": pl.Float64, "workers": pl.Int64,
-                                      "efficiency": pl.String, "links": pl.String, "iteration_ns": pl.Int64,
+                                      "efficiency": pl.String, "links": pl.String, "stragglers_removed": pl.Boolean,
+                                      "iteration_ns": pl.Int64,
                                       "speedup": pl.Float64, "scaling_factor": pl.Float64})

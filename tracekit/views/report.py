@@ -316,7 +316,10 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
         table.add_column(col, justify="right")
     for row in rows.iter_rows(named=True):
         rate = row["bandwidth_bps"]
-        table.add_row(format_rate(rate) if rate and rate == rate else "as measured",
+        first = format_rate(rate) if rate and rate == rate else "as measured"
+        if row.get("stragglers_removed"):  # the number behind "straggler-bound"
+            first = "stragglers removed"
+        table.add_row(first,
                       *([row["links"] or "–"] if named else []),
                       f"{row['compression']:g}x", str(row["workers"]), row["efficiency"], fmt_ns(row["iteration_ns"]),
                       f"{row['speedup']:.2f}x", f"{row['scaling_factor']:.2f}")
