@@ -147,7 +147,7 @@ def child_atheris(a: argparse.Namespace) -> None:
             json_stream,
             kineto,
             kineto_comms,
-            nccl_log,
+            nccl,
             source,
             timestamps,
         )

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracekit.parsers.nccl_log import DTYPES, split_comm_id
+from tracekit.parsers.nccl import DTYPES, split_comm_id
 
 #: one version per grammar era (FORMATS.md 2.3 tables), oldest first
 ERAS = ("2.4.8", "2.5.6", "2.7.8", "2.8.4", "2.12.12", "2.14.3", "2.16.5", "2.18.5", "2.20.5",

@@ -127,3 +127,29 @@ def test_the_layer_test_catches_an_upward_import(tmp_path: Path) -> None:
     """A view importing the CLI would be refused (so the test above can fail)."""
     assert layer("tracekit.cli") > layer("tracekit.views.report") > layer("tracekit.analysis.dag")
     assert layer("tracekit.parsers.kineto") < layer("tracekit.loading.traceset")
+
+
+#: what the NCCL-log package may import of tracekit: the data model, itself and the parsers' shared readers
+NCCL_MAY_IMPORT = ("tracekit.model", "tracekit.parsers.nccl", "tracekit.parsers.source")
+
+
+def test_the_nccl_parser_imports_no_other_format() -> None:
+    """``tracekit.parsers.nccl`` stands alone (relative imports resolved): no Kineto or Horovod module, nothing
+    above the parsers."""
+    bad = []
+    for module, path in MODULES.items():
+        if not (module == "tracekit.parsers.nccl" or module.startswith("tracekit.parsers.nccl.")):
+            continue
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                names = [f"{base}.{node.module}" if node.module else base] if node.level else [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for n in names:
+                if n.startswith("tracekit") and not any(n == p or n.startswith(p + ".") for p in NCCL_MAY_IMPORT):
+                    bad.append(f"{module} imports {n} (line {node.lineno})")
+    assert not bad, bad

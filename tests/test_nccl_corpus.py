@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tracekit.parsers import detect, nccl_log
+from tracekit.parsers import detect, nccl
 
 DATA = Path(__file__).parent / "data" / "nccl"
 
@@ -111,10 +111,10 @@ def test_every_excerpt_is_listed_and_described() -> None:
 def test_excerpt(name: str) -> None:
     exp = CORPUS[name]
     path = DATA / name
-    assert nccl_log.sniff(path.read_bytes()[:65536])
+    assert nccl.sniff(path.read_bytes()[:65536])
     fmt = detect(str(path))
     assert fmt is not None and fmt.name == "nccl-log"
-    pf = nccl_log.parse(str(path))
+    pf = nccl.parse(str(path))
     assert pf.meta["nccl_version"] == exp.version
     assert [(p["host"], p["pid"], p["rank"], p["rank_source"]) for p in pf.meta["processes"]] == exp.procs
     coll = pl.from_arrow(pf.collectives)
@@ -161,7 +161,7 @@ def _in_era(version: str, text: str) -> bool:
 
 
 def _parse(name: str):  # type: ignore[no-untyped-def]
-    return nccl_log.parse(str(DATA / name))
+    return nccl.parse(str(DATA / name))
 
 
 def test_issue_example_gives_collective_instances() -> None:

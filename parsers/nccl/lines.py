@@ -1,11 +1,11 @@
 """The per-line path of the NCCL log parser, and the state of one parse (:class:`_Parser`).
 
-Each block of lines goes through the columnar path first (:mod:`._nccl_columnar`); the lines it leaves are
-classified here one by one with the regexes of :mod:`._nccl_grammar` -- Init, transport, ring and tree,
+Each block of lines goes through the columnar path first (:mod:`.columnar`); the lines it leaves are
+classified here one by one with the regexes of :mod:`.grammar` -- Init, transport, ring and tree,
 TUNING, nNodes, WARN and watchdog lines, interleaved, bare and damaged lines -- into the parse state:
 communicator instances (:class:`_Comm`), processes (:class:`_Proc`), rows, counters and the kinds of lines
-not understood. Resolving across lines happens once the whole log is read (:mod:`._nccl_comms`,
-:mod:`._nccl_tuning`, :mod:`._nccl_tables`).
+not understood. Resolving across lines happens once the whole log is read (:mod:`.comms`,
+:mod:`.tuning`, :mod:`.tables`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import pyarrow as pa
 
 from tracekit.model.diagnostics import Diagnostic
 
-from ._nccl_columnar import _fast_block, _utf8_lines
-from ._nccl_grammar import (
+from .columnar import _fast_block, _utf8_lines
+from .grammar import (
     ANCHOR,
     BARE,
     CHANNEL_COUNT,
@@ -148,7 +148,7 @@ class _Parser:
 
     def __init__(self, path: str, max_line: int) -> None:
         self.path = path
-        #: the reader's line limit (:data:`nccl_log.MAX_LINE`): a longer line is not run through the regexes
+        #: the reader's line limit (:data:`.reader.MAX_LINE`): a longer line is not run through the regexes
         self.max_line = max_line
         self.diagnostics: list[Diagnostic] = []
         self.coll_tables: list[pa.Table] = []

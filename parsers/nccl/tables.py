@@ -1,7 +1,7 @@
 """The output tables of the NCCL log parser, from the parse state once communicators are resolved: the raw
 COLL rows (:func:`_prepare_raw`) resolved into ``collectives`` and ``nccl_calls`` (:func:`_collectives`),
 ``topology`` and ``nccl_connections``, ``nccl_graph``, ``nccl_comms``, the check that the members of a call
-agree, and ``meta`` (:mod:`tracekit.parsers.nccl_log` documents every column).
+agree, and ``meta`` (:mod:`tracekit.parsers.nccl` documents every column).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pyarrow as pa
 from tracekit.model.diagnostics import Diagnostic
 from tracekit.model.schema import TOPOLOGY, table
 
-from ._nccl_columnar import _DICT, _RAW_COLL
-from ._nccl_comms import _candidates, _graph_rank, _only_comm
-from ._nccl_grammar import DTYPES, FULL_BUFFER_OPS, REST, ROOTED_OPS, TIMESTAMP, _norm_op
-from ._nccl_lines import _Comm, _Parser, _version_tuple
+from .columnar import _DICT, _RAW_COLL
+from .comms import _candidates, _graph_rank, _only_comm
+from .grammar import DTYPES, FULL_BUFFER_OPS, REST, ROOTED_OPS, TIMESTAMP, _norm_op
+from .lines import _Comm, _Parser, _version_tuple
 
 
 def _plain(t: pa.Table) -> pa.Table:

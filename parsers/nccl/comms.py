@@ -1,4 +1,4 @@
-"""Communicators across the whole log, once every line is read (:mod:`tracekit.parsers.nccl_log`).
+"""Communicators across the whole log, once every line is read (:mod:`tracekit.parsers.nccl`).
 
 The instance each COLL line is on; their ids -- logged, derived with NCCL's own split hash (2.27+),
 synthetic before 2.16, inferred without Init lines; the global rank of every process; the communicator of
@@ -18,8 +18,8 @@ import polars as pl
 
 from tracekit.model.diagnostics import Diagnostic
 
-from ._nccl_grammar import LAUNCHER_RANK
-from ._nccl_lines import _Comm, _Parser
+from .grammar import LAUNCHER_RANK
+from .lines import _Comm, _Parser
 
 # ---------------------------------------------------------------------------------------------------
 # communicator ids NCCL never prints (2.27+ splits) -- the same hash NCCL computes (src/include/utils.h)

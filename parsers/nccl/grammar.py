@@ -1,9 +1,9 @@
 """The vocabulary and grammar of NCCL debug lines (FORMATS.md 2.2-2.6), shared by the stages of
-:mod:`tracekit.parsers.nccl_log`.
+:mod:`tracekit.parsers.nccl`.
 
 Vocabulary: datatype ids, op, algorithm and protocol names. Grammar: one regex per message kind for the
-per-line path (:mod:`._nccl_lines`), with the eras that print each form; :data:`KNOWN`, the messages that
-hold nothing tracekit uses; and the sniffer's pattern. The columnar path (:mod:`._nccl_columnar`) reads
+per-line path (:mod:`.lines`), with the eras that print each form; :data:`KNOWN`, the messages that
+hold nothing tracekit uses; and the sniffer's pattern. The columnar path (:mod:`.columnar`) reads
 COLL and TUNING lines by token position instead; its few token patterns live beside it.
 """
 
