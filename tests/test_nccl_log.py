@@ -768,7 +768,7 @@ def test_launcher_rank_beats_the_device(tmp_path):
 def test_lines_not_understood_are_listed_by_kind(tmp_path):
     """Issue 16 #5: every NCCL line the parser has no rule for is counted under its kind, with its first
     example, in one diagnostic; known lines of no interest are not."""
-    extra = ["Setting affinity for GPU 0 to ffff,ffffffff", "NCCL_P2P_LEVEL set by environment to NVL",
+    extra = ["Setting affinity for GPU 0 to ffff,ffffffff", "Allocated 4194304 bytes of device memory",
              "Frobnicating channel 3 with 17 widgets", "Frobnicating channel 4 with 2 widgets",
              "Quux mode enabled", "AllReduce: opCount 1 sendbuff 0x1 recvbuff"]
     text = _one_process_excerpt() + "".join(f"gpu-node-03:48213:48391 [0] NCCL INFO {x}\n" for x in extra)

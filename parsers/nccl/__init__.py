@@ -58,9 +58,10 @@ of each ``[dev]`` are then one pseudo-process with host ``""`` and pid ``-2 - de
 * ``lane`` -- ``nccl/stream <cudaStream pointer>``; ``source`` -- ``nccl-log``.
 
 ``topology`` (TOPOLOGY schema), one row per transport line (``Ring/Channel NN[/c] : a[x] -> b[y]
-[send|receive] via T``): ``rank`` is the rank **in the communicator** of the process that logged it
-(``a``, or ``b`` for ``[receive]``), ``peer`` the other end (in-comm, like ``rank``), ``transport`` the
-family (``P2P SHM NET/IB NET/Socket NET/<plugin> COLLNET NVLS ...``), ``detail`` the whole ``via`` text.
+[send|receive] via T``, CollNet's ``Coll NN : a [send] via COLLNET/...`` of 2.7-2.11 and ``CollNet NN/c : ...``):
+``rank`` is the rank **in the communicator** of the process that logged it (``a``, or ``b`` for ``[receive]``),
+``peer`` the other end (in-comm, like ``rank``), ``transport`` the family (``P2P SHM NET/IB NET/Socket NET/<plugin>
+COLLNET NVLS ...``; ``via direct shared memory`` of 2.4-2.13 is ``SHM``), ``detail`` the whole ``via`` text.
 Transport lines do not name their communicator: they are attributed to the communicator being
 initialised by that process (between Init START and COMPLETE, after its nNodes line, or before a COMPLETE
 in eras without START), or -- for lazily connected channels -- to the comm of the process's last COLL
@@ -93,7 +94,7 @@ Extra tables (``ParsedFile.tables``), all with a ``line`` column (1-based line o
   brackets, opaque strings) ``dev_kind`` (what the brackets are: ``cudaDev`` <= 2.4, ``busId``
   2.5-2.18.1, ``nvmlDev`` >= 2.18.3, null if the era is unknown) ``global_rank`` (of the process that
   logged it) ``orphan``.
-* ``nccl_graph`` -- ring orders (``kind=ring``, rank 0 of the comm prints them: ``value`` = the
+* ``nccl_graph`` (NCCL_GRAPH) -- ring orders (``kind=ring``, rank 0 of the comm prints them: ``value`` = the
   space-separated in-comm ranks), ring neighbours (``kind=ring_link``, 2.19+ ``Ring 02 : 2 -> 0 -> 1``,
   every rank: ``value`` = ``prev->rank->next``) and trees (``kind=tree``: ``value`` =
   ``children->rank->parent`` from ``Trees [c] ...`` and 2.19+ ``Tree c : up -> rank -> children``, or the
@@ -107,16 +108,33 @@ Extra tables (``ParsedFile.tables``), all with a ``line`` column (1-based line o
 * ``nccl_warnings`` -- WARN (and other non-INFO/TRACE levels) lines: ``host pid tid device level loc``
   (``file.cc:line``) ``func`` (2.30.7+) ``message log_time``; indented continuation lines are appended
   to the message.
-* ``pytorch_watchdog`` -- ProcessGroupNCCL watchdog lines: ``rank seq_num op_type numel_in numel_out
-  timeout_ms text``.
+* ``pytorch_watchdog`` -- PyTorch ProcessGroupNCCL watchdog lines of every era (``[Rank 3]``, ``[PG 0 Rank 3]``,
+  ``[PG 0 (default_pg) Rank 3]``, ``[PG ID 0 PG GUID 0(default_pg) Rank 3]``; a file of nothing else is an NCCL log
+  too): ``rank seq_num op_type numel_in numel_out timeout_ms text`` ``kind`` (``timeout``: ``Watchdog caught
+  collective operation timeout: WorkNCCL(SeqNum=..., OpType=...)``; ``exception``: ``... detected by watchdog at
+  work: N`` / ``Timeout at NCCL work: N``; ``dump``: ``Received a dump signal ... from rank R``; ``progress``;
+  ``failed``) ``pg`` (the PG id, with its description) ``last_enqueued last_completed`` (the last work the rank
+  enqueued and completed) ``ran_ms dump_from log_time`` (a glog header's time).
+* ``communicators`` (COMMUNICATORS of :mod:`tracekit.model.schema`) -- one row per communicator instance per
+  process, as ``nccl_comms`` but in the public schema: ``comm_id rank nranks nnodes local_ranks local_rank host``
+  (null for lines without a host prefix) ``pid global_rank cuda_dev nvml_dev bus_id nccl_version network``
+  (its ``Using network X``) ``calls init_line ...``.
+* ``nccl_network`` (NCCL_NETWORK) -- the network devices of each process's ``NET/IB : Using [0]mlx5_0:1/IB ...``
+  and ``NET/Socket : Using [0]eth0:10.0.0.1<0>`` lines (``net index device port link`` -- IB or RoCE --
+  ``address oob``), with ``gdr`` (GPU Direct RDMA, from the GDR lines of every era: null when none speaks of that
+  HCA) ``gdr_line gdr_reason``.
 
 ``meta``: ``format_version`` / ``nccl_version`` (from the version line; ``None`` without one),
 ``era`` (version range inferred from the formats seen, e.g. ``2.21.0-2.23.x``), ``backend``
 (``nccl``), ``world_size`` (largest comm), ``network`` (``IB``, ``Socket``, ...), ``processes`` (list
-of ``{host, pid, rank, rank_source, nranks, devices, comms, version, network, prefixes}``, ``comms``
+of ``{host, pid, rank, rank_source, nranks, devices, comms, version, version_line, network, prefixes, plugin,
+env, net_issues}``: ``plugin`` the network plugin (``internal`` or the name of the one loaded), ``env`` the ``NCCL_*
+set by environment to`` lines (``{name: {value, line}}``), ``net_issues`` the lines saying InfiniBand was not used
+(``NET/IB : No device found.``, ``Failed to open libibverbs``: ``[{kind, line, text}]``); ``comms``
 being ``[{comm, comm_id, rank, nranks, cuda_dev, bus_id, parent, color, key}]``; ``rank_source`` as
-for ``collectives.rank`` above), and when the file holds exactly one process also ``rank host pid
-device``. Counters: ``lines blank_lines nccl_lines ignored_lines`` (NCCL messages known to hold nothing
+for ``collectives.rank`` above), ``versions`` (every NCCL version of the file: ``{version: {count, line}}``), and
+when the file holds exactly one process also ``rank host pid device``. Counters: ``lines blank_lines nccl_lines
+ignored_lines`` (NCCL messages known to hold nothing
 tracekit uses: :data:`.grammar.KNOWN`) ``unrecognised_lines`` (NCCL lines not understood: messages of no known
 kind, and ``damaged_lines``, lines of a known kind whose text does not fit it) ``unparsed_lines`` (lines
 nothing was read from: text that is not NCCL's, and the damaged lines) ``bare_lines`` (without
@@ -141,7 +159,8 @@ Modules, one stage each (this package's ``__init__`` is its public face: the nam
 ``MAX_LINE``, which tests shrink with monkeypatch on that module -- and putting it together),
 :mod:`.grammar` (vocabulary and regexes), :mod:`.columnar` (the columnar path), :mod:`.lines` (the per-line
 path and the parse state), :mod:`.comms` (communicator instances, ids and ranks; lines that name no
-communicator), :mod:`.tuning` (TUNING lines to calls) and :mod:`.tables` (the output tables and ``meta``).
+communicator), :mod:`.network` (network devices, GPU Direct RDMA, the plugin, ``NCCL_*`` settings),
+:mod:`.tuning` (TUNING lines to calls) and :mod:`.tables` (the output tables and ``meta``).
 """
 
 from __future__ import annotations

@@ -36,8 +36,10 @@ from .tables import (
     _check_sizes,
     _collectives,
     _comms_table,
+    _communicators,
     _graph,
     _meta,
+    _network,
     _plain,
     _prepare_raw,
     _rows_table,
@@ -45,7 +47,7 @@ from .tables import (
 )
 from .tuning import _apply_tuning, _attach_tuning
 
-PARSER_VERSION = "3"
+PARSER_VERSION = "4"
 FORMAT = "nccl-log"
 
 #: Decompressed bytes per block: big enough to amortise the per-block kernels, small enough to keep
@@ -144,7 +146,7 @@ def parse(path: str) -> ParsedFile:
         raise damage.read_error
     if total == 0:
         raise TraceError(path, "empty file")
-    has_nccl = (st.counts["nccl_lines"] or st.versions or st.counts["orphan_lines"])
+    has_nccl = (st.counts["nccl_lines"] or st.versions or st.counts["orphan_lines"] or st.watchdog)
     if not has_nccl:
         raise TraceError(path, "no NCCL log lines found (expected lines like "
                          "'host:pid:tid [dev] NCCL INFO ...' from NCCL_DEBUG=INFO)", line=1)
@@ -155,8 +157,8 @@ def _finish(st: _Parser, damage: _Damage) -> ParsedFile:
     """Resolve what needs the whole log (communicator ids, ranks, attribution, tuning) into tables."""
     path = st.path
     diags = st.diagnostics
-    if st.counts["init_complete_with_id"] and not st.counts["init_start_lines"]:
-        st.era(hi=(2, 18, 2))  # commIds but no Init START lines: 2.16-2.18.1
+    if st.counts["init_complete_with_id"] and not st.counts["init_start_lines"] and st.era_lo < (2, 18, 3):
+        st.era(hi=(2, 18, 2))  # commIds but no Init START lines: 2.16-2.18.1 (unless newer forms say an excerpt)
     raw = _prepare_raw(st, st.comms)
     comm_idx = _comm_index(st, raw)
     ctx = _context_index(st, raw.select("host", "pid", "line").with_columns(comm_idx))
@@ -186,6 +188,7 @@ def _finish(st: _Parser, damage: _Damage) -> ParsedFile:
     })
     calls = coll.select(list(_CALLS_SCHEMA)).to_arrow()
     comm_rows = _comms_table(comms, coll)
+    communicators = _communicators(st, comms, procs_df, coll)
     meta = _meta(st, comms, procs_df, world)
     tables = {
         "nccl_calls": calls,
@@ -195,6 +198,8 @@ def _finish(st: _Parser, damage: _Damage) -> ParsedFile:
         "nccl_tuning": tuning.to_arrow(),
         "nccl_warnings": _rows_table(st.warnings, _WARN_SCHEMA),
         "pytorch_watchdog": _rows_table(st.watchdog, _WATCHDOG_SCHEMA),
+        "communicators": communicators,
+        "nccl_network": _network(st),
     }
     tables = {k: _plain(v) for k, v in tables.items()}
     complete = damage.read_error is None
