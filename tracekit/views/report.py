@@ -60,8 +60,14 @@ def render_summary(console: Console, result: Analysis) -> None:
     job = summary.job(result.breakdown)
     if not job.get("ranks"):
         # no profiler trace with activity: what the other inputs tell
-        console.print("no iterations found: no profiler trace with activity among the inputs")
+        if any(f.format == "nccl-log" for f in result.traces.files) and all(
+                f.format == "nccl-log" for f in result.traces.files):
+            console.print("no iterations found: NCCL debug logs only, no profiler trace (give the job's traces "
+                          "with the logs for the iteration breakdown)", highlight=False)
+        else:
+            console.print("no iterations found: no profiler trace with activity among the inputs")
         render_nccl(console, result.collectives, result.traces.topology)
+        render_topology(console, result)
         return
     title = f"{job['ranks']} ranks · {job['iterations']} iterations"
     if result.notes:
@@ -98,13 +104,15 @@ def render_summary(console: Console, result: Analysis) -> None:
     if any(f.format == "nccl-log" for f in result.traces.files):
         console.print()
         render_nccl(console, result.collectives, result.traces.topology)
+        render_topology(console, result)
     from tracekit.views import verdict
 
     console.print()
     console.print(verdict.paragraph(job, strag, summary.collectives_overview(result.instances),
                                     line_rate_bps=result.line_rate_bps, line_rate_source=result.line_rate_source,
                                     n_ranks=result.ranks.num_rows,
-                                    sizes=summary.transfer_sizes(result.collectives)), soft_wrap=False)
+                                    sizes=summary.transfer_sizes(result.collectives),
+                                    link_classes=result.link_busy.to_pylist()), soft_wrap=False)
     answer = result.bottleneck
     if answer is not None:
         console.print()
@@ -328,6 +336,67 @@ def render_nccl(console: Console, collectives: object, topology: object) -> None
                       text(", ".join(row["algorithms"] or []) or "–"), text(", ".join(row["protocols"] or []) or "–"),
                       text(", ".join(row["transports"] or []) or "–"))
     console.print(table)
+
+
+#: problems of one kind listed in the summary (the rest are counted; --json and export have them all)
+MAX_PROBLEMS_SHOWN = 8
+
+
+def render_topology(console: Console, result: Analysis) -> None:
+    """The NCCL topology section: the overview line, versions, network and devices, the communicators with their
+    link class and transports, then the problems of the logs with their file and line."""
+    o = result.topology_overview
+    if o:
+        console.print()
+        console.print("[bold]NCCL topology[/] (from the debug logs): " + text(o["text"]), soft_wrap=True)
+        facts = []
+        if o.get("nccl_versions"):
+            facts.append("NCCL " + ", ".join(o["nccl_versions"]))
+        if o.get("networks"):
+            net = "network " + ", ".join(o["networks"])
+            if o.get("devices"):
+                net += " (" + ", ".join(o["devices"][:6]) + (", …" if len(o["devices"]) > 6 else "") + ")"
+            facts.append(net)
+        if o.get("plugins"):
+            facts.append("net plugin " + ", ".join(o["plugins"]))
+        if facts:
+            console.print("  " + text(" · ".join(facts)), highlight=False)
+        per = o.get("per_communicator") or []
+        if per:
+            table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, caption_justify="left",
+                          caption="link: inter = its traffic crosses hosts (the NIC binds), intra = inside one host; "
+                                  "– = the logs do not show")
+            for col, just in (("commId", "left"), ("ranks", "right"), ("logged", "right"), ("nodes", "right"),
+                              ("link", "left"), ("binds on", "left"), ("transports", "left")):
+                table.add_column(col, justify=just)  # type: ignore[arg-type]
+            for r in per[:16]:
+                table.add_row(text(r["comm_id"]), str(r["nranks"] if r["nranks"] is not None else "–"),
+                              str(r["members"]), str(r["nnodes"] if r["nnodes"] is not None else "–"),
+                              r["link_class"] or "–", text(r["transport"] or "–"), text(r["transports"] or "–"))
+            console.print(table)
+            if len(per) > 16:
+                console.print(f"… and {len(per) - 16} more communicators (export the communicators table)")
+    render_problems(console, result.nccl_problems)
+
+
+def render_problems(console: Console, problems: object) -> None:
+    """The NCCL logs' problems (NCCL_PROBLEMS), each as ``file:line: message``, a few per kind."""
+    rows = problems.to_pylist() if problems is not None else []  # type: ignore[attr-defined]
+    if not rows:
+        return
+    console.print()
+    console.print(f"[bold]problems in the NCCL logs[/] ({len(rows)})")
+    shown: dict[str, int] = {}
+    for r in rows:
+        shown[r["kind"]] = shown.get(r["kind"], 0) + 1
+        if shown[r["kind"]] > MAX_PROBLEMS_SHOWN:
+            continue
+        where = r["path"] + (f":{r['line']}" if r["line"] is not None else "")
+        console.print(f"  [yellow]{text(r['kind'])}[/] {text(where)}: {text(r['message'])}", soft_wrap=True,
+                      highlight=False)
+    for kind, n in shown.items():
+        if n > MAX_PROBLEMS_SHOWN:
+            console.print(f"  … and {n - MAX_PROBLEMS_SHOWN} more {text(kind)} (--json or export for all)")
 
 
 # ---------------------------------------------------------------------------------------------------
