@@ -140,7 +140,8 @@ def view_classes() -> list[type[View]]:
     from tracekit.tui.overview import OverviewView
     from tracekit.tui.tensors_view import TensorsView
     from tracekit.tui.timeline_view import TimelineView
+    from tracekit.tui.topology_view import TopologyView
     from tracekit.tui.whatif_view import WhatIfView
 
     return [OverviewView, IterationsView, TimelineView, CriticalPathView, CollectivesView, WhatIfView, TensorsView,
-            OpsView, DiffView]
+            OpsView, DiffView, TopologyView]
