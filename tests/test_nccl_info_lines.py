@@ -202,3 +202,60 @@ def test_a_file_with_no_nccl_line_is_still_refused(tmp_path: Path) -> None:
     assert detect(str(path)) is None
     with pytest.raises(TraceError, match="no NCCL log lines"):
         nccl.parse(str(path))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# what a real PyTorch run prints (gloo on this machine: NCCL needs a GPU, so no NCCL line can be recorded here)
+
+_GLOO_JOB = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4)
+dist.all_reduce(t)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_real_torchrun_log_and_its_prefixes(tmp_path: Path) -> None:
+    """A real 2-rank gloo job under torchrun (``--tee 3``, C++ logging at INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL): its
+    output holds no NCCL line and is not taken for an NCCL log; with a watchdog message (PyTorch's format, as
+    ProcessGroupNCCL prints it) behind the prefixes this PyTorch really prints (``[default1]:[rank1]:[I1127
+    16:16:26.867001447 ProcessGroupWrapper.cpp:710] [Rank 1] ...``), the rank and the glog time are read."""
+    import importlib.util
+    import os
+    import re
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    script = tmp_path / "job.py"
+    script.write_text(_GLOO_JOB)
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "--tee", "3", str(script)], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = tmp_path / "torchrun.log"
+    out.write_text(run.stdout + run.stderr)
+    assert detect(str(out)) is None  # PyTorch's own lines are no NCCL log
+    lines = [x for x in (run.stdout + run.stderr).splitlines() if "] [Rank " in x and "ProcessGroup" in x]
+    assert lines, "no rank-prefixed c10d line: PyTorch's logging changed"
+    m = re.match(r"^(?P<prefix>.*\] \[Rank (?P<rank>\d+)\] )", lines[0])
+    assert m is not None
+    prefix = m["prefix"].replace("ProcessGroupWrapper.cpp", "ProcessGroupNCCL.cpp")
+    glog = re.search(r"\[[IWE](\d{3,4} [\d:.]+) ", prefix)
+    assert glog is not None
+    path = tmp_path / "hang.log"
+    path.write_text(prefix + "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, "
+                    "NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for 600412 milliseconds before timing out.\n"
+                    + prefix + "Exception (either an error or timeout) detected by watchdog at work: 7, last enqueued "
+                    "NCCL work: 7, last completed NCCL work: 6.\n")
+    fmt = detect(str(path))
+    assert fmt is not None and fmt.name == "nccl-log"
+    w = frame(nccl.parse(str(path)), "pytorch_watchdog")
+    assert w.select("rank", "kind", "seq_num", "last_enqueued", "last_completed").rows() == [
+        (int(m["rank"]), "timeout", 7, None, None), (int(m["rank"]), "exception", 7, 7, 6)]
+    assert w["log_time"].to_list() == [glog[1]] * 2
