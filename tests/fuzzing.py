@@ -411,6 +411,8 @@ def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analys
             result = run_analysis(assemble([parsed]))
             if not result.horovod_only:  # the lazily built results too: graph, critical path, what-if
                 _ = result.critical_path_summary, result.bottleneck
+            # the NCCL logs' topology, problems and link classes
+            _ = result.topology_overview, result.nccl_problems, result.link_busy
         except TraceError:
             pass
         except (KeyboardInterrupt, SystemExit):

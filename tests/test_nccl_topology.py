@@ -197,7 +197,8 @@ PG_CONFIG = [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:n
 
 def _rank_events(rank: int, steps: int = 3) -> list[kt.Ev]:
     """Per 10 ms step: compute [0.5, 4) ms, the tensor-parallel all-reduce of its pair [4, 5) ms (pg 1 or 2), compute
-    [5, 6) ms, the data-parallel all-reduce of all four [6, 9) ms (pg 0)."""
+    [5, 6) ms, the data-parallel all-reduce of all four [6, 9) ms (pg 0) on the compute stream (the next step's
+    compute waits for it, as an optimizer step waits for the gradients)."""
     evs: list[kt.Ev] = []
     tp = "1" if rank < 2 else "2"
     for k in range(steps):
@@ -205,7 +206,7 @@ def _rank_events(rank: int, steps: int = 3) -> list[kt.Ev]:
         c = 1000 + 10 * k
         evs.append(kt.Ev(f"ProfilerStep#{k + 1}", "user_annotation", base, 10 * MS, tid=1))
         plan = [("sgemm_kernel", MS // 2, 4 * MS, None, None, 7), ("tp", 4 * MS, 5 * MS, tp, 2, 14),
-                ("add_kernel", 5 * MS, 6 * MS, None, None, 7), ("dp", 6 * MS, 9 * MS, "0", 4, 13)]
+                ("add_kernel", 5 * MS, 6 * MS, None, None, 7), ("dp", 6 * MS, 9 * MS, "0", 4, 7)]
         for j, (name, s, e, pg, n, stream) in enumerate(plan):
             corr = c + j
             evs.append(kt.Ev("cudaLaunchKernel", "cuda_runtime", base + 100_000 * (j + 1), 1000, tid=1,
@@ -329,9 +330,10 @@ def test_whatif_and_link_bw_accept_transport_names(job_dir: Path, capsys: pytest
     assert parse_link_rates("inter=400gbit,net/ib=100gbit,nvlink=900GB/s") == (None, {
         "inter": 4e11, "net/ib": 1e11, "nvlink": 7.2e12})
     assert main(["whatif", "--no-cache", str(job_dir), "--link-bw", "net=100gbit,nvlink=2400gbit", "--bandwidth",
-                 "net=400gbit", "--json"]) == 0
+                 "net=25gbit,net=400gbit", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert rows[0]["links"] == "net=400 Gbit/s"  # (the made-up job waits for no all-reduce: no speed-up)
+    assert [r["links"] for r in rows] == ["net=25 Gbit/s", "net=400 Gbit/s"]
+    assert rows[0]["speedup"] < 0.9 and rows[1]["speedup"] >= 1  # the data-parallel all-reduce paces the next step
     with pytest.raises(TraceError, match="intra, inter or a transport"):
         parse_link_rates("ib+x=1gbit")
 
