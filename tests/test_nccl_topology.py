@@ -38,7 +38,8 @@ def load(*paths: str | Path, **kw) -> tracekit.Job:  # type: ignore[no-untyped-d
     ("2.21_ray_workers.log", "2 nodes × 1 GPU; inter-node NET/Socket — no InfiniBand found: check NCCL_IB_*"),
     ("2.7_ib_openmpi.log", "2 nodes × 2 GPUs; intra-node P2P/IPC, inter-node NET/IB (GPU Direct RDMA)"),
     ("2.18_ib_gdr_disabled.log", "2 nodes × 1 GPU; inter-node NET/IB (no GPU Direct RDMA)"),
-    ("2.21_ring_cut_64ranks.log", "8 nodes × 8 GPUs; intra-node P2P/CUMEM, inter-node NET/IBext_v8"),
+    ("2.21_ring_cut_64ranks.log", "8 nodes × 8 GPUs; intra-node P2P/CUMEM, inter-node NET/IBext_v8 (GPU Direct "
+     "RDMA)"),
     ("2.4_info_only_p2p_shm.log", "1 node × 4 GPUs; intra-node P2P/IPC, SHM"),
     ("2.19_info_only_no_host_roce.log", "1 node × 2 GPUs; intra-node P2P/CUMEM"),
     ("2.19_excerpt_rank8_no_init.log", "intra-node P2P/IPC, inter-node NET/Socket — no InfiniBand found: check "

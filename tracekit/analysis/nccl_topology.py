@@ -294,7 +294,7 @@ def overview(comms: pa.Table, conns: pl.DataFrame, links: pl.DataFrame, networks
             if dev:
                 devices.append(f"{dev}:{port}/{link}" if port is not None and link else dev)
     out["devices"] = sorted(set(devices))
-    ib = conns.filter(pl.col("family").is_in(["NET/IB", "NET/IBext"])) if conns.height else conns
+    ib = conns.filter(pl.col("family").str.starts_with("NET/IB")) if conns.height else conns  # IB and its plugins
     out["gdr"] = None
     if ib.height:
         gdr = ib.get_column("detail").str.contains("GDRDMA")
