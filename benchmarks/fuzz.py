@@ -146,7 +146,7 @@ def child_atheris(a: argparse.Namespace) -> None:
             horovod,
             json_stream,
             kineto,
-            nccl_log,
+            nccl,
             source,
             timestamps,
         )

@@ -5,7 +5,7 @@ prefixes, interleaved output, INIT/NET/transport lines, DDP-like gradient bucket
 and all-gathers, TUNING lines from rank 0) of ``--size-mb`` MB in a temporary directory, then runs in
 separate child processes (so each peak RSS is its own):
 
-* ``tracekit``: :func:`tracekit.parsers.nccl_log.parse`;
+* ``tracekit``: :func:`tracekit.parsers.nccl.parse`;
 * ``baseline``: the obvious parser -- ``for line in open(...)`` and ``re.match`` of the anchor + the
   COLL regex of FORMATS.md 2.4, appending each match's fields to a list.
 
@@ -119,10 +119,10 @@ def child_parse(path: str) -> dict:
 
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
-    from tracekit.parsers import nccl_log
+    from tracekit.parsers import nccl
 
     c0, t0 = _cpu(), time.perf_counter()
-    pf = nccl_log.parse(path)
+    pf = nccl.parse(path)
     dt, cpu = time.perf_counter() - t0, _cpu() - c0
     return {"seconds": dt, "cpu": cpu, "rows": pf.collectives.num_rows, "topology": pf.topology.num_rows,
             "tuned": pf.collectives.column("algorithm").null_count, "diagnostics": len(pf.diagnostics),

@@ -29,7 +29,7 @@ class Format:
 
 #: (format name, module) of the registered formats, most specific sniffer first. Horovod first: its sniffer
 #: rejects anything Kineto-like ("traceEvents", "cat", "tid")
-_REGISTERED = (("horovod", "horovod"), ("kineto", "kineto"), ("nccl-log", "nccl_log"))
+_REGISTERED = (("horovod", "horovod"), ("kineto", "kineto"), ("nccl-log", "nccl"))
 
 
 def _formats() -> Iterator[Format]:

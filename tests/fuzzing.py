@@ -1,7 +1,7 @@
 """Fuzzing harness shared by ``tests/test_fuzz.py`` (a small budget in CI) and ``benchmarks/fuzz.py`` (a long run).
 
 A fuzz *target* is a parser plus a seed corpus: :data:`TARGETS` is the registry, so adding a parser is one
-line (``register(Target("nccl-log", nccl_log.parse, nccl_seeds))``). Inputs are mutated seeds —
+line (``register(Target("nccl-log", nccl.parse, nccl_seeds))``). Inputs are mutated seeds —
 byte flips, truncation at every offset class (inside a string, inside a number, between records,
 inside the gzip header or body), deep nesting, huge numbers, bad UTF-8, wrong types per field, gzip of
 garbage, empty gzip members, NUL bytes — and each case is checked by :func:`check`: the only allowed
@@ -170,10 +170,10 @@ def horovod_seeds() -> list[bytes]:
 
 def _register_defaults() -> None:
     from tracekit import parsers
-    from tracekit.parsers import horovod, kineto, nccl_log
+    from tracekit.parsers import horovod, kineto, nccl
 
     register(Target("kineto", kineto.parse, kineto_seeds, formats=("kineto",)))
-    register(Target("nccl-log", nccl_log.parse, nccl_log_seeds, json_seeds=False, formats=("nccl-log",)))
+    register(Target("nccl-log", nccl.parse, nccl_log_seeds, json_seeds=False, formats=("nccl-log",)))
     register(Target("horovod", horovod.parse, horovod_seeds, formats=("horovod",)))
     # the dispatching entry point: sniffing, gzip, empty files, then whichever parser claims the file
     register(Target("any-format", parsers.parse, lambda: [
@@ -411,6 +411,8 @@ def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analys
             result = run_analysis(assemble([parsed]))
             if not result.horovod_only:  # the lazily built results too: graph, critical path, what-if
                 _ = result.critical_path_summary, result.bottleneck
+            # the NCCL logs' topology, problems and link classes
+            _ = result.topology_overview, result.nccl_problems, result.link_busy
         except TraceError:
             pass
         except (KeyboardInterrupt, SystemExit):

@@ -95,8 +95,10 @@ def _dur_text(ns: int, era: str) -> str:
 
 def write(path: str | Path, events: list[Ev], *, era: str = "relative-before", rank: int | None = 0,
           world_size: int = 2, backend: str = "nccl", gz: bool | None = None, extra_events: list[dict] | None
-          = None, finalised: bool = True, pretty: bool = False, base_ns: int = BASE_NS) -> Path:
-    """Write a Kineto trace of ``events`` as ``era`` writes it; returns the path."""
+          = None, finalised: bool = True, pretty: bool = False, base_ns: int = BASE_NS,
+          pg_config: list[dict[str, Any]] | None = None) -> Path:
+    """Write a Kineto trace of ``events`` as ``era`` writes it (``pg_config``: the process groups of its
+    ``distributedInfo``); returns the path."""
     path = Path(path)
     rendered = [render_event(e, era, base_ns) for e in events] + list(extra_events or [])
     if finalised and era != "legacy-list":
@@ -110,7 +112,9 @@ def write(path: str | Path, events: list[Ev], *, era: str = "relative-before", r
     else:
         head: list[str] = ['"schemaVersion": 1']
         if rank is not None:
-            info = {"backend": backend, "rank": rank, "world_size": world_size}
+            info: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size}
+            if pg_config is not None:
+                info["pg_count"], info["pg_config"] = len(pg_config), pg_config
             head.append('"distributedInfo": ' + json.dumps(info))
         if era == "relative-before":
             head.append(f'"baseTimeNanoseconds": {base_ns}')

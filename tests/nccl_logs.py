@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracekit.parsers.nccl_log import DTYPES, split_comm_id
+from tracekit.parsers.nccl import DTYPES, split_comm_id
 
 #: one version per grammar era (FORMATS.md 2.3 tables), oldest first
 ERAS = ("2.4.8", "2.5.6", "2.7.8", "2.8.4", "2.12.12", "2.14.3", "2.16.5", "2.18.5", "2.20.5",
@@ -255,8 +255,10 @@ def _via(job: Job, p: Proc, q: Proc, sub: bool) -> tuple[str, str]:
         if v < (2, 5, 0):
             return f"NET/{net}", f"NET/{net}/0"
         return f"NET/{net}", f"NET/{net}/{p.dev}/GDRDMA" if net == "IB" else f"NET/{net}/{p.dev}"
-    if sub and v >= (2, 7, 0):
+    if sub and v >= (2, 14, 0):
         return "SHM", "SHM/direct/direct"
+    if sub and v >= (2, 7, 0):
+        return "SHM", "direct shared memory"
     if v < (2, 7, 0):
         return "P2P", "P2P/IPC"
     if v >= (2, 19, 0):
@@ -284,19 +286,22 @@ def _conn_lines(job: Job, c: Comm, g: int) -> list[str]:
     p, q, o = job.procs[g], job.procs[nxt], job.procs[prv]
     sub = c.parent is not None
     for ch in range(2):
+        fam, via = _via(job, p, q, sub)
+        # the connection index: on NET lines from 2.12, on P2P lines from 2.14, never on SHM lines
         if v < (2, 7, 0):
             head = f"Ring {ch:02d}"
-        elif v < (2, 14, 0):
+        elif fam == "SHM" or v < ((2, 12, 0) if fam.startswith("NET") else (2, 14, 0)):
             head = f"Channel {ch:02d}"
         else:
             head = f"Channel {ch:02d}/0"
-        fam, via = _via(job, p, q, sub)
         sb = _bracket(job, p) if not (v < (2, 5, 0) and fam.startswith("NET")) else ""
         db = _bracket(job, q) if not (v < (2, 5, 0) and fam.startswith("NET")) else ""
         d = " [send]" if fam.startswith("NET") else ""
         out.append(f"{head} : {r}{sb} -> {(r + 1) % n}{db}{d} via {via}")
         fam2, via2 = _via(job, o, p, sub)
         if fam2.startswith("NET"):
+            head = (f"Ring {ch:02d}" if v < (2, 7, 0) else f"Channel {ch:02d}" if v < (2, 12, 0)
+                    else f"Channel {ch:02d}/0")
             sb = _bracket(job, o) if v >= (2, 5, 0) else ""
             db = _bracket(job, p) if v >= (2, 5, 0) else ""
             out.append(f"{head} : {(r - 1) % n}{sb} -> {r}{db} [receive] via {via2}")

@@ -36,9 +36,9 @@ ANNOTATIONS_UP = {("tracekit.analysis.pipeline", "tracekit.scale.dataset")}
 #: the longest a source file may be (lines)
 MAX_LINES = 800
 PARSERS = "tracekit.parsers"
-#: registered formats that are still modules beside the packages, with the prefix of their stage modules. The NCCL-log
-#: parser becomes parsers/nccl/ with issue 29: then this is empty (the test below fails on an entry left behind)
-NOT_YET_PACKAGES = {"nccl_log": "_nccl_"}
+#: registered formats that are still modules beside the packages, with the prefix of their stage modules (none now;
+#: the test below fails on an entry left behind)
+NOT_YET_PACKAGES: dict[str, str] = {}
 
 
 def _modules() -> dict[str, Path]:

@@ -5,13 +5,14 @@ one file, excerpts without Init lines or without the ``host:pid:tid`` prefix (is
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-from tracekit.parsers import detect, nccl_log
+from tracekit.parsers import detect, nccl
 
 DATA = Path(__file__).parent / "data" / "nccl"
 
@@ -35,6 +36,7 @@ class Expect:
     unrecognised: dict[str, int] = field(default_factory=dict)  # kind -> lines
     unparsed: int = 0
     diagnostics: list[str] = field(default_factory=list)  # substrings, one diagnostic each
+    graph_unattributed: int = 0  # ring/tree rows of no known communicator (excerpts without Init lines)
 
 
 CORPUS: dict[str, Expect] = {
@@ -95,6 +97,38 @@ CORPUS: dict[str, Expect] = {
         "2.26.2", [("gpu-c", 7001, 0, "nccl-init"), ("gpu-c", 7002, 1, "nccl-init")], 2, 1, 1,
         {"0x4b5c6d7e8f901a2b"}, 2, 0, {"P2P"}, {"ring": 1, "ring_link": 2, "tree": 2}, {"RING"},
         diagnostics=["Cuda failure 'invalid device pointer'"]),
+    # NCCL_DEBUG=INFO alone (issue 29): init, rings, trees, transports and no per-collective line
+    "2.4_info_only_p2p_shm.log": Expect(
+        "2.4.8", [("dgx1v", 2210 + r, r, "nccl-init") for r in range(4)], 0, 0, 0, set(), 8, 0, {"P2P", "SHM"},
+        {"ring": 2, "tree": 8}),
+    "2.7_info_only_socket_2nodes.log": Expect(
+        "2.7.8", [(h, pid, r, "nccl-init") for r, (h, pid) in enumerate(
+            [("trn-a01", 51200), ("trn-a01", 51213), ("trn-a01", 51226), ("trn-a01", 51239), ("trn-a02", 40924),
+             ("trn-a02", 40935), ("trn-a02", 40946), ("trn-a02", 40957)])], 0, 0, 0, set(), 20, 0,
+        {"NET/Socket", "P2P"}, {"ring": 2, "tree": 16}),
+    "2.9_collnet_coll_lines.log": Expect(
+        "2.9.9", [("sharp-n1", 9011, 0, "nccl-init"), ("sharp-n2", 9406, 1, "nccl-init")], 0, 0, 0, set(), 8, 0,
+        {"COLLNET", "NET/IB"}),
+    "2.18_ib_gdr_disabled.log": Expect(
+        "2.18.5", [("ib-node1", 7712, 0, "nccl-init"), ("ib-node2", 8054, 1, "nccl-init")], 0, 0, 0, set(), 8, 0,
+        {"NET/IB"}, {"ring": 2, "tree": 4}),
+    "2.19_excerpt_rank8_no_init.log": Expect(
+        None, [("node-b07", 118204, None, None)], 0, 0, 0, set(), 10, 10, {"NET/Socket", "P2P"},
+        {"ring_link": 4, "tree": 4}, diagnostics=["10 transport lines could not be attributed"], graph_unattributed=8),
+    "2.19_info_only_no_host_roce.log": Expect(
+        "2.19.3", [("", -2, 0, "nccl-init"), ("", -3, 1, "nccl-init")], 0, 0, 0, set(), 4, 0, {"P2P"},
+        {"ring": 2, "ring_link": 4, "tree": 4}),
+    "2.20_version_mismatch_warn_k8s.log": Expect(
+        "2.20.5", [("trainer-0", 1, 0, "nccl-init"), ("trainer-1", 1, 1, "nccl-init")], 0, 0, 0, set(), 4, 0,
+        {"NET/Socket"}, {"ring": 2, "tree": 4}, diagnostics=["NCCL WARN from trainer-1:1: socketStartConnect"]),
+    "2.21_ring_cut_64ranks.log": Expect(
+        "2.21.5", [("a100-0001", 30122, 0, "nccl-init")], 0, 0, 0, set(), 4, 0, {"NET/IBext_v8", "P2P"},
+        {"ring": 1, "ring_link": 1, "tree": 2}),
+    "pytorch_2.1_watchdog_only.log": Expect(
+        None, [], 0, 0, 0, set(), 0, 0, set(), unparsed=3, diagnostics=["3 of 8 lines are not NCCL log lines"]),
+    "pytorch_2.4_watchdog_rank_stopped.log": Expect(
+        None, [("gpu-x9", 60211 + r, r, "nccl-init") for r in range(4)], 0, 0, 0, set(), 0, 0, set(), unparsed=1,
+        diagnostics=["1 of 13 lines are not NCCL log lines"]),
 }
 
 
@@ -111,10 +145,10 @@ def test_every_excerpt_is_listed_and_described() -> None:
 def test_excerpt(name: str) -> None:
     exp = CORPUS[name]
     path = DATA / name
-    assert nccl_log.sniff(path.read_bytes()[:65536])
+    assert nccl.sniff(path.read_bytes()[:65536])
     fmt = detect(str(path))
     assert fmt is not None and fmt.name == "nccl-log"
-    pf = nccl_log.parse(str(path))
+    pf = nccl.parse(str(path))
     assert pf.meta["nccl_version"] == exp.version
     assert [(p["host"], p["pid"], p["rank"], p["rank_source"]) for p in pf.meta["processes"]] == exp.procs
     coll = pl.from_arrow(pf.collectives)
@@ -130,11 +164,11 @@ def test_excerpt(name: str) -> None:
     assert coll["rank"].null_count() == (0 if len(ranked) == len(exp.procs) else coll.height)
     assert set(coll["algorithm"].drop_nulls()) == exp.algorithms
     topo = pl.from_arrow(pf.topology)
-    assert topo.height == exp.topology and topo["comm_id"].null_count() == exp.unattributed
+    assert topo.height == exp.topology and (topo["comm_id"].null_count() if topo.height else 0) == exp.unattributed
     assert set(topo["transport"]) == exp.transports
     graph = pl.from_arrow(pf.tables["nccl_graph"])
     assert dict(graph.group_by("kind").len().iter_rows()) == exp.graph
-    assert graph["comm_id"].null_count() == 0
+    assert (graph["comm_id"].null_count() if graph.height else 0) == exp.graph_unattributed
     assert {u["kind"]: u["count"] for u in pf.meta["unrecognised"]} == exp.unrecognised
     assert pf.meta["unrecognised_lines"] == sum(exp.unrecognised.values())
     assert pf.meta["unparsed_lines"] == exp.unparsed
@@ -161,7 +195,7 @@ def _in_era(version: str, text: str) -> bool:
 
 
 def _parse(name: str):  # type: ignore[no-untyped-def]
-    return nccl_log.parse(str(DATA / name))
+    return nccl.parse(str(DATA / name))
 
 
 def test_issue_example_gives_collective_instances() -> None:
@@ -215,3 +249,109 @@ def test_cli_summary_of_excerpts(capsys: pytest.CaptureFixture[str]) -> None:
                  str(DATA / "2.19_excerpt_graph_no_init.log")]) == 0
     out = capsys.readouterr().out
     assert "inferred-n2-0" in out and "inferred-n4-0" in out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 29: every line of topology the excerpts hold becomes a row, with the rank and host the line says
+
+
+#: a transport line, read independently of the parser: the process's host (absent without host:pid:tid), the
+#: ends and the direction
+_TRANSPORT = re.compile(
+    r"(?:(?P<host>[^\s:\[\]]*):\d+:\d+ \[\d+\] )?NCCL INFO (?:Ring|Channel|CollNet|Coll) \d+(?:/\d+)? : "
+    r"(?P<src>\d+)(?:\[\w+\])?(?: -> (?P<dst>\d+)(?:\[\w+\])?)?(?: \[(?P<dir>send|receive)\])? via \S")
+#: ring and tree lines: ring orders (``Channel 00/02 :  0 1``, 2.4's ``Ring 00 :  0 1``), ring neighbours
+#: (``Ring 02 : 2 -> 0 -> 1``), trees (``Trees [0] ...`` with one row per channel, ``Tree 1 : up -> rank -> down``)
+_RING_ORDER = re.compile(r"NCCL INFO (?:Channel|Ring) \d+(?:/\d+)? :(?: +\d+)+(?: *\d*\.\.\.)? *$")
+_RING_LINK = re.compile(r"NCCL INFO Ring \d+ : -?\d+ -> (?P<me>\d+) -> -?\d+\s*$")
+_TREE_LINK = re.compile(r"NCCL INFO Tree \d+ : -?\d+ -> (?P<me>\d+) -> ")
+_TREES = re.compile(r"NCCL INFO Trees((?: \[\d+\] \S+)+)")
+
+
+def _expected_rows(lines: list[str]) -> tuple[list[tuple[int, str, int]], dict[int, list[int | None]]]:
+    """From the text alone: (line, host, logging rank) of every transport line, and per ring/tree line the ranks
+    its rows are about (None for a ring order)."""
+    conns, graph = [], {}
+    for no, text in enumerate(lines, 1):
+        m = _TRANSPORT.search(text)
+        if m:
+            rank = int(m["dst"]) if m["dir"] == "receive" and m["dst"] else int(m["src"])
+            conns.append((no, m["host"] or "", rank))
+            continue
+        if _RING_ORDER.search(text):
+            graph[no] = [None]
+        elif m := _RING_LINK.search(text) or _TREE_LINK.search(text):
+            graph[no] = [int(m["me"])]
+        elif m := _TREES.search(text):
+            graph[no] = [int(t.split("->")[1]) if "|" not in t else int(t.split("|")[0].split("->")[1])
+                         for t in re.findall(r"\] (\S+)", m[1])]
+    return conns, graph
+
+
+def test_topology_lines_become_rows_with_their_rank_and_host() -> None:
+    """Issue 29's measure: >= 95 % of the transport lines and of the ring/tree lines of the excerpts become rows,
+    ranks and hosts right where the log says them (here: all of them)."""
+    seen = found = g_seen = g_found = 0
+    for name in sorted(CORPUS):
+        lines = (DATA / name).read_text().splitlines()
+        conns, graph = _expected_rows(lines)
+        pf = _parse(name)
+        got = sorted(zip(pf.tables["nccl_connections"].column("line").to_pylist(),
+                         [h or "" for h in pf.topology.column("host").to_pylist()],
+                         pf.topology.column("rank").to_pylist(), strict=True))
+        seen += len(conns)
+        found += len(set(got) & set(conns))
+        assert got == sorted(conns), name
+        g = pl.from_arrow(pf.tables["nccl_graph"])
+        rows: dict[int, list[int | None]] = {}
+        for line, kind, rank in g.select("line", "kind", "rank").iter_rows() if g.height else []:
+            rows.setdefault(line, []).append(None if kind == "ring" else rank)
+        g_seen += sum(len(v) for v in graph.values())
+        g_found += sum(min(len(v), len(rows.get(k, []))) for k, v in graph.items())
+        assert rows == graph, name
+    assert seen >= 136 and found / seen >= 0.95
+    assert g_seen >= 127 and g_found / g_seen >= 0.95
+
+
+def _nccl_lines(lines: list[str]) -> bool:
+    return any(re.search(r"NCCL (?:INFO|WARN)|NCCL version|Watchdog caught|NCCL work: ", t) for t in lines)
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_a_log_cut_at_every_line_boundary_keeps_its_complete_lines(tmp_path: Path, name: str) -> None:
+    """Cut after any line, a log gives the rows of the lines before the cut, and is refused only where no NCCL line
+    is left."""
+    from tracekit.model.diagnostics import TraceError
+
+    lines = (DATA / name).read_text().splitlines(keepends=True)
+    conns, graph = _expected_rows([x.rstrip("\n") for x in lines])
+    path = tmp_path / name
+    for k in range(1, len(lines) + 1):
+        path.write_text("".join(lines[:k]))
+        try:
+            pf = nccl.parse(str(path))
+        except TraceError:
+            assert not _nccl_lines(lines[:k]), (name, k)
+            continue
+        assert pf.topology.num_rows == sum(1 for no, _, _ in conns if no <= k), (name, k)
+        assert pf.tables["nccl_graph"].num_rows == sum(len(v) for no, v in graph.items() if no <= k), (name, k)
+        assert pf.tables["communicators"].num_rows == len(pf.tables["nccl_comms"]), (name, k)
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_no_excerpt_is_refused(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``tracekit summary`` and ``export`` of every excerpt (an NCCL line at least): exit 0; export writes the
+    topology and the communicators where the log has them."""
+    from tracekit.cli import main
+
+    path = str(DATA / name)
+    assert main(["summary", "--no-cache", path]) == 0
+    out = capsys.readouterr().out
+    pf = _parse(name)
+    if pf.topology.num_rows or pf.tables["communicators"].num_rows:
+        assert "NCCL topology" in out
+    assert main(["export", "--no-cache", path, "-o", str(tmp_path / "out")]) == 0
+    written = {p.name for p in (tmp_path / "out").iterdir()}
+    assert "nccl_problems.parquet" in written
+    assert ("topology.parquet" in written) == (pf.topology.num_rows > 0)
+    assert ("communicators.parquet" in written) == (pf.tables["communicators"].num_rows > 0)

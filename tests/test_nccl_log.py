@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from tests import nccl_logs as NL
 from tracekit.model.diagnostics import TraceError
 from tracekit.model.schema import COLLECTIVES, TOPOLOGY
-from tracekit.parsers import nccl_log
+from tracekit.parsers import nccl
+from tracekit.parsers.nccl import reader as nccl_reader
 
 COLS = ("rank", "pg", "seq", "op", "dtype", "count", "bytes", "nranks", "peer", "algorithm", "protocol")
 
@@ -37,7 +38,7 @@ def got_topology(pf) -> list[tuple]:
 
 def parse_text(tmp_path: Path, text: str, name: str = "nccl.log", gz: bool = False):
     path = NL.write(tmp_path / name, text, gz=gz)
-    return nccl_log.parse(str(path))
+    return nccl.parse(str(path))
 
 
 def messages(pf) -> list[str]:
@@ -52,9 +53,9 @@ def messages(pf) -> list[str]:
 def test_sniff_accepts_nccl_text_behind_any_prefix(launcher):
     job = NL.make_job("2.21.5")
     text = NL.render(job, launcher=launcher, interleave=False)
-    assert nccl_log.sniff(text.encode()[:65536])
+    assert nccl.sniff(text.encode()[:65536])
     line = next(x for x in text.splitlines() if "NCCL INFO" in x)
-    assert nccl_log.sniff(line.encode())
+    assert nccl.sniff(line.encode())
 
 
 @pytest.mark.parametrize("head", [
@@ -67,7 +68,7 @@ def test_sniff_accepts_nccl_text_behind_any_prefix(launcher):
     b"datatype 7 op 0 root 0 comm 0x2 [nranks=2] stream 0x3\n",
 ])
 def test_sniff_positive(head):
-    assert nccl_log.sniff(head)
+    assert nccl.sniff(head)
 
 
 @pytest.mark.parametrize("head", [
@@ -80,7 +81,7 @@ def test_sniff_positive(head):
     b"Epoch 1 step 10 loss 0.25\nvalidation accuracy 0.9\n",
 ])
 def test_sniff_negative(head):
-    assert not nccl_log.sniff(head)
+    assert not nccl.sniff(head)
 
 
 @pytest.mark.parametrize("head", [
@@ -102,7 +103,7 @@ def test_sniff_negative(head):
 ])
 def test_sniff_accepts_lines_without_host_prefix(head):
     """Excerpts without ``host:pid:tid``, behind launcher and logger prefixes (issue 16)."""
-    assert nccl_log.sniff(head)
+    assert nccl.sniff(head)
 
 
 @pytest.mark.parametrize("head", [
@@ -114,7 +115,7 @@ def test_sniff_accepts_lines_without_host_prefix(head):
     b"# NCCL INFO lines are printed by ncclCommInitRank\n",
 ])
 def test_sniff_refuses_text_that_only_mentions_nccl(head):
-    assert not nccl_log.sniff(head)
+    assert not nccl.sniff(head)
 
 
 def test_registered_format(tmp_path):
@@ -215,7 +216,7 @@ def test_crlf_line_endings(tmp_path):
 
 def test_lines_across_block_boundaries(tmp_path, monkeypatch):
     """Tiny blocks: every line boundary case of the block reader (and the columnar path per block)."""
-    monkeypatch.setattr(nccl_log, "BLOCK", 777)
+    monkeypatch.setattr(nccl_reader, "BLOCK", 777)
     job = NL.make_job("2.27.3")
     pf = parse_text(tmp_path, NL.render(job, launcher="ray", widows=0))
     assert got_collectives(pf) == NL.expected_collectives(job)
@@ -305,7 +306,7 @@ def test_split_without_comm_id_is_derived(tmp_path):
         for count in (1, 2):
             ids = set(sub.filter((pl.col("color") == color) & (pl.col("split_count") == count))["comm_id"])
             assert len(ids) == 1
-    assert nccl_log.split_comm_id("0x5d2e9a0c4471b3f8", 1, 0) != nccl_log.split_comm_id("0x5d2e9a0c4471b3f8",
+    assert nccl.split_comm_id("0x5d2e9a0c4471b3f8", 1, 0) != nccl.split_comm_id("0x5d2e9a0c4471b3f8",
                                                                                            1, 1)
     assert not any("derived" in m for m in messages(pf))
 
@@ -461,8 +462,8 @@ def test_line_cut_at_nccl_limit(tmp_path):
 
 
 def test_overlong_binary_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(nccl_log, "MAX_LINE", 1000)
-    monkeypatch.setattr(nccl_log, "BLOCK", 4096)
+    monkeypatch.setattr(nccl_reader, "MAX_LINE", 1000)
+    monkeypatch.setattr(nccl_reader, "BLOCK", 4096)
     text = _one_call_log("AllReduce", 4, 7, 2) + "x" * 50000 + "\n" + _one_call_log("Broadcast", 4, 7, 2)
     pf = parse_text(tmp_path, text)
     assert pf.collectives.num_rows == 2
@@ -505,7 +506,7 @@ def test_invalid_utf8_is_replaced(tmp_path):
         _one_call_log("Broadcast", 4, 7, 2).encode()
     path = tmp_path / "bad.log"
     path.write_bytes(data)
-    pf = nccl_log.parse(str(path))
+    pf = nccl.parse(str(path))
     assert pf.collectives.num_rows == 2 and pf.meta["unparsed_lines"] == 1
 
 
@@ -515,7 +516,7 @@ def test_truncated_gzip_keeps_what_inflated(tmp_path):
     packed = gzip.compress(text.encode())
     path = tmp_path / "cut.log.gz"
     path.write_bytes(packed[: len(packed) * 2 // 3])
-    pf = nccl_log.parse(str(path))
+    pf = nccl.parse(str(path))
     assert not pf.complete
     assert 0 < pf.collectives.num_rows < len(NL.expected_collectives(job))
     assert any("ends early" in m for m in messages(pf))
@@ -527,13 +528,13 @@ def test_bad_input_raises_trace_error_naming_the_file(tmp_path, content):
     path = tmp_path / "input.log"
     path.write_bytes(content)
     with pytest.raises(TraceError) as e:
-        nccl_log.parse(str(path))
+        nccl.parse(str(path))
     assert str(path) in str(e.value)
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(TraceError, match="cannot read"):
-        nccl_log.parse(str(tmp_path / "nope.log"))
+        nccl.parse(str(tmp_path / "nope.log"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -549,7 +550,7 @@ def _check_no_invention(tmp_path: Path, text: str) -> None:
     path = tmp_path / "damaged.log"
     path.write_text(text)
     try:
-        pf = nccl_log.parse(str(path))
+        pf = nccl.parse(str(path))
     except TraceError:
         assert "NCCL INFO" not in text or " NCCL" not in text.replace("\n", " ")
         return
@@ -630,14 +631,14 @@ def test_lines_without_host_prefix(tmp_path, era):
     job = NL.make_job(era, gpus_per_host=4)
     text = _strip_hosts(NL.render(job, seed=2))
     assert "NCCL INFO" in text and ":48" not in text.split("NCCL INFO")[1]
-    assert nccl_log.sniff(text.encode()[:65536])
+    assert nccl.sniff(text.encode()[:65536])
     pf = parse_text(tmp_path, text)
     assert got_collectives(pf) == NL.expected_collectives(job)
     assert _no_host(got_topology(pf)) == _no_host(NL.expected_topology(job))
     assert pf.meta["unparsed_lines"] == 0 and pf.meta["unrecognised_lines"] == 0
     assert pf.meta["bare_lines"] > 0
     procs = pf.meta["processes"]
-    assert [(p["host"], p["pid"], p["rank"]) for p in procs] == [("", nccl_log.bare_pid(g), g) for g in range(4)]
+    assert [(p["host"], p["pid"], p["rank"]) for p in procs] == [("", nccl.bare_pid(g), g) for g in range(4)]
 
 
 def test_lines_without_any_prefix_are_one_process(tmp_path):
@@ -767,7 +768,7 @@ def test_launcher_rank_beats_the_device(tmp_path):
 def test_lines_not_understood_are_listed_by_kind(tmp_path):
     """Issue 16 #5: every NCCL line the parser has no rule for is counted under its kind, with its first
     example, in one diagnostic; known lines of no interest are not."""
-    extra = ["Setting affinity for GPU 0 to ffff,ffffffff", "NCCL_P2P_LEVEL set by environment to NVL",
+    extra = ["Setting affinity for GPU 0 to ffff,ffffffff", "Allocated 4194304 bytes of device memory",
              "Frobnicating channel 3 with 17 widgets", "Frobnicating channel 4 with 2 widgets",
              "Quux mode enabled", "AllReduce: opCount 1 sendbuff 0x1 recvbuff"]
     text = _one_process_excerpt() + "".join(f"gpu-node-03:48213:48391 [0] NCCL INFO {x}\n" for x in extra)

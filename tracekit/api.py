@@ -121,7 +121,8 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
                                step_marker=step_marker, budget=memory_budget, use_cache=cache, cache_dir=cache_root,
                                force=rebuild, progress=progress)
         try:
-            if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0:
+            if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0 and not any(
+                    s.get("format") == "nccl-log" for s in ds.summaries):  # an NCCL log alone is a job's topology
                 damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
                 raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
             analysis = analyse_dataset(ds, link_bw_bps=link_bw_bps, memory_budget=memory_budget)
@@ -130,7 +131,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
             raise
         return Job(analysis, names)
     ts = traceset.load(names, use_cache=cache, cache_dir=cache_root, jobs=jobs, progress=progress)
-    if ts.events.num_rows == 0 and ts.collectives.num_rows == 0:
+    if ts.empty:
         damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
     return Job(analysis=analyse(ts, step_marker=step_marker, link_bw_bps=link_bw_bps, line_rates=line_rates),
@@ -352,6 +353,34 @@ class Job:
         return _frame(self.analysis.traces.topology)
 
     @cached_property
+    def communicators(self) -> pl.DataFrame:
+        """Every member of every NCCL communicator of the logs: commId, rank, nranks, nnodes, host, GPU, version."""
+        return _frame(self.analysis.communicators)
+
+    @property
+    def topology_overview(self) -> dict[str, Any]:
+        """The NCCL topology ``summary`` prints (nodes × GPUs, transports inside and across nodes, networks, per
+        communicator its link class); empty without an NCCL log."""
+        return self.analysis.topology_overview
+
+    @cached_property
+    def nccl_problems(self) -> pl.DataFrame:
+        """Problems in the NCCL logs (WARN lines, socket fallbacks, GPU Direct RDMA off, NCCL versions that differ,
+        watchdog timeouts, the rank that stopped first), each with its file and line."""
+        return _frame(self.analysis.nccl_problems)
+
+    @cached_property
+    def group_links(self) -> pl.DataFrame:
+        """Per process group: its link class (intra/inter) and transport, from the NCCL logs (else the hosts)."""
+        return _frame(self.analysis.group_links)
+
+    @cached_property
+    def link_classes(self) -> pl.DataFrame:
+        """How busy each link class and transport was: ``link_class, transport, ranks, calls, bus_bytes, busy_ns,
+        wall_ns, busy_share`` (``summary --json``'s ``link_classes``)."""
+        return _frame(self.analysis.link_busy)
+
+    @cached_property
     def top_ops(self) -> pl.DataFrame:
         """Per rank, attribution class and op: calls and time (:mod:`tracekit.analysis.top_ops`)."""
         return _frame(self.analysis.top_ops)
@@ -420,7 +449,8 @@ class Job:
         job = summary.job(a.breakdown)
         links = verdict.paragraph(job, summary.stragglers(a.instances), summary.collectives_overview(a.instances),
                                   line_rate_bps=a.line_rate_bps, line_rate_source=a.line_rate_source,
-                                  n_ranks=a.ranks.num_rows, sizes=summary.transfer_sizes(a.collectives))
+                                  n_ranks=a.ranks.num_rows, sizes=summary.transfer_sizes(a.collectives),
+                                  link_classes=a.link_busy.to_pylist())
         b = a.bottleneck if a.dataset is None else None
         return Verdict(text=answer.text, kind=answer.kind, headline=answer.headline, links=links, bottleneck=b,
                        answer=answer)
@@ -591,6 +621,7 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
     overview = summary.collectives_overview(result.instances)
     extra = {"horovod": horovod_payload(result)} if result.horovod is not None else {}
     idle_table = result.idle_breakdown
+    link_rows = result.link_busy.to_pylist()
     return {
         "job": job,
         "ranks": summary.per_rank(result.breakdown).to_dicts(),
@@ -605,11 +636,16 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
         "verdict": extra["horovod"]["text"] if result.horovod_only else
         verdict.paragraph(job, strag, overview, line_rate_bps=result.line_rate_bps,
                           line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows,
-                          sizes=summary.transfer_sizes(result.collectives)),
+                          sizes=summary.transfer_sizes(result.collectives),
+                          link_classes=link_rows),
         "answer": result.verdict.as_dict(),
         "bottleneck": bottleneck_payload(result.bottleneck),
         "contention": result.whatif.contention.as_dict() if result.bottleneck is not None else None,
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
+        "topology": result.topology_overview or None,
+        "nccl_problems": [{**p, "text": _problem_text(p)} for p in result.nccl_problems.to_pylist()],
+        "group_links": result.group_links.to_pylist(),
+        "link_classes": link_rows,
         "top_ops": top_ops.job_level(result.top_ops, result.breakdown).to_dicts(),
         "idle": {"job": idle.job(idle_table), "ranks": idle.per_rank(idle_table).to_dicts()},
         "idle_breakdown": idle_table.to_pylist(),
@@ -617,6 +653,11 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
         "diagnostics": [str(d) for d in result.diagnostics],
         **extra,
     }
+
+
+def _problem_text(p: dict[str, Any]) -> str:
+    """A problem of the NCCL logs as one diagnostic line: ``path: line N: message``."""
+    return str(Diagnostic(p["path"] or "", p["message"], line=p["line"]))
 
 
 def horovod_payload(result: Analysis) -> dict[str, Any]:

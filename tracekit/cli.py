@@ -43,8 +43,9 @@ def _common(p: argparse.ArgumentParser, *, paths: bool = True) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="do not print warnings about the inputs")
     p.add_argument("--link-bw", metavar="RATE",
                    help="line rate of the links to compare with, e.g. 100Gbit, 25GB/s, 200mbit or 1e9 (bits/s); "
-                        "per process group or link class for the what-if: dp=25Gbit,tp=900GB/s (a group's name or "
-                        "description, intra or inter)")
+                        "per process group, link class or transport for the what-if: dp=25Gbit,tp=900GB/s (a group's "
+                        "name or description, intra or inter, or a transport of the job's NCCL logs: net, ib, socket, "
+                        "nvlink, p2p, shm)")
 
 
 def _big_jobs(p: argparse.ArgumentParser) -> None:
@@ -126,12 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="examples:\n  tracekit whatif RUN --link-bw 10Gbit --bandwidth 10Gbit,25Gbit,100Gbit"
                               "\n  tracekit whatif RUN --link-bw 10Gbit --compression 1,2,4 --workers 64 "
                               "--efficiency full"
-                              "\n  tracekit whatif RUN --link-bw dp=10Gbit,tp=100Gbit --bandwidth dp=25Gbit,dp=100Gbit",
+                              "\n  tracekit whatif RUN --link-bw dp=10Gbit,tp=100Gbit --bandwidth dp=25Gbit,dp=100Gbit"
+                              "\n  tracekit whatif RUN_WITH_NCCL_LOG --link-bw net=100Gbit,nvlink=2400Gbit --bandwidth "
+                              "net=400Gbit",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
     p.add_argument("--bandwidth", metavar="RATES", help="line rates to predict for, e.g. 10Gbit,25Gbit; the links "
-                   "of one process group or link class alone with SEL=RATE (dp=100Gbit; several in one scenario "
-                   "joined by +: dp=100Gbit+tp=900GB/s) (default: the rate the job ran on, --link-bw)")
+                   "of one process group, link class or transport alone with SEL=RATE (dp=100Gbit, inter=400Gbit, "
+                   "net=400Gbit; several in one scenario joined by +: dp=100Gbit+tp=900GB/s) (default: the rate the "
+                   "job ran on, --link-bw)")
     p.add_argument("--compression", default="1", metavar="RATIOS", help="gradient compression ratios, e.g. 1,4 "
                    "(encode/decode costed with --codec-cost; default 1)")
     p.add_argument("--workers", metavar="NS", help="numbers of workers, e.g. 8,64 (default: as the job ran)")

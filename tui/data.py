@@ -223,7 +223,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
 
     traces = traceset.load(paths, use_cache=options.use_cache, cache_dir=options.cache_dir, jobs=options.jobs,
                            progress=progress, found=found)
-    if traces.events.num_rows == 0 and traces.collectives.num_rows == 0:
+    if traces.empty:
         damage = "; ".join(str(d) for d in traces.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
     from tracekit.analysis.pipeline import analyse

@@ -11,6 +11,7 @@ from tracekit.tui.ops_view import OpsView
 from tracekit.tui.overview import OverviewView
 from tracekit.tui.tensors_view import TensorsView
 from tracekit.tui.timeline_view import TimelineView
+from tracekit.tui.topology_view import TopologyView
 from tracekit.tui.views import View
 from tracekit.tui.whatif_view import WhatIfView
 
@@ -18,4 +19,4 @@ from tracekit.tui.whatif_view import WhatIfView
 def view_classes() -> list[type[View]]:
     """Every view, in tab order."""
     return [OverviewView, IterationsView, TimelineView, CriticalPathView, CollectivesView, WhatIfView, TensorsView,
-            OpsView, DiffView]
+            OpsView, DiffView, TopologyView]

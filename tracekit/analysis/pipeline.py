@@ -23,8 +23,11 @@ from tracekit.analysis import (
     horovod,
     idle,
     iterations,
+    link_classes,
     links,
     nccl_join,
+    nccl_problems,
+    nccl_topology,
     top_ops,
     verdict,
     whatif,
@@ -115,7 +118,7 @@ class Analysis:
         """The what-if model of the job (its graph with re-costable transfers)."""
         model = whatif.build(self.events, self.collectives, self.ranks, self.members, self.instances,
                              line_rate_bps=self.line_rate_bps, graph=self.graph, line_rates=self.line_rates,
-                             pg_desc=self.pg_desc)
+                             pg_desc=self.pg_desc, group_links=self.group_links)
         release_memory()
         return model
 
@@ -153,7 +156,58 @@ class Analysis:
         if self.breakdown.num_rows == 0:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
         return verdict.classify(self.whatif, self.bottleneck, self.critical_path_summary, self.breakdown,
-                                self.iterations, self.ranks, self.critical_path)
+                                self.iterations, self.ranks, self.critical_path, self.link_busy.to_pylist())
+
+    # ------------------------------------------------------------- the NCCL logs' topology and problems
+
+    @cached_property
+    def communicators(self) -> pa.Table:
+        """COMMUNICATORS of the job's NCCL logs: every member of every communicator, its host and GPU."""
+        return nccl_topology.communicators([self.traces.tables.get("communicators")])
+
+    @cached_property
+    def connections(self) -> pl.DataFrame:
+        """The ``topology`` rows with each connection's transport name, peer host and link class
+        (:func:`~tracekit.analysis.nccl_topology.connections`)."""
+        return nccl_topology.connections(self.traces.topology, self.communicators)
+
+    @cached_property
+    def comm_links(self) -> pl.DataFrame:
+        """Per NCCL communicator: its link class and binding transport (:mod:`tracekit.analysis.nccl_topology`)."""
+        return nccl_topology.comm_links(self.connections, self.communicators)
+
+    @cached_property
+    def group_links(self) -> pa.Table:
+        """GROUP_LINKS: each process group's link class and transport, from the NCCL logs (else the hosts)."""
+        groups = collectives.groups_from_meta(f.meta for f in self.traces.files)
+        return nccl_topology.group_links(self.collectives, self.comm_links, self.communicators, groups, self.ranks)
+
+    @property
+    def nccl_processes(self) -> list[dict]:
+        """The processes the NCCL logs show (their ``meta["processes"]``)."""
+        return [p for f in self.traces.files if f.format == "nccl-log" for p in f.meta.get("processes") or []]
+
+    @cached_property
+    def topology_overview(self) -> dict:
+        """The NCCL topology summary prints: nodes × GPUs, transports inside and across nodes, networks
+        (:func:`~tracekit.analysis.nccl_topology.overview`); empty without an NCCL log."""
+        return nccl_topology.overview(self.communicators, self.connections, self.comm_links,
+                                      self.traces.tables.get("nccl_network"), self.nccl_processes)
+
+    @cached_property
+    def nccl_problems(self) -> pa.Table:
+        """NCCL_PROBLEMS: WARN lines, socket fallbacks, GPU Direct RDMA off, NCCL versions that differ, watchdog
+        timeouts and which rank stopped first, each with its file and line (:mod:`tracekit.analysis.nccl_problems`)."""
+        conns, comms = self.connections, self.comm_links
+        inter = (conns.height and (conns.get_column("link_class") == "inter").any()) or \
+            (comms.height and (comms.get_column("link_class") == "inter").any())
+        multi_node = True if inter else False if conns.height else None
+        return nccl_problems.problems(self.traces.files, multi_node)
+
+    @cached_property
+    def link_busy(self) -> pa.Table:
+        """LINK_BUSY: how busy each link class (and transport) was (:mod:`tracekit.analysis.link_classes`)."""
+        return link_classes.busy(self.collectives, self.members, self.breakdown, self.group_links, self.ranks)
 
     @cached_property
     def top_ops(self) -> pa.Table:
@@ -253,6 +307,17 @@ class Analysis:
         }
         if self.traces.topology.num_rows:
             out["topology"] = lambda: self.traces.topology
+        extra = self.traces.tables
+        for name, table_schema in (("communicators", schema.COMMUNICATORS), ("nccl_graph", schema.NCCL_GRAPH),
+                                   ("nccl_network", schema.NCCL_NETWORK)):
+            if extra.get(name) is not None and extra[name].num_rows:
+                out[name] = (lambda: self.communicators) if name == "communicators" else \
+                    (lambda t=extra[name], s=table_schema: schema.conform(t, s))
+        if any(f.format == "nccl-log" for f in self.traces.files):
+            out["nccl_problems"] = lambda: self.nccl_problems
+            if self.collectives.num_rows and not self.horovod_only:  # a job of traces and its NCCL logs
+                out["group_links"] = lambda: self.group_links
+                out["link_busy"] = lambda: self.link_busy
         if ops and not self.horovod_only:
             out["top_ops"] = lambda: self.top_ops
             out["idle_breakdown"] = lambda: self.idle_breakdown

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from tracekit.analysis import critical_path
 from tracekit.analysis.bottleneck import Bottleneck
+from tracekit.analysis.link_classes import sentence as link_sentence
 from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule
 from tracekit.model.units import format_duration, format_rate
 
@@ -271,10 +272,12 @@ def _top_on_path(segments: pl.DataFrame | None, labels: tuple[str, ...]) -> str 
 
 
 def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataFrame, breakdown: pa.Table,
-             iterations: pa.Table, ranks: pa.Table | None, segments: pl.DataFrame | None = None) -> Answer:
+             iterations: pa.Table, ranks: pa.Table | None, segments: pl.DataFrame | None = None,
+             link_rows: list[dict[str, Any]] | None = None) -> Answer:
     """The verdict of a job from its what-if model, its answer to "is the link the bottleneck?" (``bottleneck``:
     :func:`tracekit.analysis.bottleneck.bottleneck`, None when it could not run), its measured critical path
-    (``segments`` and their summary) and its breakdown."""
+    (``segments`` and their summary), its breakdown and how busy each link class was (``link_rows``: rows of
+    :func:`tracekit.analysis.link_classes.busy`, which name the class that binds)."""
     if bottleneck is not None:
         measured, free = bottleneck.measured_ns, bottleneck.free_ns
         (balanced,) = predict_many(model, [Scenario(balanced=True)])
@@ -343,6 +346,10 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
         link_detail = _link_detail(bottleneck, kind)
         if link_detail:
             support.insert(1, link_detail)
+    if kind in ("link-bound", "mixed"):
+        by_class = link_sentence(link_rows or [])
+        if by_class:  # which link class binds: the busiest, with the transport the NCCL log names
+            support.insert(1, by_class + ".")
     if model.contention.measured and model.contention.slowdown > 1.0:
         support.insert(2, model.contention.sentence())
     caveat = None

@@ -196,11 +196,23 @@ def consistent_members(members: pa.Table | None, instances: pa.Table | None,
     return m
 
 
-def selects(selector: str, pg: str | None, desc: str | None, link_class: str | None) -> bool:
+#: selectors that name a transport (from the job's NCCL logs), and the transport families each matches; a whole
+#: family name (``net/ib``, ``net/socket``) selects itself. NCCL's P2P runs over NVLink where the GPUs have it,
+#: else over PCIe, and its lines do not say which: ``nvlink`` selects P2P and NVLS links alike.
+TRANSPORT_SELECTORS = {"net": ("NET/",), "ib": ("NET/IB",), "socket": ("NET/Socket",), "p2p": ("P2P",),
+                       "nvlink": ("P2P", "NVLS"), "shm": ("SHM",), "nvls": ("NVLS",), "collnet": ("COLLNET",)}
+
+
+def selects(selector: str, pg: str | None, desc: str | None, link_class: str | None,
+            transport: str | None = None) -> bool:
     """Whether ``selector`` names this link: its process group's name or description (``dp`` also matches
-    DeviceMesh's ``mesh_dp``), or its class (``intra``/``inter``)."""
+    DeviceMesh's ``mesh_dp``), its class (``intra``/``inter``), or its transport (:data:`TRANSPORT_SELECTORS`,
+    or a family such as ``net/ib``)."""
     s = selector.strip().lower()
     if link_class is not None and s == link_class:
+        return True
+    if transport is not None and (s == transport.lower() or any(
+            transport.lower().startswith(p.lower()) for p in TRANSPORT_SELECTORS.get(s, ()))):
         return True
     if pg is not None and s == pg.lower():
         return True
@@ -211,11 +223,13 @@ def selects(selector: str, pg: str | None, desc: str | None, link_class: str | N
 def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None,
           members: pa.Table | None = None, instances: pa.Table | None = None,
           line_rate_bps: float | None = None, latency_ns: int | None = None, graph: Graph | None = None,
-          line_rates: dict[str, float] | None = None, pg_desc: dict[str, str] | None = None) -> Model:
+          line_rates: dict[str, float] | None = None, pg_desc: dict[str, str] | None = None,
+          group_links: pa.Table | None = None) -> Model:
     """The dependency graph of the job (built here unless given) plus what re-costing transfers needs.
 
     ``line_rate_bps`` is the rate every link ran at; ``line_rates`` maps selectors (:func:`selects`) to the rate
-    of some links only, and wins where both apply. ``pg_desc`` names process groups' descriptions."""
+    of some links only, and wins where both apply. ``pg_desc`` names process groups' descriptions;
+    ``group_links`` (GROUP_LINKS, from the job's NCCL logs) each group's link class and transport."""
     inst = consistent_members(members, instances, collectives)
     g = graph if graph is not None else dag.build(events, ranks, inst)
     act = g.act
@@ -241,12 +255,13 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     transfer = g.lag[own_edge]
     comm = comm.with_columns(pl.Series("transfer_ns", transfer), pl.coalesce("pg", pl.lit("default")).alias("link"),
                              _link_class(comm, members, ranks))
+    comm = _group_links(comm, group_links)
     backend = "gloo" if (comm.get_column("source") == "gloo").any() else "nccl"
     descs = pg_desc or {}
     rate = np.full(comm.height, float(line_rate_bps) if line_rate_bps else np.nan)
     for sel, r in (line_rates or {}).items():
-        hit = np.array([selects(sel, pg, descs.get(pg), cls) for pg, cls in
-                        comm.select(["link", "link_class"]).iter_rows()], dtype=bool)
+        hit = np.array([selects(sel, pg, descs.get(pg), cls, tr) for pg, cls, tr in
+                        comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
         rate[hit] = r
     comm = comm.with_columns(pl.Series("line_rate_bps", rate))
     latency = DEFAULT_LATENCY_NS[backend] if latency_ns is None else latency_ns
@@ -367,6 +382,18 @@ def _link_class(comm: pl.DataFrame, members: pa.Table | None, ranks: pa.Table | 
     cls = dict(per.select(["instance", pl.when(pl.col("_nul") > 0).then(None).when(pl.col("_nh") == 1)
                            .then(pl.lit("intra")).otherwise(pl.lit("inter"))]).iter_rows())
     return pl.col("instance").replace_strict(cls, default=None, return_dtype=pl.String).alias("link_class")
+
+
+def _group_links(comm: pl.DataFrame, group_links: pa.Table | None) -> pl.DataFrame:
+    """``link_class`` from the NCCL logs where they say it (else the hosts' as before) and ``transport`` (null
+    where unknown), by the call's process group (GROUP_LINKS)."""
+    if group_links is None or group_links.num_rows == 0:
+        return comm.with_columns(pl.lit(None, dtype=pl.String).alias("transport"))
+    g = pl.from_arrow(group_links.select(["pg", "link_class", "transport"]))
+    assert isinstance(g, pl.DataFrame)
+    g = g.rename({"pg": "link", "link_class": "_cls"})
+    return comm.join(g, on="link", how="left").with_columns(
+        pl.coalesce("_cls", "link_class").alias("link_class")).drop("_cls")
 
 
 def _data_spans(comm: pl.DataFrame) -> pl.DataFrame:
@@ -495,11 +522,13 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
     r_new = np.full(t.size, float(sc.bandwidth_bps) if sc.bandwidth_bps else np.nan)
     r_new = np.where(np.isnan(r_new), r_line, r_new)
     for sel, r in sc.links:
-        hit = np.array([selects(sel, pg, model.pg_desc.get(pg), cls) for pg, cls in
-                        comm.select(["link", "link_class"]).iter_rows()], dtype=bool)
+        hit = np.array([selects(sel, pg, model.pg_desc.get(pg), cls, tr) for pg, cls, tr in
+                        comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
         if not hit.any():
             raise ValueError(f"no link matches {sel!r}: give a process group's name or description "
-                             f"({', '.join(_link_names(model)) or 'none named'}), intra or inter")
+                             f"({', '.join(_link_names(model)) or 'none named'}), intra or inter, or a transport of "
+                             f"the job's NCCL logs ({', '.join(_transport_names(model)) or 'none known: give its '}"
+                             f"{'' if _transport_names(model) else 'NCCL_DEBUG=INFO log'})")
         r_new[hit] = r
     r_new = r_new * sc.bandwidth_scale
     c = max(sc.compression, 1.0)
@@ -548,6 +577,12 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
         new = np.where(sender, np.maximum(t + new - before, model.latency_ns), new)
     # calls the scenario leaves alone and whose size is unknown keep their measured cost
     return np.where(unknown, t, new)
+
+
+def _transport_names(model: Model) -> list[str]:
+    """The transports of this job's links, as the NCCL logs name them (none without a log)."""
+    return sorted(set(model.comm.get_column("transport").drop_nulls().to_list())) \
+        if "transport" in model.comm.columns else []
 
 
 def _link_names(model: Model) -> list[str]:

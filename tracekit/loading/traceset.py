@@ -52,6 +52,13 @@ class TraceSet:
     def rank_ids(self) -> list[int]:
         return sorted(self.ranks.column("rank").to_pylist())
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to analyse: no events, no collective calls and no NCCL debug log (a log of ``NCCL_DEBUG=INFO``
+        alone has no calls, but its communicators, topology and problems are worth a summary of their own)."""
+        return (self.events.num_rows == 0 and self.collectives.num_rows == 0
+                and not any(f.format == "nccl-log" for f in self.files))
+
 
 def _unreadable(path: str, exc: OSError) -> str:
     """Why ``path`` cannot be read, in words (a symbolic link loop and a dangling link say so)."""

@@ -140,6 +140,120 @@ TOPOLOGY = pa.schema(
     ]
 )
 
+#: One row per member of an NCCL communicator as a debug log shows it (the process that logged it, on its Init,
+#: nNodes or Destroy line): which rank of which group sits on which host and GPU.
+COMMUNICATORS = pa.schema(
+    [
+        _col("comm_id", pa.string(), doc="NCCL commId (equal on every member; synthetic-/inferred- ids where the log "
+             "prints none, see the NCCL-log parser)"),
+        _col("comm_id_source", pa.string(), doc="log, derived (2.27+ split hash), synthetic (before 2.16), inferred "
+             "(no Init line)"),
+        _col("rank", pa.int32(), doc="rank in the communicator"),
+        _col("nranks", pa.int32()),
+        _col("nnodes", pa.int32(), doc="nodes the communicator spans (its nNodes line, 2.12+)"),
+        _col("local_ranks", pa.int32(), doc="members on this member's node (nNodes line)"),
+        _col("local_rank", pa.int32()),
+        _col("host", pa.string(), doc="host of the process (null where the log has no host prefix)"),
+        _col("pid", pa.int64(), doc="pid of the process (negative: a log without host:pid prefixes)"),
+        _col("global_rank", pa.int32(), doc="the process's rank in its largest communicator (the job's rank)"),
+        _col("cuda_dev", pa.int32()),
+        _col("nvml_dev", pa.int32()),
+        _col("bus_id", pa.string(), doc="PCI bus id of the GPU (hex, as printed)"),
+        _col("nccl_version", pa.string()),
+        _col("network", pa.string(), doc="the network the process used: IB, Socket or a plugin's name"),
+        _col("parent_comm_id", pa.string()),
+        _col("color", pa.int32()),
+        _col("key", pa.int32()),
+        _col("coll_channels", pa.int32()),
+        _col("nvls_channels", pa.int32()),
+        _col("p2p_channels", pa.int32()),
+        _col("calls", pa.int64(), doc="COLL lines on it (0 without NCCL_DEBUG_SUBSYS=COLL)"),
+        _col("init_line", pa.int64(), doc="line of its Init COMPLETE (or START, nNodes, Destroy) line"),
+        _col("end", pa.string(), doc="destroy, abort or null"),
+    ]
+)
+
+#: Rings and trees of NCCL communicators, one row per channel per line of the log that prints them.
+NCCL_GRAPH = pa.schema(
+    [
+        _col("line", pa.int64()),
+        _col("host", pa.string()),
+        _col("pid", pa.int64()),
+        _col("comm", pa.string(), doc="communicator pointer in the process"),
+        _col("comm_id", pa.string()),
+        _col("rank", pa.int32(), doc="rank in the communicator of the process the line is about"),
+        _col("kind", pa.string(), doc="ring (the order, rank 0 prints it), ring_link (prev->rank->next, 2.19+) or "
+             "tree (children->rank->parent)"),
+        _col("channel", pa.int32()),
+        _col("nchannels", pa.int32()),
+        _col("value", pa.string()),
+        _col("cut", pa.bool_(), doc="the line was cut (NCCL's line limit): the ring may be incomplete"),
+    ]
+)
+
+#: The network devices NCCL's network used in each process (``NET/IB : Using ...``, ``NET/Socket : Using ...``),
+#: with GPU Direct RDMA as the log says it.
+NCCL_NETWORK = pa.schema(
+    [
+        _col("line", pa.int64()),
+        _col("host", pa.string()),
+        _col("pid", pa.int64()),
+        _col("net", pa.string(), doc="IB, Socket or a plugin's name"),
+        _col("index", pa.int32(), doc="NCCL's device index ([0], [1], ...)"),
+        _col("device", pa.string(), doc="HCA (mlx5_0) or interface (eth0)"),
+        _col("port", pa.int32(), doc="HCA port"),
+        _col("link", pa.string(), doc="IB or RoCE (the HCA port's link layer); null for sockets"),
+        _col("address", pa.string(), doc="the interface's address (sockets)"),
+        _col("oob", pa.string(), doc="IB's out-of-band interface and address"),
+        _col("gdr", pa.bool_(), doc="GPU Direct RDMA enabled (null: the log does not say)"),
+        _col("gdr_line", pa.int64()),
+        _col("gdr_reason", pa.string(), doc="what NCCL gave as the reason (no module, distance 5 > 4, ...)"),
+    ]
+)
+
+#: Problems an NCCL log (or PyTorch's NCCL watchdog) shows, each with its file and line.
+NCCL_PROBLEMS = pa.schema(
+    [
+        _col("kind", pa.string(), doc="warn, socket-fallback, gdr-disabled, version-mismatch, watchdog-timeout, "
+             "stopped-first, ..."),
+        _col("path", pa.string()),
+        _col("line", pa.int64()),
+        _col("host", pa.string()),
+        _col("pid", pa.int64()),
+        _col("rank", pa.int32()),
+        _col("message", pa.string()),
+    ]
+)
+
+#: The link class and transport of each process group's collectives, from the NCCL log (or the hosts).
+GROUP_LINKS = pa.schema(
+    [
+        _col("pg", pa.string(), doc="process group as in collectives (default for calls that name none)"),
+        _col("comm_id", pa.string(), doc="the NCCL communicator it is (null: several fit, all alike)"),
+        _col("link_class", pa.string(), doc="inter (its traffic crosses hosts), intra (inside one host) or null"),
+        _col("transport", pa.string(), doc="the transport that binds: NET/IB, NET/Socket, ... for inter; P2P, SHM, "
+             "NVLS for intra"),
+        _col("transports", pa.string(), doc="every transport its connections use, comma-separated"),
+        _col("nnodes", pa.int32()),
+        _col("source", pa.string(), doc="nccl-log (its communicator's lines), nccl-log by size (every communicator "
+             "of its size alike) or hosts (the traces' host names; no transport)"),
+    ]
+)
+
+#: How busy each link class was: transfer time of the collectives on it over the iteration time of its ranks.
+LINK_BUSY = pa.schema(
+    [
+        _col("link_class", pa.string()),
+        _col("transport", pa.string()),
+        _col("ranks", pa.int32(), doc="ranks with calls on this class"),
+        _col("calls", pa.int64()),
+        _col("bus_bytes", pa.int64(), doc="null when a size is unknown"),
+        _col("busy_ns", pa.int64(), doc="per rank, the union of its transfer time on this class, summed"),
+        _col("wall_ns", pa.int64(), doc="the iteration time of those ranks"),
+        _col("busy_share", pa.float64(), doc="busy_ns / wall_ns"),
+    ]
+)
+
 BREAKDOWN = pa.schema(
     [
         _col("rank", pa.int32()),

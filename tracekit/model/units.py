@@ -64,12 +64,13 @@ def parse_rate(text: str, *, option: str = "--link-bw") -> float:
     return bps
 
 
-_SELECTOR = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+_SELECTOR = re.compile(r"^[A-Za-z0-9_.:/\-]+$")
 
 
 def parse_link_rates(text: str, *, option: str = "--link-bw") -> tuple[float | None, dict[str, float]]:
-    """``100Gbit`` (every link), ``dp=25Gbit,tp=900GB/s`` (the links of process groups or link classes by name)
-    or both, comma-separated: returns (the rate of every link not named, ``{selector: rate}``)."""
+    """``100Gbit`` (every link), ``dp=25Gbit,tp=900GB/s`` (the links of process groups, link classes or transports
+    by name: ``inter=400gbit``, ``net=100gbit``, ``nvlink=900GB/s``) or both, comma-separated: returns (the rate of
+    every link not named, ``{selector: rate}``)."""
     default: float | None = None
     named: dict[str, float] = {}
     for part in (p.strip() for p in text.split(",")):
@@ -85,7 +86,7 @@ def parse_link_rates(text: str, *, option: str = "--link-bw") -> tuple[float | N
         sel = sel.strip()
         if not _SELECTOR.match(sel):
             raise TraceError(None, f"{option} {part!r}: {sel!r} is not a process group name, description, "
-                                   "intra or inter")
+                                   "intra, inter or a transport (net, ib, socket, nvlink, p2p, shm)")
         named[sel] = parse_rate(rate, option=option)
     return default, named
 

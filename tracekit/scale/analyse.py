@@ -41,8 +41,14 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
     breakdown = links.window_links(breakdown, colls, rate)
     instances = links.instance_links(matching.instances, rate)
     ranks = collectives.apply_clocks(ranks, matching.clocks)
+    logs = ds.log_files()  # the NCCL logs' communicators, network and problems
+    extra: dict[str, list[pa.Table]] = {}
+    for f in logs:
+        for k, t in f.tables.items():
+            extra.setdefault(k, []).append(t)
     traces = TraceSet(ranks=ranks, events=schema.empty(schema.EVENTS), collectives=colls, topology=topology,
-                      diagnostics=ds.diagnostics)
+                      tables={k: pa.concat_tables(v, promote_options="permissive") for k, v in extra.items()},
+                      files=logs, diagnostics=ds.diagnostics)
     return Analysis(traces=traces, events=traces.events, iterations=ds.table("iterations"), breakdown=breakdown,
                     ranks=ranks, collectives=colls, instances=instances, members=matching.members,
                     line_rate_bps=rate, line_rate_source=rate_source, matched=matching.matched,

@@ -52,6 +52,7 @@ from tracekit.loading.cache import file_crc32, os_error, read_text, seal, unseal
 from tracekit.loading.traceset import PER_RANK_FORMATS, RankFacts, assign_ranks, discover
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.schema import ParsedFile
 from tracekit.model.units import DEFAULT_BUDGET, memory_budget, parse_size  # noqa: F401 (re-exported)
 from tracekit.scale import bounded
 
@@ -380,6 +381,25 @@ class Dataset:
                 t = t.sort_by([("rank", "ascending"), ("start_ns", "ascending")])
             self._cache[name] = t
         return self._cache[name]
+
+    def log_files(self) -> list[ParsedFile]:
+        """The NCCL debug logs of the dataset as parsed files without events (path, meta, topology, extra tables:
+        the communicators, network and problems an analysis of the job reads from them)."""
+        import pyarrow.parquet as pq
+        by_path = {s["path"]: s for s in self.summaries if s.get("format") == "nccl-log"}
+        out = []
+        for part in self.manifest.get("parts", []):
+            s = by_path.get(part.get("path"))
+            if s is None:
+                continue
+            d = self.root / part["dir"]
+            extra = {p.name.removeprefix("extra.").removesuffix(".parquet"): pq.read_table(str(p))
+                     for p in sorted(d.glob("extra.*.parquet"))}
+            topo = d / "topology.parquet"
+            out.append(ParsedFile(path=s["path"], format=s["format"], meta=s.get("meta") or {}, tables=extra,
+                                  topology=schema.conform(pq.read_table(str(topo)), schema.TOPOLOGY)
+                                  if topo.exists() else schema.empty(schema.TOPOLOGY)))
+        return out
 
     def rank_event_counts(self) -> dict[int, int]:
         """Events per rank of the per-rank parts (from the Parquet footers: nothing else is read)."""

@@ -323,7 +323,8 @@ def verdicts(analysis: Analysis) -> dict[str, str | None]:
     para = verdict.paragraph(job, summary.stragglers(analysis.instances),
                              summary.collectives_overview(analysis.instances),
                              line_rate_bps=analysis.line_rate_bps, line_rate_source=analysis.line_rate_source,
-                             n_ranks=analysis.ranks.num_rows, sizes=summary.transfer_sizes(analysis.collectives))
+                             n_ranks=analysis.ranks.num_rows, sizes=summary.transfer_sizes(analysis.collectives),
+                             link_classes=analysis.link_busy.to_pylist())
     b = analysis.bottleneck
     return {"headline": answer.headline, "kind": answer.kind,
             "answer": " ".join([*answer.support, *([answer.caveat] if answer.caveat else [])]) or None,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+
+from tracekit.model.diagnostics import printable
 from tracekit.model.units import format_duration
 
 
@@ -47,3 +50,10 @@ def fmt_change(base: float | None, new: float | None) -> str:
         return ""
     x = 100 * (new - base) / base
     return f"{x:+.1f} %".replace("-", "−")
+
+
+def text(value: object) -> str:
+    """A string from the data (an op, a lane, an activity, a tensor, a file name) made safe to print with
+    rich markup: brackets escaped (``[/x]`` in a kernel name is not a closing tag) and control characters
+    shown as escapes (a newline or a terminal escape sequence in a name prints as ``\\n``, ``\\x1b``)."""
+    return escape(printable(str(value)))

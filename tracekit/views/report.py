@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from tracekit.model.diagnostics import printable
-from tracekit.views.formats import fmt_bytes, fmt_change, fmt_delta_ns, fmt_gbps, fmt_ns, fmt_share
+from tracekit.views import nccl_report
+from tracekit.views.formats import fmt_bytes, fmt_change, fmt_delta_ns, fmt_gbps, fmt_ns, fmt_share, text
 
 if TYPE_CHECKING:
     from tracekit.analysis.compare import Diff  # noqa: F401 (what diff_renderables is given)
@@ -39,13 +38,6 @@ VERDICT_STYLES = {"link-bound": "bold red", "straggler-bound": "bold dark_orange
                   "compute-bound": "bold green", "mixed": "bold magenta", "none": "bold"}
 
 
-def text(value: object) -> str:
-    """A string from the data (an op, a lane, an activity, a tensor, a file name) made safe to print with
-    rich markup: brackets escaped (``[/x]`` in a kernel name is not a closing tag) and control characters
-    shown as escapes (a newline or a terminal escape sequence in a name prints as ``\\n``, ``\\x1b``)."""
-    return escape(printable(str(value)))
-
-
 #: the per-rank tables show this many ranks (a job of 100 000 ranks would print for minutes); --json and
 #: export have them all
 MAX_RANK_ROWS = 64
@@ -65,8 +57,14 @@ def render_summary(console: Console, result: Analysis) -> None:
     job = summary.job(result.breakdown)
     if not job.get("ranks"):
         # no profiler trace with activity: what the other inputs tell
-        console.print("no iterations found: no profiler trace with activity among the inputs")
-        render_nccl(console, result.collectives, result.traces.topology)
+        if any(f.format == "nccl-log" for f in result.traces.files) and all(
+                f.format == "nccl-log" for f in result.traces.files):
+            console.print("no iterations found: NCCL debug logs only, no profiler trace (give the job's traces "
+                          "with the logs for the iteration breakdown)", highlight=False)
+        else:
+            console.print("no iterations found: no profiler trace with activity among the inputs")
+        nccl_report.render_nccl(console, result.collectives, result.traces.topology)
+        nccl_report.render_topology(console, result)
         return
     answer = result.verdict
     console.print(Text.assemble(("verdict: ", "bold"), (answer.headline, VERDICT_STYLES.get(answer.kind, "bold"))),
@@ -106,14 +104,16 @@ def render_summary(console: Console, result: Analysis) -> None:
         render_stragglers(console, strag)
     if any(f.format == "nccl-log" for f in result.traces.files):
         console.print()
-        render_nccl(console, result.collectives, result.traces.topology)
+        nccl_report.render_nccl(console, result.collectives, result.traces.topology)
+        nccl_report.render_topology(console, result)
     from tracekit.views import verdict
 
     console.print()
     console.print(verdict.paragraph(job, strag, summary.collectives_overview(result.instances),
                                     line_rate_bps=result.line_rate_bps, line_rate_source=result.line_rate_source,
                                     n_ranks=result.ranks.num_rows,
-                                    sizes=summary.transfer_sizes(result.collectives)), soft_wrap=False)
+                                    sizes=summary.transfer_sizes(result.collectives),
+                                    link_classes=result.link_busy.to_pylist()), soft_wrap=False)
     console.print()
     console.print(Text.assemble(("verdict: ", "bold"), (answer.headline, VERDICT_STYLES.get(answer.kind, "bold")),
                                 " " + " ".join([*answer.support, *([answer.caveat] if answer.caveat else [])])),
@@ -330,32 +330,6 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
                                     " " + " ".join([*v.support, *([v.caveat] if v.caveat else [])])))
     elif verdict is not None:  # the link replays' answer (under another --latency than the job's)
         console.print(f"[bold]is the network the bottleneck?[/] {verdict.text}")  # type: ignore[attr-defined]
-
-
-def render_nccl(console: Console, collectives: object, topology: object) -> None:
-    """The communicators of NCCL debug logs: size, calls and volume by op, algorithms, transports."""
-    from tracekit.views import summary
-
-    ov = summary.nccl_overview(collectives, topology)  # type: ignore[arg-type]
-    if ov.height == 0:
-        return
-    table = Table(title="NCCL communicators (from the debug logs)", title_justify="left", header_style="bold",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, just in (("commId", "left"), ("ranks", "right"), ("logged", "left"), ("calls per rank", "left"),
-                      ("bytes/rank", "right"), ("algorithm", "left"), ("protocol", "left"), ("transports", "left")):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
-    for row in ov.iter_rows(named=True):
-        logged = row["ranks_logged"]
-        shown = ",".join(map(str, logged[:8])) + ("…" if len(logged) > 8 else "")
-        table.add_row(text(row["comm_id"] or "–"), str(row["nranks"] or "–"), shown,
-                      text(", ".join((row["ops"] or [])[:4])), fmt_bytes(row["bytes_per_rank"]),
-                      text(", ".join(row["algorithms"] or []) or "–"), text(", ".join(row["protocols"] or []) or "–"),
-                      text(", ".join(row["transports"] or []) or "–"))
-    console.print(table)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Horovod timelines
 
 
 def horovod_paragraph(res: object) -> str:

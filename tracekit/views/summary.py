@@ -180,7 +180,7 @@ def nccl_overview(collectives: pa.Table, topology: pa.Table) -> pl.DataFrame:
         return pl.DataFrame()
     per_op = (c.group_by(["pg", "op"]).agg(pl.len().alias("n"), pl.col("bytes").sum().alias("b"),
                                           pl.col("rank").n_unique().alias("r"))
-              .sort(["pg", "n"], descending=[False, True])
+              .sort(["pg", "n", "op"], descending=[False, True, False])  # ties by name: the same text every run
               .with_columns(pl.concat_str([pl.col("op"), pl.lit("×"), (pl.col("n") // pl.col("r")).cast(pl.String)])
                             .alias("label")))
     out = c.group_by("pg").agg(

@@ -10,6 +10,7 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.analysis.link_classes import sentence as link_sentence
 from tracekit.model.units import format_rate as _rate
 from tracekit.views.formats import fmt_bytes as _bytes
 from tracekit.views.formats import fmt_ns as _ns
@@ -24,11 +25,12 @@ def _pct(x: float) -> str:
 
 def paragraph(job: dict[str, Any], stragglers: pl.DataFrame, overview: dict[str, Any], *,
               line_rate_bps: float | None = None, line_rate_source: str | None = None, n_ranks: int = 0,
-              sizes: dict[str, Any] | None = None) -> str:
+              sizes: dict[str, Any] | None = None, link_classes: list[dict[str, Any]] | None = None) -> str:
     """One paragraph from :func:`tracekit.views.summary.job`, :func:`tracekit.views.summary.stragglers`,
     :func:`tracekit.views.summary.collectives_overview` and :func:`tracekit.views.summary.transfer_sizes`
     (``sizes``: when some are unknown, the paragraph says so instead of quoting traffic figures that would leave
-    them out)."""
+    them out); ``link_classes``, the rows of :func:`tracekit.analysis.link_classes.busy`, add which link class is
+    busiest."""
     if not job.get("ranks"):
         return "No iteration was found, so there is nothing to say about the links."
     parts: list[str] = []
@@ -58,6 +60,9 @@ def paragraph(job: dict[str, Any], stragglers: pl.DataFrame, overview: dict[str,
                   f"the same traffic at full rate would take {_pct(job['link_utilisation'])} of the time.")
         elif not line_rate_bps:
             s += " Give --link-bw (e.g. 100Gbit) to compare with the line rate."
+        by_class = link_sentence(link_classes or [])
+        if by_class:
+            s += f" {by_class} (transfer time over their ranks' iteration time)."
         parts.append(s)
     else:
         parts.append("No communication was found in the iterations.")

@@ -1,4 +1,4 @@
-"""Communicators across the whole log, once every line is read (:mod:`tracekit.parsers.nccl_log`).
+"""Communicators across the whole log, once every line is read (:mod:`tracekit.parsers.nccl`).
 
 The instance each COLL line is on; their ids -- logged, derived with NCCL's own split hash (2.27+),
 synthetic before 2.16, inferred without Init lines; the global rank of every process; the communicator of
@@ -18,8 +18,8 @@ import polars as pl
 
 from tracekit.model.diagnostics import Diagnostic
 
-from ._nccl_grammar import LAUNCHER_RANK
-from ._nccl_lines import _Comm, _Parser
+from .grammar import LAUNCHER_RANK
+from .lines import _Comm, _Parser
 
 # ---------------------------------------------------------------------------------------------------
 # communicator ids NCCL never prints (2.27+ splits) -- the same hash NCCL computes (src/include/utils.h)
@@ -335,12 +335,43 @@ def _graph_need(r: dict[str, Any]) -> int:
     return max(nums, default=-1) + 1
 
 
+class _Chooser:
+    """:func:`_candidates` (then :func:`_only_comm`) for the lines of each process, memoised per stretch of lines
+    between the lines that change the answer -- its communicators' Init START / COMPLETE, nNodes and Destroy lines
+    and its COLL lines: an INFO log's transport lines come in runs of thousands between two of them, and a process
+    may hold hundreds of communicators (each line scanning them all made a big log quadratic)."""
+
+    def __init__(self, ctx: dict[tuple[str, int], Any]) -> None:
+        self.ctx = ctx
+        self.breaks: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.memo: dict[tuple[Any, ...], _Comm | None] = {}
+
+    def choose(self, proc: tuple[str, int], line: int, fits: Any, fit_key: tuple[Any, ...]) -> _Comm | None:
+        """The first candidate of ``line`` that ``fits``, else the process's only communicator if it fits;
+        ``fit_key`` says what ``fits`` depends on besides the communicator."""
+        cx = self.ctx.get(proc)
+        if cx is None:
+            return None
+        b = self.breaks.get(proc)
+        if b is None:
+            comms, colls = cx
+            points = sorted({v for c in comms for v in (c.start_line, c.init_line, c.end_line, c.nnodes_line)
+                             if v is not None})
+            b = self.breaks[proc] = (np.array(points, np.int64),
+                                     colls[0] if colls is not None else np.empty(0, np.int64))
+        key = (proc, int(np.searchsorted(b[0], line)), int(np.searchsorted(b[1], line)), *fit_key)
+        if key not in self.memo:
+            self.memo[key] = next((c for c in _candidates(cx, line) if fits(c)), None) or _only_comm(cx, line, fits)
+        return self.memo[key]
+
+
 def _attribute(st: _Parser, ctx: dict[tuple[str, int], Any]) -> tuple[list[_Comm | None], list[_Comm | None]]:
     """The communicator of every transport line and every ring/tree line (None when ambiguous): the first
     candidate (:func:`_candidates`) where the logging rank and the size fit, else the process's only
     communicator. A communicator whose rank is unknown (no Init or nNodes line) fits any rank, and the lines
     given to it are the evidence :func:`_infer_ranks` reads its rank from (``st.rank_evidence``)."""
     evidence: dict[int, set[int]] = defaultdict(set)
+    chooser = _Chooser(ctx)
     conn_comms: list[_Comm | None] = []
     for r in st.conns:
         logger = r["dst"] if r["direction"] == "receive" and r["dst"] is not None else r["src"]
@@ -349,8 +380,7 @@ def _attribute(st: _Parser, ctx: dict[tuple[str, int], Any]) -> tuple[list[_Comm
         def fits(c: _Comm, logger: int = logger, need: int = need) -> bool:
             return (c.rank is None or c.rank == logger) and c.nranks is not None and need < c.nranks
 
-        cx = ctx.get((r["host"], r["pid"]))
-        chosen = next((c for c in _candidates(cx, r["line"]) if fits(c)), None) or _only_comm(cx, r["line"], fits)
+        chosen = chooser.choose((r["host"], r["pid"]), r["line"], fits, ("conn", logger, need))
         if chosen is not None and chosen.rank is None:
             evidence[chosen.idx].add(logger)
         conn_comms.append(chosen)
@@ -361,9 +391,7 @@ def _attribute(st: _Parser, ctx: dict[tuple[str, int], Any]) -> tuple[list[_Comm
         def fits_g(c: _Comm, me: int | None = me, need: int = need) -> bool:
             return (me is None or c.rank is None or c.rank == me) and (c.nranks is None or need <= c.nranks)
 
-        cx = ctx.get((r["host"], r["pid"]))
-        chosen = next((c for c in _candidates(cx, r["line"]) if fits_g(c)), None) or _only_comm(
-            cx, r["line"], fits_g)
+        chosen = chooser.choose((r["host"], r["pid"]), r["line"], fits_g, ("graph", me, need))
         if chosen is not None and chosen.rank is None and me is not None:
             evidence[chosen.idx].add(me)
         graph_comms.append(chosen)

@@ -1,7 +1,7 @@
 """The output tables of the NCCL log parser, from the parse state once communicators are resolved: the raw
 COLL rows (:func:`_prepare_raw`) resolved into ``collectives`` and ``nccl_calls`` (:func:`_collectives`),
 ``topology`` and ``nccl_connections``, ``nccl_graph``, ``nccl_comms``, the check that the members of a call
-agree, and ``meta`` (:mod:`tracekit.parsers.nccl_log` documents every column).
+agree, and ``meta`` (:mod:`tracekit.parsers.nccl` documents every column).
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit.model.diagnostics import Diagnostic
-from tracekit.model.schema import TOPOLOGY, table
+from tracekit.model.schema import COMMUNICATORS, NCCL_GRAPH, NCCL_NETWORK, TOPOLOGY, table
 
-from ._nccl_columnar import _DICT, _RAW_COLL
-from ._nccl_comms import _candidates, _graph_rank, _only_comm
-from ._nccl_grammar import DTYPES, FULL_BUFFER_OPS, REST, ROOTED_OPS, TIMESTAMP, _norm_op
-from ._nccl_lines import _Comm, _Parser, _version_tuple
+from .columnar import _DICT, _RAW_COLL
+from .comms import _candidates, _graph_rank, _only_comm
+from .grammar import DTYPES, FULL_BUFFER_OPS, REST, ROOTED_OPS, TIMESTAMP, _norm_op
+from .lines import _Comm, _Parser, _version_tuple
+from .network import network_table
 
 
 def _plain(t: pa.Table) -> pa.Table:
@@ -42,7 +43,10 @@ _WARN_SCHEMA = pa.schema([("line", pa.int64()), ("host", pa.string()), ("pid", p
                           ("log_time", pa.string())])
 _WATCHDOG_SCHEMA = pa.schema([("line", pa.int64()), ("rank", pa.int32()), ("seq_num", pa.int64()),
                               ("op_type", pa.string()), ("numel_in", pa.int64()),
-                              ("numel_out", pa.int64()), ("timeout_ms", pa.int64()), ("text", pa.string())])
+                              ("numel_out", pa.int64()), ("timeout_ms", pa.int64()), ("text", pa.string()),
+                              ("kind", pa.string()), ("pg", pa.string()), ("last_enqueued", pa.int64()),
+                              ("last_completed", pa.int64()), ("ran_ms", pa.int64()), ("dump_from", pa.int32()),
+                              ("log_time", pa.string())])
 
 
 def _rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
@@ -276,10 +280,14 @@ def _dev_kind(st: _Parser) -> str | None:
 
 
 def _family(via: str) -> str:
+    """The transport family of a ``via`` text: ``P2P``, ``SHM`` (``direct shared memory`` up to 2.13),
+    ``NET/IB``, ``NET/Socket``, ``NET/<plugin>``, ``COLLNET``, ..."""
+    if via.startswith("direct shared memory"):
+        return "SHM"
     parts = via.split("/")
     head = parts[0].strip().upper()
     if head == "NET" and len(parts) > 1:
-        return "NET/" + parts[1].strip()
+        return "NET/" + parts[1].strip().split("(")[0]
     return head
 
 
@@ -344,11 +352,7 @@ def _graph(st: _Parser, chosen_comms: list[_Comm | None], ctx: dict[tuple[str, i
             chosen.nvls_channels = v.get("nvls", chosen.nvls_channels)
             chosen.p2p_channels = v.get("p2p", chosen.p2p_channels)
             chosen.p2p_channels_per_peer = v.get("p2p_per_peer", chosen.p2p_channels_per_peer)
-    schema = pa.schema([("line", pa.int64()), ("host", pa.string()), ("pid", pa.int64()),
-                        ("comm", pa.string()), ("comm_id", pa.string()), ("rank", pa.int32()),
-                        ("kind", pa.string()), ("channel", pa.int32()), ("nchannels", pa.int32()),
-                        ("value", pa.string()), ("cut", pa.bool_())])
-    return _rows_table(rows, schema)
+    return _rows_table(rows, NCCL_GRAPH)
 
 
 def _check_sizes(st: _Parser, coll: pl.DataFrame) -> None:
@@ -398,6 +402,37 @@ def _comms_table(comms: list[_Comm], coll: pl.DataFrame) -> pa.Table:
     return _rows_table(rows, schema)
 
 
+def _communicators(st: _Parser, comms: list[_Comm], procs: pl.DataFrame, coll: pl.DataFrame) -> pa.Table:
+    """``communicators`` (COMMUNICATORS): one row per member each communicator instance of a process is, with the
+    process's host (null for lines without a host prefix), global rank, NCCL version and network."""
+    calls: dict[int, int] = {}
+    if coll.height:
+        for idx, n in coll.filter(pl.col("comm_idx").is_not_null()).group_by("comm_idx").len().iter_rows():
+            calls[idx] = n
+    granks = {(h, p): g for h, p, g in procs.select("host", "pid", "global_rank").iter_rows()}
+    version = _file_version(st)
+    rows = []
+    for c in comms:
+        proc = st.procs.get((c.host, c.pid)) if c.host is not None and c.pid is not None else None
+        rows.append({
+            "comm_id": c.comm_id, "comm_id_source": c.comm_id_source, "rank": c.rank, "nranks": c.nranks,
+            "nnodes": c.nnodes, "local_ranks": c.local_ranks, "local_rank": c.local_rank,
+            "host": c.host or None, "pid": c.pid, "global_rank": granks.get((c.host, c.pid)),
+            "cuda_dev": c.cuda_dev, "nvml_dev": c.nvml_dev, "bus_id": c.bus_id,
+            "nccl_version": (proc.version if proc else None) or version,
+            "network": (proc.net_used or (proc.network[0] if proc.network else None) if proc else None)
+            or (st.networks[0] if len(st.networks) == 1 else None),
+            "parent_comm_id": c.parent_comm_id, "color": c.color, "key": c.key, "coll_channels": c.coll_channels,
+            "nvls_channels": c.nvls_channels, "p2p_channels": c.p2p_channels, "calls": calls.get(c.idx, 0),
+            "init_line": c.init_line or c.start_line or c.nnodes_line or c.end_line or c.first_line, "end": c.end})
+    return _rows_table(_fit(rows, COMMUNICATORS), COMMUNICATORS)
+
+
+def _network(st: _Parser) -> pa.Table:
+    """``nccl_network`` (NCCL_NETWORK): the network devices of every process, GPU Direct RDMA folded in."""
+    return _rows_table(_fit(network_table(st), NCCL_NETWORK), NCCL_NETWORK)
+
+
 def _file_version(st: _Parser) -> str | None:
     if not st.versions:
         vs = {p.version for p in st.procs.values() if p.version}
@@ -407,7 +442,7 @@ def _file_version(st: _Parser) -> str | None:
 
 def _era_text(st: _Parser) -> str | None:
     lo, hi = st.era_lo, st.era_hi
-    if lo == (2, 0, 0) and hi == (99, 0, 0):
+    if (lo == (2, 0, 0) and hi == (99, 0, 0)) or lo > hi:  # nothing, or forms of eras that contradict each other
         return None
     f = lambda v: ".".join(map(str, v))  # noqa: E731
     if hi == (99, 0, 0):
@@ -430,7 +465,9 @@ def _meta(st: _Parser, comms: list[_Comm], procs: pl.DataFrame,
         plist.append({
             "host": host, "pid": pid, "rank": g, "rank_source": src, "nranks": w.nranks if w else None,
             "devices": sorted(p.devices), "version": p.version or version, "network": p.network,
-            "prefixes": p.prefixes,
+            "prefixes": p.prefixes, "version_line": p.version_line, "plugin": p.plugin,
+            "env": {k: {"value": v, "line": line} for k, (v, line) in sorted(p.env.items())},
+            "net_issues": [{"kind": k, "line": line, "text": text} for k, line, text in p.net_issues],
             "comms": [{"comm": c.comm, "comm_id": c.comm_id, "rank": c.rank, "nranks": c.nranks,
                        "cuda_dev": c.cuda_dev, "bus_id": c.bus_id, "parent": c.parent, "color": c.color,
                        "key": c.key} for c in comms if c.host == host and c.pid == pid],
@@ -439,6 +476,7 @@ def _meta(st: _Parser, comms: list[_Comm], procs: pl.DataFrame,
     meta: dict[str, Any] = {
         "format_version": version, "nccl_version": version, "era": _era_text(st), "backend": "nccl",
         "world_size": world_size, "network": st.networks, "processes": plist,
+        "versions": {v: {"count": n, "line": st.version_lines.get(v)} for v, n in sorted(st.versions.items())},
     }
     if len(plist) == 1:
         p0 = plist[0]

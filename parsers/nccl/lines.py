@@ -1,11 +1,11 @@
 """The per-line path of the NCCL log parser, and the state of one parse (:class:`_Parser`).
 
-Each block of lines goes through the columnar path first (:mod:`._nccl_columnar`); the lines it leaves are
-classified here one by one with the regexes of :mod:`._nccl_grammar` -- Init, transport, ring and tree,
+Each block of lines goes through the columnar path first (:mod:`.columnar`); the lines it leaves are
+classified here one by one with the regexes of :mod:`.grammar` -- Init, transport, ring and tree,
 TUNING, nNodes, WARN and watchdog lines, interleaved, bare and damaged lines -- into the parse state:
 communicator instances (:class:`_Comm`), processes (:class:`_Proc`), rows, counters and the kinds of lines
-not understood. Resolving across lines happens once the whole log is read (:mod:`._nccl_comms`,
-:mod:`._nccl_tuning`, :mod:`._nccl_tables`).
+not understood. Resolving across lines happens once the whole log is read (:mod:`.comms`,
+:mod:`.tuning`, :mod:`.tables`).
 """
 
 from __future__ import annotations
@@ -20,22 +20,27 @@ import pyarrow as pa
 
 from tracekit.model.diagnostics import Diagnostic
 
-from ._nccl_columnar import _fast_block, _utf8_lines
-from ._nccl_grammar import (
+from .columnar import _fast_block, _utf8_lines
+from .grammar import (
     ANCHOR,
     BARE,
     CHANNEL_COUNT,
     COLL,
     CONN,
     COUNTS_COMM,
+    DUMP_FROM,
+    GLOG_TIME,
     I32_MIN,
     INIT,
     KNOWN,
+    LAST_COMPLETED,
+    LAST_ENQUEUED,
     LAUNCHER_ONLY,
     NCCL_MARK,
     NCCL_TESTS,
     NETWORK,
     NNODES,
+    RAN_FOR,
     RING,
     RING_LINK,
     TIMESTAMP,
@@ -45,7 +50,10 @@ from ._nccl_grammar import (
     UNWIND,
     VERSION,
     WATCHDOG,
+    WATCHDOG_SEQ,
+    WORK_NCCL,
 )
+from .network import STARTS, network_line
 
 #: NCCL <= 2.28 formats a line into a 1024-byte buffer: a line this long was cut by NCCL.
 NCCL_LINE_LIMIT = 1023
@@ -113,6 +121,13 @@ class _Proc:
     prefixes: list[str] = field(default_factory=list)
     rccl_globalrank: int | None = None
     tests_rank: int | None = None
+    #: ``NCCL_* set by environment to VALUE`` lines: name -> (value, line)
+    env: dict[str, tuple[str, int]] = field(default_factory=dict)
+    plugin: str | None = None  # the network plugin: "internal" or the name of the one loaded
+    #: lines saying InfiniBand was not used: (kind, line, text)
+    net_issues: list[tuple[str, int, str]] = field(default_factory=list)
+    version_line: int | None = None
+    net_used: str | None = None  # the network of its ``Using network X`` line
 
 
 def _i(s: str | None) -> int | None:
@@ -148,7 +163,7 @@ class _Parser:
 
     def __init__(self, path: str, max_line: int) -> None:
         self.path = path
-        #: the reader's line limit (:data:`nccl_log.MAX_LINE`): a longer line is not run through the regexes
+        #: the reader's line limit (:data:`.reader.MAX_LINE`): a longer line is not run through the regexes
         self.max_line = max_line
         self.diagnostics: list[Diagnostic] = []
         self.coll_tables: list[pa.Table] = []
@@ -163,7 +178,10 @@ class _Parser:
         self.slow_tuning: list[dict[str, Any]] = []
         self.warnings: list[dict[str, Any]] = []
         self.watchdog: list[dict[str, Any]] = []
+        self.nics: list[dict[str, Any]] = []  # network devices of the NET/<net> : Using lines (:mod:`.network`)
+        self.gdr: list[dict[str, Any]] = []  # GPU Direct RDMA lines
         self.versions: dict[str, int] = {}
+        self.version_lines: dict[str, int] = {}  # the first line of each version
         self.networks: list[str] = []
         self.widows: deque[tuple[int, str, int]] = deque()
         self.last_msg: dict[str, Any] | None = None
@@ -300,7 +318,7 @@ class _Parser:
         self.last_msg = None
         m = VERSION.search(text)
         if m:
-            self.version(m, None)
+            self.version(m, None, no)
             return
         m = COLL.search(text)
         if m:
@@ -319,7 +337,7 @@ class _Parser:
                 else:
                     self.init(no, m, host, pid)
                 return
-        m = WATCHDOG.search(text)
+        m = WATCHDOG.search(text) if "Rank " in text else None
         if m:
             self.watchdog_line(no, m, text)
             return
@@ -369,7 +387,7 @@ class _Parser:
         if body.startswith("NCCL version"):
             m = VERSION.match(body)
             if m:
-                self.version(m, proc)
+                self.version(m, proc, no)
                 return
         if "- Init " in body or "- Destroy " in body or "- Abort " in body:  # 2.27+ START: "key 0- Init"
             m = INIT.search(body)
@@ -415,9 +433,13 @@ class _Parser:
         if " channels" in body and "coll channels" in body:
             self.channel_counts(no, body, host, pid)
             return
+        if body.lstrip().startswith(STARTS) and network_line(self, no, body, host, pid):
+            return
         m = NETWORK.match(body)
         if m:
             net = m["net"] or m["net2"]
+            if m["net"]:
+                proc.net_used = net
             if net not in proc.network:
                 proc.network.append(net)
             if net not in self.networks:
@@ -432,11 +454,13 @@ class _Parser:
         self.not_understood(no, level, _kind(body), body)
 
     # -- messages --------------------------------------------------------------------------------
-    def version(self, m: re.Match[str], proc: _Proc | None) -> None:
+    def version(self, m: re.Match[str], proc: _Proc | None, no: int | None = None) -> None:
         v = m["ver"]
         self.versions[v] = self.versions.get(v, 0) + 1
+        if no is not None:
+            self.version_lines.setdefault(v, no)
         if proc is not None:
-            proc.version = v
+            proc.version, proc.version_line = v, no
 
     def warn(self, no: int, prefix: str, level: str, host: str, pid: int, tid: int, dev: int | None,
              loc: str | None, func: str | None, body: str) -> None:
@@ -543,18 +567,36 @@ class _Parser:
 
     def conn(self, no: int, m: re.Match[str], host: str | None, pid: int | None, *, orphan: bool) -> None:
         kw, conn = m["kw"], m["conn"]
+        via = m["via"]
         if kw == "Ring":
             self.era(hi=(2, 6, 99))
+        elif kw == "Coll":
+            self.era(lo=(2, 7, 0), hi=(2, 11, 99))
         elif kw == "Channel":
-            self.era(lo=(2, 14, 0) if conn is not None else (2, 7, 0), hi=None if conn else (2, 13, 99))
+            # the connection index /c: NET lines from 2.12, P2P lines from 2.14, SHM lines never
+            if via.startswith("NET/"):
+                self.era(lo=(2, 12, 0)) if conn is not None else self.era(lo=(2, 7, 0), hi=(2, 11, 99))
+            elif via.startswith("SHM/"):
+                self.era(lo=(2, 14, 0))
+            elif via.startswith("direct shared memory"):
+                self.era(lo=(2, 7, 0), hi=(2, 13, 99))
+            elif conn is not None:
+                self.era(lo=(2, 14, 0))
+            else:
+                self.era(lo=(2, 7, 0), hi=(2, 13, 99))
         row = {"line": no, "host": host, "pid": pid, "channel": int(m["ch"]), "conn": _i(conn),
                "src": int(m["src"]), "dst": _i(m["dst"]), "src_dev": m["sdev"], "dst_dev": m["ddev"],
                "direction": m["dir"], "detail": m["via"].strip(), "orphan": orphan}
         self.conns.append(row)
 
     def ring(self, no: int, m: re.Match[str], host: str, pid: int, cut: bool) -> None:
+        ranks = m["ranks"].split()
+        if m["more"]:  # NCCL >= 2.19 ends a ring longer than 128 characters with "...", over a number's digits
+            cut = True
+            if ranks and not m["more"][:1].isspace():
+                ranks = ranks[:-1]
         self.graph.append({"line": no, "host": host, "pid": pid, "kind": "ring", "channel": int(m["ch"]),
-                           "nchannels": _i(m["n"]), "value": " ".join(m["ranks"].split()), "cut": cut})
+                           "nchannels": _i(m["n"]), "value": " ".join(ranks), "cut": cut})
 
     def trees(self, no: int, level: str, body: str, host: str, pid: int, cut: bool) -> None:
         items = TREE_ITEM.findall(body)
@@ -607,13 +649,34 @@ class _Parser:
         self.pending_ctx.append(("counts", no, row))
 
     def watchdog_line(self, no: int, m: re.Match[str], text: str) -> None:
-        args = dict(kv.split("=", 1) for kv in m["args"].split(", ") if "=" in kv)
+        """A line of PyTorch's ProcessGroupNCCL watchdog: a collective that timed out (``WorkNCCL(SeqNum=...,
+        OpType=...)``, how long it ran), the work it stopped at with the last work each rank enqueued and
+        completed, a dump signal from another rank, the periodic progress line."""
+        what = m["what"]
+        w = WORK_NCCL.search(what)
+        args = dict(kv.split("=", 1) for kv in w["args"].split(", ") if "=" in kv) if w else {}
 
         def num(k: str) -> int | None:
             v = args.get(k, "")
-            return int(v) if v.isdigit() else None
+            return int(v) if v.isdigit() and len(v) < 19 else None
 
-        self.watchdog.append({"line": no, "rank": int(m["rank"]), "seq_num": num("SeqNum"),
-                              "op_type": args.get("OpType"), "numel_in": num("NumelIn"),
-                              "numel_out": num("NumelOut"), "timeout_ms": num("Timeout(ms)"),
-                              "text": text.strip()})
+        def found(regex: re.Pattern[str], key: str = "n") -> int | None:
+            f = regex.search(what)
+            return int(f[key]) if f else None
+
+        kind = ("timeout" if what.startswith("Watchdog caught") else "dump" if what.startswith("Received a dump")
+                else "progress" if what.startswith("NCCL Work update") else "failed" if what.startswith("Some NCCL")
+                else "exception")
+        seq = num("SeqNum")
+        if seq is None:
+            seq = found(WATCHDOG_SEQ, "seq")
+        pg = m["desc"] or m["pg"]
+        if m["pg"] is not None and m["desc"]:
+            pg = f"{m['pg']} ({m['desc']})"
+        glog = GLOG_TIME.search(text[:m.start()])
+        self.watchdog.append({"line": no, "rank": int(m["rank"]), "seq_num": seq, "op_type": args.get("OpType"),
+                              "numel_in": num("NumelIn"), "numel_out": num("NumelOut"),
+                              "timeout_ms": num("Timeout(ms)"), "text": text.strip(), "kind": kind, "pg": pg,
+                              "last_enqueued": found(LAST_ENQUEUED), "last_completed": found(LAST_COMPLETED),
+                              "ran_ms": found(RAN_FOR, "ms"), "dump_from": found(DUMP_FROM, "rank"),
+                              "log_time": glog["ts"] if glog else None})

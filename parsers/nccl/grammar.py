@@ -1,9 +1,9 @@
 """The vocabulary and grammar of NCCL debug lines (FORMATS.md 2.2-2.6), shared by the stages of
-:mod:`tracekit.parsers.nccl_log`.
+:mod:`tracekit.parsers.nccl`.
 
 Vocabulary: datatype ids, op, algorithm and protocol names. Grammar: one regex per message kind for the
-per-line path (:mod:`._nccl_lines`), with the eras that print each form; :data:`KNOWN`, the messages that
-hold nothing tracekit uses; and the sniffer's pattern. The columnar path (:mod:`._nccl_columnar`) reads
+per-line path (:mod:`.lines`), with the eras that print each form; :data:`KNOWN`, the messages that
+hold nothing tracekit uses; and the sniffer's pattern. The columnar path (:mod:`.columnar`) reads
 COLL and TUNING lines by token position instead; its few token patterns live beside it.
 """
 
@@ -68,11 +68,14 @@ INIT = re.compile(
 NNODES = re.compile(
     r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) "
     r"localRanks (?P<lranks>\d+) localRank (?P<lrank>\d+)")
+#: a peer connection's transport line (FORMATS.md 2.3); CollNet's is ``Coll NN : r [send] via COLLNET/...`` in 2.7-2.11,
+#: ``CollNet NN[/c] : ...`` later
 CONN = re.compile(
-    r"(?P<kw>Ring|Channel|CollNet) (?P<ch>\d+)(?:/(?P<conn>\d+))? : "
+    r"(?P<kw>Ring|Channel|CollNet|Coll) (?P<ch>\d+)(?:/(?P<conn>\d+))? : "
     r"(?P<src>\d+)(?:\[(?P<sdev>[0-9a-fA-F]+)\])?(?: -> (?P<dst>\d+)(?:\[(?P<ddev>[0-9a-fA-F]+)\])?)?"
     r"(?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$")
-RING = re.compile(r"^(?:Ring|Channel) (?P<ch>\d+)(?:/(?P<n>\d+))? :(?P<ranks>(?: +\d+)*) *$")
+#: a ring order; NCCL cuts one longer than its line buffer and ends it with ``...`` (src/graph/rings.cc)
+RING = re.compile(r"^(?:Ring|Channel) (?P<ch>\d+)(?:/(?P<n>\d+))? :(?P<ranks>(?: +\d+)*)(?P<more> *\d*\.\.\.)? *$")
 #: 2.19+, every rank, per channel: its ring neighbours ``Ring 02 : prev -> rank -> next`` (src/init.cc) and
 #: its tree ``Tree 1 : up -> rank -> down0/down1/down2`` (src/graph/connect.cc)
 RING_LINK = re.compile(r"^Ring (?P<ch>\d+) : (?P<prev>-?\d+) -> (?P<rank>\d+) -> (?P<next>-?\d+)\s*$")
@@ -91,11 +94,24 @@ COLL = re.compile(
 REST = re.compile(
     r"^(?: task (?P<task>\d+) globalrank (?P<grank>\d+))?(?P<tail>.*?)"
     r"(?: ?\[repeated (?P<rep>\d+)x across cluster\])?\s*$")
-NETWORK = re.compile(r"^(?:Using network (?P<net>\S+)|NET/(?P<net2>[^\s:]+) ?: Using)")
+NETWORK = re.compile(r"^(?:Using network (?P<net>\S+)|NET/(?P<net2>(?!Plugin\b)[^\s:]+) ?: Using)")
 UNWIND = re.compile(r"^\S+\.(?:cc|cu|h|c|cpp):\d+ -> \d+")
+#: PyTorch ProcessGroupNCCL's watchdog lines (FORMATS.md 2.5), after the rank prefix of every era: ``[Rank 3]``,
+#: ``[PG 0 Rank 3]``, ``[PG 0 (default_pg) Rank 3]``, ``[PG ID 0 PG GUID 0(default_pg) Rank 3]``
 WATCHDOG = re.compile(
-    r"ProcessGroupNCCL\.cpp:\d+\]\s*\[Rank (?P<rank>\d+)\]\s*"
-    r"(?P<what>.*?WorkNCCL\((?P<args>(?:[^()]|\([^()]*\))*)\).*)$")
+    r"\[(?:PG (?:ID )?(?P<pg>\d{1,9})(?: PG GUID (?P<guid>[^\s\]()]{1,64}))? ?(?:\((?P<desc>[^)\]]{0,200})\))? )?"
+    r"Rank (?P<rank>\d{1,9})\]:?\s*(?P<what>(?:Watchdog caught collective operation timeout|Exception (?:\(either an "
+    r"error or timeout\) )?detected by watchdog|Timeout at NCCL work|Received a dump signal|NCCL Work update "
+    r"periodically|Some NCCL operations have failed)(?P<rest>.*))$")
+#: the fields of a watchdog message
+WORK_NCCL = re.compile(r"WorkNCCL\((?P<args>(?:[^()]|\([^()]*\)){0,2000})\)")
+WATCHDOG_SEQ = re.compile(r"(?:at work|Timeout at NCCL work): (?P<seq>-?\d{1,18})")
+LAST_ENQUEUED = re.compile(r"[Ll]ast enqueued NCCL work: (?P<n>-?\d{1,18})")
+LAST_COMPLETED = re.compile(r"[Ll]ast completed NCCL work: (?P<n>-?\d{1,18})")
+RAN_FOR = re.compile(r"ran for (?P<ms>\d{1,18}) milliseconds")
+DUMP_FROM = re.compile(r"from\s+rank (?P<rank>\d{1,9})")
+#: a glog header before it (PyTorch >= 2.3): ``[E1104 16:41:07.118204311 ProcessGroupNCCL.cpp:607]``
+GLOG_TIME = re.compile(r"\[[EWIF](?P<ts>\d{3,4} \d\d:\d\d:\d\d(?:\.\d+)?)\s")
 NCCL_TESTS = re.compile(r"^#\s+Rank\s+(?P<rank>\d+)\s+Group\s+\d+\s+Pid\s+(?P<pid>\d+)\s+on\s+(?P<host>\S+)"
                         r"\s+device\s+(?P<dev>\d+)")
 RAY_REPEAT = re.compile(r"\[repeated (?P<n>\d+)x across cluster\]")
@@ -110,8 +126,10 @@ BARE = re.compile(
     r"(?:(?P<loc>[^\s()\[\]:>]++:\d++) (?:\((?P<func>[^()]{0,200}+)\) )?)?NCCL (?P<level>[A-Z]{3,})\b ?")
 #: the rank a launcher prefix states: OpenMPI ``[jobid,rank]<stdout>:``, ``srun --label`` ``rank: ``
 LAUNCHER_RANK = re.compile(r"^(?:\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:|(?P<srun>\d+): )")
-#: a line that is nothing but a launcher prefix (the blank line before a WARN, behind the launcher)
-LAUNCHER_ONLY = re.compile(r"^\s*(?:\[[^\]]*\](?:<std(?:out|err)>)?:?|\(.*\)|[\w.-]+:|>)\s*$")
+#: a line that is nothing but a launcher prefix (the blank line before a WARN, behind the launcher; also a
+#: Kubernetes CRI or ``docker --timestamps`` prefix)
+LAUNCHER_ONLY = re.compile(r"^\s*(?:\[[^\]]*\](?:<std(?:out|err)>)?:?|\(.*\)|[\w.-]+:|>"
+                           r"|\d{4}-\d\d-\d\dT[\d:.]{1,40}Z?(?: std(?:out|err) [FP])?)\s*$")
 #: any NCCL marker, to count lines that carry one but could not be read at all
 NCCL_MARK = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
 
@@ -149,4 +167,7 @@ _SNIFF = re.compile(
     rb"|(?:nccl\w+ )?comm 0x[0-9a-fA-F]+ rank \d+ n[Rr]anks \d+|(?:Channel|Ring|CollNet) \d+(?:/\d+)? : "
     rb"|Trees? \[?\d|NET/\w+ ?: |Using network |Bootstrap ?: |cudaDriverVersion \d|P2P Chunksize|\d+ coll channels"
     rb"|NCCL version \d|NCCL_\w+ set by environment)"
-    rb"|(?:^|\s)(?:\[-?\d+\] )?[\w/.-]+\.(?:cc|cu|h|c|cpp):\d+ (?:\([^)\n]*\) )?NCCL WARN ")
+    rb"|(?:^|\s)(?:\[-?\d+\] )?[\w/.-]+\.(?:cc|cu|h|c|cpp):\d+ (?:\([^)\n]*\) )?NCCL WARN "
+    # PyTorch's NCCL watchdog (a hang's excerpt may hold nothing else)
+    rb"|Rank \d+\]:? ?(?:Watchdog caught collective operation timeout|Exception (?:\(either an error or timeout\) )?"
+    rb"detected by watchdog|Timeout at NCCL work: -?\d|Received a dump signal|NCCL Work update periodically)")

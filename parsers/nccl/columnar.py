@@ -1,7 +1,7 @@
 """The columnar fast path of the NCCL log parser: a block of lines as one Arrow string array
 (:func:`_utf8_lines`), split into space-separated tokens, and the COLL and (2.24+) TUNING lines -- the bulk
 of a big log -- read by token position with vectorised checks (:func:`_fast_block`). Repetitive tokens are
-parsed once per distinct value. What it cannot read goes to the per-line path (:mod:`._nccl_lines`), the
+parsed once per distinct value. What it cannot read goes to the per-line path (:mod:`.lines`), the
 other INFO lines with their anchor already parsed.
 """
 

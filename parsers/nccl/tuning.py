@@ -10,9 +10,9 @@ import pyarrow as pa
 
 from tracekit.model.diagnostics import Diagnostic
 
-from ._nccl_columnar import _TEXT_TUNING, _typed_tuning
-from ._nccl_grammar import _ALGO_NAMES, _PROTO_NAMES, ALGOS, DTYPE_SIZES, OPS, PROTOS
-from ._nccl_lines import _Parser
+from .columnar import _TEXT_TUNING, _typed_tuning
+from .grammar import _ALGO_NAMES, _PROTO_NAMES, ALGOS, DTYPE_SIZES, OPS, PROTOS
+from .lines import _Parser
 
 _TUNING_SCHEMA = {"line": pl.Int64, "host": pl.String, "pid": pl.Int64, "op": pl.String, "bytes": pl.Int64,
                   "algorithm": pl.String, "protocol": pl.String, "channel_lo": pl.Int32,
