@@ -211,7 +211,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     act = g.act
     coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source", "pg"]))
     assert isinstance(coll, pl.DataFrame)
-    comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end"]).join(
+    comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end", "iteration"]).join(
         coll, on=["rank", "collective_id"], how="left")
     if inst is not None:
         comm = comm.join(inst.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "collective_id"], how="left")
@@ -436,8 +436,30 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> 
             share = t[unk] / max(float(t[unk].sum()), 1.0)
             bus[unk] = speed[unk] * _busy_for_bytes(float(active), int(unk.sum()), latency_ns) * share
             estimated[unk] = True
+    if estimated.any() and "iteration" in comm.columns:
+        bus = _steady_sizes(comm, bus, estimated, key)
     size = np.where(known, SIZE_MEASURED, np.where(estimated, SIZE_ESTIMATED, SIZE_UNKNOWN))
     return comm.with_columns(pl.Series("bus", bus), pl.Series("size", size), pl.Series("speed", speed))
+
+
+def _steady_sizes(comm: pl.DataFrame, bus: np.ndarray, estimated: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Estimated sizes made the same for the same call of every iteration. A training loop makes the same calls
+    with the same sizes every iteration; what their transfer times say varies with what else the hosts did (on a
+    link limited by its hosts, an iteration's transfers can take twice another's). Each estimated call is the
+    n-th of its op on its link in its iteration; all those of one (link, op, n) get their median estimate, scaled
+    so that each link's total stays what its busy time at its speed moves."""
+    rows = np.flatnonzero(estimated & comm.get_column("iteration").is_not_null().to_numpy())
+    if rows.size == 0:
+        return bus
+    df = pl.DataFrame({"row": rows, "key": key[rows], "op": comm.get_column("op")[rows],
+                       "it": comm.get_column("iteration")[rows], "t": comm.get_column("x_start")[rows],
+                       "bus": bus[rows]})
+    df = df.with_columns(pl.col("t").rank("ordinal").over(["key", "op", "it"]).alias("n"))
+    df = df.with_columns(pl.col("bus").median().over(["key", "op", "n"]).alias("med"))
+    df = df.with_columns((pl.col("med") * (pl.col("bus").sum() / pl.col("med").sum()).over("key")).alias("steady"))
+    out = bus.copy()
+    out[df.get_column("row").to_numpy()] = df.get_column("steady").fill_nan(None).fill_null(0.0).to_numpy()
+    return out
 
 
 def _fifo(comm: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
