@@ -146,14 +146,16 @@ class Model:
 
 
 #: host work per byte of a transfer (reductions, copies, the network stack) assumed when no transfer of the
-#: job has a known size: gloo's CPU reduction and TCP stack measured 1.4-2.9 ns/B on this project's 2-core VM
-#: with sizes recorded (benchmarks/whatif_accuracy.py); NCCL reduces on the GPU, off the host's path
-HOST_NS_PER_BYTE = {"gloo": 1.5, "nccl": 0.0}
+#: job has a known size: gloo's CPU reduction and TCP stack took 0.6-1.2 ns/B beyond the wire (median 0.8) in the
+#: 3 Gbit/s blocks of this project's interleaved DDP recordings with sizes recorded (docs/accuracy.md; 1.4-2.9
+#: ns/B measured earlier in separate recordings on the loaded VM held the machine's noise too); NCCL reduces on
+#: the GPU, off the host's path
+HOST_NS_PER_BYTE = {"gloo": 0.8, "nccl": 0.0}
 #: the most host work per byte a measured link is credited with; what a slow link loses beyond the wire and
 #: this is the protocol's inefficiency (TCP at a low rate, small messages), which shrinks with a faster link.
-#: gloo: the most this VM's cores spent reducing and pushing a byte through TCP on a fast link (1.4-2.9 ns/B
-#: with sizes recorded at 1-3 Gbit/s); NCCL reduces on the GPU
-HOST_NS_PER_BYTE_MAX = {"gloo": 3.0, "nccl": 0.0}
+#: gloo: the most this VM's cores spent reducing and pushing a byte through TCP on a fast link (up to 1.2 ns/B
+#: in the 3 Gbit/s blocks of the interleaved recordings, docs/accuracy.md); NCCL reduces on the GPU
+HOST_NS_PER_BYTE_MAX = {"gloo": 1.2, "nccl": 0.0}
 #: the least share of the line rate a protocol is credited with on a link's wire: a link measured slower than
 #: this is busy with something that does not scale with its rate (cores shared with compute, a sender
 #: starved of CPU), which is kept as a fixed cost per byte rather than multiplied by a slower rate
