@@ -257,7 +257,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     it = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
     it = np.where(dev_rank & ~on_dev, -(1 << 62), it)
     model = Model(graph=g, chains=replay.chains(g), comm=comm, own_edge=own_edge, coll_edges=coll_edges,
-                  coll_edge_row=coll_edge_row, iteration_of=it, fifo=_fifo(comm),
+                  coll_edge_row=coll_edge_row, iteration_of=it, fifo=_fifo(comm, g.node_time),
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=latency,
                   measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
@@ -464,11 +464,14 @@ def _steady_sizes(comm: pl.DataFrame, bus: np.ndarray, estimated: np.ndarray, ke
     return out
 
 
-def _fifo(comm: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _fifo(comm: pl.DataFrame, node_time: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Consecutive transfers on each link (a rank's link per process group) in the order their data went out:
     ``(previous row, row, destination node)`` — the FIFO channel of Zhang et al. that a replay queues transfers
     on. A send/recv pair is queued by its receive (the data has crossed when the receive ends, on the sender's
-    link); the send itself is left out (it returns once its data is handed over)."""
+    link); the send itself is left out (it returns once its data is handed over). With the graph's measured
+    ``node_time``, a pair whose transfer ended before the one queued ahead of it is left out: the measured schedule
+    contradicts that order (on a straggler, a call's data can seem to go out after the next call's, where the
+    other rank arrived late), and such an edge against the graph's own can close a cycle no replay gets out of."""
     if comm.height == 0:
         return (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
     rows = np.flatnonzero(~(comm.get_column("send") == True).fill_null(False).to_numpy()) \
@@ -478,7 +481,11 @@ def _fifo(comm: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order = np.lexsort((sub.get_column("x_start").to_numpy(), key))
     same = key[order][1:] == key[order][:-1]
     prev, cur = rows[order[:-1][same]], rows[order[1:][same]]
-    dst = 2 * comm.get_column("a").to_numpy()[cur] + 1
+    a = comm.get_column("a").to_numpy()
+    if node_time is not None:
+        ok = node_time[2 * a[prev] + 1] <= node_time[2 * a[cur] + 1]
+        prev, cur = prev[ok], cur[ok]
+    dst = 2 * a[cur] + 1
     return prev, cur, dst
 
 
