@@ -213,8 +213,8 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     act = g.act
     coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source", "pg"]))
     assert isinstance(coll, pl.DataFrame)
-    comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end", "iteration"]).join(
-        coll, on=["rank", "collective_id"], how="left")
+    comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end", "iteration"])
+    comm = comm.join(coll, on=["rank", "collective_id"], how="left")
     if inst is not None:
         comm = comm.join(inst.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "collective_id"], how="left")
     else:
