@@ -12,6 +12,11 @@ run on this machine over loopback. With ``--link-rate 200mbit`` (root + iproute2
 own network namespace ("host") and the ranks talk over veth links shaped with tc in both directions
 (see ``shaped_link.py``); the link's real TCP goodput is measured first and stored in run.json.
 
+``--rate-schedule R1,R2,...`` changes the link's rate while the job runs, between blocks of ``--block-steps``
+profiled steps (the ranks wait for it outside their timed steps); ``--realtime PRIO`` runs the ranks under the
+real-time scheduler so that other work on a shared machine disturbs them less; ``--sleep-rank``/``--sleep-ms``
+make a straggler and ``--loader-ms`` a slow data loader (docs/accuracy.md).
+
 Writes into ``--out``:
   rank{r}.pt.trace.json.gz   Kineto trace of rank r (plain .json with --no-gzip)
   run.json                   parameters, model size, gradient bytes, link, measured per-step wall times
@@ -23,6 +28,7 @@ bundled sample samples/ddp-gloo, recorded with ``--link-rate 500mbit``. Examples
     sudo python samples/record_ddp.py --out /tmp/ddp-200m --link-rate 200mbit --force
     sudo python samples/record_ddp.py --out /tmp/fsdp --parallel fsdp --link-rate 1gbit --no-record-shapes
     sudo python samples/record_ddp.py --out /tmp/dptp --parallel dp-tp --nproc 4 --link-rate 300mbit
+    sudo python samples/record_ddp.py --out /tmp/sched --rate-schedule 1gbit,100mbit,3gbit --block-steps 3 --realtime 10
 """
 
 from __future__ import annotations
