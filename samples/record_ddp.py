@@ -12,6 +12,11 @@ run on this machine over loopback. With ``--link-rate 200mbit`` (root + iproute2
 own network namespace ("host") and the ranks talk over veth links shaped with tc in both directions
 (see ``shaped_link.py``); the link's real TCP goodput is measured first and stored in run.json.
 
+``--rate-schedule R1,R2,...`` changes the link's rate while the job runs, between blocks of ``--block-steps``
+profiled steps (the ranks wait for it outside their timed steps); ``--realtime PRIO`` runs the ranks under the
+real-time scheduler so that other work on a shared machine disturbs them less; ``--sleep-rank``/``--sleep-ms``
+make a straggler and ``--loader-ms`` a slow data loader (docs/accuracy.md).
+
 Writes into ``--out``:
   rank{r}.pt.trace.json.gz   Kineto trace of rank r (plain .json with --no-gzip)
   run.json                   parameters, model size, gradient bytes, link, measured per-step wall times
@@ -23,6 +28,7 @@ bundled sample samples/ddp-gloo, recorded with ``--link-rate 500mbit``. Examples
     sudo python samples/record_ddp.py --out /tmp/ddp-200m --link-rate 200mbit --force
     sudo python samples/record_ddp.py --out /tmp/fsdp --parallel fsdp --link-rate 1gbit --no-record-shapes
     sudo python samples/record_ddp.py --out /tmp/dptp --parallel dp-tp --nproc 4 --link-rate 300mbit
+    sudo python samples/record_ddp.py --out /tmp/sched --rate-schedule 1gbit,100mbit,3gbit --block-steps 3 --realtime 10
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from shaped_link import (
     LinkError,
     ShapedNetwork,
     check_link,
+    format_rate,
     parse_delay,
     parse_rate,
     require_netns,
@@ -164,6 +171,13 @@ def _run_launchers(argvs: list[list[str]], env: dict[str, str], workdir: Path, t
             log.close()
 
 
+def _loadavg() -> list[float] | None:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
 def _summary(walls: list[float]) -> dict[str, float]:
     return {
         "mean_s": statistics.fmean(walls),
@@ -210,8 +224,40 @@ def _network(cfg: RecordConfig) -> Iterator[ShapedNetwork | None]:
         yield None
         return
     require_netns()
-    with ShapedNetwork(cfg.hosts, cfg.link_rate_bps, cfg.link_delay_us) as net:
+    rate = cfg.rate_schedule[0] if cfg.rate_schedule else cfg.link_rate_bps
+    with ShapedNetwork(cfg.hosts, rate, cfg.link_delay_us) as net:
         yield net
+
+
+class RateSchedule(threading.Thread):
+    """Changes the link's rate between blocks of the job's profiled steps (``--rate-schedule``): once every rank
+    has reached block k (``block{k}.rank{r}`` files in the work directory, see ``record_ddp_job._block_barrier``),
+    sets block k's rate on every link end and releases the ranks (``block{k}.go``). ``changes`` records when."""
+
+    def __init__(self, net: ShapedNetwork, cfg: RecordConfig, workdir: Path) -> None:
+        super().__init__(name="rate-schedule", daemon=True)
+        self.net, self.cfg, self.workdir = net, cfg, workdir
+        self.stop = threading.Event()
+        self.changes: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        for k in range(1, len(self.cfg.rate_schedule)):
+            ready = [self.workdir / f"block{k}.rank{r}" for r in range(self.cfg.nproc)]
+            while not all(p.exists() for p in ready):
+                if self.stop.wait(0.002):
+                    return
+            t0 = time.perf_counter()
+            at = time.time_ns()
+            try:
+                self.net.set_rate(self.cfg.rate_schedule[k])
+            except BaseException as exc:  # the ranks give up at once instead of timing out
+                self.error = exc
+                (self.workdir / f"block{k}.abort").touch()
+                return
+            self.changes.append({"block": k, "changed_unix_ns": at, "tc_s": time.perf_counter() - t0,
+                                 "loadavg": _loadavg()})
+            (self.workdir / f"block{k}.go").touch()
 
 
 def record(cfg: RecordConfig, argv: Sequence[str] | None = None, log: Any = sys.stderr) -> dict[str, Any]:
@@ -256,6 +302,7 @@ def _record_into(cfg: RecordConfig, out: Path, argv: Sequence[str] | None, log: 
             "transport": "loopback (127.0.0.1)",
         }
         t_start = time.perf_counter()
+        load: dict[str, Any] = {}
         with _network(cfg) as net:
             if net is None:
                 argvs = [_torchrun(1, 0, cfg.nproc, "127.0.0.1", _free_port(), cfg_path)]
@@ -266,16 +313,26 @@ def _record_into(cfg: RecordConfig, out: Path, argv: Sequence[str] | None, log: 
                     "transport": f"TCP over veth {net.hosts[0].ifname}",
                 }
                 if cfg.check_link:
-                    print(f"measuring the link ({link_info['qdisc']}) ...", file=log)
-                    chk = check_link(net)
-                    link_info["check"] = asdict(chk)
-                    print(f"link: {chk.summary()}", file=log)
-                    if not chk.ok:
-                        print(
-                            f"warning: measured goodput is outside {chk.low:.0%}..{chk.high:.0%}"
-                            " of the set rate",
-                            file=log,
-                        )
+                    checks = {}
+                    # every rate of a schedule (the first last: the job starts at it)
+                    rates = list(dict.fromkeys(cfg.rate_schedule))
+                    for rate in rates[1:] + rates[:1] or [None]:
+                        if rate is not None:
+                            net.set_rate(rate)
+                        print(f"measuring the link ({' '.join(net.qdisc_args())}) ...", file=log)
+                        chk = check_link(net)
+                        checks[format_rate(rate) if rate else "set"] = asdict(chk)
+                        print(f"link: {chk.summary()}", file=log)
+                        if not chk.ok:
+                            print(
+                                f"warning: measured goodput is outside {chk.low:.0%}..{chk.high:.0%}"
+                                " of the set rate",
+                                file=log,
+                            )
+                    if cfg.rate_schedule:
+                        link_info["checks"] = checks
+                    else:
+                        link_info["check"] = next(iter(checks.values()))
                 env["GLOO_SOCKET_IFNAME"] = net.hosts[0].ifname
                 addr = net.hosts[0].address
                 argvs = [
@@ -287,7 +344,24 @@ def _record_into(cfg: RecordConfig, out: Path, argv: Sequence[str] | None, log: 
                 f" + {cfg.steps} active steps",
                 file=log,
             )
-            _run_launchers(argvs, env, workdir, cfg.timeout_s)
+            scheduler = RateSchedule(net, cfg, workdir) if net is not None and cfg.rate_schedule else None
+            if scheduler is not None:
+                scheduler.start()
+            try:
+                # the ranks' scheduling priority: a shared machine's other work disturbs them less
+                if cfg.nice:
+                    argvs = [["nice", "-n", str(cfg.nice), *a] for a in argvs]
+                if cfg.realtime:
+                    argvs = [["chrt", "--rr", str(cfg.realtime), *a] for a in argvs]
+                load["start"] = _loadavg()
+                _run_launchers(argvs, env, workdir, cfg.timeout_s)
+                load["end"] = _loadavg()
+            finally:
+                if scheduler is not None:
+                    scheduler.stop.set()
+                    scheduler.join()
+            if scheduler is not None and scheduler.error is not None:
+                raise RecordError(f"changing the link's rate failed: {scheduler.error}")
         job_s = time.perf_counter() - t_start
 
         ranks = [json.loads((workdir / f"rank{r}.steps.json").read_text()) for r in range(cfg.nproc)]
@@ -342,8 +416,13 @@ def _record_into(cfg: RecordConfig, out: Path, argv: Sequence[str] | None, log: 
             "step_annotation": "ProfilerStep#N, N = step index",
         },
         "link": link_info,
+        **({"schedule": _schedule_info(cfg, first_active, scheduler)} if cfg.rate_schedule else {}),
+        **({"straggler": {"rank": cfg.sleep_rank, "sleep_ms": cfg.sleep_ms}} if cfg.sleep_rank is not None else {}),
+        **({"loader": {"ms_per_batch": cfg.loader_ms, "ranks": "all"}} if cfg.loader_ms > 0 else {}),
         "files": {str(r): cfg.trace_name(r) for r in range(cfg.nproc)},
         "job_wall_s": job_s,
+        "machine": {"nice": cfg.nice, "realtime": cfg.realtime, "loadavg": load,
+                    "note": "/proc/loadavg (1, 5, 15 min) when the ranks started and ended: the machine is shared"},
         "step_times": {
             "note": "time.perf_counter around zero_grad + forward + backward (+allreduce) + optimizer step",
             "ranks": {
@@ -360,6 +439,27 @@ def _record_into(cfg: RecordConfig, out: Path, argv: Sequence[str] | None, log: 
     return run
 
 
+def _schedule_info(cfg: RecordConfig, first_active: int, scheduler: RateSchedule | None) -> dict[str, Any]:
+    """run.json's ``schedule``: each block's rate and profiled steps (ProfilerStep numbers), and when the rate
+    was changed before it."""
+    changes = {c["block"]: c for c in (scheduler.changes if scheduler is not None else [])}
+    blocks = []
+    for k, rate in enumerate(cfg.rate_schedule):
+        first = first_active + k * cfg.block_steps
+        blocks.append({"block": k, "rate": format_rate(rate), "rate_bps": rate,
+                       "steps": list(range(first, first + cfg.block_steps)),
+                       **({key: changes[k][key] for key in ("changed_unix_ns", "tc_s", "loadavg")}
+                          if k in changes else {})})
+    return {
+        "block_steps": cfg.block_steps,
+        "note": "the link's rate (tc tbf, both ends) changes between blocks while the job runs; the ranks wait "
+        "for it before the first step of a block, outside the timed step and before any traced op. The first "
+        "step of a block may still be transitional (TCP adapting to the new rate): step_times' block field "
+        "says which block every step ran in",
+        "blocks": blocks,
+    }
+
+
 # ---------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------
@@ -370,6 +470,16 @@ def _rate_arg(text: str) -> int | None:
         return None
     try:
         return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _schedule_arg(text: str) -> list[int]:
+    rates = [r.strip() for r in text.split(",") if r.strip()]
+    if not rates:
+        raise argparse.ArgumentTypeError("--rate-schedule needs at least one rate")
+    try:
+        return [parse_rate(r) for r in rates]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -421,6 +531,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="shape the link between ranks to RATE (tc syntax: 200mbit, 1gbit); needs root",
     )
     p.add_argument(
+        "--rate-schedule",
+        type=_schedule_arg,
+        metavar="RATE,RATE,...",
+        help="change the link's rate while the job runs: one rate per block of --block-steps profiled steps "
+        "(e.g. 1gbit,3gbit,300mbit,1gbit,100mbit,3gbit,300mbit,100mbit); the profiled steps become blocks x "
+        "--block-steps; run.json says which block and rate every step ran at; needs root",
+    )
+    p.add_argument("--block-steps", type=int, default=3, help="profiled steps per block of --rate-schedule "
+                   "(default %(default)s)")
+    p.add_argument("--sleep-rank", type=int, default=None, metavar="R", help="a straggler: rank R sleeps "
+                   "--sleep-ms in every step before its forward pass")
+    p.add_argument("--sleep-ms", type=float, default=0.0, help="the straggler's sleep per step (default 0)")
+    p.add_argument("--loader-ms", type=float, default=0.0, help="a slow input pipeline: every rank loads its "
+                   "batches through a torch DataLoader that takes this long per batch (default 0)")
+    p.add_argument(
         "--link-delay",
         type=_delay_arg,
         metavar="DELAY",
@@ -462,6 +587,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="profile with record_shapes (default); --no-record-shapes records as torch.profiler's defaults do",
     )
+    p.add_argument("--nice", type=int, default=d.nice, help="run the ranks at this nice level, e.g. -10 (root) to "
+                   "be disturbed less by other work on a shared machine (default %(default)s)")
+    p.add_argument("--realtime", type=int, default=d.realtime, metavar="PRIO", help="run the ranks under the "
+                   "round-robin real-time scheduler at this priority (chrt --rr; 1-99, root): on a shared machine "
+                   "other work then takes their cores only while they wait (the kernel keeps 5 %% of every "
+                   "second for the rest); 0 = the normal scheduler (default)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of weights and data (default %(default)s)")
     p.add_argument(
         "--threads", type=int, default=d.threads, help="torch threads per rank (default %(default)s)"
@@ -483,6 +614,13 @@ def config_from_args(args: argparse.Namespace) -> RecordConfig:
     values = {k: v for k, v in vars(args).items() if k in names}
     values["link_rate_bps"] = args.link_rate
     values["link_delay_us"] = args.link_delay
+    values["rate_schedule"] = []
+    if args.rate_schedule:
+        if args.link_rate is not None:
+            raise ValueError("give --link-rate or --rate-schedule, not both")
+        values["rate_schedule"] = args.rate_schedule
+        values["block_steps"] = args.block_steps
+        values["steps"] = len(args.rate_schedule) * args.block_steps
     return RecordConfig(**values)
 
 

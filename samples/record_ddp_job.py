@@ -15,7 +15,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +51,29 @@ class RecordConfig:
     nodes: int | None = None
     force: bool = False
     timeout_s: float = 900.0
+    #: the link's rate per block of ``block_steps`` profiled steps, changed while the job runs (bits/s; the
+    #: first also shapes the wait and warm-up steps); empty: one rate throughout
+    rate_schedule: list[int] = field(default_factory=list)
+    block_steps: int = 0
+    #: a straggler: rank ``sleep_rank`` sleeps ``sleep_ms`` in every step, before its forward pass
+    sleep_rank: int | None = None
+    sleep_ms: float = 0.0
+    #: a slow data loader: every rank's batches come through a torch DataLoader taking ``loader_ms`` per batch
+    loader_ms: float = 0.0
+    #: nice level of the ranks (negative: before other work on the machine; needs root)
+    nice: int = 0
+    #: real-time (SCHED_RR) priority of the ranks, 0 = the normal scheduler (needs root)
+    realtime: int = 0
 
     def validate(self) -> None:
         """Raise ValueError for settings that cannot make a recording."""
+        if self.rate_schedule:
+            if self.block_steps < 1:
+                raise ValueError("--rate-schedule needs --block-steps >= 1")
+            if self.steps != len(self.rate_schedule) * self.block_steps:
+                raise ValueError("with --rate-schedule the profiled steps are blocks x --block-steps")
+            if self.link_delay_us is not None:
+                raise ValueError("--rate-schedule changes a tbf rate: it cannot go with --link-delay")
         if self.nproc < 2:
             raise ValueError("--nproc must be at least 2 (a distributed job)")
         if self.steps < 1 or self.wait < 0 or self.warmup < 0:
@@ -79,6 +99,20 @@ class RecordConfig:
             raise ValueError("dp-tp shards MLP layers: use --model mlp")
         if self.hosts < 2 or self.nproc % self.hosts:
             raise ValueError("--nodes must be >= 2 and divide --nproc")
+        if self.sleep_rank is not None and not 0 <= self.sleep_rank < self.nproc:
+            raise ValueError("--sleep-rank must be a rank of the job (0 .. --nproc - 1)")
+        if not 0 <= self.realtime <= 99:
+            raise ValueError("--realtime must be a priority 1..99 (0: the normal scheduler)")
+        if self.sleep_ms < 0 or self.loader_ms < 0:
+            raise ValueError("--sleep-ms and --loader-ms must be >= 0")
+
+    def block_of(self, step: int) -> int | None:
+        """The block of the rate schedule that step ``step`` (0-based, wait and warm-up counted) runs in; None
+        before the profiled steps or without a schedule."""
+        k = step - self.wait - self.warmup
+        if not self.rate_schedule or k < 0:
+            return None
+        return k // self.block_steps
 
     @property
     def hosts(self) -> int:
@@ -88,7 +122,7 @@ class RecordConfig:
     @property
     def shaped(self) -> bool:
         """Whether ranks run in namespaces behind a shaped link."""
-        return self.link_rate_bps is not None or self.link_delay_us is not None
+        return self.link_rate_bps is not None or self.link_delay_us is not None or bool(self.rate_schedule)
 
     def trace_name(self, rank: int) -> str:
         """File name of rank ``rank``'s trace in the output directory."""
@@ -270,6 +304,7 @@ def train_worker(cfg: RecordConfig, workdir: Path) -> None:
         for _ in range(2)
     ]
 
+    loader = _slow_loader(batches, cfg.loader_ms) if cfg.loader_ms > 0 else None
     trace_tmp = workdir / f"rank{rank}.pt.trace.json"
     total = cfg.wait + cfg.warmup + cfg.steps
     phases = ["wait"] * cfg.wait + ["warmup"] * cfg.warmup + ["active"] * cfg.steps
@@ -289,10 +324,21 @@ def train_worker(cfg: RecordConfig, workdir: Path) -> None:
         gzip=False,
     ) as prof:
         for i in range(total):
+            block = cfg.block_of(i)
+            if block and (i - cfg.wait - cfg.warmup) % cfg.block_steps == 0:
+                # a new block of the rate schedule: wait (outside the timed step, before any traced op) while the
+                # launcher changes the link's rate
+                _block_barrier(workdir, rank, block, cfg.timeout_s)
             start_ns = time.time_ns()
             t0 = time.perf_counter()
+            if rank == cfg.sleep_rank and cfg.sleep_ms > 0:
+                time.sleep(cfg.sleep_ms / 1e3)  # a straggler: this rank's step starts late, untraced
+            if loader is not None:
+                step_batches = [next(loader) for _ in range(cfg.accumulate)]
+            else:
+                step_batches = batches[i % 2 :] + batches[: i % 2]
             opt.zero_grad(set_to_none=True)
-            loss = train_step(batches[i % 2 :] + batches[: i % 2])
+            loss = train_step(step_batches)
             opt.step()
             wall = time.perf_counter() - t0
             steps.append(
@@ -302,6 +348,7 @@ def train_worker(cfg: RecordConfig, workdir: Path) -> None:
                     "start_unix_ns": start_ns,
                     "wall_s": wall,
                     "loss": loss,
+                    **({"block": block, "rate_bps": cfg.rate_schedule[block]} if block is not None else {}),
                 }
             )
             prof.step()
@@ -325,3 +372,31 @@ def train_worker(cfg: RecordConfig, workdir: Path) -> None:
         raise RuntimeError(f"rank {rank}: the profiler wrote no trace")
     info = {"rank": rank, "world_size": world, "pid": os.getpid(), "steps": steps, "ddp": ddp_info}
     (workdir / f"rank{rank}.steps.json").write_text(json.dumps(info))
+
+
+def _block_barrier(workdir: Path, rank: int, block: int, timeout_s: float) -> None:
+    """Tell the launcher this rank reached block ``block`` of the rate schedule (a file), then wait for its
+    ``block{k}.go`` (the rate is changed) or ``block{k}.abort`` (it could not be)."""
+    (workdir / f"block{block}.rank{rank}").touch()
+    go, abort = workdir / f"block{block}.go", workdir / f"block{block}.abort"
+    deadline = time.monotonic() + timeout_s
+    while not go.exists():
+        if abort.exists() or time.monotonic() > deadline:
+            raise RuntimeError(f"rank {rank}: the link's rate for block {block} was not set")
+        time.sleep(0.002)
+
+
+def _slow_loader(batches: list[Any], loader_ms: float) -> Iterator[Any]:
+    """An endless torch DataLoader over ``batches`` whose every batch takes ``loader_ms`` to load (a slow input
+    pipeline: the profiler records its ``enumerate(DataLoader)`` calls, with nothing inside)."""
+    import torch
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 1 << 30
+
+        def __getitem__(self, i: int) -> Any:
+            time.sleep(loader_ms / 1e3)
+            return batches[i % len(batches)]
+
+    return iter(torch.utils.data.DataLoader(Slow(), batch_size=None, num_workers=0))

@@ -179,6 +179,8 @@ class ShapedNetwork:
     hosts: list[Host] = field(default_factory=list, init=False)
     namespaces: list[str] = field(default_factory=list, init=False)
     qdiscs: list[str] = field(default_factory=list, init=False)
+    #: the shaped link ends, (namespace, device): what :meth:`set_rate` changes
+    shaped: list[tuple[str, str]] = field(default_factory=list, init=False)
     _old_handlers: dict[int, object] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -251,6 +253,7 @@ class ShapedNetwork:
         for host in self.hosts:
             self.runner(["ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", IFNAME])
             self.runner(["ip", "-n", host.netns, "link", "set", IFNAME, "up"])
+        self.shaped = list(shaped)
         for ns, dev in shaped:
             qdisc = self.qdisc_args()
             if qdisc:
@@ -288,6 +291,21 @@ class ShapedNetwork:
             "latency",
             f"{self.latency_ms:g}ms",
         ]
+
+    def set_rate(self, rate_bps: int) -> None:
+        """Change the rate of every shaped link end while the network is in use (``tc qdisc change``: the
+        connections stay up; packets queued at the old rate drain at the new one). Only a ``tbf``-shaped
+        network (a rate and no delay) can change its rate."""
+        if self.delay_us is not None or self.rate_bps is None:
+            raise LinkError("only a link shaped by rate alone (tbf, no delay) can change its rate while in use")
+        if not MIN_RATE_BPS <= rate_bps <= MAX_RATE_BPS:
+            raise ValueError(f"rate {rate_bps} bit/s out of range")
+        self.rate_bps = rate_bps
+        qdisc = self.qdisc_args()
+        self.qdiscs = []
+        for ns, dev in self.shaped:
+            self.runner(["tc", "-n", ns, "qdisc", "change", "dev", dev, "root", *qdisc])
+            self.qdiscs.append(f"{ns}/{dev}: {' '.join(qdisc)}")
 
     # -- using ----------------------------------------------------------------------------------
     def exec_argv(self, host: int, argv: Sequence[str]) -> list[str]:

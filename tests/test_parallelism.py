@@ -175,12 +175,17 @@ def test_whatif_without_sizes_or_line_rate_says_what_to_pass(capsys: pytest.Capt
 
 def test_time_estimated_sizes_predict_another_line_rate() -> None:
     """No shapes recorded: sizes come from transfer times at the 1 Gbit/s line rate; the job recorded at
-    100 Mbit/s is then predicted from them (and the other way round)."""
+    100 Mbit/s is then predicted from them (and the other way round). These are two separate recordings made while
+    other work shared the VM (tests/data/jobs/README.md), so the bounds hold the machine's noise too: towards the
+    slower link 27 % since gloo's host work per byte is 0.8 ns (was 1.5, which the loaded VM's 1 Gbit/s recording
+    happened to fit: 18 %), the value the interleaved recordings measure — there, on one job whose rate changes
+    while it runs, it brought DDP without shapes from 10.8 / 5.0 % median error (faster / slower) to 6.6 / 3.3 %,
+    worst 22.4 / 18.7 to 16.4 / 9.0 % (docs/accuracy.md)."""
     fast, slow = _analysis("ddp-noshapes-1gbit", 1e9).whatif, _analysis("ddp-noshapes-100mbit", 1e8).whatif
     assert fast.sizes["estimated"] == fast.comm.height
     to_slow = whatif.predict(fast, whatif.Scenario(bandwidth_bps=1e8)) / _truth_ns("ddp-noshapes-100mbit") - 1
     to_fast = whatif.predict(slow, whatif.Scenario(bandwidth_bps=1e9)) / _truth_ns("ddp-noshapes-1gbit") - 1
-    assert abs(to_slow) < 0.2, to_slow
+    assert abs(to_slow) < 0.3, to_slow
     assert abs(to_fast) < 0.35, to_fast
     # what the estimate says a rank put on the link per iteration is the model's gradient, within 15 %
     grad = _run("ddp-noshapes-100mbit")["model"]["gradient_bytes"]

@@ -337,3 +337,114 @@ def test_record_across_shaped_link(tmp_path: Path) -> None:
     assert link["hosts"][0]["address"] != link["hosts"][1]["address"]
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(h["netns"] in listed for h in link["hosts"])
+
+
+# -- the rate schedule (--rate-schedule), stragglers and slow loaders ------------------------------------
+
+
+def test_set_rate_changes_every_link_end() -> None:
+    fake = FakeIp()
+    with ShapedNetwork(3, rate_bps=10**9, runner=fake) as net:
+        fake.calls.clear()
+        net.set_rate(10**8)
+        changes = [c for c in fake.calls if c[0] == "tc"]
+        assert len(changes) == 6 and all(c[3:5] == ["qdisc", "change"] for c in changes)
+        assert all("100000000bit" in c for c in changes) and net.rate_bps == 10**8
+        assert all("100000000bit" in q for q in net.qdiscs)
+    with ShapedNetwork(rate_bps=10**8, delay_us=1000, runner=FakeIp()) as net, pytest.raises(LinkError):
+        net.set_rate(10**9)
+
+
+def test_rate_schedule_options() -> None:
+    args = record_ddp.build_parser().parse_args(
+        ["--out", "d", "--rate-schedule", "1gbit, 100mbit,3gbit", "--block-steps", "4", "--sleep-rank", "1",
+         "--sleep-ms", "50", "--loader-ms", "20", "--realtime", "10"])
+    cfg = record_ddp.config_from_args(args)
+    assert cfg.rate_schedule == [10**9, 10**8, 3 * 10**9] and cfg.block_steps == 4 and cfg.steps == 12
+    assert cfg.shaped and cfg.link_rate_bps is None
+    assert (cfg.sleep_rank, cfg.sleep_ms, cfg.loader_ms, cfg.realtime) == (1, 50.0, 20.0, 10)
+    cfg.validate()
+    # wait + warm-up steps run before the blocks; then block k holds profiled steps k*4 .. k*4+3
+    assert [cfg.block_of(i) for i in range(cfg.wait + cfg.warmup + 13)] == \
+        [None, None, *[k for k in range(3) for _ in range(4)], 3]
+    plain = record_ddp.config_from_args(record_ddp.build_parser().parse_args(["--out", "d"]))
+    assert plain.rate_schedule == [] and plain.block_of(5) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--rate-schedule", "1gbit,100mbit", "--link-rate", "1gbit"], "not both"),
+     (["--rate-schedule", "1gbit", "--block-steps", "0"], "--block-steps"),
+     (["--rate-schedule", "1gbit", "--link-delay", "1ms"], "--link-delay"),
+     (["--sleep-rank", "2", "--sleep-ms", "10"], "--sleep-rank"),
+     (["--loader-ms", "-1"], "--loader-ms"),
+     (["--realtime", "100"], "--realtime")],
+)
+def test_bad_schedule_settings_are_one_line_errors(tmp_path: Path, args: list[str], message: str, capsys) -> None:
+    assert record_ddp.main(["--out", str(tmp_path / "x"), *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("record_ddp: error:") and message in err and "Traceback" not in err
+
+
+def test_cli_rejects_bad_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        record_ddp.build_parser().parse_args(["--out", "x", "--rate-schedule", "1gbit,fast"])
+    assert "bad link rate" in capsys.readouterr().err
+
+
+def test_block_barrier_waits_for_the_launcher(tmp_path: Path) -> None:
+    """A rank reaching a block says so with a file and waits until the launcher has changed the rate (the
+    RateSchedule thread, here with a fake network), or gives up at once when it could not."""
+    import threading
+
+    import record_ddp_job
+
+    cfg = record_ddp.RecordConfig(out="x", nproc=2, steps=4, rate_schedule=[10**9, 10**8], block_steps=2)
+    fake = FakeIp()
+    with ShapedNetwork(rate_bps=10**9, runner=fake) as net:
+        sched = record_ddp.RateSchedule(net, cfg, tmp_path)
+        sched.start()
+        ranks = [threading.Thread(target=record_ddp_job._block_barrier, args=(tmp_path, r, 1, 30)) for r in (0, 1)]
+        for t in ranks:
+            t.start()
+        for t in ranks:
+            t.join(30)
+        sched.join(30)
+        assert not any(t.is_alive() for t in ranks) and not sched.is_alive()
+        assert net.rate_bps == 10**8 and [c["block"] for c in sched.changes] == [1]
+        assert (tmp_path / "block1.go").exists()
+    failing = ShapedNetwork(rate_bps=10**9, runner=FakeIp(fail_on="qdisc change"))
+    with failing as net:
+        sched = record_ddp.RateSchedule(net, cfg, tmp_path / "b")
+        (tmp_path / "b").mkdir()
+        sched.start()
+        for r in (0, 1):
+            (tmp_path / "b" / f"block1.rank{r}").touch()
+        sched.join(30)
+        assert isinstance(sched.error, LinkError) and (tmp_path / "b" / "block1.abort").exists()
+        with pytest.raises(RuntimeError, match="block 1 was not set"):
+            record_ddp_job._block_barrier(tmp_path / "b", 0, 1, 30)
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@needs_netns
+@needs_torch
+def test_record_with_a_rate_schedule(tmp_path: Path) -> None:
+    """The link's rate changes between blocks while the job runs: one trace per rank holds every block, run.json
+    says each block's rate and steps, and every step which block it ran in."""
+    out = tmp_path / "sched"
+    proc = _run_cli(["--out", str(out), "--rate-schedule", "200mbit,50mbit", "--block-steps", "2",
+                     "--no-check-link", "--sleep-rank", "1", "--sleep-ms", "5", *TINY[:6], "--wait", "0",
+                     "--warmup", "1"], timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    run = _check_recording(out, steps=4)
+    blocks = run["schedule"]["blocks"]
+    assert [(b["rate"], b["steps"]) for b in blocks] == [("200mbit", [1, 2]), ("50mbit", [3, 4])]
+    assert "changed_unix_ns" in blocks[1] and "changed_unix_ns" not in blocks[0]
+    steps = run["step_times"]["ranks"]["0"]["steps"]
+    assert [s.get("block") for s in steps] == [None, 0, 0, 1, 1]
+    assert [s.get("rate_bps") for s in steps[1:]] == [200_000_000] * 2 + [50_000_000] * 2
+    # the change happened between the blocks, before the first step of the second one started
+    assert steps[2]["start_unix_ns"] < blocks[1]["changed_unix_ns"] < steps[3]["start_unix_ns"]
+    assert run["straggler"] == {"rank": 1, "sleep_ms": 5.0}

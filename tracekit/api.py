@@ -77,7 +77,8 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
          memory_budget: str | int | None = None, rebuild: bool = False,
          on_start: Callable[[list[str], int], None] | None = None,
          progress: Callable[[int, int, str], None] | None = None,
-         on_note: Callable[[str], None] | None = None) -> Job:
+         on_note: Callable[[str], None] | None = None,
+         iterations: str | Iterable[int] | None = None) -> Job:
     """Read and analyse a job: trace files and directories (searched recursively, files recognised by content).
 
     ``link_bw`` is the line rate the job ran on (``"100gbit"``, ``"25GB/s"``, bits/s as a number, or per process
@@ -89,6 +90,8 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     rank through a per-rank Parquet dataset; ``by_rank=False`` forces memory. ``on_start(files, total_bytes)`` is
     called once the inputs are found, ``progress(done_bytes, total_bytes, path)`` while they are read, and
     ``on_note(text)`` with what the user should know about how the job was read (default: logged).
+    ``iterations`` (``"3-8"``, ``"2,4,6-9"`` or numbers, e.g. ``range(3, 9)``) analyses those iterations alone:
+    applied once they are found, before matching, attribution and the dependency graph (in memory only).
 
     Raises :class:`~tracekit.model.diagnostics.TraceError` (one line) for a bad input or option."""
     from tracekit.analysis.pipeline import analyse
@@ -98,6 +101,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
 
     names = _paths(paths)
     link_bw_bps, line_rates = _link_rates(link_bw)
+    only = _iterations(iterations)
     if jobs is not None and jobs < 1:
         raise TraceError(None, "--jobs must be at least 1")
     files, _ = traceset.discover(names)
@@ -113,6 +117,9 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     if on_start is not None:
         on_start(files, total)
     cache_root = None if cache_dir is None else os.fspath(cache_dir)
+    if rank_by_rank and only is not None:
+        raise TraceError(None, "--iterations needs the job in memory: run without --engine, --scheduler, --dataset "
+                               "and --memory-budget")
     if rank_by_rank:
         from tracekit.scale import engine as engine_mod
 
@@ -134,8 +141,28 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     if ts.empty:
         damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
-    return Job(analysis=analyse(ts, step_marker=step_marker, link_bw_bps=link_bw_bps, line_rates=line_rates),
-               paths=names)
+    return Job(analysis=analyse(ts, step_marker=step_marker, link_bw_bps=link_bw_bps, line_rates=line_rates,
+                                only_iterations=only), paths=names)
+
+
+def _iterations(value: str | Iterable[int] | None) -> frozenset[int] | None:
+    """``load``'s ``iterations`` as a set of iteration numbers (None: all)."""
+    import numbers
+
+    from tracekit.analysis.iterations import parse_selection
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_selection(value)
+    out = set()
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TraceError(None, f"iterations: {v!r} is not an iteration number")
+        out.add(int(v))
+    if not out:
+        raise TraceError(None, "iterations: the selection is empty")
+    return frozenset(out)
 
 
 @dataclass(frozen=True)

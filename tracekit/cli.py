@@ -48,6 +48,13 @@ def _common(p: argparse.ArgumentParser, *, paths: bool = True) -> None:
                         "nvlink, p2p, shm)")
 
 
+def _iterations_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iterations", metavar="N-M", help="analyse only these iterations (ProfilerStep numbers, or "
+                   "those of --step-marker), e.g. 3-8 or 2,4,6-9: applied once iterations are found, before "
+                   "matching, attribution and the dependency graph, so the figures and replays are those of "
+                   "these iterations alone (in memory only)")
+
+
 def _big_jobs(p: argparse.ArgumentParser) -> None:
     """Options of the rank-by-rank analysis (:mod:`tracekit.scale.dataset`) for jobs too big to hold in memory."""
     g = p.add_argument_group(
@@ -80,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "exposed communication, memory, idle)",
                        description="Print where each rank's iteration time went.")
     _common(p)
+    _iterations_option(p)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     _big_jobs(p)
     p.set_defaults(func=cmd_summary)
@@ -114,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "time) and what it was spent on (compute, transfer, waiting on rank k, launch, CPU, idle), "
                        "then the path of one iteration (the slowest unless --iteration).")
     _common(p)
+    _iterations_option(p)
     p.add_argument("--iteration", type=int, metavar="N", help="show the path of iteration N")
     p.add_argument("--min-share", type=float, default=0.01, metavar="X",
                    help="hide path runs shorter than this share of the iteration (default 0.01)")
@@ -132,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "net=400Gbit",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
+    _iterations_option(p)
     p.add_argument("--bandwidth", metavar="RATES", help="line rates to predict for, e.g. 10Gbit,25Gbit; the links "
                    "of one process group, link class or transport alone with SEL=RATE (dp=100Gbit, inter=400Gbit, "
                    "net=400Gbit; several in one scenario joined by +: dp=100Gbit+tp=900GB/s) (default: the rate the "
@@ -299,7 +309,8 @@ def _job(args: argparse.Namespace, console: Console):
     try:
         job = api.load(args.paths, link_bw=args.link_bw or None, step_marker=args.step_marker,
                        cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs, by_rank=by_rank,
-                       on_start=on_start, progress=progress_cb, on_note=on_note, **big)
+                       on_start=on_start, progress=progress_cb, on_note=on_note,
+                       iterations=getattr(args, "iterations", None), **big)
     finally:
         if bar is not None:
             bar.stop()

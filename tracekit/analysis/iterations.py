@@ -255,3 +255,60 @@ def _windows(df: pl.DataFrame, steps: pl.DataFrame, method: str) -> pa.Table:
     if steps.height == 0:
         return whole_trace_windows(aggregate_whole(activity))
     return windows_from(aggregate(activity), steps, gpu_ranks, method)
+
+
+def parse_selection(text: str) -> frozenset[int]:
+    """``"3-8"``, ``"3,5,7-9"`` → the iteration numbers they name (ranges inclusive); one-line TraceError
+    otherwise."""
+    out: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d{1,18})(?:\s*-\s*(\d{1,18}))?", part)
+        if not m:
+            raise TraceError(None, f"--iterations {text!r}: expected iteration numbers and ranges, e.g. 3-8 or "
+                                   "2,4,6-9")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise TraceError(None, f"--iterations {text!r}: the range {part} is empty")
+        if hi - lo > 10_000_000:
+            raise TraceError(None, f"--iterations {text!r}: the range {part} is too long")
+        out.update(range(lo, hi + 1))
+    return frozenset(out)
+
+
+def select(events: pa.Table, iters: pa.Table, collectives: pa.Table, only: frozenset[int]
+           ) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """The job restricted to the iterations ``only`` (``--iterations``), once iterations are assigned: their
+    events (an event of no iteration goes too), their windows, and the collective calls their events made (a
+    call no event refers to stays when it has no time, else when it started within its rank's selected windows).
+    Every later analysis — attribution, matching, the dependency graph and its replays — then sees only them."""
+    want = pa.array(sorted(only), pa.int64())
+    keep = pc.fill_null(pc.is_in(events.column("iteration"), value_set=want), False)
+    dropped = events.filter(pc.invert(keep))
+    events = events.filter(keep)
+    iters = iters.filter(pc.is_in(iters.column("iteration"), value_set=want))
+    if iters.num_rows == 0:
+        have = pc.unique(dropped.column("iteration").drop_null()).to_pylist()
+        span = f"{min(have)}..{max(have)}" if have else "none"
+        raise TraceError(None, f"--iterations matches no iteration of the job (its iterations: {span})")
+    if collectives.num_rows == 0:
+        return events, iters, collectives
+    ref = pl.from_arrow(events.select(["rank", "collective_id"]))
+    gone = pl.from_arrow(dropped.select(["rank", "collective_id"]))
+    assert isinstance(ref, pl.DataFrame) and isinstance(gone, pl.DataFrame)
+    ref, gone = (f.filter(pl.col("collective_id").is_not_null()).unique() for f in (ref, gone))
+    win = pl.from_arrow(iters.select(["rank", "start_ns", "end_ns"]))
+    assert isinstance(win, pl.DataFrame)
+    win = win.group_by("rank").agg(pl.col("start_ns").min().alias("_lo"), pl.col("end_ns").max().alias("_hi"))
+    c = pl.from_arrow(collectives.select(["rank", "collective_id", "start_ns"]))
+    assert isinstance(c, pl.DataFrame)
+    c = c.with_row_index("_row").join(ref.with_columns(pl.lit(True).alias("_kept")), on=["rank", "collective_id"],
+                                      how="left") \
+        .join(gone.with_columns(pl.lit(True).alias("_gone")), on=["rank", "collective_id"], how="left") \
+        .join(win, on="rank", how="left")
+    start = pl.col("start_ns")
+    inside = start.is_null() | ((start >= pl.col("_lo")) & (start < pl.col("_hi")))
+    c = c.with_columns(pl.when(pl.col("_kept")).then(True).when(pl.col("_gone")).then(False)
+                       .otherwise(inside.fill_null(False)).alias("_keep")).sort("_row")
+    return events, iters, collectives.filter(pa.array(c.get_column("_keep").to_numpy()))

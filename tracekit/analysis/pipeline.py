@@ -3,7 +3,7 @@ the exporters and the TUI only read an :class:`Analysis`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -351,19 +351,27 @@ class Tables(Mapping[str, "pa.Table | EventBatches"]):
 
 
 def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: float | None = None,
-            align_clocks: bool = True, line_rates: dict[str, float] | None = None) -> Analysis:
+            align_clocks: bool = True, line_rates: dict[str, float] | None = None,
+            only_iterations: Collection[int] | None = None) -> Analysis:
     """Iterations, cross-rank matching and clocks, attribution (with wait/transfer where matched) and link
     figures for every rank of ``traces``. ``link_bw_bps`` is the line rate (bits/s) to compare with;
-    ``line_rates`` that of some links only (the what-if's, by selector: :func:`tracekit.analysis.whatif.selects`)."""
+    ``line_rates`` that of some links only (the what-if's, by selector: :func:`tracekit.analysis.whatif.selects`);
+    ``only_iterations`` analyses those iterations alone (:func:`tracekit.analysis.iterations.select`: everything
+    after the iterations are found, the graph and its replays included, sees only them)."""
     hvd = horovod.prepare(traces, step_marker)  # None without a Horovod timeline
+    if only_iterations is not None and hvd is not None:
+        raise TraceError(None, "--iterations does not apply to Horovod timelines (their cycles are not the "
+                               "profiler's steps)")
     if hvd is not None:  # Horovod's collectives on the clock its timeline was aligned to
         traces = replace(traces, collectives=hvd.collectives)
     colls, join_notes = nccl_join.join(traces.collectives)
     base = traces.events if hvd is None else hvd.base_events(traces.events)
     # attribution's intervals read no iteration: without a timeline they are those of the events before their
     # iterations are assigned, computed meanwhile on the other core
-    act_soon = background.start(attribution.activity, base) if hvd is None else None
+    act_soon = background.start(attribution.activity, base) if hvd is None and only_iterations is None else None
     events, iters = iterations.assign(base, step_marker)
+    if only_iterations is not None:
+        events, iters, colls = iterations.select(events, iters, colls, frozenset(only_iterations))
     if hvd is not None:
         events, iters = hvd.use_iterations(events, iters)
     attr_events = events if hvd is None else hvd.attribution_events(events)

@@ -91,7 +91,8 @@ class Model:
     ``op``, ``nranks``, ``instance``, ``link`` (its process group), ``link_class`` (``intra``/``inter``/null),
     ``bus`` (bus bytes at the job's group size; NaN when unknown), ``size`` (:data:`SIZE_MEASURED`,
     :data:`SIZE_ESTIMATED` from transfer time at the line rate, or :data:`SIZE_UNKNOWN`), ``line_rate_bps``
-    (the rate its link ran at, NaN when not given) and ``speed`` (its link's measured bus bandwidth, bytes/ns).
+    (the rate its link ran at, NaN when not given) and ``speed`` (its link's measured bus bandwidth for its op,
+    bytes/ns).
     """
 
     graph: Graph
@@ -156,14 +157,16 @@ class Model:
 
 
 #: host work per byte of a transfer (reductions, copies, the network stack) assumed when no transfer of the
-#: job has a known size: gloo's CPU reduction and TCP stack measured 1.4-2.9 ns/B on this project's 2-core VM
-#: with sizes recorded (benchmarks/whatif_accuracy.py); NCCL reduces on the GPU, off the host's path
-HOST_NS_PER_BYTE = {"gloo": 1.5, "nccl": 0.0}
+#: job has a known size: gloo's CPU reduction and TCP stack took 0.6-1.2 ns/B beyond the wire (median 0.8) in the
+#: 3 Gbit/s blocks of this project's interleaved DDP recordings with sizes recorded (docs/accuracy.md; 1.4-2.9
+#: ns/B measured earlier in separate recordings on the loaded VM held the machine's noise too); NCCL reduces on
+#: the GPU, off the host's path
+HOST_NS_PER_BYTE = {"gloo": 0.8, "nccl": 0.0}
 #: the most host work per byte a measured link is credited with; what a slow link loses beyond the wire and
 #: this is the protocol's inefficiency (TCP at a low rate, small messages), which shrinks with a faster link.
-#: gloo: the most this VM's cores spent reducing and pushing a byte through TCP on a fast link (1.4-2.9 ns/B
-#: with sizes recorded at 1-3 Gbit/s); NCCL reduces on the GPU
-HOST_NS_PER_BYTE_MAX = {"gloo": 3.0, "nccl": 0.0}
+#: gloo: the most this VM's cores spent reducing and pushing a byte through TCP on a fast link (up to 1.2 ns/B
+#: in the 3 Gbit/s blocks of the interleaved recordings, docs/accuracy.md); NCCL reduces on the GPU
+HOST_NS_PER_BYTE_MAX = {"gloo": 1.2, "nccl": 0.0}
 #: the least share of the line rate a protocol is credited with on a link's wire: a link measured slower than
 #: this is busy with something that does not scale with its rate (cores shared with compute, a sender
 #: starved of CPU), which is kept as a fixed cost per byte rather than multiplied by a slower rate
@@ -235,8 +238,8 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     act = g.act
     coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source", "pg"]))
     assert isinstance(coll, pl.DataFrame)
-    comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end"]).join(
-        coll, on=["rank", "collective_id"], how="left")
+    comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end", "iteration"])
+    comm = comm.join(coll, on=["rank", "collective_id"], how="left")
     if inst is not None:
         comm = comm.join(inst.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "collective_id"], how="left")
     else:
@@ -280,7 +283,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     it = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
     it = np.where(dev_rank & ~on_dev, -(1 << 62), it)
     model = Model(graph=g, chains=replay.chains(g), comm=comm, own_edge=own_edge, coll_edges=coll_edges,
-                  coll_edge_row=coll_edge_row, iteration_of=it, fifo=_fifo(comm),
+                  coll_edge_row=coll_edge_row, iteration_of=it, fifo=_fifo(comm, g.node_time),
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=latency,
                   measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
@@ -432,8 +435,9 @@ def _busy_for_bytes(active: float, calls: int, latency_ns: int) -> float:
 def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> pl.DataFrame:
     """Add ``bus``, ``size`` and ``speed`` to ``comm``.
 
-    Per rank and link, the link's bus bandwidth is measured as bus bytes over the union of transfer time of the
-    calls of known size (concurrent transfers sharing the link count once), less each call's fixed cost
+    Per rank, link and op (send and receive as one), the link's bus bandwidth is measured as bus bytes over the
+    union of transfer time of the calls of known size (concurrent transfers sharing the link count once), less each
+    call's fixed cost
     (``latency_ns``: a replay costs a transfer ``latency + bytes / speed``, so the same link replays as measured,
     and a latency is not mistaken for a rate that a faster link would shorten). Where no call of a link has a known
     size but its line rate R is known, the link is taken to have run at ``1 / (8 / (0.95 R) + h)`` bytes per ns
@@ -453,6 +457,10 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> 
         else np.ones(comm.height, dtype=bool)  # noqa: E712
     key = comm.select(pl.struct(["x_rank", "x_link"]).rank("dense")).to_series().to_numpy().astype(np.int64) \
         if comm.height else np.zeros(0, np.int64)
+    # each op its own speed on the link (FSDP's all-gathers ran at ~80 % of the line rate where its all-reduces ran
+    # at it, docs/accuracy.md); the two sides of a send/recv pair are one
+    family = comm.select(pl.col("op").replace({"send": "p2p", "recv": "p2p"}).rank("dense")).to_series() \
+        .fill_null(0).to_numpy().astype(np.int64) if comm.height else np.zeros(0, np.int64)
     rate = comm.get_column("line_rate_bps").to_numpy()
     speed = np.full(comm.height, np.nan)
     estimated = np.zeros(comm.height, dtype=bool)
@@ -461,9 +469,12 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> 
         grp = key == k
         kn = grp & known & (bus > 0) & counted
         if kn.any():
-            active = union_length(np.zeros(int(kn.sum()), np.int64), start[kn], end[kn], np.zeros(1, np.int64),
-                                  np.array([start[kn].min()]), np.array([end[kn].max() + 1]))[0]
-            speed[grp] = bus[kn].sum() / _busy_for_bytes(float(active), int(kn.sum()), latency_ns)
+            busy = _shared_busy(start[kn], end[kn], family[kn])
+            link = bus[kn].sum() / _busy_for_bytes(sum(busy.values()), int(kn.sum()), latency_ns)
+            speed[grp] = link  # an op of the link with no call of known size: the link's
+            for f, b in busy.items():
+                mine = kn & (family == f)
+                speed[grp & (family == f)] = bus[mine].sum() / _busy_for_bytes(b, int(mine.sum()), latency_ns)
         elif np.isfinite(rate[grp]).all():
             speed[grp] = 1.0 / (8e9 / (WIRE_EFFICIENCY * rate[grp]) + host)
         unk = grp & ~known
@@ -473,15 +484,59 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> 
             share = t[unk] / max(float(t[unk].sum()), 1.0)
             bus[unk] = speed[unk] * _busy_for_bytes(float(active), int(unk.sum()), latency_ns) * share
             estimated[unk] = True
+    if estimated.any() and "iteration" in comm.columns:
+        bus = _steady_sizes(comm, bus, estimated, key)
     size = np.where(known, SIZE_MEASURED, np.where(estimated, SIZE_ESTIMATED, SIZE_UNKNOWN))
     return comm.with_columns(pl.Series("bus", bus), pl.Series("size", size), pl.Series("speed", speed))
 
 
-def _fifo(comm: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _shared_busy(start: np.ndarray, end: np.ndarray, family: np.ndarray) -> dict[int, float]:
+    """The busy time of a link (the union of the calls' ``[start, end)``) split among the ops (``family``) of the
+    calls in flight: each instant shared equally by the calls then in flight, so ops whose transfers overlap share
+    the link's time (and the shares add up to the union) rather than each counting all of it."""
+    b = np.unique(np.concatenate([start, end]))
+    i0, i1 = np.searchsorted(b, start), np.searchsorted(b, end)
+    seg = np.diff(b).astype(np.float64)
+
+    def in_flight(rows: np.ndarray) -> np.ndarray:
+        d = np.zeros(b.size + 1)
+        np.add.at(d, i0[rows], 1.0)
+        np.add.at(d, i1[rows], -1.0)
+        return np.cumsum(d)[: seg.size]
+
+    total = in_flight(np.arange(start.size))
+    share = seg / np.maximum(total, 1.0)
+    return {int(f): float((share * in_flight(np.flatnonzero(family == f))).sum()) for f in np.unique(family)}
+
+
+def _steady_sizes(comm: pl.DataFrame, bus: np.ndarray, estimated: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Estimated sizes made the same for the same call of every iteration. A training loop makes the same calls
+    with the same sizes every iteration; what their transfer times say varies with what else the hosts did (on a
+    link limited by its hosts, an iteration's transfers can take twice another's). Each estimated call is the
+    n-th of its op on its link in its iteration; all those of one (link, op, n) get their median estimate, scaled
+    so that each link's total stays what its busy time at its speed moves."""
+    rows = np.flatnonzero(estimated & comm.get_column("iteration").is_not_null().to_numpy())
+    if rows.size == 0:
+        return bus
+    df = pl.DataFrame({"row": rows, "key": key[rows], "op": comm.get_column("op")[rows],
+                       "it": comm.get_column("iteration")[rows], "t": comm.get_column("x_start")[rows],
+                       "bus": bus[rows]})
+    df = df.with_columns(pl.col("t").rank("ordinal").over(["key", "op", "it"]).alias("n"))
+    df = df.with_columns(pl.col("bus").median().over(["key", "op", "n"]).alias("med"))
+    df = df.with_columns((pl.col("med") * (pl.col("bus").sum() / pl.col("med").sum()).over("key")).alias("steady"))
+    out = bus.copy()
+    out[df.get_column("row").to_numpy()] = df.get_column("steady").fill_nan(None).fill_null(0.0).to_numpy()
+    return out
+
+
+def _fifo(comm: pl.DataFrame, node_time: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Consecutive transfers on each link (a rank's link per process group) in the order their data went out:
     ``(previous row, row, destination node)`` — the FIFO channel of Zhang et al. that a replay queues transfers
     on. A send/recv pair is queued by its receive (the data has crossed when the receive ends, on the sender's
-    link); the send itself is left out (it returns once its data is handed over)."""
+    link); the send itself is left out (it returns once its data is handed over). With the graph's measured
+    ``node_time``, a pair whose transfer ended before the one queued ahead of it is left out: the measured schedule
+    contradicts that order (on a straggler, a call's data can seem to go out after the next call's, where the
+    other rank arrived late), and such an edge against the graph's own can close a cycle no replay gets out of."""
     if comm.height == 0:
         return (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
     rows = np.flatnonzero(~(comm.get_column("send") == True).fill_null(False).to_numpy()) \
@@ -491,7 +546,11 @@ def _fifo(comm: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order = np.lexsort((sub.get_column("x_start").to_numpy(), key))
     same = key[order][1:] == key[order][:-1]
     prev, cur = rows[order[:-1][same]], rows[order[1:][same]]
-    dst = 2 * comm.get_column("a").to_numpy()[cur] + 1
+    a = comm.get_column("a").to_numpy()
+    if node_time is not None:
+        ok = node_time[2 * a[prev] + 1] <= node_time[2 * a[cur] + 1]
+        prev, cur = prev[ok], cur[ok]
+    dst = 2 * a[cur] + 1
     return prev, cur, dst
 
 
