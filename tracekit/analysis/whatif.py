@@ -91,8 +91,7 @@ class Model:
     ``op``, ``nranks``, ``instance``, ``link`` (its process group), ``link_class`` (``intra``/``inter``/null),
     ``bus`` (bus bytes at the job's group size; NaN when unknown), ``size`` (:data:`SIZE_MEASURED`,
     :data:`SIZE_ESTIMATED` from transfer time at the line rate, or :data:`SIZE_UNKNOWN`), ``line_rate_bps``
-    (the rate its link ran at, NaN when not given) and ``speed`` (its link's measured bus bandwidth for its op,
-    bytes/ns).
+    (the rate its link ran at, NaN when not given) and ``speed`` (its link's measured bus bandwidth, bytes/ns).
     """
 
     graph: Graph
@@ -435,9 +434,8 @@ def _busy_for_bytes(active: float, calls: int, latency_ns: int) -> float:
 def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> pl.DataFrame:
     """Add ``bus``, ``size`` and ``speed`` to ``comm``.
 
-    Per rank, link and op (send and receive as one), the link's bus bandwidth is measured as bus bytes over the
-    union of transfer time of the calls of known size (concurrent transfers sharing the link count once), less each
-    call's fixed cost
+    Per rank and link, the link's bus bandwidth is measured as bus bytes over the union of transfer time of the
+    calls of known size (concurrent transfers sharing the link count once), less each call's fixed cost
     (``latency_ns``: a replay costs a transfer ``latency + bytes / speed``, so the same link replays as measured,
     and a latency is not mistaken for a rate that a faster link would shorten). Where no call of a link has a known
     size but its line rate R is known, the link is taken to have run at ``1 / (8 / (0.95 R) + h)`` bytes per ns
@@ -457,10 +455,6 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> 
         else np.ones(comm.height, dtype=bool)  # noqa: E712
     key = comm.select(pl.struct(["x_rank", "x_link"]).rank("dense")).to_series().to_numpy().astype(np.int64) \
         if comm.height else np.zeros(0, np.int64)
-    # each op its own speed on the link (FSDP's all-gathers ran at ~80 % of the line rate where its all-reduces ran
-    # at it, docs/accuracy.md); the two sides of a send/recv pair are one
-    family = comm.select(pl.col("op").replace({"send": "p2p", "recv": "p2p"}).rank("dense")).to_series() \
-        .fill_null(0).to_numpy().astype(np.int64) if comm.height else np.zeros(0, np.int64)
     rate = comm.get_column("line_rate_bps").to_numpy()
     speed = np.full(comm.height, np.nan)
     estimated = np.zeros(comm.height, dtype=bool)
@@ -469,12 +463,9 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> 
         grp = key == k
         kn = grp & known & (bus > 0) & counted
         if kn.any():
-            busy = _shared_busy(start[kn], end[kn], family[kn])
-            link = bus[kn].sum() / _busy_for_bytes(sum(busy.values()), int(kn.sum()), latency_ns)
-            speed[grp] = link  # an op of the link with no call of known size: the link's
-            for f, b in busy.items():
-                mine = kn & (family == f)
-                speed[grp & (family == f)] = bus[mine].sum() / _busy_for_bytes(b, int(mine.sum()), latency_ns)
+            active = union_length(np.zeros(int(kn.sum()), np.int64), start[kn], end[kn], np.zeros(1, np.int64),
+                                  np.array([start[kn].min()]), np.array([end[kn].max() + 1]))[0]
+            speed[grp] = bus[kn].sum() / _busy_for_bytes(float(active), int(kn.sum()), latency_ns)
         elif np.isfinite(rate[grp]).all():
             speed[grp] = 1.0 / (8e9 / (WIRE_EFFICIENCY * rate[grp]) + host)
         unk = grp & ~known
@@ -488,25 +479,6 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> 
         bus = _steady_sizes(comm, bus, estimated, key)
     size = np.where(known, SIZE_MEASURED, np.where(estimated, SIZE_ESTIMATED, SIZE_UNKNOWN))
     return comm.with_columns(pl.Series("bus", bus), pl.Series("size", size), pl.Series("speed", speed))
-
-
-def _shared_busy(start: np.ndarray, end: np.ndarray, family: np.ndarray) -> dict[int, float]:
-    """The busy time of a link (the union of the calls' ``[start, end)``) split among the ops (``family``) of the
-    calls in flight: each instant shared equally by the calls then in flight, so ops whose transfers overlap share
-    the link's time (and the shares add up to the union) rather than each counting all of it."""
-    b = np.unique(np.concatenate([start, end]))
-    i0, i1 = np.searchsorted(b, start), np.searchsorted(b, end)
-    seg = np.diff(b).astype(np.float64)
-
-    def in_flight(rows: np.ndarray) -> np.ndarray:
-        d = np.zeros(b.size + 1)
-        np.add.at(d, i0[rows], 1.0)
-        np.add.at(d, i1[rows], -1.0)
-        return np.cumsum(d)[: seg.size]
-
-    total = in_flight(np.arange(start.size))
-    share = seg / np.maximum(total, 1.0)
-    return {int(f): float((share * in_flight(np.flatnonzero(family == f))).sum()) for f in np.unique(family)}
 
 
 def _steady_sizes(comm: pl.DataFrame, bus: np.ndarray, estimated: np.ndarray, key: np.ndarray) -> np.ndarray:
