@@ -36,6 +36,8 @@ def _consistent(v) -> None:
         assert a.shares["stragglers"] >= verdict.SIGNIFICANT and a.shares["stragglers"] > a.shares["link"]
     if v.kind in ("compute-bound", "host-bound"):
         assert a.shares["link"] < verdict.SIGNIFICANT and a.shares["stragglers"] < verdict.SIGNIFICANT
+    if v.kind == "mixed" and a.shares["link"] >= verdict.MIXED:
+        assert a.shares["stragglers"] >= verdict.MIXED
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])

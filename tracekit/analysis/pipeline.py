@@ -156,7 +156,8 @@ class Analysis:
         if self.breakdown.num_rows == 0:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
         return verdict.classify(self.whatif, self.bottleneck, self.critical_path_summary, self.breakdown,
-                                self.iterations, self.ranks, self.critical_path, self.link_busy.to_pylist())
+                                self.iterations, self.ranks, self.critical_path, self.link_busy.to_pylist(),
+                                verdict.input_time(self.events))
 
     # ------------------------------------------------------------- the NCCL logs' topology and problems
 

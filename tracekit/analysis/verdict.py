@@ -10,10 +10,12 @@ the host (CPU operators, launches, input). The classes:
 ``link-bound``       communication free saves at least :data:`SIGNIFICANT` of each iteration, and more than removing the
                      stragglers' excess does
 ``straggler-bound``  removing the stragglers' excess saves at least :data:`SIGNIFICANT`, more than free communication
-``mixed``            both save at least :data:`SIGNIFICANT` and within a factor :data:`COMPARABLE` of each other; or
-                     neither does and the path is split between compute and host
-``compute-bound``    neither saves much, and device compute (on CPU-only ranks: their operators) is most of the path
-``host-bound``       neither saves much, and CPU work, launches and the host's gaps are most of the path
+``mixed``            both save at least :data:`MIXED` and within a factor :data:`COMPARABLE` of each other (two
+                     causes of a tenth each are a fifth together); or neither names the class and the path is split
+                     between compute and host
+``compute-bound``    neither saves much, and device compute (on CPU-only ranks: their operators) outweighs the host on
+                     the path (of what is neither transfer nor waiting: by more than :data:`EVEN` of an even split)
+``host-bound``       neither saves much, and CPU work, launches and the host's gaps outweigh compute on the path
 """
 
 from __future__ import annotations
@@ -33,12 +35,17 @@ from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predic
 from tracekit.model.units import format_duration, format_rate
 
 KINDS = ("link-bound", "straggler-bound", "host-bound", "compute-bound", "mixed", "none")
-#: a replay that saves at least this share of the iteration time names a cause
-SIGNIFICANT = 0.10
+#: a replay that saves at least this share of the iteration time names the job's one cause: less is a cause beside
+#: what the critical path is made of (a job whose link costs 12 % is bound by its compute or its host, and the
+#: headline says what free communication would still give)
+SIGNIFICANT = 0.15
+#: two replays that each save at least this share (and are comparable) make the job mixed
+MIXED = 0.10
 #: two causes both significant and within this factor of each other: mixed
 COMPARABLE = 2.0
-#: of the path left when no replay saves much: the larger of compute and host names the class above this share
-DOMINANT = 0.5
+#: when no replay saves much, the larger of compute and host (their shares of the path that is neither transfer nor
+#: waiting, which the replays say cost little) names the class, unless the two are within this of an even split
+EVEN = 0.05
 #: a rank is named a straggler when its excess is at least this share of the largest rank's excess ...
 NAMED_SHARE = 0.5
 #: ... and at most this many are named (a host whose ranks all stall is named as the host)
@@ -129,7 +136,34 @@ def exposed_sentence(breakdown: pa.Table) -> str | None:
     return s
 
 
-def _stragglers(model: Model, ranks: pa.Table | None) -> tuple[Straggler, ...]:
+#: the profiler's annotation of a data loader's ``__next__`` (a ``user_annotation``: the time inside is no operator's
+#: own, so it shows as a gap on the thread that waited for the batch)
+LOADER = "enumerate(DataLoader)"
+
+
+def input_time(events: pa.Table) -> pl.DataFrame:
+    """``rank, name, dur_ns``: each rank's time in its data loader's ``__next__`` annotations (:data:`LOADER`)."""
+    ev = pl.from_arrow(events.select(["rank", "kind", "name", "dur_ns"]))
+    assert isinstance(ev, pl.DataFrame)
+    return (ev.filter(pl.col("kind") == "annotation")
+            .filter(pl.col("name").cast(pl.String).str.starts_with(LOADER))
+            .group_by(["rank", pl.col("name").cast(pl.String)]).agg(pl.col("dur_ns").sum()))
+
+
+def _input_excess(inputs: pl.DataFrame | None, rank: int, iterations: int) -> tuple[str | None, int]:
+    """A rank's data-loader annotation with the most time beyond the median rank's (per iteration): (name, ns)."""
+    if inputs is None or inputs.height == 0:
+        return None, 0
+    per = inputs.group_by("rank").agg(pl.col("dur_ns").sum(), pl.col("name").sort_by("dur_ns").last())
+    v = per.get_column("dur_ns").sort().to_list()
+    median = v[(len(v) - 1) // 2]
+    row = per.filter(pl.col("rank") == rank)
+    if row.height == 0:
+        return None, 0
+    return row.get_column("name")[0], (int(row.get_column("dur_ns")[0]) - median) // max(iterations, 1)
+
+
+def _stragglers(model: Model, ranks: pa.Table | None, inputs: pl.DataFrame | None = None) -> tuple[Straggler, ...]:
     """The ranks whose excess the ``balanced`` replay removed, largest first (see :data:`NAMED_SHARE`)."""
     ex = model.balance.excess()
     if ex.height == 0:
@@ -144,8 +178,11 @@ def _stragglers(model: Model, ranks: pa.Table | None) -> tuple[Straggler, ...]:
     for row in ex.iter_rows(named=True):
         r = row["rank"]
         name, gap = tops.get(r, (None, 0))
+        loader, loader_excess = _input_excess(inputs, r, model.balance.iterations)
         if row["device_excess_ns"] >= row["host_excess_ns"]:
             doing = "device"
+        elif loader is not None and loader_excess >= 0.5 * row["host_excess_ns"]:
+            doing, name = "input", loader  # its gaps are the waits for its batches
         elif gap > 0.5 * row["host_excess_ns"] * max(model.balance.iterations, 1):
             doing, name = "untraced", None
         elif name and "DataLoader" in name:
@@ -257,6 +294,13 @@ def _short(name: str | None, most: int = 60) -> str:
     return "" if name is None else name if len(name) <= most else name[:most - 1] + "…"
 
 
+def _loader_share(inputs: pl.DataFrame | None, n_ranks: int, iterations: int, iteration_ns: int) -> float:
+    """The mean rank's time in its data loader, as a share of the iteration time."""
+    if inputs is None or inputs.height == 0 or iteration_ns <= 0:
+        return 0.0
+    return float(inputs.get_column("dur_ns").sum()) / max(n_ranks, 1) / max(iterations, 1) / iteration_ns
+
+
 def _top_on_path(segments: pl.DataFrame | None, labels: tuple[str, ...]) -> str | None:
     """The activity with the most time on the measured critical path among segments of ``labels``, and its share
     of the path: "aten::linear on rank 0's cpu/tid 12 (41 % of the path)"."""
@@ -273,11 +317,12 @@ def _top_on_path(segments: pl.DataFrame | None, labels: tuple[str, ...]) -> str 
 
 def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataFrame, breakdown: pa.Table,
              iterations: pa.Table, ranks: pa.Table | None, segments: pl.DataFrame | None = None,
-             link_rows: list[dict[str, Any]] | None = None) -> Answer:
+             link_rows: list[dict[str, Any]] | None = None, inputs: pl.DataFrame | None = None) -> Answer:
     """The verdict of a job from its what-if model, its answer to "is the link the bottleneck?" (``bottleneck``:
     :func:`tracekit.analysis.bottleneck.bottleneck`, None when it could not run), its measured critical path
-    (``segments`` and their summary), its breakdown and how busy each link class was (``link_rows``: rows of
-    :func:`tracekit.analysis.link_classes.busy`, which name the class that binds)."""
+    (``segments`` and their summary), its breakdown, how busy each link class was (``link_rows``: rows of
+    :func:`tracekit.analysis.link_classes.busy`, which name the class that binds) and each rank's time in its data
+    loader (``inputs``: :func:`input_time`)."""
     if bottleneck is not None:
         measured, free = bottleneck.measured_ns, bottleneck.free_ns
         (balanced,) = predict_many(model, [Scenario(balanced=True)])
@@ -294,7 +339,7 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     replays: dict[str, int | None] = {"measured": measured, "free_communication": free,
                                       "stragglers_removed": balanced, "full_utilisation": full}
     shares = {"link": link, "stragglers": strag, **path}
-    stragglers = _stragglers(model, ranks) if strag >= SIGNIFICANT / 2 else ()
+    stragglers = _stragglers(model, ranks, inputs) if strag >= MIXED / 2 else ()
     x_free = measured / free if free else float("inf")
     x_bal = measured / balanced if balanced else float("inf")
     several = model.balance.ranks.size > 1
@@ -309,7 +354,7 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     if exposed:
         support.append(exposed)
 
-    if link >= SIGNIFICANT and strag >= SIGNIFICANT and max(link, strag) <= COMPARABLE * min(link, strag):
+    if link >= MIXED and strag >= MIXED and max(link, strag) <= COMPARABLE * min(link, strag):
         kind = "mixed"
         who = f"{_who(stragglers)}'s excess" if stragglers else "the stragglers' excess"
         headline = (f"Mixed: the link costs {_pct(link)} of each iteration and {who} {_pct(strag)} — a faster link "
@@ -327,14 +372,18 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
         compute, host = path.get("compute", 0.0), path.get("host", 0.0)
         rest = f"free communication gives only {x_free:.2f}x" + (
             f" and removing stragglers {x_bal:.2f}x" if several else "")
-        if compute >= DOMINANT and compute >= host:
+        compute_part = compute / (compute + host) if compute + host > 0 else 0.5
+        if compute_part >= 0.5 + EVEN:
             kind = "compute-bound"
             top = _top_on_path(segments, ("compute", "memory"))
             headline = (f"Compute-bound: {_pct(compute)} of the critical path is compute"
                         + (f", most of it {top}" if top else "") + f"; {rest}.")
-        elif host >= DOMINANT:
+        elif compute_part <= 0.5 - EVEN:
             kind = "host-bound"
             top = _top_on_path(segments, ("CPU", "launch"))
+            loading = _loader_share(inputs, model.balance.ranks.size, model.balance.iterations, measured)
+            if loading >= 0.5 * host:  # the host's gaps are its ranks waiting for their batches
+                top = f"the data loader ({LOADER}: {_pct(loading)} of each rank's iteration)"
             headline = (f"Host-bound: {_pct(host)} of the critical path is CPU work, launches and host gaps, not "
                         f"device compute or communication" + (f" — most of it {top}" if top else "") + f"; {rest}.")
         else:
@@ -353,7 +402,7 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     if model.contention.measured and model.contention.slowdown > 1.0:
         support.insert(2, model.contention.sentence())
     caveat = None
-    u = replay_unexplained(model, Scenario(free=True), iterations, ranks) if link >= SIGNIFICANT / 2 or \
+    u = replay_unexplained(model, Scenario(free=True), iterations, ranks) if link >= MIXED / 2 or \
         kind in ("host-bound", "mixed") else None
     if u is not None and u >= CAVEAT_SHARE:
         caveat = (f"Caveat: {_pct(u)} of the free-communication replay's critical path is time no recorded or "

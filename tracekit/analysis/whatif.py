@@ -502,26 +502,26 @@ def _steady_sizes(comm: pl.DataFrame, bus: np.ndarray, estimated: np.ndarray, ke
 
 
 def _fifo(comm: pl.DataFrame, node_time: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Consecutive transfers on each link (a rank's link per process group) in the order their data went out:
+    """Consecutive transfers on each link (a rank's link per process group) in the order they went through it:
     ``(previous row, row, destination node)`` — the FIFO channel of Zhang et al. that a replay queues transfers
-    on. A send/recv pair is queued by its receive (the data has crossed when the receive ends, on the sender's
-    link); the send itself is left out (it returns once its data is handed over). With the graph's measured
-    ``node_time``, a pair whose transfer ended before the one queued ahead of it is left out: the measured schedule
-    contradicts that order (on a straggler, a call's data can seem to go out after the next call's, where the
-    other rank arrived late), and such an edge against the graph's own can close a cycle no replay gets out of."""
+    on. A FIFO channel finishes its transfers in the order it serves them, so the order is the measured ends' (with
+    the graph's ``node_time``; the data's start breaks ties): never against the measured schedule, nor against a
+    stream's own order (the data's start is not: on a straggler a call's data can seem to go out after the next
+    call's, and an edge against a stream's order closes a cycle no replay gets out of). A send/recv pair is queued
+    by its receive (the data has crossed when the receive ends, on the sender's link); the send itself is left out
+    (it returns once its data is handed over)."""
     if comm.height == 0:
         return (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
     rows = np.flatnonzero(~(comm.get_column("send") == True).fill_null(False).to_numpy()) \
         if "send" in comm.columns else np.arange(comm.height)  # noqa: E712
     sub = comm[rows]
     key = sub.select(pl.struct(["x_rank", "x_link"]).rank("dense")).to_series().to_numpy().astype(np.int64)
-    order = np.lexsort((sub.get_column("x_start").to_numpy(), key))
+    a = comm.get_column("a").to_numpy()
+    x_start = sub.get_column("x_start").to_numpy()
+    ends = node_time[2 * a[rows] + 1] if node_time is not None else x_start
+    order = np.lexsort((x_start, ends, key))
     same = key[order][1:] == key[order][:-1]
     prev, cur = rows[order[:-1][same]], rows[order[1:][same]]
-    a = comm.get_column("a").to_numpy()
-    if node_time is not None:
-        ok = node_time[2 * a[prev] + 1] <= node_time[2 * a[cur] + 1]
-        prev, cur = prev[ok], cur[ok]
     dst = 2 * a[cur] + 1
     return prev, cur, dst
 
