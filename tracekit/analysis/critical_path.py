@@ -126,12 +126,12 @@ def schedule_spans(iteration_of: np.ndarray, times: np.ndarray) -> pl.DataFrame:
 
 
 def paths(graph: Graph, iterations: pa.Table, ranks: pa.Table | None = None,
-          iteration: int | None = None, spans: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Critical-path segments of every iteration (or one), in time order (``spans``: the iterations' spans on the
-    job clock where they are not the measured ones, as for a replayed schedule)."""
+          iteration: int | list[int] | None = None, spans: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Critical-path segments of every iteration (or one, or those listed), in time order (``spans``: the
+    iterations' spans on the job clock where they are not the measured ones, as for a replayed schedule)."""
     spans = iteration_spans(iterations, ranks) if spans is None else spans
     if iteration is not None:
-        spans = spans.filter(pl.col("iteration") == iteration)
+        spans = spans.filter(pl.col("iteration").is_in(iteration if isinstance(iteration, list) else [iteration]))
     act = graph.act
     a_iter = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
     # the graph's times: a gloo work recorded as ending after its consumer woke up ends earlier there
@@ -359,6 +359,19 @@ def runs(segments: pl.DataFrame) -> pl.DataFrame:
                  pl.col("waiting_on").first(), pl.col("what").first(), pl.col("name").first(),
                  pl.len().alias("segments"))
             .drop("_run"))
+
+
+#: the verdict reads the critical path of at most this many iterations, spread evenly over the job (all of a job
+#: with fewer): what the path is made of, without following every iteration of a long trace
+SAMPLE_ITERATIONS = 12
+
+
+def sample(iteration_numbers: list[int], most: int = SAMPLE_ITERATIONS) -> list[int]:
+    """At most ``most`` of the iterations, spread evenly from the first to the last (all when there are fewer)."""
+    its = sorted(iteration_numbers)
+    if len(its) <= most:
+        return its
+    return sorted({its[round(i * (len(its) - 1) / (most - 1))] for i in range(most)})
 
 
 def summary(segments: pl.DataFrame, iterations: pa.Table, ranks: pa.Table | None = None,

@@ -155,9 +155,14 @@ class Analysis:
                                             "the replays need the whole job in memory (analysed rank by rank)")
         if self.breakdown.num_rows == 0:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
-        return verdict.classify(self.whatif, self.bottleneck, self.critical_path_summary, self.breakdown,
-                                self.iterations, self.ranks, self.critical_path, self.link_busy.to_pylist(),
-                                verdict.input_time(self.events))
+        # what the path is made of, from a few iterations spread over the job (the same whatever else was computed;
+        # read off the whole path where it exists already)
+        its = critical_path.sample(critical_path.iteration_spans(self.iterations, self.ranks)["iteration"].to_list())
+        segs = (self.critical_path.filter(pl.col("iteration").is_in(its)) if "critical_path" in self.__dict__
+                else critical_path.paths(self.graph, self.iterations, self.ranks, iteration=its))
+        summ = critical_path.summary(segs, self.iterations, self.ranks)
+        return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
+                                segs, self.link_busy.to_pylist(), verdict.input_time(self.events))
 
     # ------------------------------------------------------------- the NCCL logs' topology and problems
 
