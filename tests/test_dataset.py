@@ -133,7 +133,7 @@ def test_cli_dask_engine_with_worker_processes(job: Path, capsys: pytest.Capture
     assert main(["summary", str(job), "--json", "--engine", "local", "--no-cache"]) == 0
     assert on_dask == json.loads(capsys.readouterr().out)
     assert any("rank by rank" in n for n in on_dask["notes"])
-    assert on_dask["bottleneck"] is None  # what-if needs the whole job in memory
+    assert on_dask["bottleneck"] is None  # rank by rank, summary does not replay (whatif and critical-path do)
     assert main(["summary", str(job), "--json", "--no-cache"]) == 0
     in_memory = json.loads(capsys.readouterr().out)
     assert not any("rank by rank" in n for n in in_memory["notes"])

@@ -137,9 +137,7 @@ def compare(base: Job, new: Job, *, top: int = TOP, verdicts: bool = True) -> Di
         if job.analysis.breakdown.num_rows == 0:
             notes.append(f"{job.name} has no iteration window to compare (a Horovod timeline alone?)")
     paths = pl.DataFrame()
-    if not (base.in_memory and new.in_memory):
-        notes.append("critical path not compared: a run was analysed rank by rank")
-    elif a.breakdown.num_rows and b.breakdown.num_rows:
+    if a.breakdown.num_rows and b.breakdown.num_rows:
         paths = critical_path_rows(a.critical_path, b.critical_path)
     return Diff(
         base=base.name, new=new.name,

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from tracekit.scale.dataset import Dataset
+    from tracekit.scale.graphs import RankGraphs
 
 #: memory one event takes while its rank's exposed communication is split (events table + attribution sweep)
 SPLIT_BYTES_PER_EVENT = 400
@@ -74,6 +75,9 @@ class Analysis:
     horovod: horovod.Result | None = None  # Horovod timelines' tables (tracekit/analysis/horovod.py), None without one
     dataset: Dataset | None = None  # set when analysed rank by rank: the events stay on disk (``events`` is empty)
     memory_budget: str | int | None = None  # rank by rank: the memory one rank's events may take (--memory-budget)
+    #: rank by rank: where the job's dependency graph comes from — the ranks' compact graphs, combined on first use
+    #: (:class:`tracekit.scale.graphs.RankGraphs`); None where there is none
+    rank_graphs: RankGraphs | None = None
 
     @property
     def horovod_only(self) -> bool:
@@ -82,10 +86,15 @@ class Analysis:
 
     @cached_property
     def graph(self) -> dag.Graph:
-        """The dependency graph of the whole job (built on first use)."""
+        """The dependency graph of the whole job (built on first use; rank by rank, combined from the ranks'
+        compact graphs: :mod:`tracekit.analysis.compact`)."""
         if self.dataset is not None:
-            raise TraceError(None, "the critical path and what-if need the whole job in memory: run without "
-                             "--engine, --scheduler, --dataset and --memory-budget")
+            if self.rank_graphs is None:
+                raise TraceError(None, "the critical path and what-if need the ranks' dependency graphs, which this "
+                                 "job analysed rank by rank does not have")
+            graph = self.rank_graphs.graph(self)
+            release_memory()
+            return graph
         # Horovod's phases are a coordinator's per-tensor view, not a thread's program order: the graph (critical
         # path, what-if) is built from the profiler traces only
         events = self.events if self.horovod is None else horovod.without_timeline(self.events)
@@ -111,16 +120,19 @@ class Analysis:
     @cached_property
     def whatif(self) -> whatif.Model:
         """The what-if model of the job (its graph with re-costable transfers)."""
-        model = whatif.build(self.events, self.collectives, self.ranks, self.members, self.instances,
-                             line_rate_bps=self.line_rate_bps, graph=self.graph, line_rates=self.line_rates,
-                             pg_desc=self.pg_desc)
+        graph = self.graph
+        leaves = self.rank_graphs.leaves if self.dataset is not None and self.rank_graphs is not None else None
+        model = whatif.build(self.events if self.dataset is None else None, self.collectives, self.ranks,
+                             self.members, self.instances, line_rate_bps=self.line_rate_bps, graph=graph,
+                             line_rates=self.line_rates, pg_desc=self.pg_desc, leaves=leaves)
         release_memory()
         return model
 
     @cached_property
     def bottleneck(self) -> whatif.Bottleneck | None:
         """Is the network the bottleneck? None when the job has no communication."""
-        if self.horovod_only or self.dataset is not None or self.whatif.comm.height == 0:
+        if self.horovod_only or (self.dataset is not None and self.rank_graphs is None) or \
+                self.whatif.comm.height == 0:
             return None
         return self.bottleneck_of(self.whatif)
 
@@ -239,8 +251,8 @@ class Analysis:
         if ops and not self.horovod_only:
             out["top_ops"] = lambda: self.top_ops
             out["idle_breakdown"] = lambda: self.idle_breakdown
-        # a timeline alone has no compute to follow a path through; rank by rank there is no graph
-        if paths and not self.horovod_only and self.dataset is None:
+        # a timeline alone has no compute to follow a path through; rank by rank, the ranks' graphs combined
+        if paths and not self.horovod_only and (self.dataset is None or self.rank_graphs is not None):
             out["critical_path"] = lambda: self.critical_path.to_arrow()
             out["critical_path_summary"] = lambda: self.critical_path_summary.to_arrow()
         if self.horovod is not None:

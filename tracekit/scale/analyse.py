@@ -13,20 +13,23 @@ from tracekit.loading.traceset import TraceSet
 from tracekit.model import schema
 from tracekit.model.units import memory_budget
 from tracekit.scale.dataset import Dataset
+from tracekit.scale.graphs import RankGraphs
 
-# what a job analysed rank by rank (--engine/--dataset, or too big for memory) does not have
-DATASET_NOTE = ("analysed rank by rank from a per-rank dataset: the critical path and what-if need the whole job "
-                "in memory")
+#: how a job analysed rank by rank (--engine/--dataset, or too big for memory) was read
+DATASET_NOTE = ("analysed rank by rank from a per-rank dataset (the critical path and what-if on the ranks' compact "
+                "dependency graphs)")
 
 
 def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_clocks: bool = True,
-                    memory_budget: str | int | None = None) -> Analysis:
+                    memory_budget: str | int | None = None, line_rates: dict[str, float] | None = None,
+                    rank_graphs: RankGraphs | None = None) -> Analysis:
     """The results of a job whose ranks were parsed and attributed one by one (:mod:`tracekit.scale.dataset`): the
     per-rank breakdowns as written, then what needs every rank but not every event — collectives matched across
     ranks (clocks, skew, stragglers; an instance's iteration from the events' ``collective_id`` column only) and
     link figures — and, one rank at a time, exposed communication split into waiting and transfer.
     ``memory_budget`` (bytes; default :func:`tracekit.scale.dataset.memory_budget`) bounds the rank held at once: a
-    rank with more events keeps its split unknown, and a note says so."""
+    rank with more events keeps its split unknown, and a note says so. ``rank_graphs`` gives the critical path and
+    what-if the ranks' compact graphs (default: those of ``ds``, built on first use where missing)."""
     colls, join_notes = nccl_join.join(ds.table("collectives"))
     comm_events = (ds.scan("events").filter(pl.col("collective_id").is_not_null())
                    .select(["rank", "collective_id", "iteration"]).collect().to_arrow())
@@ -46,9 +49,10 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
     return Analysis(traces=traces, events=traces.events, iterations=ds.table("iterations"), breakdown=breakdown,
                     ranks=ranks, collectives=colls, instances=instances, members=matching.members,
                     line_rate_bps=rate, line_rate_source=rate_source, matched=matching.matched,
-                    notes=[*ds.notes, DATASET_NOTE, *unsplit],
+                    line_rates=dict(line_rates or {}), notes=[*ds.notes, DATASET_NOTE, *unsplit],
                     diagnostics=[*ds.diagnostics, *join_notes, *matching.diagnostics], dataset=ds,
-                    memory_budget=memory_budget)
+                    memory_budget=memory_budget,
+                    rank_graphs=rank_graphs if rank_graphs is not None else RankGraphs(ds, budget=memory_budget))
 
 
 def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matching,

@@ -58,7 +58,7 @@ from tracekit.scale import bounded
 if TYPE_CHECKING:  # imported where used: Parquet and the file systems it loads are ~10 ms of every command's
     import pyarrow.parquet as pq  # start, and only the rank-by-rank path needs them
 
-DATASET_VERSION = "1"
+DATASET_VERSION = "2"
 #: the per-rank tables of a part (besides events), in write order
 SMALL_TABLES = ("collectives", "iterations", "breakdown", "topology")
 SCHEMAS = {"events": schema.EVENTS, "collectives": schema.COLLECTIVES, "iterations": schema.ITERATIONS,
@@ -128,6 +128,8 @@ class Unit:
     staging: str
     step_marker: str | None = None
     memory_budget: int = DEFAULT_BUDGET
+    #: also build the rank's compact dependency graph (:mod:`tracekit.scale.graphs`: critical path, what-if)
+    graph: bool = False
 
 
 class _ParquetSink:
@@ -226,6 +228,9 @@ def run_unit(u: Unit) -> dict[str, Any]:
                                                  "its versions; read it again once it is written"))
         per_rank = parsed.format in PER_RANK_FORMATS
         facts = RankFacts()
+        extent = _Extent()
+        graph_files: dict[str, Any] = {}
+        graph_skipped = False
         has_steps = True
         if per_rank:
             # attribution is per rank: analyse with a stand-in rank (0); the real one is the partition key
@@ -234,6 +239,7 @@ def run_unit(u: Unit) -> dict[str, Any]:
             if parsed.events_file:
                 def take(b: pa.RecordBatch) -> None:
                     facts.add(b)
+                    extent.add(b)
                     sink.write(b)
 
                 iters, bd = bounded.analyse(parsed.events_file, 0, colls, u.step_marker, take, require_steps=False)
@@ -241,8 +247,18 @@ def run_unit(u: Unit) -> dict[str, Any]:
                 ev, iters = iterations.assign(_with_rank(parsed.events, 0), u.step_marker, require_steps=False)
                 bd = attribution.breakdown(ev, iters, colls)
                 facts.add(ev)
+                extent.add(ev)
                 sink.write(ev)
             sink.close()
+            if u.graph:
+                from tracekit.scale import graphs
+
+                if not graphs.fits(facts.events, u.memory_budget):
+                    graph_skipped = True
+                elif parsed.events_file:  # read back what was written batch by batch: it fits the budget
+                    graph_files = graphs.write_rank_graph(_read_events(tmp / "events.parquet"), tmp)
+                else:
+                    graph_files = graphs.write_rank_graph(ev, tmp)
             has_steps = iters.num_rows > 0 and "whole-trace" not in iters.column("method").to_pylist()
             tables = {"collectives": colls, "iterations": iters, "breakdown": bd, "topology": parsed.topology}
         else:  # a format that holds several ranks: its tables carry their ranks
@@ -271,6 +287,7 @@ def run_unit(u: Unit) -> dict[str, Any]:
             "ranks_seen": sorted({int(r) for r in ev.column("rank").to_pylist() if r is not None})
             if not per_rank else [],
             "spilled": spilled, "files": files, "host": socket.gethostname(), "pid": os.getpid(),
+            "graph": bool(graph_files), "graph_skipped": graph_skipped, **extent.summary(),
             "wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0,
             "peak_rss_mb": peak_rss_mb(),
         }
@@ -282,6 +299,42 @@ def run_unit(u: Unit) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return summary
+
+
+class _Extent:
+    """A rank's lanes (events per lane) and the span of its events (own clock), gathered batch by batch: what a
+    timeline needs to lay the rank out before reading it."""
+
+    def __init__(self) -> None:
+        self.lanes: dict[str, int] = {}
+        self.first: int | None = None
+        self.last: int | None = None
+
+    def add(self, ev: pa.Table | pa.RecordBatch) -> None:
+        if not ev.num_rows:
+            return
+        import pyarrow.compute as pc
+
+        counts = pc.value_counts(ev.column("lane"))
+        for v, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True):
+            if v is not None:
+                self.lanes[str(v)] = self.lanes.get(str(v), 0) + int(n)
+        lo = pc.min(ev.column("start_ns")).as_py()
+        hi = pc.max(pc.add(ev.column("start_ns"), pc.fill_null(ev.column("dur_ns"), 0))).as_py()
+        if lo is not None:
+            self.first = lo if self.first is None else min(self.first, lo)
+        if hi is not None:
+            self.last = hi if self.last is None else max(self.last, hi)
+
+    def summary(self) -> dict[str, Any]:
+        return {"lanes": sorted(self.lanes.items()), "t_first": self.first, "t_last": self.last}
+
+
+def _read_events(path: Path) -> pa.Table:
+    """A part's events.parquet as an EVENTS table (rank 0: the stand-in the unit analyses with)."""
+    import pyarrow.parquet as pq
+
+    return schema.conform(_add_rank(pq.read_table(str(path)), 0), schema.EVENTS)
 
 
 # --- the dataset -----------------------------------------------------------------------------------
@@ -458,13 +511,16 @@ _UNWRITABLE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPER
 def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any = None,
           step_marker: str | None = None, budget: str | int | None = None, use_cache: bool = True,
           cache_dir: str | os.PathLike | None = None, force: bool = False, jobs: int | None = None,
-          progress: Progress | None = None, found: tuple[list[str], list[Diagnostic]] | None = None) -> Dataset:
+          progress: Progress | None = None, found: tuple[list[str], list[Diagnostic]] | None = None,
+          graphs: bool = False) -> Dataset:
     """Turn the traces under ``paths`` into a per-rank dataset (reusing a matching one) and open it.
 
     ``out``: where (default: ``<cache>/datasets/<key of the inputs>``; a temporary directory without
     the cache). ``engine``: from :func:`tracekit.scale.engine.make` (default: local processes). When the cache
     cannot take the dataset (read-only, full, a link planted in place of ``datasets/``), it is built in a
-    temporary directory instead, with a warning; a ``out`` that cannot is a one-line TraceError.
+    temporary directory instead, with a warning; a ``out`` that cannot is a one-line TraceError. ``graphs``: every
+    rank's unit also builds the rank's compact dependency graph (:mod:`tracekit.scale.graphs`; a dataset reused
+    without them gets them later from its events, :func:`tracekit.scale.graphs.ensure`).
     """
 
     files, notes = found if found is not None else discover(paths)
@@ -472,7 +528,7 @@ def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any
         raise TraceError(None, "no input files")
     key, ident = inputs_key(files, step_marker)
     kw = {"engine": engine, "step_marker": step_marker, "budget": budget, "force": force, "jobs": jobs,
-          "progress": progress}
+          "progress": progress, "graphs": graphs}
     if out is not None:
         try:
             return _build(files, notes, key, ident, Path(out), temporary=False, explicit=True, **kw)
@@ -505,7 +561,7 @@ def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any
 
 def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list[Any]], target: Path, *,
            temporary: bool, explicit: bool, engine: Any, step_marker: str | None, budget: str | int | None,
-           force: bool, jobs: int | None, progress: Progress | None) -> Dataset:
+           force: bool, jobs: int | None, progress: Progress | None, graphs: bool = False) -> Dataset:
     from tracekit.scale import engine as engines
 
     out = target if explicit else None
@@ -528,7 +584,7 @@ def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list
         staging = data / ".staging"
         staging.mkdir()
         b = memory_budget(budget)
-        units = [Unit(i, f, str(staging), step_marker, b) for i, f in enumerate(files)]
+        units = [Unit(i, f, str(staging), step_marker, b, graphs) for i, f in enumerate(files)]
         total = sum(os.path.getsize(f) for f in files)
         eng = engine or engines.LocalEngine(jobs, total)
         summaries: list[dict[str, Any] | None] = [None] * len(units)
@@ -613,7 +669,9 @@ def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic
     _write(ranks_table, data / "ranks.parquet", keep_rank=True)
     p = data / "ranks.parquet"
     files["ranks.parquet"] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
+    skipped = [{"rank": p["rank"]} for p, s in zip(parts, per_rank, strict=False) if s.get("graph_skipped")]
     return {"version": DATASET_VERSION, "parts": parts, "files": files, "methods": sorted(methods),
+            "graphs_skipped": skipped,
             "diagnostics": [d.__dict__ for d in diags], "summaries": summaries,
             "events": sum(s["events"] for s in summaries),
             "collectives": sum(s["collectives"] for s in summaries)}

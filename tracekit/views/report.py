@@ -105,7 +105,7 @@ def render_summary(console: Console, result: Analysis) -> None:
                                     line_rate_bps=result.line_rate_bps, line_rate_source=result.line_rate_source,
                                     n_ranks=result.ranks.num_rows,
                                     sizes=summary.transfer_sizes(result.collectives)), soft_wrap=False)
-    answer = result.bottleneck
+    answer = result.bottleneck if result.dataset is None else None  # rank by rank: whatif replays, summary does not
     if answer is not None:
         console.print()
         console.print(f"[bold]is the network the bottleneck?[/] {answer.text}", soft_wrap=False)

@@ -1,0 +1,225 @@
+"""The dependency graph of a job analysed rank by rank: each rank's compact graph, made where its unit runs, and the
+job's graph combined from them (:mod:`tracekit.analysis.compact`; DESIGN.md "At scale").
+
+A rank's unit (:func:`tracekit.scale.dataset.run_unit`, in a local process or on a Dask worker) builds the rank's
+dependency graph from its events — on its own clock, without the collective edges, which need every rank — compacts
+it, and writes beside the rank's other tables::
+
+    rank=R/graph.act.parquet      its compact activities (node times as t_start, t_end)
+    rank=R/graph.edges.parquet    its edges (src, dst, lag, etype, gap)
+    rank=R/graph.leaves.parquet   its innermost compute operations (what the contention fit reads)
+
+A dataset made without them (by ``summary``) gets them from its events later: :func:`ensure` runs one
+:func:`run_graph_unit` per rank on the same engine and records the files in ``graphs.json`` (sealed, beside the
+manifest). :func:`combined` then reads every rank's graph, puts it on the job clock and adds the collective edges:
+what the combine step holds is the compact graphs of every rank, never an event.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from tracekit.analysis import compact, dag, whatif
+from tracekit.loading.cache import file_crc32, read_text, seal, unseal, verify_files
+from tracekit.model import schema
+from tracekit.model.diagnostics import TraceError
+
+if TYPE_CHECKING:
+    from tracekit.analysis.pipeline import Analysis
+    from tracekit.scale.dataset import Dataset
+
+#: the files of a rank's graph, in its partition
+FILES = ("graph.act.parquet", "graph.edges.parquet", "graph.leaves.parquet")
+#: memory one event takes while its rank's graph is built (the events, the activities' frame and the build's
+#: temporaries); a rank whose events would take more than the memory budget gets no graph
+GRAPH_BYTES_PER_EVENT = 700
+#: where a dataset made without graphs records the ones added later
+GRAPHS_MANIFEST = "graphs.json"
+
+
+def rank_graph(events: pa.Table) -> dict[str, pa.Table]:
+    """One rank's graph tables (:data:`FILES`) from its events (iteration filled; any rank number, its own clock)."""
+    g = dag.build(events)
+    act, edges = compact.to_tables(compact.compact(g))
+    leaves = whatif.compute_leaves(events, g) if g.act.height else None
+    lv = compact.leaves_table(leaves) if leaves is not None and leaves.height else \
+        pa.schema([("rank", pa.int32()), ("iteration", pa.int64()), ("name", pa.string()), ("start", pa.int64()),
+                   ("end", pa.int64())]).empty_table()
+    return {"graph.act.parquet": act, "graph.edges.parquet": edges, "graph.leaves.parquet": lv}
+
+
+def write_rank_graph(events: pa.Table, directory: Path) -> dict[str, dict[str, int]]:
+    """Write one rank's graph tables into ``directory``; returns their sizes and CRC-32s."""
+    import pyarrow.parquet as pq
+
+    out = {}
+    for name, table in rank_graph(events).items():
+        p = directory / name
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        pq.write_table(table, str(tmp), compression="zstd", write_page_checksum=True)
+        os.replace(tmp, p)
+        out[name] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
+    return out
+
+
+def fits(events: int, budget: int) -> bool:
+    """Whether a rank of ``events`` events may have its graph built within ``budget`` bytes."""
+    return events * GRAPH_BYTES_PER_EVENT <= budget
+
+
+@dataclass(frozen=True)
+class GraphUnit:
+    """One rank's graph from its events in the dataset: read ``root/part/events.parquet``, write the graph beside."""
+
+    root: str
+    part: str
+    budget: int
+
+
+def run_graph_unit(u: GraphUnit) -> dict[str, Any]:
+    """The graph of one rank of an existing dataset (pure: its effects are the graph's files in the rank's part)."""
+    import pyarrow.parquet as pq
+
+    d = Path(u.root) / u.part
+    p = d / "events.parquet"
+    if not p.exists():
+        raise TraceError(str(d), "the dataset's events are not visible here (workers must see --dataset at the same "
+                         "path)")
+    n = pq.ParquetFile(str(p)).metadata.num_rows
+    if not fits(n, u.budget):
+        return {"part": u.part, "files": {}, "skipped": n}
+    t = pq.read_table(str(p))
+    t = t.append_column(schema.EVENTS.field("rank"), pa.array(np.zeros(t.num_rows, np.int32)))
+    events = schema.conform(t, schema.EVENTS)
+    return {"part": u.part, "files": write_rank_graph(events, d), "skipped": None}
+
+
+def available(ds: Dataset) -> dict[str, dict[str, Any]]:
+    """The graph files the dataset has (from its build, or added later and recorded in :data:`GRAPHS_MANIFEST`)."""
+    files = {k: v for k, v in ds.manifest.get("files", {}).items() if k.rsplit("/", 1)[-1] in FILES}
+    try:
+        extra = unseal(read_text(ds.root / GRAPHS_MANIFEST))
+    except OSError:
+        extra = None
+    if extra is not None and extra.get("key") == ds.manifest.get("key") and extra.get("format") == compact.FORMAT:
+        files.update(extra.get("files", {}))
+    return files
+
+
+def missing(ds: Dataset) -> list[str]:
+    """The per-rank parts whose graph is neither built nor known to be over the budget."""
+    have = available(ds)
+    skipped = set(_skipped(ds))
+    return [d for d, r in ds.parts if r is not None and f"{d}/graph.act.parquet" not in have and d not in skipped]
+
+
+def _skipped(ds: Dataset) -> list[str]:
+    out = [f"rank={s['rank']}" for s in ds.manifest.get("graphs_skipped", [])]
+    try:
+        extra = unseal(read_text(ds.root / GRAPHS_MANIFEST))
+    except OSError:
+        extra = None
+    if extra is not None and extra.get("key") == ds.manifest.get("key"):
+        out += extra.get("skipped", [])
+    return out
+
+
+def ensure(ds: Dataset, engine: Any = None, budget: int | None = None) -> None:
+    """Give every rank of ``ds`` its graph (built from its events where the dataset was made without them), on
+    ``engine`` (default: local processes)."""
+    from tracekit.scale import engine as engines
+    from tracekit.scale.dataset import memory_budget
+
+    todo = missing(ds)
+    if not todo:
+        return
+    b = memory_budget(budget)
+    units = [GraphUnit(str(ds.root), d, b) for d in todo]
+    eng = engine or engines.LocalEngine(None, sum(ds.rank_event_counts().values()) * 100)
+    files: dict[str, Any] = {}
+    skipped: list[str] = []
+    with eng:
+        for _, res in eng.map(run_graph_unit, units):
+            files.update({f"{res['part']}/{k}": v for k, v in res["files"].items()})
+            if res["skipped"] is not None:
+                skipped.append(res["part"])
+    try:
+        old = unseal(read_text(ds.root / GRAPHS_MANIFEST)) or {}
+    except OSError:
+        old = {}
+    if old.get("key") != ds.manifest.get("key") or old.get("format") != compact.FORMAT:
+        old = {}
+    record = {"key": ds.manifest.get("key"), "format": compact.FORMAT, "files": {**old.get("files", {}), **files},
+              "skipped": sorted(set(old.get("skipped", [])) | set(skipped))}
+    target = ds.root / GRAPHS_MANIFEST
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(seal(record))
+    os.replace(tmp, target)
+
+
+def combined(ds: Dataset, analysis: Analysis) -> tuple[dag.Graph, pl.DataFrame | None]:
+    """The job's graph (:func:`tracekit.analysis.compact.combine`) and its compute leaves (job clock) from every
+    rank's stored compact graph; raises a one-line TraceError when a rank has none."""
+    import pyarrow.parquet as pq
+
+    have = available(ds)
+    skipped = _skipped(ds)
+    if skipped:
+        ranks = ", ".join(s.split("=", 1)[-1] for s in skipped[:8])
+        raise TraceError(None, f"the dependency graph of rank{'s' if len(skipped) > 1 else ''} {ranks} was not built: "
+                         "its events exceed the memory budget (raise --memory-budget for the critical path and "
+                         "what-if)")
+    if not verify_files(ds.root, {k: v for k, v in have.items()}):
+        raise TraceError(str(ds.root), "the dataset's dependency graphs are damaged: build it again (--rebuild, or "
+                         "remove the dataset)")
+    offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
+                                                   analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
+               if r is not None}
+    parts = []
+    leaves = []
+    for d, r in ds.parts:
+        if r is None or f"{d}/graph.act.parquet" not in have:
+            continue
+        act = pq.read_table(str(ds.root / d / "graph.act.parquet"))
+        act = act.set_column(act.schema.get_field_index("rank"), "rank", pa.array(np.full(act.num_rows, r, np.int32)))
+        parts.append((act, pq.read_table(str(ds.root / d / "graph.edges.parquet"))))
+        lv = pl.from_arrow(pq.read_table(str(ds.root / d / "graph.leaves.parquet")))
+        assert isinstance(lv, pl.DataFrame)
+        if lv.height:
+            off = offsets.get(r, 0)
+            leaves.append(lv.with_columns(pl.lit(r, dtype=pl.Int32).alias("rank"), pl.col("start") + off,
+                                          pl.col("end") + off))
+    if not parts:
+        raise TraceError(None, "no rank of the job has a dependency graph (no per-rank profiler traces)")
+    inst = whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives)
+    graph = compact.combine(parts, offsets, inst)
+    return graph, pl.concat(leaves) if leaves else None
+
+
+@dataclass
+class RankGraphs:
+    """Where a job analysed rank by rank gets its dependency graph (:attr:`tracekit.analysis.pipeline.Analysis.graph`):
+    the ranks' compact graphs in ``dataset``, built first where they are missing (on the engine ``engine()`` makes,
+    default local processes), then combined. ``leaves`` are the compute leaves read with them (the what-if's
+    contention fit)."""
+
+    dataset: Dataset
+    engine: Callable[[], Any] | None = None
+    budget: str | int | None = None
+    leaves: pl.DataFrame | None = None
+
+    def graph(self, analysis: Analysis) -> dag.Graph:
+        from tracekit.scale.dataset import memory_budget
+
+        if missing(self.dataset):
+            ensure(self.dataset, self.engine() if self.engine is not None else None, memory_budget(self.budget))
+        graph, self.leaves = combined(self.dataset, analysis)
+        return graph
