@@ -558,8 +558,9 @@ def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, sta
                   waits: pl.DataFrame | None = None) -> None:
     """Communication kernels and the compute streams of the same device wait for each other.
 
-    Inbound: the last kernel launched on another stream before the communication kernel's launch
-    (PyTorch makes the NCCL stream wait for an event recorded on the current stream at enqueue).
+    Inbound: the last computation or copy launched on another stream before the communication kernel's launch
+    (PyTorch makes the NCCL stream wait for an event recorded on the current stream at enqueue; another
+    communication kernel launched in between is on an NCCL stream of its own, which is not the current stream).
     Outbound: the first kernel on another stream that was launched before the communication ended
     but started only right after it (the consumer waited for the result). Where the rank's stream-wait calls
     are traced (``waits``: ``rank, l_start`` of ``cudaStreamWaitEvent``), the consumer must also have been told to
@@ -582,12 +583,10 @@ def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, sta
     new_group[1:] = (rank[1:] != rank[:-1]) | (device[1:] != device[:-1])
     group = np.cumsum(new_group)
     stream = lk.get_column("stream").fill_null(-1).to_numpy()[by]
-    # inbound: the launch before the current run of same-stream launches
-    run_break = np.ones(a_ids.size, dtype=bool)
-    run_break[1:] = (stream[1:] != stream[:-1]) | (group[1:] != group[:-1])
-    run_start = np.maximum.accumulate(np.where(run_break, np.arange(a_ids.size), 0))
-    prev = run_start - 1
-    ok = is_comm & (prev >= 0) & (group[np.maximum(prev, 0)] == group)
+    # inbound: the last computation or copy launched before it (the current stream's work; another communication
+    # kernel is on a stream of its own, which the NCCL stream does not wait for), on another stream
+    prev = np.maximum.accumulate(np.where(~is_comm, np.arange(a_ids.size), -1))
+    ok = is_comm & (prev >= 0) & (group[np.maximum(prev, 0)] == group) & (stream[np.maximum(prev, 0)] != stream)
     add(2 * a_ids[prev[ok]] + 1, 2 * a_ids[ok], 0, "stream")
     # outbound: first kernel of the device (other stream) starting at/after the comm's end; only computation and
     # copies consume a transfer (another communication kernel that starts then is queued on its own stream)
