@@ -206,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--diff", nargs="+", metavar="NEW", help="another run of the job to compare with (a Diff tab, "
                    "as tracekit diff PATH NEW prints it)")
+    _big_jobs(p)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
@@ -550,7 +551,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     rate, named = parse_link_rates(args.link_bw) if args.link_bw else (None, {})
     return run(args.paths, LoadOptions(use_cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs,
                                        step_marker=args.step_marker, link_bw_bps=rate,
-                                       line_rates=tuple(sorted(named.items())), diff_paths=tuple(args.diff or ())))
+                                       line_rates=tuple(sorted(named.items())), diff_paths=tuple(args.diff or ()),
+                                       by_rank=None, engine=args.engine, scheduler=args.scheduler,
+                                       dataset=args.dataset, memory_budget=args.memory_budget,
+                                       rebuild=args.rebuild))
 
 
 def cmd_record(args: argparse.Namespace) -> int:

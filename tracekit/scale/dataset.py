@@ -302,8 +302,8 @@ def run_unit(u: Unit) -> dict[str, Any]:
 
 
 class _Extent:
-    """A rank's lanes (events per lane) and the span of its events (own clock), gathered batch by batch: what a
-    timeline needs to lay the rank out before reading it."""
+    """A rank's lanes (events per lane, annotations left out) and the span of its events (own clock), gathered batch
+    by batch: what a timeline needs to lay the rank out before reading it."""
 
     def __init__(self) -> None:
         self.lanes: dict[str, int] = {}
@@ -315,12 +315,16 @@ class _Extent:
             return
         import pyarrow.compute as pc
 
-        counts = pc.value_counts(ev.column("lane"))
+        drawn = ~schema.dict_match(ev.column("kind"), "^annotation$") & pc.is_valid(ev.column("kind")).to_numpy(
+            zero_copy_only=False)  # a lane of annotations only is drawn by no timeline
+        counts = pc.value_counts(ev.column("lane").filter(pa.array(drawn)))
         for v, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True):
             if v is not None:
                 self.lanes[str(v)] = self.lanes.get(str(v), 0) + int(n)
-        lo = pc.min(ev.column("start_ns")).as_py()
-        hi = pc.max(pc.add(ev.column("start_ns"), pc.fill_null(ev.column("dur_ns"), 0))).as_py()
+        keep = pa.array(drawn)
+        start = ev.column("start_ns").filter(keep)
+        lo = pc.min(start).as_py()
+        hi = pc.max(pc.add(start, pc.fill_null(ev.column("dur_ns").filter(keep), 0))).as_py()
         if lo is not None:
             self.first = lo if self.first is None else min(self.first, lo)
         if hi is not None:
