@@ -92,7 +92,9 @@ def test_local_engine_equals_the_whole_job_analysis(job: Path, tmp_path: Path) -
 
 
 def test_the_split_skips_only_the_ranks_over_the_budget(job: Path, tmp_path: Path) -> None:
-    ds = dataset.build([str(job)], out=tmp_path / "ds", engine=engine.LocalEngine(jobs=1))
+    # units read in bounded memory keep no attribution intervals: the split reads each rank's events again
+    ds = dataset.build([str(job)], out=tmp_path / "ds", engine=engine.LocalEngine(jobs=1), budget=1)
+    assert not ds.ranks_with("activity")
     counts = ds.rank_event_counts()
     biggest = max(counts, key=counts.__getitem__)
     budget = (counts[biggest] - 1) * analysis.SPLIT_BYTES_PER_EVENT  # every rank fits but the biggest
@@ -308,10 +310,16 @@ def test_cli_memory_budget_reads_in_bounded_memory(job: Path, tmp_path: Path, ca
     # no rank fits 1 KiB: exposed communication stays unsplit, and the notes say which ranks
     assert all(w["wait_ns"] is None and w["transfer_ns"] is None for w in bounded_run["breakdown"])
     assert any("not split into waiting and transfer" in n for n in bounded_run["notes"])
-    # the same job read whole, with the split also left out, gives the same figures
+    # the same job read whole, with the split also left out, gives the same figures; its units held each rank's
+    # events, so they computed its top ops and idle split there (the bounded ones could not, and say so)
     monkeypatch.setattr(analysis, "SPLIT_BYTES_PER_EVENT", 1 << 40)
     assert main(["summary", str(job), "--json", "--engine", "local", "--no-cache"]) == 0
-    assert bounded_run == json.loads(capsys.readouterr().out)
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["idle"]["ranks"] and not bounded_run["idle"]["ranks"]
+    assert any("top ops and idle split of rank" in n for n in bounded_run["notes"])
+    for key in ("top_ops", "idle", "idle_breakdown", "notes"):
+        bounded_run.pop(key), whole.pop(key)
+    assert bounded_run == whole
     # the export streams every rank's events into one file with the events schema
     out = tmp_path / "ev.parquet"
     assert main(["export", str(job), "--dataset", str(tmp_path / "b"), "-o", str(out), "--table", "events"]) == 0

@@ -140,3 +140,18 @@ async def test_inspect_a_dataset_of_many_ranks(built: tuple[Path, Path]) -> None
         assert hits > 0
         slots = np.unique(np.asarray(c.marks["search"].event) >> 32)
         assert {model.source.ranks[int(s)] for s in slots} <= {model.source.ranks[s] for s in model.source.loaded}
+
+
+def test_many_ranks_tables_read_as_one_dataset(built: tuple[Path, Path]) -> None:
+    """Every rank's file of a table read at once (Arrow's threads) is what reading them one by one gives."""
+    import pyarrow as pa
+
+    ds = dataset.Dataset.open(built[1])
+    assert ds is not None
+    for name in ("iterations", "breakdown", "collectives", "top_ops", "op_totals", "idle_breakdown"):
+        fast = ds.table(name)
+        ds._cache.clear()
+        one_by_one = pa.concat_tables([ds.rank_table(name, r) for d, r in ds.parts if r is not None])
+        if name in ("iterations", "breakdown"):
+            one_by_one = one_by_one.sort_by([("rank", "ascending"), ("start_ns", "ascending")])
+        assert fast.equals(one_by_one), name

@@ -154,20 +154,21 @@ class Analysis:
     def top_ops(self) -> pa.Table:
         """Per rank, attribution class and op: the time of the kernels and CPU operators behind each class
         (:mod:`tracekit.analysis.top_ops`)."""
-        return self._per_rank_events(lambda ev, it: top_ops.table(ev, it, self._activity_of(ev)), schema.TOP_OPS)
+        return self._per_rank_events(lambda ev, it: top_ops.table(ev, it, self._activity_of(ev)), schema.TOP_OPS,
+                                     "top_ops")
 
     @cached_property
     def op_totals(self) -> pa.Table:
         """Per rank and op: calls and time inside the iteration windows (:func:`tracekit.analysis.top_ops.totals`)."""
         return self._per_rank_events(lambda ev, it: top_ops.totals(ev, it, self._activity_of(ev)),
-                                     top_ops.TOTALS_SCHEMA)
+                                     top_ops.TOTALS_SCHEMA, "op_totals")
 
     @cached_property
     def idle_breakdown(self) -> pa.Table:
         """Per window: its idle time split into host-bound, synchronisation and other
         (:mod:`tracekit.analysis.idle`)."""
         return self._per_rank_events(lambda ev, it: idle.breakdown(ev, it, self.breakdown, self._activity_of(ev)),
-                                     schema.IDLE_BREAKDOWN)
+                                     schema.IDLE_BREAKDOWN, "idle_breakdown")
 
     @cached_property
     def activity(self) -> pl.DataFrame:
@@ -179,9 +180,9 @@ class Analysis:
         """:attr:`activity` when ``events`` are the job's own in memory, else None (computed from them)."""
         return self.activity if events is self.events and self.dataset is None else None
 
-    def _per_rank_events(self, fn, out_schema: pa.Schema) -> pa.Table:
+    def _per_rank_events(self, fn, out_schema: pa.Schema, stored: str | None = None) -> pa.Table:
         """``fn(events, iterations)`` of the job — of each rank in turn when the events stay on disk (a rank over the
-        memory budget is left out, and a note says so)."""
+        memory budget is left out, and a note says so; the table ``stored`` where the rank's unit wrote it)."""
         if self.horovod_only or self.breakdown.num_rows == 0:
             return schema.empty(out_schema)
         if self.dataset is None:
@@ -191,7 +192,13 @@ class Analysis:
         iters = pl.from_arrow(self.iterations)
         assert isinstance(iters, pl.DataFrame)
         parts, too_big = [], []
+        have = self.dataset.ranks_with(stored) if stored else set()
+        if have:
+            t = self.dataset.table(stored)  # type: ignore[arg-type]
+            parts.append(schema.conform(t, out_schema))
         for rank, n in sorted(self.dataset.rank_event_counts().items()):
+            if rank in have:
+                continue
             if n * SPLIT_BYTES_PER_EVENT > budget:
                 too_big.append(rank)
                 continue
@@ -202,7 +209,12 @@ class Analysis:
                     "its events exceed the memory budget")
             if note not in self.notes:
                 self.notes.append(note)
-        return pa.concat_tables(parts) if parts else schema.empty(out_schema)
+        out = pa.concat_tables(parts) if parts else schema.empty(out_schema)
+        if len(parts) > 1 and out.num_rows:  # rank by rank, in rank order (each rank's rows as it ordered them)
+            ranks = pl.from_arrow(out.select(["rank"]))
+            assert isinstance(ranks, pl.DataFrame)
+            out = out.take(ranks.with_row_index("_i").sort("rank", maintain_order=True).get_column("_i").to_arrow())
+        return out
 
     def prefetch(self, *names: str) -> None:
         """Compute these analyses (cached properties): the first in this thread, the others one after another in a

@@ -68,15 +68,33 @@ def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matc
     parts: list[pa.Table] = []
     done: list[int] = []
     too_big: list[int] = []
+    stored = ds.ranks_with("activity")
     for rank, n in sorted(ds.rank_event_counts().items()):
+        it = iters.filter(pl.col("rank") == rank).to_arrow()
+        rank_colls = coll.filter(pl.col("rank") == rank).to_arrow()
+        if rank in stored:  # the intervals its unit kept: no event read again
+            act = pl.from_arrow(ds.rank_table("activity", rank))
+            assert isinstance(act, pl.DataFrame)
+            if act.height * pipeline.SPLIT_BYTES_PER_EVENT > budget:
+                too_big.append(rank)
+                continue
+            comm = act.filter(pl.col("cls") == attribution.TRANSFER)
+            events = schema.table(schema.EVENTS, {
+                "rank": comm.get_column("rank").to_arrow(), "kind": ["comm"] * comm.height,
+                "start_ns": comm.get_column("start_ns").to_arrow(),
+                "dur_ns": (comm.get_column("end_ns") - comm.get_column("start_ns")).to_arrow(),
+                "collective_id": comm.get_column("collective_id").to_arrow()})
+            split = collectives.comm_split(events, matching)
+            parts.append(attribution.breakdown(events, it, rank_colls, comm_split=split,
+                                               act=act.drop("collective_id").with_row_index("row")))
+            done.append(rank)
+            continue
         if n * pipeline.SPLIT_BYTES_PER_EVENT > budget:
             too_big.append(rank)
             continue
         events = ds.rank_events(rank)
-        it = iters.filter(pl.col("rank") == rank).to_arrow()
         split = collectives.comm_split(events, matching)
-        parts.append(attribution.breakdown(events, it, coll.filter(pl.col("rank") == rank).to_arrow(),
-                                           comm_split=split))
+        parts.append(attribution.breakdown(events, it, rank_colls, comm_split=split))
         done.append(rank)
         del events
     kept = pl.from_arrow(written)

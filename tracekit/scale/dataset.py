@@ -46,7 +46,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import attribution, iterations
+from tracekit.analysis import attribution, idle, iterations, top_ops
 from tracekit.loading.atomic import apply_modes, data_dir, new_data_dir, publish_dir, real_dir, remove_dir, sweep_stale
 from tracekit.loading.cache import file_crc32, os_error, read_text, seal, unseal, verify_files
 from tracekit.loading.traceset import PER_RANK_FORMATS, RankFacts, assign_ranks, discover
@@ -61,8 +61,17 @@ if TYPE_CHECKING:  # imported where used: Parquet and the file systems it loads 
 DATASET_VERSION = "2"
 #: the per-rank tables of a part (besides events), in write order
 SMALL_TABLES = ("collectives", "iterations", "breakdown", "topology")
+#: attribution's intervals of a rank (:func:`tracekit.analysis.attribution.activity`; a communication interval's
+#: collective): what splitting its exposed communication into waiting and transfer reads, once the collectives are
+#: matched across ranks, instead of every event again
+ACTIVITY = pa.schema([("rank", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("cls", pa.int64()),
+                      ("collective_id", pa.int64())])
 SCHEMAS = {"events": schema.EVENTS, "collectives": schema.COLLECTIVES, "iterations": schema.ITERATIONS,
-           "breakdown": schema.BREAKDOWN, "topology": schema.TOPOLOGY}
+           "breakdown": schema.BREAKDOWN, "topology": schema.TOPOLOGY, "activity": ACTIVITY,
+           "top_ops": schema.TOP_OPS, "op_totals": top_ops.TOTALS_SCHEMA, "idle_breakdown": schema.IDLE_BREAKDOWN}
+#: per-rank tables a unit computes where it holds the rank's events (not for a rank read in bounded memory), so that
+#: no later step reads every event again; a rank without them gets them computed from its events
+UNIT_TABLES = ("activity", "top_ops", "op_totals", "idle_breakdown")
 Progress = Callable[[int, int, str], None]
 
 
@@ -229,6 +238,7 @@ def run_unit(u: Unit) -> dict[str, Any]:
         per_rank = parsed.format in PER_RANK_FORMATS
         facts = RankFacts()
         extent = _Extent()
+        unit_tables: dict[str, pa.Table] = {}
         graph_files: dict[str, Any] = {}
         graph_skipped = False
         has_steps = True
@@ -245,10 +255,12 @@ def run_unit(u: Unit) -> dict[str, Any]:
                 iters, bd = bounded.analyse(parsed.events_file, 0, colls, u.step_marker, take, require_steps=False)
             else:
                 ev, iters = iterations.assign(_with_rank(parsed.events, 0), u.step_marker, require_steps=False)
-                bd = attribution.breakdown(ev, iters, colls)
+                act = attribution.activity(ev)
+                bd = attribution.breakdown(ev, iters, colls, act=act)
                 facts.add(ev)
                 extent.add(ev)
                 sink.write(ev)
+                unit_tables = _unit_tables(ev, iters, bd, act)
             sink.close()
             if u.graph:
                 from tracekit.scale import graphs
@@ -260,7 +272,8 @@ def run_unit(u: Unit) -> dict[str, Any]:
                 else:
                     graph_files = graphs.write_rank_graph(ev, tmp)
             has_steps = iters.num_rows > 0 and "whole-trace" not in iters.column("method").to_pylist()
-            tables = {"collectives": colls, "iterations": iters, "breakdown": bd, "topology": parsed.topology}
+            tables = {"collectives": colls, "iterations": iters, "breakdown": bd, "topology": parsed.topology,
+                      **unit_tables}
         else:  # a format that holds several ranks: its tables carry their ranks
             ev, iters = iterations.assign(parsed.events, u.step_marker, require_steps=False)
             bd = attribution.breakdown(ev, iters, parsed.collectives)
@@ -301,6 +314,16 @@ def run_unit(u: Unit) -> dict[str, Any]:
     return summary
 
 
+def _unit_tables(ev: pa.Table, iters: pa.Table, bd: pa.Table, act: pl.DataFrame) -> dict[str, pa.Table]:
+    """The :data:`UNIT_TABLES` of one rank held in memory (its attribution intervals computed once for all)."""
+    coll = pl.from_arrow(ev.select(["collective_id"]))
+    assert isinstance(coll, pl.DataFrame)
+    activity = act.select("rank", "start_ns", "end_ns", "cls", coll.get_column("collective_id").gather(
+        act.get_column("row")).alias("collective_id"))
+    return {"activity": schema.conform(activity.to_arrow(), ACTIVITY), "top_ops": top_ops.table(ev, iters, act),
+            "op_totals": top_ops.totals(ev, iters, act), "idle_breakdown": idle.breakdown(ev, iters, bd, act)}
+
+
 class _Extent:
     """A rank's lanes (events per lane, annotations left out) and the span of its events (own clock), gathered batch
     by batch: what a timeline needs to lay the rank out before reading it."""
@@ -332,6 +355,19 @@ class _Extent:
 
     def summary(self) -> dict[str, Any]:
         return {"lanes": sorted(self.lanes.items()), "t_first": self.first, "t_last": self.last}
+
+
+def _read_ranked(root: Path, files: list[str], sch: pa.Schema) -> pa.Table | None:
+    """Per-rank files of one table read as one Arrow dataset (``rank`` from the ``rank=R`` directories), in the
+    files' order; None when their schemas do not read together (each file is then read on its own)."""
+    import pyarrow.dataset as pds
+
+    try:
+        d = pds.dataset(files, format="parquet", partition_base_dir=str(root),
+                        partitioning=pds.partitioning(pa.schema([("rank", pa.int32())]), flavor="hive"))
+        return schema.conform(d.to_table(), sch)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
 
 
 def _read_events(path: Path) -> pa.Table:
@@ -424,7 +460,14 @@ class Dataset:
         import pyarrow.parquet as pq
         if name not in self._cache:
             parts = []
+            ranked = [str(self.root / d / f"{name}.parquet") for d, r in self.parts if r is not None]
+            ranked = [p for p in ranked if os.path.exists(p)]
+            many = _read_ranked(self.root, ranked, SCHEMAS[name]) if len(ranked) > 8 else None
+            if many is not None:  # every rank's file at once, on Arrow's threads (a job of 1 024 ranks has as many)
+                parts.append(many)
             for d, r in self.parts:
+                if many is not None and r is not None:
+                    continue
                 p = self.root / d / f"{name}.parquet"
                 if not p.exists():
                     continue
@@ -437,6 +480,19 @@ class Dataset:
                 t = t.sort_by([("rank", "ascending"), ("start_ns", "ascending")])
             self._cache[name] = t
         return self._cache[name]
+
+    def ranks_with(self, name: str) -> set[int]:
+        """The ranks whose part has the table ``name`` (the :data:`UNIT_TABLES` only where its unit held the rank's
+        events), from the manifest."""
+        files = self.manifest.get("files", {})
+        return {int(r) for d, r in self.parts if r is not None and f"{d}/{name}.parquet" in files}
+
+    def rank_table(self, name: str, rank: int) -> pa.Table:
+        """One rank's table ``name`` (its per-rank parts), with ``rank``."""
+        import pyarrow.parquet as pq
+        parts = [schema.conform(_add_rank(pq.read_table(str(self.root / d / f"{name}.parquet")), rank), SCHEMAS[name])
+                 for d, r in self.parts if r == rank and (self.root / d / f"{name}.parquet").exists()]
+        return pa.concat_tables(parts) if parts else schema.empty(SCHEMAS[name])
 
     def rank_event_counts(self) -> dict[int, int]:
         """Events per rank of the per-rank parts (from the Parquet footers: nothing else is read)."""
@@ -643,10 +699,11 @@ def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic
         part_files = dict(s["files"])
         if any_steps and not s["has_steps"]:
             # as in the whole-job analysis: once any rank has steps, a rank without them has no windows
-            for name in ("iterations", "breakdown"):
+            for name in ("iterations", "breakdown", "top_ops", "op_totals", "idle_breakdown"):
                 p = data / d / f"{name}.parquet"
-                _write(schema.empty(SCHEMAS[name]), p)
-                part_files[p.name] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
+                if name in ("iterations", "breakdown") or p.exists():
+                    _write(schema.empty(SCHEMAS[name]), p)
+                    part_files[p.name] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
         else:
             methods.update(s["methods"])
         parts.append({"dir": d, "rank": r, "path": s["path"]})
