@@ -59,7 +59,10 @@ def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matc
                         budget: str | int | None) -> tuple[pa.Table, list[str]]:
     """The breakdown again, rank by rank, with exposed communication split into waiting and transfer (the
     split needs the cross-rank matching, which the per-rank units ran before); returns it and a note naming
-    the ranks left unsplit because their events exceed ``budget``."""
+    the ranks left unsplit because what the split holds of them exceeds ``budget``.
+
+    Where a rank's unit kept its attribution intervals (``activity``), ranks are split together, as many at once as
+    the budget holds (one sweep; no event read again); the others are split one at a time from their events."""
     budget = memory_budget(budget)
     written = ds.table("breakdown")
     iters = pl.from_arrow(ds.table("iterations"))
@@ -69,34 +72,48 @@ def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matc
     done: list[int] = []
     too_big: list[int] = []
     stored = ds.ranks_with("activity")
+    rows = {int(r): int(s.get("activity_rows") or 0) for r, s in _summaries_by_rank(ds).items()}
+    batch: list[int] = []
+    held = 0
+
+    def split(ranks: list[int]) -> None:
+        act = pl.from_arrow(ds.ranks_table("activity", ranks))
+        assert isinstance(act, pl.DataFrame)
+        comm = act.filter(pl.col("cls") == attribution.TRANSFER)
+        events = schema.table(schema.EVENTS, {
+            "rank": comm.get_column("rank").to_arrow(), "kind": ["comm"] * comm.height,
+            "start_ns": comm.get_column("start_ns").to_arrow(),
+            "dur_ns": (comm.get_column("end_ns") - comm.get_column("start_ns")).to_arrow(),
+            "collective_id": comm.get_column("collective_id").to_arrow()})
+        keep = pl.col("rank").is_in(ranks)
+        parts.append(attribution.breakdown(events, iters.filter(keep).to_arrow(), coll.filter(keep).to_arrow(),
+                                           comm_split=collectives.comm_split(events, matching),
+                                           act=act.drop("collective_id").with_row_index("row")))
+        done.extend(ranks)
+
     for rank, n in sorted(ds.rank_event_counts().items()):
-        it = iters.filter(pl.col("rank") == rank).to_arrow()
-        rank_colls = coll.filter(pl.col("rank") == rank).to_arrow()
-        if rank in stored:  # the intervals its unit kept: no event read again
-            act = pl.from_arrow(ds.rank_table("activity", rank))
-            assert isinstance(act, pl.DataFrame)
-            if act.height * pipeline.SPLIT_BYTES_PER_EVENT > budget:
+        if rank in stored:
+            need = rows.get(rank, 0) * pipeline.SPLIT_BYTES_PER_EVENT
+            if need > budget:
                 too_big.append(rank)
                 continue
-            comm = act.filter(pl.col("cls") == attribution.TRANSFER)
-            events = schema.table(schema.EVENTS, {
-                "rank": comm.get_column("rank").to_arrow(), "kind": ["comm"] * comm.height,
-                "start_ns": comm.get_column("start_ns").to_arrow(),
-                "dur_ns": (comm.get_column("end_ns") - comm.get_column("start_ns")).to_arrow(),
-                "collective_id": comm.get_column("collective_id").to_arrow()})
-            split = collectives.comm_split(events, matching)
-            parts.append(attribution.breakdown(events, it, rank_colls, comm_split=split,
-                                               act=act.drop("collective_id").with_row_index("row")))
-            done.append(rank)
+            if batch and held + need > budget:
+                split(batch)
+                batch, held = [], 0
+            batch.append(rank)
+            held += need
             continue
         if n * pipeline.SPLIT_BYTES_PER_EVENT > budget:
             too_big.append(rank)
             continue
         events = ds.rank_events(rank)
-        split = collectives.comm_split(events, matching)
-        parts.append(attribution.breakdown(events, it, rank_colls, comm_split=split))
+        keep = pl.col("rank") == rank
+        parts.append(attribution.breakdown(events, iters.filter(keep).to_arrow(), coll.filter(keep).to_arrow(),
+                                           comm_split=collectives.comm_split(events, matching)))
         done.append(rank)
         del events
+    if batch:
+        split(batch)
     kept = pl.from_arrow(written)
     assert isinstance(kept, pl.DataFrame)
     parts.append(kept.filter(~pl.col("rank").is_in(done)).to_arrow())
@@ -105,3 +122,9 @@ def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matc
     notes = [f"exposed communication of rank{'s' if len(too_big) > 1 else ''} {_ranks_text(too_big)} not split "
              "into waiting and transfer: its events exceed the memory budget (--memory-budget)"] if too_big else []
     return out, notes
+
+
+def _summaries_by_rank(ds: Dataset) -> dict[int, dict]:
+    """Each per-rank part's unit summary, by rank."""
+    rank_of_path = {p.get("path"): p.get("rank") for p in ds.manifest["parts"] if p.get("rank") is not None}
+    return {int(rank_of_path[s["path"]]): s for s in ds.summaries if s.get("path") in rank_of_path}

@@ -301,6 +301,7 @@ def run_unit(u: Unit) -> dict[str, Any]:
             if not per_rank else [],
             "spilled": spilled, "files": files, "host": socket.gethostname(), "pid": os.getpid(),
             "graph": bool(graph_files), "graph_skipped": graph_skipped, **extent.summary(),
+            "activity_rows": unit_tables["activity"].num_rows if "activity" in unit_tables else None,
             "wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0,
             "peak_rss_mb": peak_rss_mb(),
         }
@@ -355,6 +356,34 @@ class _Extent:
 
     def summary(self) -> dict[str, Any]:
         return {"lanes": sorted(self.lanes.items()), "t_first": self.first, "t_last": self.last}
+
+
+#: the per-rank tables also written for the whole job at once (``job/NAME.parquet``, every rank's rows with their
+#: rank, in the parts' order): reopening a dataset of a thousand ranks then reads one file per table, not a thousand
+JOB_TABLES = ("collectives", "iterations", "breakdown", "topology", "top_ops", "op_totals", "idle_breakdown")
+
+
+def _job_tables(data: Path, parts: list[tuple[str, int | None]]) -> dict[str, dict[str, int]]:
+    """Write :data:`JOB_TABLES` of the per-rank parts under ``data/job``; returns their sizes and CRC-32s."""
+    import pyarrow.parquet as pq
+
+    ranked = [(d, r) for d, r in parts if r is not None]
+    if not ranked:
+        return {}
+    (data / "job").mkdir(exist_ok=True)
+    out = {}
+    for name in JOB_TABLES:
+        files = [(data / d / f"{name}.parquet", r) for d, r in ranked if (data / d / f"{name}.parquet").exists()]
+        if len(files) < len(ranked):  # a rank without it (read in bounded memory): per-rank files only
+            continue
+        t = _read_ranked(data, [str(f) for f, _ in files], SCHEMAS[name]) if len(files) > 1 else None
+        if t is None:
+            t = pa.concat_tables([schema.conform(_add_rank(pq.read_table(str(f)), r), SCHEMAS[name])
+                                  for f, r in files])
+        p = data / "job" / f"{name}.parquet"
+        _write(t, p, keep_rank=True)
+        out[f"job/{name}.parquet"] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
+    return out
 
 
 def _read_ranked(root: Path, files: list[str], sch: pa.Schema) -> pa.Table | None:
@@ -460,9 +489,13 @@ class Dataset:
         import pyarrow.parquet as pq
         if name not in self._cache:
             parts = []
-            ranked = [str(self.root / d / f"{name}.parquet") for d, r in self.parts if r is not None]
-            ranked = [p for p in ranked if os.path.exists(p)]
-            many = _read_ranked(self.root, ranked, SCHEMAS[name]) if len(ranked) > 8 else None
+            whole = f"job/{name}.parquet"
+            if whole in self.manifest.get("files", {}):  # every rank's rows in one file
+                many: pa.Table | None = schema.conform(pq.read_table(str(self.root / whole)), SCHEMAS[name])
+            else:
+                ranked = [str(self.root / d / f"{name}.parquet") for d, r in self.parts if r is not None]
+                ranked = [p for p in ranked if os.path.exists(p)]
+                many = _read_ranked(self.root, ranked, SCHEMAS[name]) if len(ranked) > 8 else None
             if many is not None:  # every rank's file at once, on Arrow's threads (a job of 1 024 ranks has as many)
                 parts.append(many)
             for d, r in self.parts:
@@ -486,6 +519,17 @@ class Dataset:
         events), from the manifest."""
         files = self.manifest.get("files", {})
         return {int(r) for d, r in self.parts if r is not None and f"{d}/{name}.parquet" in files}
+
+    def ranks_table(self, name: str, ranks: list[int]) -> pa.Table:
+        """The table ``name`` of some ranks (their per-rank parts), with ``rank``, in the parts' order."""
+        want = set(ranks)
+        files = [str(self.root / d / f"{name}.parquet") for d, r in self.parts if r in want]
+        files = [f for f in files if os.path.exists(f)]
+        many = _read_ranked(self.root, files, SCHEMAS[name]) if len(files) > 1 else None
+        if many is not None:
+            return many
+        parts = [self.rank_table(name, r) for d, r in self.parts if r in want]
+        return pa.concat_tables(parts) if parts else schema.empty(SCHEMAS[name])
 
     def rank_table(self, name: str, rank: int) -> pa.Table:
         """One rank's table ``name`` (its per-rank parts), with ``rank``."""
@@ -730,6 +774,7 @@ def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic
     _write(ranks_table, data / "ranks.parquet", keep_rank=True)
     p = data / "ranks.parquet"
     files["ranks.parquet"] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
+    files.update(_job_tables(data, [(q["dir"], q["rank"]) for q in parts]))
     skipped = [{"rank": p["rank"]} for p, s in zip(parts, per_rank, strict=False) if s.get("graph_skipped")]
     return {"version": DATASET_VERSION, "parts": parts, "files": files, "methods": sorted(methods),
             "graphs_skipped": skipped,
