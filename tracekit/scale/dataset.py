@@ -548,14 +548,15 @@ class Dataset:
                 out[r] = out.get(r, 0) + pq.ParquetFile(str(p)).metadata.num_rows
         return out
 
-    def rank_events(self, rank: int) -> pa.Table:
-        """Every event of one rank (of its per-rank parts), as one EVENTS table."""
+    def rank_events(self, rank: int, columns: list[str] | None = None) -> pa.Table:
+        """Every event of one rank (of its per-rank parts), as one EVENTS table (only ``columns`` read, the others
+        null, where given)."""
         import pyarrow.parquet as pq
         parts = []
         for d, r in self.parts:
             p = self.root / d / "events.parquet"
             if r == rank and p.exists():
-                t = pq.read_table(str(p))
+                t = pq.read_table(str(p), columns=[c for c in columns if c != "rank"] if columns else None)
                 t = _add_rank(t, rank)
                 parts.append(schema.conform(t, schema.EVENTS))
         return pa.concat_tables(parts).unify_dictionaries() if parts else schema.empty(schema.EVENTS)

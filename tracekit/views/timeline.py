@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -778,7 +778,7 @@ class _RankEvents:
     ev_name: np.ndarray
     ev_row: np.ndarray  # the row in the rank's events table
     names: list[str]
-    table: pa.Table  # the rank's events (for the details of one)
+    table: pa.Table | None = None  # every column of the rank's events, read for the details of one
 
 
 class RankedTimeline(TimelineModel):
@@ -956,8 +956,11 @@ class RankedTimeline(TimelineModel):
                      cat(ends, np.int64), cat(events, np.int64))
 
     def record(self, i: int) -> dict:
-        """Every column of event ``i`` (its row of the rank's events)."""
-        ev = self._rank(int(i) >> SLOT_SHIFT)
+        """Every column of event ``i`` (its row of the rank's events; the rank's every column read on first use)."""
+        slot = int(i) >> SLOT_SHIFT
+        ev = self._rank(slot)
+        if ev.table is None:
+            ev.table = self.source.dataset.rank_events(self.source.ranks[slot])
         return ev.table.slice(int(ev.ev_row[int(i) & LOCAL]), 1).to_pylist()[0]
 
     def lanes_of_rank(self, rank: int) -> list[int]:
@@ -981,7 +984,11 @@ class RankedTimeline(TimelineModel):
 class RankSource:
     """What a :class:`RankedTimeline` knows of a job analysed rank by rank before reading any event, and how it
     reads one rank: the ranks, their lanes (from the units' summaries), clock offsets, iteration windows and the
-    job's span; ``read(rank)`` gives the rank's events sorted by lane and start on the job clock."""
+    job's span; ``read(rank)`` gives the rank's events sorted by lane and start on the job clock (only the columns
+    drawing needs; attribution's intervals as its unit kept them, where it did)."""
+
+    #: the event columns a timeline draws from
+    COLUMNS: ClassVar[list[str]] = ["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device"]
 
     def __init__(self, analysis: Analysis) -> None:
         from collections import OrderedDict
@@ -1020,6 +1027,7 @@ class RankSource:
         self.t0 = min(firsts, default=0)
         self.t1 = max(lasts, default=self.t0 + 1)
         self.loaded: OrderedDict[int, _RankEvents] = OrderedDict()
+        self.kept = ds.ranks_with("activity")
         self.bounds: dict[int, dict[str, tuple[int, int]]] = {}
         self._activity: dict[int, pl.DataFrame] = {}
 
@@ -1027,7 +1035,7 @@ class RankSource:
         """The rank's events from its part, sorted by lane (text) and start, on the job clock."""
         import polars as pl
 
-        table = self.dataset.rank_events(rank)
+        table = self.dataset.rank_events(rank, columns=self.COLUMNS)
         off = self.offsets.get(rank, 0)
         kind_codes, kind_values = _codes(table.column("kind"))
         drawn = np.array([DRAWN_KINDS.index(k) if k in DRAWN_KINDS else -1 for k in kind_values] or [-1],
@@ -1051,11 +1059,15 @@ class RankSource:
         self.bounds[rank] = bounds
         from tracekit.analysis import attribution
 
-        a = attribution.activity(table)
+        if rank in self.kept:  # its unit kept attribution's intervals
+            a = pl.from_arrow(self.dataset.rank_table("activity", rank))
+            assert isinstance(a, pl.DataFrame)
+        else:
+            a = attribution.activity(table)
         self._activity[rank] = a.sort("start_ns").with_columns(pl.col("start_ns") + off, pl.col("end_ns") + off)
         return _RankEvents(ev_start=start[rows], ev_end=start[rows] + dur[rows], ev_kind=kind[rows],
                            ev_name=name_codes[rows] if name_codes.size else np.zeros(0, np.int32),
-                           ev_row=rows.astype(np.int64), names=names, table=table)
+                           ev_row=rows.astype(np.int64), names=names)
 
     def activity(self, rank: int) -> pl.DataFrame | None:
         """Attribution's intervals of a rank read (job clock), for its classes lane."""
