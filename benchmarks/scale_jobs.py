@@ -79,8 +79,9 @@ async def main():
         canvas = view.canvas
         for y in range(canvas.size.height):  # the first screen's ranks drawn
             canvas.render_line(y)
-        t = time.perf_counter()
-        await pilot.press("g", *sys.argv[3], "enter")  # go to the rank: its lanes and those below it read, drawn
+        await pilot.press("g", *sys.argv[3])  # typed, then timed from enter: the rank's lanes and those below it
+        t = time.perf_counter()                # read and drawn, and the screen refreshed
+        await pilot.press("enter")
         while canvas.model.lanes[canvas.cursor_lane].rank != int(sys.argv[3]):
             await asyncio.sleep(0.001)
         for y in range(canvas.size.height):
@@ -138,6 +139,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (generation, units)")
     ap.add_argument("--keep", action="store_true", help="keep the generated traces for a later run")
     ap.add_argument("--goto", type=int, default=1000, help="the rank inspect goes to (case many)")
+    ap.add_argument("--inspect-only", action="store_true", help="measure inspect alone, on the dataset a run with "
+                    "--keep left")
     args = ap.parse_args()
     process_tree.compile_bytecode(ROOT / "tracekit", ROOT / "parsers", ROOT / "tui")
     work = Path(args.workdir)
@@ -158,11 +161,15 @@ def main() -> None:
             size = sum(p.stat().st_size for p in d.glob("*.pt.trace.json"))
             common = [str(d), "--engine", "local", "-j", str(args.jobs), "--link-bw", LINK_BW, "--json", "-q"]
             ds_dir = work / case / "dataset"
-            shutil.rmtree(ds_dir, ignore_errors=True)
             rows = {}
-            for name, extra in (("summary", ["--dataset", str(ds_dir), "--rebuild"]),
-                                ("whatif", ["--no-cache", "--bandwidth", SCENARIOS]),
-                                ("critical-path", ["--no-cache"])):
+            commands = (("summary", ["--dataset", str(ds_dir), "--no-cache"]),
+                        ("whatif", ["--no-cache", "--bandwidth", SCENARIOS]),
+                        ("critical-path", ["--no-cache"]))
+            if args.inspect_only and (ds_dir / "manifest.json").exists():
+                commands = ()
+            else:
+                shutil.rmtree(ds_dir, ignore_errors=True)  # summary builds it anew
+            for name, extra in commands:
                 load = os.getloadavg()[0]
                 m, out = tracekit([name, *common, *extra], env)
                 rows[name] = (m, out, load)
@@ -170,14 +177,18 @@ def main() -> None:
                 print(f"  {name:14} {m.wall:7.1f} s wall {m.cpu:7.1f} s CPU {m.peak_bytes / 2**30:5.2f} GiB peak  "
                       f"load {load:.1f}  {status}", flush=True)
             checks = {}
-            summ = rows["summary"][1] or {}
-            wi = rows["whatif"][1] or {}
-            cp = rows["critical-path"][1] or {}
+            summ = rows["summary"][1] or {} if rows else {}
+            wi = rows["whatif"][1] or {} if rows else {}
+            cp = rows["critical-path"][1] or {} if rows else {}
             stragglers = [s["rank"] for s in summ.get("stragglers", [])[:1]]
             waited = Counter(r["most_waited_on"] for r in cp.get("summary", []) if r.get("most_waited_on") is not None)
             checks["straggler (summary)"] = (stragglers[:1], truth["straggler_ranks"])
+            # the rank the path waits on longest is the last to arrive at a collective the path crosses, which in a
+            # pipeline can be a rank downstream of the straggler (its gradients come through it): informative
             checks["most waited on (critical path)"] = ([waited.most_common(1)[0][0]] if waited else [],
                                                         truth["straggler_ranks"])
+            checks["straggler among the ranks waited on (critical path)"] = (
+                sorted(set(waited) & set(truth["straggler_ranks"])), truth["straggler_ranks"])
             checks["binding link (whatif)"] = (binding_link(wi.get("rows", [])), truth["binding_link"])
             checks["iteration (whatif, measured)"] = (wi.get("measured_iteration_ns"), truth["iteration_ns"])
             for k, (got, want) in checks.items():
@@ -191,11 +202,12 @@ def main() -> None:
                     {"error": m.stderr.strip().splitlines()[-1:]}
                 print(f"  inspect: {inspect}", flush=True)
             results.append((case, spec, size, rows, checks, inspect))
-            shutil.rmtree(ds_dir, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(ds_dir, ignore_errors=True)
         print("\n| case | command | wall s | CPU s | peak RSS (tree) | vs summary | load |")
         print("|---|---|---:|---:|---:|---:|---:|")
         for _case, spec, size, rows, _, inspect in results:
-            base = rows["summary"][0].wall
+            base = rows["summary"][0].wall if rows else float("nan")
             for name, (m, _, load) in rows.items():
                 print(f"| {spec.ranks} x {size / spec.ranks / 1e6:.0f} MB ({size / 1e9:.1f} GB) | {name} | "
                       f"{m.wall:.1f} | {m.cpu:.1f} | {m.peak_bytes / 2**30:.2f} GiB | {m.wall / base:.2f}x | "
