@@ -207,25 +207,15 @@ def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
     graph orders them)."""
     from tracekit.analysis import dag
 
-    acts: list[pl.DataFrame] = []
+    acts: list[pa.Table] = []
     srcs, dsts, lags, types, gaps = [], [], [], [], []
     own_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-    times: list[np.ndarray] = []
     base = 0
-    for act_t, edge_t in parts:
-        act = pl.from_arrow(act_t)
-        assert isinstance(act, pl.DataFrame)
-        k = act.height
+    for act_t, edge_t in parts:  # Arrow and numpy only here: a job has thousands of ranks
+        k = act_t.num_rows
         if k == 0:
             continue
-        rank = int(act.get_column("rank")[0])
-        off = int(offsets.get(rank, 0) or 0)
-        act = act.with_columns(pl.col("start") + off, pl.col("end") + off)
-        t = np.empty(2 * k, dtype=np.int64)
-        t[0::2] = act.get_column("t_start").to_numpy() + off
-        t[1::2] = act.get_column("t_end").to_numpy() + off
-        times.append(t)
-        acts.append(act.drop("t_start", "t_end"))
+        acts.append(act_t.cast(ACT_SCHEMA) if act_t.schema != ACT_SCHEMA else act_t)
         s = edge_t.column("src").to_numpy() + 2 * base
         d = edge_t.column("dst").to_numpy() + 2 * base
         lg = edge_t.column("lag").to_numpy()
@@ -243,9 +233,19 @@ def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
         none = np.zeros(0, np.int64)
         return Graph(act=pl.DataFrame(), src=none, dst=none, lag=none, etype=np.zeros(0, np.int8), node_time=none,
                      binding=none, slack=none, violated={})
-    act = pl.concat(acts, how="vertical_relaxed").with_columns(pl.int_range(base, dtype=pl.Int64).alias("a"),
-                                                                 pl.col("name").cast(pl.Categorical))
-    node_time = np.concatenate(times)
+    joined = pl.from_arrow(pa.concat_tables(acts))
+    assert isinstance(joined, pl.DataFrame)
+    ranks = joined.get_column("rank").to_numpy()
+    known = list(offsets)
+    off = pl.Series(ranks).replace_strict(known, [int(offsets[r] or 0) for r in known], default=0,
+                                          return_dtype=pl.Int64).to_numpy() if known else np.zeros(base, np.int64)
+    times = np.empty(2 * base, dtype=np.int64)
+    times[0::2] = joined.get_column("t_start").to_numpy() + off
+    times[1::2] = joined.get_column("t_end").to_numpy() + off
+    act = joined.with_columns(pl.col("start") + pl.Series(off), pl.col("end") + pl.Series(off)).drop(
+        "t_start", "t_end").with_columns(pl.int_range(base, dtype=pl.Int64).alias("a"),
+                                         pl.col("name").cast(pl.Categorical))
+    node_time = times
     start, end = node_time[0::2].copy(), node_time[1::2].copy()
     o_src = np.concatenate([p[0] for p in own_parts])
     o_dst = np.concatenate([p[1] for p in own_parts])

@@ -43,6 +43,8 @@ FILES = ("graph.act.parquet", "graph.edges.parquet", "graph.leaves.parquet")
 GRAPH_BYTES_PER_EVENT = 700
 #: where a dataset made without graphs records the ones added later
 GRAPHS_MANIFEST = "graphs.json"
+#: threads reading the ranks' graph files
+READ_THREADS = 8
 
 
 def rank_graph(events: pa.Table) -> dict[str, pa.Table]:
@@ -185,23 +187,34 @@ def combined(ds: Dataset, analysis: Analysis) -> tuple[dag.Graph, pl.DataFrame |
                if r is not None}
     parts = []
     leaves = []
-    for d, r in ds.parts:
-        if r is None or f"{d}/graph.act.parquet" not in have:
-            continue
+    ranked = [(d, int(r)) for d, r in ds.parts if r is not None and f"{d}/graph.act.parquet" in have]
+
+    def read(part: tuple[str, int]) -> tuple[pa.Table, pa.Table, pa.Table]:
+        d, r = part
         act = pq.read_table(str(ds.root / d / "graph.act.parquet"))
         act = act.set_column(act.schema.get_field_index("rank"), "rank", pa.array(np.full(act.num_rows, r, np.int32)))
-        parts.append((act, pq.read_table(str(ds.root / d / "graph.edges.parquet"))))
-        lv = pl.from_arrow(pq.read_table(str(ds.root / d / "graph.leaves.parquet")))
-        assert isinstance(lv, pl.DataFrame)
-        if lv.height:
-            off = offsets.get(r, 0)
-            leaves.append(lv.with_columns(pl.lit(r, dtype=pl.Int32).alias("rank"), pl.col("start") + off,
-                                          pl.col("end") + off))
+        return act, pq.read_table(str(ds.root / d / "graph.edges.parquet")), \
+            pq.read_table(str(ds.root / d / "graph.leaves.parquet"))
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(READ_THREADS) as pool:  # thousands of small files: their reads wait without the GIL
+        for (_, r), (act, edges, lv_t) in zip(ranked, pool.map(read, ranked), strict=True):
+            parts.append((act, edges))
+            if lv_t.num_rows:
+                off = offsets.get(r, 0)
+                lv_t = lv_t.set_column(lv_t.schema.get_field_index("rank"), "rank",
+                                       pa.array(np.full(lv_t.num_rows, r, np.int32)))
+                leaves.append(lv_t.set_column(lv_t.schema.get_field_index("start"), "start",
+                                              pa.array(lv_t.column("start").to_numpy() + off))
+                              .set_column(lv_t.schema.get_field_index("end"), "end",
+                                          pa.array(lv_t.column("end").to_numpy() + off)))
     if not parts:
         raise TraceError(None, "no rank of the job has a dependency graph (no per-rank profiler traces)")
     inst = whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives)
     graph = compact.combine(parts, offsets, inst)
-    return graph, pl.concat(leaves) if leaves else None
+    lv = pl.from_arrow(pa.concat_tables(leaves)) if leaves else None
+    return graph, lv if isinstance(lv, pl.DataFrame) else None
 
 
 @dataclass
