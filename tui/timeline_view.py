@@ -37,8 +37,8 @@ class TimelineView(View):
     NEEDS_TIMELINE = True
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "search", "Search", key_display="/"),
-        Binding("g", "ask('goto')", "Go to rank"),
-        Binding("F", "ask('filter')", "Filter ranks"),
+        Binding("g", "ask('goto')", "Go to rank", show=False),
+        Binding("F", "ask('filter')", "Filter ranks (host, group, range)", show=False),
         Binding("escape", "clear_search", "Clear search", show=False),
     ]
     #: what the input box asks for, by mode
