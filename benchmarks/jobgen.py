@@ -16,9 +16,19 @@ Because the generator knows what it simulated, a job carries its truth (:class:`
 straggles, which link binds, and — by simulating the same job again with one thing changed (free communication,
 another line rate, a straggler removed) — what tracekit's what-if should predict.
 
+Meshes (``tp``, ``pp`` > 1): the ranks form a DP × TP × PP mesh (Megatron's order: tensor-parallel ranks next to each
+other inside a host, then data-parallel, then pipeline stages), each process group with its own ``pg_config`` entry
+(descriptions ``tp``, ``dp``, ``pp``) and its own link: tensor-parallel all-reduces after every layer's kernel, forward
+and backward, on the intra-node link; activations and gradients between pipeline stages as NCCL send/recv (GPipe:
+``microbatches`` forward passes, then as many backward passes); data-parallel gradient all-reduces in buckets after
+the last backward, across hosts. Every group's link carries one transfer at a time, and a transfer takes
+``latency + bus bytes / (efficiency · line rate)`` on its group's link class (``intra`` when every member is on one
+host, else ``inter``); ``free_links`` makes one class free (what that link costs: :attr:`Truth.link_cost_ns`).
+
 Ranks are simulated together, vectorised over ranks, to find each collective's end (pass 1, cheap even for
 thousands of ranks); each rank's file is then written alone from those ends (pass 2), so a job of any size is
-written one rank at a time and in parallel (``python benchmarks/jobgen.py OUT --ranks 256 --size-mb 100``).
+written one rank at a time and in parallel (``python benchmarks/jobgen.py OUT --ranks 256 --size-mb 100``: about
+100 MB per rank, padded with nested operators; see ``--help`` for meshes).
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ BASE_NS = 1_730_000_000_000_000_000
 #: the profiler's main-thread pid of rank r is PID0 + r; its autograd engine thread is that + AUTOGRAD_TID
 PID0 = 40_000
 AUTOGRAD_TID = 1_523
-COMPUTE_STREAM, COMM_STREAM, RS_STREAM = 7, 20, 24
+COMPUTE_STREAM, COMM_STREAM, RS_STREAM, TP_STREAM, PP_STREAM = 7, 20, 24, 28, 32
 US = 1_000
 MS = 1_000_000
 
@@ -53,9 +63,15 @@ KERNEL_ERAS = {
     "2.18": "ncclKernel_{func}_RING_LL_{Op}_{cty}(ncclDevComm*, unsigned long, ncclWork*)",
     "2.21": "ncclDevKernel_{func}{opty}_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
 }
-_FUNC = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter"}
+_FUNC = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter", "send": "SendRecv",
+         "recv": "SendRecv"}
 _ANNOT = {"allreduce": "nccl:all_reduce", "allgather": "nccl:_all_gather_base",
-          "reduce_scatter": "nccl:_reduce_scatter_base"}
+          "reduce_scatter": "nccl:_reduce_scatter_base", "send": "nccl:send", "recv": "nccl:recv"}
+#: point-to-point kernels by era (FORMATS.md §2)
+SENDRECV_ERAS = {"2.7": "ncclSendRecvKernel_copy_i8(ncclColl)",
+                 "2.10": "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)",
+                 "2.18": "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+                 "2.21": "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"}
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,11 @@ class JobSpec:
     pad: int = 0  # nested calls inside each operator (trace size without changing the schedule)
     comm_free: bool = False  # every transfer takes no time (the reference for the scaling factor)
     seed: int = 0
+    tp: int = 1  # tensor-parallel group size (inside a host)
+    pp: int = 1  # pipeline stages
+    microbatches: int = 1  # per step, through the pipeline (GPipe)
+    act_bytes: int = 8 << 20  # activations of one microbatch (tensor-parallel all-reduces, pipeline sends)
+    free_links: tuple[str, ...] = ()  # link classes ("intra", "inter") whose transfers take no time
 
     @property
     def hosts(self) -> int:
@@ -95,6 +116,43 @@ class JobSpec:
 
     def host_of(self, rank: int) -> int:
         return rank // self.gpus_per_host
+
+    @property
+    def mesh(self) -> bool:
+        return self.tp > 1 or self.pp > 1
+
+    @property
+    def dp(self) -> int:
+        return self.ranks // (self.tp * self.pp)
+
+    def coords(self, rank: Any) -> tuple[Any, Any, Any]:
+        """``(stage, dp index, tp index)`` of a rank (or an array of ranks)."""
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def groups(self) -> list[dict[str, Any]]:
+        """Every process group of the job: ``pg_name``, ``pg_desc``, ``ranks`` (the default group first)."""
+        out = [{"pg_name": "0", "pg_desc": "default_pg", "ranks": list(range(self.ranks))}]
+        if not self.mesh:
+            return out
+        r = np.arange(self.ranks)
+        stage, dpi, tpi = self.coords(r)
+        n = 1
+        for desc, key in (("tp", stage * self.dp + dpi), ("dp", stage * self.tp + tpi), ("pp", dpi * self.tp + tpi)):
+            size = {"tp": self.tp, "dp": self.dp, "pp": self.pp}[desc]
+            if size < 2:
+                continue
+            for k in range(int(key.max()) + 1):
+                out.append({"pg_name": str(n), "pg_desc": desc, "ranks": r[key == k].tolist()})
+                n += 1
+        return out
+
+    def check(self) -> None:
+        if self.ranks % (self.tp * self.pp):
+            raise ValueError(f"{self.ranks} ranks do not split into tp={self.tp} x pp={self.pp}")
+        if self.tp > 1 and self.gpus_per_host % self.tp:
+            raise ValueError("tensor-parallel groups must fit in a host (gpus_per_host a multiple of tp)")
+        if self.layers % self.pp:
+            raise ValueError(f"{self.layers} layers do not split into {self.pp} stages")
 
     def host_offset(self, host: int) -> int:
         """How far this host's clock reads ahead of the job clock."""
@@ -116,6 +174,10 @@ class Truth:
     straggler_ranks: list[int] = field(default_factory=list)
     stalled_hosts: list[int] = field(default_factory=list)
     link: str = "inter"  # the link class the DP collectives ran on
+    #: per link class, how much shorter an iteration is when its transfers take no time (mesh jobs)
+    link_cost_ns: dict[str, int] = field(default_factory=dict)
+    #: the link class whose transfers cost the most (mesh jobs; else ``link``)
+    binding_link: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -165,12 +227,15 @@ def _bus_bytes(op: str, nbytes: int, n: int) -> float:
     return (2 * (n - 1) / n if op == "allreduce" else (n - 1) / n) * nbytes if n > 1 else 0.0
 
 
-def transfer_ns(spec: JobSpec, op: str, nbytes: int) -> int:
-    """How long a collective of the DP group (every rank) moves its data once every member has arrived."""
-    if spec.comm_free:
+def transfer_ns(spec: JobSpec, op: str, nbytes: int, n: int | None = None, link: str | None = None) -> int:
+    """How long a collective moves its data once every member has arrived: of the DP group (every rank) unless the
+    group size ``n`` and link class ``link`` say otherwise."""
+    link = link or ("inter" if spec.hosts > 1 else "intra")
+    if spec.comm_free or link in spec.free_links:
         return 0
-    rate = spec.inter_bps if spec.hosts > 1 else spec.intra_bps
-    return round(spec.latency_ns + _bus_bytes(op, nbytes, spec.ranks) * 8e9 / (spec.efficiency * rate))
+    rate = spec.inter_bps if link == "inter" else spec.intra_bps
+    bus = float(nbytes) if op in ("send", "recv") else _bus_bytes(op, nbytes, n or spec.ranks)
+    return round(spec.latency_ns + bus * 8e9 / (spec.efficiency * rate))
 
 
 class _Writer:
@@ -184,6 +249,7 @@ class _Writer:
         self.corr = 1
         self.ext = 1
         self.seq = 0
+        self.seqs: dict[str, int] = {}  # per process group (meshes)
         self.buf: list[str] = []
 
     def _ts(self, ns: int) -> str:
@@ -208,11 +274,16 @@ class _Writer:
         self.ext += 1
         self._x(cat, name, self.pid, tid or self.pid, start, dur, f'"External id":{ext}{extra}')
         if self.spec.pad and dur > 4 * US and cat == "cpu_op":
-            step = max((dur - 2 * US) // (self.spec.pad + 1), 1)
-            for i in range(self.spec.pad):
-                self._x("cpu_op", "aten::view", self.pid, tid or self.pid, start + US + i * step, max(step // 2, 1),
-                        f'"External id":{self.ext + i}')
-            self.ext += self.spec.pad
+            # the nested calls written in one go (most of a padded trace's bytes): the same text _x writes
+            pad = self.spec.pad
+            step = max((dur - 2 * US) // (pad + 1), 1)
+            head = f'{{"ph":"X","cat":"cpu_op","name":"aten::view","pid":{self.pid},"tid":{tid or self.pid},"ts":'
+            tail = f',"dur":{self._dur(max(step // 2, 1))},"args":{{"External id":'
+            t0 = int(start) + US + self.offset - BASE_NS
+            e0 = self.ext
+            self.buf.extend([f"{head}{t // 1000}.{t % 1000:03d}{tail}{e}}}}}"
+                             for t, e in zip(range(t0, t0 + pad * step, step), range(e0, e0 + pad), strict=True)])
+            self.ext += pad
         return ext
 
     def runtime(self, name: str, start: int, dur: int, tid: int | None = None, corr: int | None = None) -> None:
@@ -232,11 +303,12 @@ class _Writer:
         return corr
 
     def kernel(self, name: str, stream: int, start: int, dur: int, corr: int, extra: str = "",
-               cat: str = "kernel") -> None:
+               cat: str = "kernel", ext: int | None = None) -> None:
         if self.out is None:
             return
         self._x(cat, name, self.device, stream, start, dur,
-                f'"External id":{self.ext},"device":{self.device},"stream":{stream},"correlation":{corr}{extra}')
+                f'"External id":{self.ext if ext is None else ext},"device":{self.device},"stream":{stream},'
+                f'"correlation":{corr}{extra}')
 
     def annotation(self, name: str, start: int, dur: int) -> None:
         if self.out is None:
@@ -250,15 +322,21 @@ class _Writer:
             self.buf.clear()
 
 
-def _comm_args(spec: JobSpec, op: str, nbytes: int, seq: int | None, rank: int) -> str:
+def _comm_args(spec: JobSpec, op: str, nbytes: int, seq: int | None, rank: int,
+               group: dict[str, Any] | None = None, peer: int | None = None) -> str:
+    members = group["ranks"] if group else list(range(spec.ranks))
+    size = len(members)
     n = nbytes // 2  # bf16
-    ranks = "[" + ", ".join(map(str, range(spec.ranks))) + "]" if spec.ranks <= 30 else \
-        "[" + ", ".join(map(str, range(29))) + f", ..., {spec.ranks - 1}]"
-    n_in = n if op != "allgather" else n // spec.ranks
-    n_out = n if op != "reduce_scatter" else n // spec.ranks
+    ranks = "[" + ", ".join(map(str, members)) + "]" if size <= 30 else \
+        "[" + ", ".join(map(str, members[:29])) + f", ..., {members[-1]}]"
+    n_in = n if op != "allgather" else n // size
+    n_out = n if op != "reduce_scatter" else n // size
+    name, desc = (group["pg_name"], group["pg_desc"]) if group else ("0", "default_pg")
     out = (f',"Collective name":"{op}","dtype":"BFloat16","In msg nelems":{n_in},'
-           f'"Out msg nelems":{n_out},"Group size":{spec.ranks},'
-           f'"Process Group Name":"0","Process Group Description":"default_pg","Process Group Ranks":"{ranks}"')
+           f'"Out msg nelems":{n_out},"Group size":{size},'
+           f'"Process Group Name":"{name}","Process Group Description":"{desc}","Process Group Ranks":"{ranks}"')
+    if peer is not None:
+        out += f',"{"Dst" if op == "send" else "Src"} Rank":{peer}'
     if seq is not None:
         out += f',"Rank":{rank},"Seq":{seq}'
     return out
@@ -266,6 +344,8 @@ def _comm_args(spec: JobSpec, op: str, nbytes: int, seq: int | None, rank: int) 
 
 def kernel_name(spec: JobSpec, op: str) -> str:
     """The NCCL kernel of ``op`` as the job's NCCL era names it."""
+    if op in ("send", "recv"):
+        return SENDRECV_ERAS[spec.era]
     func = _FUNC[op]
     reduces = op != "allgather"
     if spec.era == "2.7":
@@ -303,6 +383,21 @@ class Schedule:
         self.last_launched = np.full(ranks.size, t0, dtype=np.int64)  # end of the last compute kernel launched
         self.n_coll = 0
         self.link_free = t0
+        if spec.mesh:
+            spec.check()
+            self.tp_s = np.full(ranks.size, t0, dtype=np.int64)  # the tensor-parallel NCCL stream
+            self.pp_s = np.full(ranks.size, t0, dtype=np.int64)  # the pipeline's send/recv stream
+            stage, dpi, tpi = spec.coords(ranks)
+            self.stage = stage
+            #: per rank, its group of each kind (an index into that kind's groups)
+            self.gid = {"tp": stage * spec.dp + dpi, "dp": stage * spec.tp + tpi, "pp": dpi * spec.tp + tpi}
+            groups = spec.groups()
+            self.group_list: dict[str, list[dict[str, Any]]] = {k: [g for g in groups if g["pg_desc"] == k]
+                                                                for k in ("tp", "dp", "pp")}
+            self.group_link = {k: np.array(["intra" if len({r // spec.gpus_per_host for r in g["ranks"]}) == 1
+                                            else "inter" for g in v] or ["intra"]) for k, v in self.group_list.items()}
+            self.mesh_free = {k: np.full(max(len(v), 1), t0, dtype=np.int64) for k, v in self.group_list.items()}
+            self.pending: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     # noise per (rank, step, slot): a multiplicative jitter of +-spec.jitter
     def _jit(self, step: int, slot: int) -> np.ndarray:
@@ -340,7 +435,10 @@ class Schedule:
     def run(self) -> None:
         for step in range(self.spec.steps):
             self.n_coll = 0
-            self._step(step)
+            if self.spec.mesh:
+                self._step_mesh(step)
+            else:
+                self._step(step)
             if self.writers is not None:
                 for w in self.writers:
                     w.flush()
@@ -535,6 +633,281 @@ class Schedule:
         self.step_starts[:, step] = first_dev
         self.main = t
 
+    # --- meshes: DP x TP x PP ------------------------------------------------------------------------------------
+
+    def _each_at(self, idx: np.ndarray, fn: Callable[[_Writer, int], None]) -> None:
+        if self.writers is not None:
+            for i in idx.tolist():
+                fn(self.writers[i], i)
+
+    def _found(self, key: tuple, idx: np.ndarray, end: np.ndarray) -> None:
+        if self.ends is None:
+            arr = self.found.setdefault(key, np.full(self.spec.ranks, -1, dtype=np.int64))  # type: ignore[arg-type]
+            arr[self.ranks[idx]] = end  # type: ignore[index]
+
+    def _mesh_emit(self, idx: np.ndarray, at: np.ndarray, tid: int | None, op: str, nbytes: int, kind: str,
+                   stream: int, start: np.ndarray, end: np.ndarray, peer: np.ndarray | None = None) -> None:
+        spec = self.spec
+        name = kernel_name(spec, op)
+
+        def emit(w: _Writer, i: int) -> None:
+            a = int(at[i])
+            tid_ = self._tid(w, tid)
+            group = self.group_list[kind][int(self.gid[kind][i])] if self.group_list.get(kind) else None
+            pg = group["pg_name"] if group else "0"
+            seq = None
+            if op not in ("send", "recv"):
+                w.seqs[pg] = seq = w.seqs.get(pg, 0) + 1
+            p = None if peer is None else int(peer[i])
+            ext = w.cpu("record_param_comms", a, 40 * US, tid_, _comm_args(spec, op, nbytes, seq, w.rank, group, p))
+            w.cpu(_ANNOT[op], a + 3 * US, 32 * US, tid_, cat="cpu_op")
+            w.runtime("cudaEventRecord", a + 8 * US, 3 * US, tid_)
+            w.runtime("cudaStreamWaitEvent", a + 13 * US, 3 * US, tid_)
+            corr = w.launch(a + 20 * US, tid_, "cudaLaunchKernelExC")
+            w.kernel(name, stream, int(start[i]), int(end[i] - start[i]), corr,
+                     _comm_args(spec, op, nbytes, None, w.rank, group, p), ext=ext)
+
+        self._each_at(idx, emit)
+
+    def _mesh_coll(self, key: tuple, kind: str, op: str, nbytes: int, idx: np.ndarray, at: np.ndarray,
+                   tid: int | None, stream: int, free: np.ndarray) -> np.ndarray:
+        """A collective of each rank's group of ``kind`` (ranks ``idx``, called at ``at``) on ``stream`` (``free``:
+        that stream's state, updated): every member ends together, one transfer at a time on each group's link.
+        Returns the ends (full arrays; only ``idx`` set)."""
+        spec = self.spec
+        start = np.zeros(self.ranks.size, dtype=np.int64)
+        end = np.zeros(self.ranks.size, dtype=np.int64)
+        start[idx] = np.maximum(np.maximum(free[idx], at[idx] + 31 * US), self.last_launched[idx])
+        if self.ends is not None:
+            end[idx] = self.ends[key][self.ranks[idx]]  # type: ignore[index]
+        else:
+            g = self.gid[kind][idx]
+            latest = np.full(self.mesh_free[kind].size, np.iinfo(np.int64).min, dtype=np.int64)
+            np.maximum.at(latest, g, start[idx])
+            size = {"tp": spec.tp, "dp": spec.dp, "pp": spec.pp}[kind]
+            cost = {c: transfer_ns(spec, op, nbytes, size, c) for c in ("intra", "inter")}
+            used = np.unique(g)
+            begin = np.maximum(latest[used], self.mesh_free[kind][used])
+            t = np.array([cost[str(c)] for c in self.group_link[kind][used]], dtype=np.int64)
+            self.mesh_free[kind][used] = begin + t
+            end[idx] = self.mesh_free[kind][g]
+            self._found(key, idx, end[idx])
+        free[idx] = end[idx]
+        self._mesh_emit(idx, at, tid, op, nbytes, kind, stream, start, end)
+        return end
+
+    def _send(self, key: tuple, idx: np.ndarray, at: np.ndarray, tid: int | None, delta: int, nbytes: int) -> None:
+        """A pipeline send from ranks ``idx`` to the ranks ``delta`` away; its end is found with the matching
+        receive (:meth:`_recv`)."""
+        start = np.zeros(self.ranks.size, dtype=np.int64)
+        start[idx] = np.maximum(np.maximum(self.pp_s[idx], at[idx] + 31 * US), self.last_launched[idx])
+        if self.ends is None:
+            self.pending[key] = (idx, start[idx])
+            self.pp_s[idx] = start[idx]  # until the receive says when it ended
+            return
+        end = np.zeros(self.ranks.size, dtype=np.int64)
+        end[idx] = self.ends[key][self.ranks[idx]]  # type: ignore[index]
+        self.pp_s[idx] = end[idx]
+        self._mesh_emit(idx, at, tid, "send", nbytes, "pp", PP_STREAM, start, end, self.ranks + delta)
+
+    def _recv(self, key: tuple, idx: np.ndarray, at: np.ndarray, tid: int | None, delta: int, nbytes: int
+              ) -> np.ndarray:
+        """The receive of ranks ``idx`` from the ranks ``delta`` away: both sides end together, when both are posted
+        and the pipeline group's link is free, plus the transfer. Returns the ends (full arrays)."""
+        spec = self.spec
+        start = np.zeros(self.ranks.size, dtype=np.int64)
+        end = np.zeros(self.ranks.size, dtype=np.int64)
+        start[idx] = np.maximum(np.maximum(self.pp_s[idx], at[idx] + 31 * US), self.last_launched[idx])
+        if self.ends is not None:
+            end[idx] = self.ends[key][self.ranks[idx]]  # type: ignore[index]
+        else:
+            s_idx, s_start = self.pending.pop(key)
+            # senders and receivers of one pipeline chain pair up in rank order (the peer is ``delta`` away)
+            assert np.array_equal(self.ranks[s_idx] + delta, self.ranks[idx])
+            chain = self.gid["pp"][idx]
+            begin = np.maximum(np.maximum(s_start, start[idx]), self.mesh_free["pp"][chain])
+            host_r = self.ranks[idx] // spec.gpus_per_host
+            host_s = self.ranks[s_idx] // spec.gpus_per_host
+            t = np.array([transfer_ns(spec, "send", nbytes, 2, "intra" if a == b else "inter")
+                          for a, b in zip(host_r.tolist(), host_s.tolist(), strict=True)], dtype=np.int64)
+            e = begin + t
+            self.mesh_free["pp"][chain] = e
+            end[idx] = e
+            self.pp_s[s_idx] = e
+            self._found(key, idx, e)
+            self._found(key, s_idx, e)
+        self.pp_s[idx] = end[idx]
+        self._mesh_emit(idx, at, tid, "recv", nbytes, "pp", PP_STREAM, start, end, self.ranks - delta)
+        return end
+
+    def _layer(self, idx: np.ndarray, t: np.ndarray, tid: int | None, dur: np.ndarray, after: np.ndarray | None,
+               name: str, kernel: str, seq: int, backward: bool) -> None:
+        """One layer's operator and kernel on the ranks ``idx`` (CPU at ``t``, updated), the kernel after ``after``."""
+        cpu_op = 40 * US if backward else self.spec.cpu_op_ns
+        launch = t + cpu_op // 2
+        start = np.maximum(self.gpu[idx], launch[idx] + 8 * US)
+        if after is not None:
+            start = np.maximum(start, after[idx])
+        k_start = np.zeros(self.ranks.size, dtype=np.int64)
+        k_start[idx] = start
+        self.gpu[idx] = start + dur[idx]
+        self.last_launched[idx] = self.gpu[idx]
+
+        def emit(w: _Writer, i: int) -> None:
+            a = int(t[i])
+            tid_ = self._tid(w, tid)
+            if after is not None:  # the compute stream waits for the communication it needs
+                w.runtime("cudaStreamWaitEvent", int(launch[i]) - 4 * US, 3 * US, tid_)
+            if backward:
+                w.cpu("autograd::engine::evaluate_function: AddmmBackward0", a, cpu_op, tid_,
+                      f',"Fwd thread id":1,"Sequence number":{seq}')
+                w.cpu("AddmmBackward0", a + 2 * US, cpu_op - 4 * US, tid_,
+                      f',"Fwd thread id":1,"Sequence number":{seq}')
+            else:
+                w.cpu(name, a, cpu_op, tid_, extra=f',"Sequence number":{seq}')
+            corr = w.launch(int(launch[i]), tid_)
+            w.kernel(kernel, COMPUTE_STREAM, int(k_start[i]), int(dur[i]), corr)
+
+        self._each_at(idx, emit)
+        t[idx] = t[idx] + cpu_op + 5 * US
+
+    def _step_mesh(self, step: int) -> None:
+        """One GPipe step of a DP x TP x PP mesh (module docstring), every stage's ranks in turn."""
+        spec = self.spec
+        S, M, L = spec.pp, spec.microbatches, spec.layers
+        Ls = L // S
+        span = spec.dp * spec.tp  # ranks per stage: the peer of a pipeline send is this far away
+        fwd = np.array([spec.fwd_ns * (0.6 + 0.8 * ((7 * layer) % L) / max(L - 1, 1)) for layer in range(L)])
+        everyone = np.arange(self.ranks.size)
+        t = self.main.copy()
+        step_start = t.copy()
+        load = (spec.loader_ns * self._jit(step, 1)).astype(np.int64) + self.stall
+        self._each(lambda w, i: w.cpu("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", int(t[i]),
+                                      int(load[i])))
+        t = t + load + 10 * US
+        h2d = np.full(self.ranks.size, 150 * US, dtype=np.int64)
+        m_start = self._kernel(t + 13 * US, h2d)
+        first_dev = m_start.copy()
+
+        def emit_h2d(w: _Writer, i: int) -> None:
+            a = int(t[i])
+            w.cpu("aten::to", a, 25 * US)
+            corr = w.launch(a + 8 * US, name="cudaMemcpyAsync")
+            w.kernel("Memcpy HtoD (Pinned -> Device)", COMPUTE_STREAM, int(m_start[i]), int(h2d[i]), corr,
+                     ',"bytes":12582912,"memory bandwidth (GB/s)":84.0', cat="gpu_memcpy")
+
+        self._each(emit_h2d)
+        t = t + 35 * US
+        gemm_f = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_"
+                  "off_kernel__5x_cublas")
+        gemm_b = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_"
+                  "off_kernel__5x_cublas")
+        # forward: microbatch by microbatch, stage by stage (a stage's receive pairs with the send just made)
+        for m in range(M):
+            for s in range(S):
+                idx = everyone[self.stage == s]
+                after = None
+                if s > 0:
+                    after = self._recv(("pp-f", step, m, s - 1), idx, t, None, span, spec.act_bytes)
+                    t[idx] = t[idx] + 45 * US
+                for j in range(Ls):
+                    layer = s * Ls + j
+                    dur = (fwd[layer] * self.slow * self._jit(step, 10 + 97 * m + layer)).astype(np.int64)
+                    self._layer(idx, t, None, dur, after, "aten::linear", gemm_f, 1000 * step + layer, False)
+                    after = None
+                    if spec.tp > 1:
+                        after = self._mesh_coll(("tp-f", step, m, layer), "tp", "allreduce", spec.act_bytes, idx, t,
+                                                None, TP_STREAM, self.tp_s)
+                        t[idx] = t[idx] + 45 * US
+                if s < S - 1:
+                    if after is not None:  # the send waits for the last all-reduce of the stage's output
+                        self.last_launched[idx] = np.maximum(self.last_launched[idx], after[idx])
+                    self._send(("pp-f", step, m, s), idx, t, None, span, spec.act_bytes)
+                    t[idx] = t[idx] + 45 * US
+                else:
+                    loss = np.full(self.ranks.size, 40 * US, dtype=np.int64)
+                    self._layer(idx, t, None, loss, after, "aten::cross_entropy_loss",
+                                "void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, "
+                                "float, long>(float*, float*, float const*, long const*, float const*, bool, long, "
+                                "long, long, long)", 1000 * step + 999, False)
+        # backward on the autograd engine's thread (the caller waits), microbatch by microbatch, last stage first
+        tid = self.pid_of_autograd() if spec.autograd_thread else None
+        a = np.maximum(self.bwd, t + 30 * US) if spec.autograd_thread else t.copy()
+        for m in range(M):
+            for s in reversed(range(S)):
+                idx = everyone[self.stage == s]
+                after = None
+                if s < S - 1:
+                    after = self._recv(("pp-b", step, m, s + 1), idx, a, tid, -span, spec.act_bytes)
+                    a[idx] = a[idx] + 45 * US
+                for j in reversed(range(Ls)):
+                    layer = s * Ls + j
+                    dur = (2 * fwd[layer] * self.slow * self._jit(step, 5000 + 97 * m + layer)).astype(np.int64)
+                    self._layer(idx, a, tid, dur, after, "", gemm_b, 1000 * step + layer, True)
+                    after = None
+                    if spec.tp > 1:
+                        after = self._mesh_coll(("tp-b", step, m, layer), "tp", "allreduce", spec.act_bytes, idx, a,
+                                                tid, TP_STREAM, self.tp_s)
+                        a[idx] = a[idx] + 45 * US
+                if s > 0:
+                    if after is not None:
+                        self.last_launched[idx] = np.maximum(self.last_launched[idx], after[idx])
+                    self._send(("pp-b", step, m, s), idx, a, tid, -span, spec.act_bytes)
+                    a[idx] = a[idx] + 45 * US
+        # data-parallel gradient all-reduces of each stage's layers, in buckets, after the last backward
+        last_end = None
+        if spec.dp > 1:
+            stage_layers = [list(range(s * Ls, (s + 1) * Ls)) for s in range(S)]
+            per = max(1, spec.bucket_bytes // max(spec.param_bytes, 1))
+            n_buckets = -(-Ls // per)
+            for b in range(n_buckets):
+                n = min(per, Ls - b * per)
+                last_end = self._mesh_coll(("dp", step, b), "dp", "allreduce", n * spec.param_bytes, everyone, a, tid,
+                                           COMM_STREAM, self.comm)
+                a = a + 45 * US
+            del stage_layers
+        self._each(lambda w, i: w.runtime("cudaStreamWaitEvent", int(a[i]), 3 * US, self._tid(w, tid)))
+        a = a + 5 * US
+        if spec.autograd_thread:
+            self.bwd = a
+            t = np.maximum(t, a + 30 * US)
+        else:
+            t = a
+        opt = (np.full(self.ranks.size, 200 * US) * self._jit(step, 2)).astype(np.int64)
+        launch = t + 15 * US
+        o_start = self._kernel(launch + 5 * US, opt, last_end)
+
+        def emit_opt(w: _Writer, i: int) -> None:
+            x = int(t[i])
+            w.cpu("Optimizer.step#AdamW.step", x, 50 * US)
+            corr = w.launch(int(launch[i]))
+            w.kernel("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+                     "namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor"
+                     "<float, 4> >(at::native::(anonymous namespace)::TensorListMetadata<4>)",
+                     COMPUTE_STREAM, int(o_start[i]), int(opt[i]), corr)
+
+        self._each(emit_opt)
+        t = t + 55 * US
+        d2h = np.full(self.ranks.size, 3 * US, dtype=np.int64)
+        c_start = self._kernel(t + 13 * US, d2h)
+        sync_end = np.maximum(t + 20 * US, c_start + d2h + 4 * US)
+
+        def emit_item(w: _Writer, i: int) -> None:
+            x = int(t[i])
+            e = int(sync_end[i])
+            w.cpu("aten::item", x, e + 2 * US - x)
+            corr = w.launch(x + 8 * US, name="cudaMemcpyAsync")
+            w.kernel("Memcpy DtoH (Device -> Pageable)", COMPUTE_STREAM, int(c_start[i]), int(d2h[i]), corr,
+                     ',"bytes":4,"memory bandwidth (GB/s)":0.002', cat="gpu_memcpy")
+            w.runtime("cudaStreamSynchronize", x + 14 * US, e - x - 14 * US)
+
+        self._each(emit_item)
+        t = sync_end + 20 * US
+        self._each(lambda w, i: w.annotation(f"ProfilerStep#{step}", int(step_start[i]),
+                                             int(t[i] - step_start[i]) - US))
+        self.step_starts[:, step] = first_dev
+        self.main = t
+
     def pid_of_autograd(self) -> int:
         return AUTOGRAD_TID  # an offset: each writer adds its pid
 
@@ -554,11 +927,18 @@ def truth(spec: JobSpec, sched: Schedule | None = None) -> Truth:
     s = sched or simulate(spec)
     first = s.step_starts.min(axis=0)
     gaps = np.diff(first)
+    n = s.n_coll if not spec.mesh else sum(1 for k in s.found if k[1] == spec.steps - 1)
     return Truth(spec=asdict(spec), iteration_ns=int(np.median(gaps)) if gaps.size else 0,
-                 step_starts=s.step_starts.tolist(), collectives=s.n_coll,
+                 step_starts=s.step_starts.tolist(), collectives=n,
                  straggler_ranks=[r for r, f in spec.stragglers if f > 1.0],
                  stalled_hosts=[h for h, x in spec.stalls if x > 0],
                  link="inter" if spec.hosts > 1 else "intra")
+
+
+def link_costs(spec: JobSpec, measured: int | None = None) -> dict[str, int]:
+    """Per link class, how much shorter an iteration is when that class's transfers take no time."""
+    base = measured if measured is not None else iteration_ns(spec)
+    return {c: base - iteration_ns(replace(spec, free_links=(*spec.free_links, c))) for c in ("intra", "inter")}
 
 
 def iteration_ns(spec: JobSpec) -> int:
@@ -567,9 +947,10 @@ def iteration_ns(spec: JobSpec) -> int:
 
 
 def _header(spec: JobSpec, rank: int) -> str:
-    info = {"backend": "nccl", "rank": rank, "world_size": spec.ranks, "pg_count": 1,
-            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": spec.ranks,
-                           "ranks": list(range(spec.ranks))}], "nccl_version": "2.21.5"}
+    mine = [{**g, "pg_size": len(g["ranks"])} for g in spec.groups() if rank in g["ranks"]]
+    info = {"backend": "nccl", "rank": rank, "world_size": spec.ranks, "pg_count": len(mine),
+            "pg_config": [{"pg_name": g["pg_name"], "pg_desc": g["pg_desc"], "pg_size": g["pg_size"],
+                           "ranks": g["ranks"]} for g in mine], "nccl_version": "2.21.5"}
     device = rank % spec.gpus_per_host
     return ('{\n  "schemaVersion": 1,\n'
             f'  "deviceProperties": [{{"id": {device}, "name": "NVIDIA H100 80GB HBM3"}}],\n'
@@ -619,6 +1000,8 @@ def write_job(directory: str | os.PathLike, spec: JobSpec, *, gz: bool = False, 
         for job in todo:
             _write_one(job)
     t = truth(spec, s)
+    t.link_cost_ns = link_costs(spec, t.iteration_ns)
+    t.binding_link = max(t.link_cost_ns, key=lambda c: t.link_cost_ns[c]) if any(t.link_cost_ns.values()) else None
     (d / "truth.json").write_text(t.to_json())
     return t
 
@@ -652,6 +1035,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-host", type=int, default=8)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel group size (inside a host)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    p.add_argument("--microbatches", type=int, default=1, help="microbatches per step through the pipeline")
+    p.add_argument("--intra-gbit", type=float, default=2400.0, help="intra-node line rate (Gbit/s)")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--inter-gbit", type=float, default=10.0)
     p.add_argument("--main-thread-backward", action="store_true", help="backward on the main thread (CPU-style)")
@@ -664,7 +1051,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     spec = JobSpec(ranks=a.ranks, gpus_per_host=a.gpus_per_host, steps=a.steps, parallel=a.parallel, layers=a.layers,
-                   inter_bps=a.inter_gbit * 1e9, autograd_thread=not a.main_thread_backward,
+                   inter_bps=a.inter_gbit * 1e9, intra_bps=a.intra_gbit * 1e9, tp=a.tp, pp=a.pp,
+                   microbatches=a.microbatches, autograd_thread=not a.main_thread_backward,
                    stragglers=_pairs(a.straggler, float), stalls=_pairs(a.stall, lambda v: int(float(v) * MS)),
                    era=a.era, seed=a.seed)
     if a.size_mb:

@@ -92,7 +92,9 @@ def test_local_engine_equals_the_whole_job_analysis(job: Path, tmp_path: Path) -
 
 
 def test_the_split_skips_only_the_ranks_over_the_budget(job: Path, tmp_path: Path) -> None:
-    ds = dataset.build([str(job)], out=tmp_path / "ds", engine=engine.LocalEngine(jobs=1))
+    # units read in bounded memory keep no attribution intervals: the split reads each rank's events again
+    ds = dataset.build([str(job)], out=tmp_path / "ds", engine=engine.LocalEngine(jobs=1), budget=1)
+    assert not ds.ranks_with("activity")
     counts = ds.rank_event_counts()
     biggest = max(counts, key=counts.__getitem__)
     budget = (counts[biggest] - 1) * analysis.SPLIT_BYTES_PER_EVENT  # every rank fits but the biggest
@@ -133,7 +135,7 @@ def test_cli_dask_engine_with_worker_processes(job: Path, capsys: pytest.Capture
     assert main(["summary", str(job), "--json", "--engine", "local", "--no-cache"]) == 0
     assert on_dask == json.loads(capsys.readouterr().out)
     assert any("rank by rank" in n for n in on_dask["notes"])
-    assert on_dask["bottleneck"] is None  # what-if needs the whole job in memory
+    assert on_dask["bottleneck"] is None  # rank by rank, summary does not replay (whatif and critical-path do)
     assert main(["summary", str(job), "--json", "--no-cache"]) == 0
     in_memory = json.loads(capsys.readouterr().out)
     assert not any("rank by rank" in n for n in in_memory["notes"])
@@ -308,10 +310,16 @@ def test_cli_memory_budget_reads_in_bounded_memory(job: Path, tmp_path: Path, ca
     # no rank fits 1 KiB: exposed communication stays unsplit, and the notes say which ranks
     assert all(w["wait_ns"] is None and w["transfer_ns"] is None for w in bounded_run["breakdown"])
     assert any("not split into waiting and transfer" in n for n in bounded_run["notes"])
-    # the same job read whole, with the split also left out, gives the same figures
+    # the same job read whole, with the split also left out, gives the same figures; its units held each rank's
+    # events, so they computed its top ops and idle split there (the bounded ones could not, and say so)
     monkeypatch.setattr(analysis, "SPLIT_BYTES_PER_EVENT", 1 << 40)
     assert main(["summary", str(job), "--json", "--engine", "local", "--no-cache"]) == 0
-    assert bounded_run == json.loads(capsys.readouterr().out)
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["idle"]["ranks"] and not bounded_run["idle"]["ranks"]
+    assert any("top ops and idle split of rank" in n for n in bounded_run["notes"])
+    for key in ("top_ops", "idle", "idle_breakdown", "notes"):
+        bounded_run.pop(key), whole.pop(key)
+    assert bounded_run == whole
     # the export streams every rank's events into one file with the events schema
     out = tmp_path / "ev.parquet"
     assert main(["export", str(job), "--dataset", str(tmp_path / "b"), "-o", str(out), "--table", "events"]) == 0
@@ -330,11 +338,13 @@ def test_a_job_too_big_for_memory_is_analysed_rank_by_rank(job: Path, tmp_path: 
     captured = capsys.readouterr()
     assert "rank by rank" in captured.err and "GiB is available" in captured.err
     assert any("rank by rank" in n for n in json.loads(captured.out)["notes"])
-    # what needs every event stays in memory, or says why it cannot
+    # the critical path and what-if go rank by rank by themselves too (on the ranks' compact graphs); a Chrome trace
+    # needs every event at once and says so
     assert main(["critical-path", str(job), "--json", "--no-cache"]) == 0
-    assert json.loads(capsys.readouterr().out)["summary"]
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["summary"] and "rank by rank" in captured.err
+    assert main(["whatif", str(job), "--json", "--no-cache", "--link-bw", "100gbit"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"]
     out = tmp_path / "merged.json"
     assert main(["export", str(job), "--dataset", str(tmp_path / "ds"), "--chrome", str(out)]) == 1
     assert "Chrome trace needs every event in memory" in capsys.readouterr().err and not out.exists()
-    with pytest.raises(SystemExit):
-        main(["whatif", str(job), "--engine", "dask"])

@@ -74,7 +74,7 @@ def _link_rates(link_bw: RateArg | None) -> tuple[float | None, dict[str, float]
 def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, step_marker: str | None = None,
          cache: bool = True, cache_dir: PathArg | None = None, jobs: int | None = None, by_rank: bool | None = None,
          engine: str | None = None, scheduler: str | None = None, dataset: PathArg | None = None,
-         memory_budget: str | int | None = None, rebuild: bool = False,
+         memory_budget: str | int | None = None, rebuild: bool = False, graphs: bool = False,
          on_start: Callable[[list[str], int], None] | None = None,
          progress: Callable[[int, int, str], None] | None = None,
          on_note: Callable[[str], None] | None = None,
@@ -87,7 +87,10 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
 
     By default a job is analysed in memory unless it would not fit, in which case — or with ``by_rank=True``,
     ``engine`` (``"local"``/``"dask"``), ``scheduler``, ``dataset`` or ``memory_budget`` — it is analysed rank by
-    rank through a per-rank Parquet dataset; ``by_rank=False`` forces memory. ``on_start(files, total_bytes)`` is
+    rank through a per-rank Parquet dataset; ``by_rank=False`` forces memory. Rank by rank, the critical path and
+    the what-if run on the ranks' compact dependency graphs (:mod:`tracekit.analysis.compact`): ``graphs=True``
+    builds them with the dataset (what ``tracekit whatif`` and ``critical-path`` ask for), otherwise they are built
+    from the dataset's events on first use. ``on_start(files, total_bytes)`` is
     called once the inputs are found, ``progress(done_bytes, total_bytes, path)`` while they are read, and
     ``on_note(text)`` with what the user should know about how the job was read (default: logged).
     ``iterations`` (``"3-8"``, ``"2,4,6-9"`` or numbers, e.g. ``range(3, 9)``) analyses those iterations alone:
@@ -122,17 +125,22 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
                                "and --memory-budget")
     if rank_by_rank:
         from tracekit.scale import engine as engine_mod
+        from tracekit.scale.graphs import RankGraphs
 
-        eng = engine_mod.make(engine or "local", scheduler=scheduler, jobs=jobs, total_bytes=total)
-        ds = dataset_mod.build(names, out=None if dataset is None else os.fspath(dataset), engine=eng,
+        def make_engine() -> engine_mod.Engine:
+            return engine_mod.make(engine or "local", scheduler=scheduler, jobs=jobs, total_bytes=total)
+
+        ds = dataset_mod.build(names, out=None if dataset is None else os.fspath(dataset), engine=make_engine(),
                                step_marker=step_marker, budget=memory_budget, use_cache=cache, cache_dir=cache_root,
-                               force=rebuild, progress=progress)
+                               force=rebuild, progress=progress, graphs=graphs)
         try:
             if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0 and not any(
                     s.get("format") == "nccl-log" for s in ds.summaries):  # an NCCL log alone is a job's topology
                 damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
                 raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
-            analysis = analyse_dataset(ds, link_bw_bps=link_bw_bps, memory_budget=memory_budget)
+            analysis = analyse_dataset(ds, link_bw_bps=link_bw_bps, memory_budget=memory_budget,
+                                       line_rates=line_rates,
+                                       rank_graphs=RankGraphs(ds, make_engine, memory_budget))
         except BaseException:
             ds.cleanup()
             raise
@@ -309,8 +317,8 @@ class Job:
 
     @property
     def in_memory(self) -> bool:
-        """False when the job was analysed rank by rank (events on disk; no critical path, what-if or Chrome
-        trace)."""
+        """False when the job was analysed rank by rank (events on disk; the critical path and what-if run on the ranks'
+        compact graphs; no Chrome trace)."""
         return self.analysis.dataset is None
 
     @property
@@ -428,7 +436,6 @@ class Job:
         """Segments of the critical path (``iteration, step, rank, lane, start_ns, end_ns, dur_ns, label,
         waiting_on, name, event_row, edge``; job clock) of every iteration, or of one. Builds the job's
         dependency graph on first use."""
-        self._need_memory("the critical path")
         segs = self.analysis.critical_path
         if iteration is None:
             return segs
@@ -442,7 +449,6 @@ class Job:
     def critical_path_summary(self) -> pl.DataFrame:
         """Per iteration: the path's length (= the iteration time), the share of each label, the ranks it
         crosses and the rank most waited on."""
-        self._need_memory("the critical path")
         return self.analysis.critical_path_summary
 
     def slowest_iteration(self) -> int:
@@ -507,7 +513,6 @@ class Job:
         from tracekit.analysis import whatif
         from tracekit.model.units import parse_duration
 
-        self._need_memory("the what-if replay")
         model = self.analysis.whatif
         if model.comm.height == 0:
             raise TraceError(None, "the traces contain no communication: there is nothing to re-cost")
@@ -567,12 +572,6 @@ class Job:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _need_memory(self, what: str) -> None:
-        if not self.in_memory:
-            raise TraceError(None, f"{what} needs the whole job in memory: load it without by_rank, engine, "
-                             "scheduler, dataset and memory_budget (--engine, --scheduler, --dataset, "
-                             "--memory-budget)")
 
     # ----------------------------------------------------------------- display
 
@@ -647,6 +646,8 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
     strag = summary.stragglers(result.instances)
     overview = summary.collectives_overview(result.instances)
     extra = {"horovod": horovod_payload(result)} if result.horovod is not None else {}
+    # rank by rank, summary stays with what the per-rank units computed: the replays are whatif's and critical-path's
+    bottleneck = result.bottleneck if result.dataset is None else None
     idle_table = result.idle_breakdown
     link_rows = result.link_busy.to_pylist()
     return {
@@ -665,9 +666,9 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
                           line_rate_source=result.line_rate_source, n_ranks=result.ranks.num_rows,
                           sizes=summary.transfer_sizes(result.collectives),
                           link_classes=link_rows),
-        "answer": result.verdict.as_dict(),
-        "bottleneck": bottleneck_payload(result.bottleneck),
-        "contention": result.whatif.contention.as_dict() if result.bottleneck is not None else None,
+        "answer": result.summary_verdict.as_dict(),
+        "bottleneck": bottleneck_payload(bottleneck),
+        "contention": result.whatif.contention.as_dict() if bottleneck is not None else None,
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
         "topology": result.topology_overview or None,
         "nccl_problems": [{**p, "text": _problem_text(p)} for p in result.nccl_problems.to_pylist()],

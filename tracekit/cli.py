@@ -59,17 +59,18 @@ def _big_jobs(p: argparse.ArgumentParser) -> None:
     """Options of the rank-by-rank analysis (:mod:`tracekit.scale.dataset`) for jobs too big to hold in memory."""
     g = p.add_argument_group(
         "big jobs", "analyse rank by rank: each file becomes a per-rank Parquet partition (events, collectives, "
-        "iterations, breakdown) plus a small summary, and only the small tables are combined. Chosen by any option "
-        "below, or by itself when the inputs would not fit in memory (critical path and what-if need the whole "
-        "job in memory; so does the split of exposed communication into waiting and transfer for a rank whose "
-        "events exceed --memory-budget)")
+        "iterations, breakdown, and for the critical path and what-if the rank's compact dependency graph) plus a "
+        "small summary, and only the small tables and the compact graphs are combined. Chosen by any option below, or "
+        "by itself when the inputs would not fit in memory (a rank whose events exceed --memory-budget keeps its "
+        "exposed communication unsplit into waiting and transfer, and has no graph)")
     g.add_argument("--engine", choices=("local", "dask"), default=None,
                    help="where files are parsed and analysed: local processes or a Dask cluster "
                         "(a LocalCluster of --jobs workers unless --scheduler is given)")
     g.add_argument("--scheduler", metavar="URL", help="Dask scheduler to run on, e.g. tcp://head-node:8786 "
                    "(implies --engine dask; workers must see the inputs and --dataset at the same paths)")
     g.add_argument("--dataset", metavar="DIR", help="keep the per-rank dataset here (default: in the cache, "
-                   "reused while the inputs are unchanged); on a cluster, a directory every worker can write")
+                   "reused while the inputs are unchanged; diff keeps each run's in DIR/base and DIR/new); on a "
+                   "cluster, a directory every worker can write")
     g.add_argument("--rebuild", action="store_true", help="replace a --dataset DIR that holds other inputs")
     g.add_argument("--memory-budget", metavar="SIZE", help="memory per file being read, e.g. 1G (default "
                    "$TRACEKIT_MEMORY_BUDGET or 1G): bigger files are read in bounded memory through disk")
@@ -127,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-share", type=float, default=0.01, metavar="X",
                    help="hide path runs shorter than this share of the iteration (default 0.01)")
     p.add_argument("--json", action="store_true", help="print the summary and the segments as JSON")
-    p.set_defaults(func=cmd_critical_path)
+    _big_jobs(p)
+    p.set_defaults(func=cmd_critical_path, graphs=True)
 
     p = sub.add_parser("whatif", help="predict the iteration time with another link, compression or more "
                        "workers", description="Replay the job's dependency graph with re-costed transfers and "
@@ -157,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency", metavar="DURATION", help="fixed cost per collective call, e.g. 20us "
                    "(default 20us for NCCL, 100us for gloo)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.set_defaults(func=cmd_whatif)
+    _big_jobs(p)
+    p.set_defaults(func=cmd_whatif, graphs=True)
 
     p = sub.add_parser("export", help="write the analysis tables to Parquet, or all ranks as one Chrome trace",
                        description="Write analysis tables to Parquet: OUT.parquet gets one table "
@@ -185,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("-o", "--output", metavar="FILE", help="the HTML file to write, e.g. report.html")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
-    p.set_defaults(func=cmd_report)
+    _big_jobs(p)
+    p.set_defaults(func=cmd_report, graphs=True)
 
     p = sub.add_parser("diff", help="compare two runs of the same job: iteration time, breakdown, communication "
                        "per op, the ops that changed most, critical path, verdicts",
@@ -203,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print every table and both verdicts as JSON")
     p.add_argument("--limit", type=int, default=10, metavar="N", help="show the N ops that changed most (default 10)")
     p.add_argument("--no-verdict", action="store_true", help="skip the what-if replays behind each run's verdict")
-    p.set_defaults(func=cmd_diff)
+    _big_jobs(p)
+    p.set_defaults(func=cmd_diff, graphs=True)
 
     p = sub.add_parser("inspect", help="browse the job in a terminal UI (overview, iterations, timeline, "
                        "critical path, collectives, what-if, top ops; --diff: against another run)",
@@ -215,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--diff", nargs="+", metavar="NEW", help="another run of the job to compare with (a Diff tab, "
                    "as tracekit diff PATH NEW prints it)")
+    _big_jobs(p)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
@@ -310,7 +316,8 @@ def _job(args: argparse.Namespace, console: Console):
         job = api.load(args.paths, link_bw=args.link_bw or None, step_marker=args.step_marker,
                        cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs, by_rank=by_rank,
                        on_start=on_start, progress=progress_cb, on_note=on_note,
-                       iterations=getattr(args, "iterations", None), **big)
+                       iterations=getattr(args, "iterations", None), graphs=getattr(args, "graphs", False),
+                       **big)
     finally:
         if bar is not None:
             bar.stop()
@@ -510,9 +517,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise TraceError(None, "--limit must be at least 0")
     err = Console(stderr=True)
-    args.paths = [args.base]
+    where = args.dataset  # --dataset DIR: each run's dataset in a folder of its own under DIR
+    args.paths, args.dataset = [args.base], os.path.join(where, "base") if where else None
     base = _job(args, err)
-    args.paths = [args.new]
+    args.paths, args.dataset = [args.new], os.path.join(where, "new") if where else None
     new = _job(args, err)
     d = compare(base, new, top=max(args.limit, 1), verdicts=not args.no_verdict)
     if args.json:
@@ -566,7 +574,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     rate, named = parse_link_rates(args.link_bw) if args.link_bw else (None, {})
     return run(args.paths, LoadOptions(use_cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs,
                                        step_marker=args.step_marker, link_bw_bps=rate,
-                                       line_rates=tuple(sorted(named.items())), diff_paths=tuple(args.diff or ())))
+                                       line_rates=tuple(sorted(named.items())), diff_paths=tuple(args.diff or ()),
+                                       by_rank=None, engine=args.engine, scheduler=args.scheduler,
+                                       dataset=args.dataset, memory_budget=args.memory_budget,
+                                       rebuild=args.rebuild))
 
 
 def cmd_record(args: argparse.Namespace) -> int:

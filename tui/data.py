@@ -63,6 +63,19 @@ class LoadOptions:
     link_bw_bps: float | None = None
     line_rates: tuple[tuple[str, float], ...] = ()  # rates of some links only, by selector (--link-bw dp=...)
     diff_paths: tuple[str, ...] = ()  # another run to compare with (--diff): phase 6
+    #: rank by rank (:mod:`tracekit.scale`): True, False, or None to choose by whether the job fits in memory (a big-job
+    #: option given means True)
+    by_rank: bool | None = False
+    engine: str | None = None  # --engine local|dask
+    scheduler: str | None = None  # --scheduler tcp://...
+    dataset: str | None = None  # --dataset DIR (a built one opens without reading a trace)
+    memory_budget: str | None = None  # --memory-budget
+    rebuild: bool = False  # --rebuild
+
+    @property
+    def big_job_options(self) -> bool:
+        """Whether an option of the big-jobs group was given (which means rank by rank)."""
+        return any(x is not None for x in (self.engine, self.scheduler, self.dataset, self.memory_budget))
 
 
 @dataclass
@@ -181,8 +194,8 @@ def _results_root(options: LoadOptions) -> str:
 
 def cached_summary(paths: list[str], options: LoadOptions) -> tuple[JobData, results_cache.Results] | None:
     """Phase 1 from the results cache alone (no trace is opened), or None on a miss. Cheap enough to
-    run before the app draws its first screen."""
-    if not options.use_cache:
+    run before the app draws its first screen. (Rank by rank, phase 1 comes from the dataset instead.)"""
+    if not options.use_cache or options.by_rank or options.big_job_options:
         return None
     key = results_cache.key(paths, options.step_marker, options.link_bw_bps, dict(options.line_rates))
     cached = results_cache.load(_results_root(options), key) if key else None
@@ -216,6 +229,8 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     if not files:
         raise TraceError(None, "no input files")
     total = sum(os.path.getsize(f) for f in files)
+    if rank_by_rank(options, files, callbacks):
+        return _load_by_rank(paths, options, callbacks, found, total)
     callbacks.say(f"reading {len(files)} files", 0.0)
 
     def progress(done: int, _total: int, path: str) -> None:
@@ -263,6 +278,74 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     return complete(data, callbacks)
 
 
+def rank_by_rank(options: LoadOptions, files: list[str], callbacks: LoadCallbacks | None = None) -> bool:
+    """Whether the job is read rank by rank: asked for (``by_rank``, a big-job option), or, with ``by_rank`` None,
+    because in memory it would not fit (as :func:`tracekit.api.load` decides)."""
+    if options.by_rank or options.big_job_options:
+        return True
+    if options.by_rank is False:
+        return False
+    from tracekit.scale import dataset as dataset_mod
+
+    need, have = dataset_mod.in_memory_need(files), dataset_mod.available_memory()
+    if need > have and callbacks is not None:
+        callbacks.say(f"reading {len(files)} files rank by rank: in memory they would need about {need / 2**30:.1f} "
+                      f"GiB, {have / 2**30:.1f} GiB is available")
+    return need > have
+
+
+def _load_by_rank(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
+                  found: tuple[list[str], list[Diagnostic]], total: int) -> JobData:
+    """The phases of a job read rank by rank (:mod:`tracekit.scale`): the per-rank dataset (built, or reused:
+    then nothing is read but its small tables) gives phase 1 from the breakdown its units wrote; phase 2 is
+    :func:`tracekit.scale.analyse.analyse_dataset` (collectives matched across ranks, the exposed communication split
+    rank by rank); the timeline reads the ranks it draws (:class:`~tracekit.views.ranked_timeline.RankedTimeline`); the
+    critical path and what-if run on the ranks' compact graphs."""
+    from tracekit.scale import dataset as dataset_mod
+    from tracekit.scale import engine as engine_mod
+    from tracekit.scale.analyse import analyse_dataset
+    from tracekit.scale.graphs import RankGraphs
+
+    files = found[0]
+
+    def make_engine() -> engine_mod.Engine:
+        return engine_mod.make(options.engine or "local", scheduler=options.scheduler, jobs=options.jobs,
+                               total_bytes=total)
+
+    def progress(done: int, _total: int, path: str) -> None:
+        callbacks.say(f"rank by rank: read {os.path.basename(path)}", done / total if total else 1.0)
+
+    callbacks.say(f"rank by rank: {len(files)} files into a per-rank dataset", 0.0)
+    ds = dataset_mod.build(paths, out=options.dataset, engine=make_engine(), step_marker=options.step_marker,
+                           budget=options.memory_budget, use_cache=options.use_cache, cache_dir=options.cache_dir,
+                           force=options.rebuild, progress=progress, found=found, graphs=True)
+    if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0:
+        damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
+        ds.cleanup()
+        raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
+    breakdown = ds.table("breakdown")
+    data = JobData(files=files, ranks=ds.ranks, iterations=ds.table("iterations"), breakdown=breakdown,
+                   notes=[*ds.notes, "rank by rank"], diagnostics=list(ds.diagnostics),
+                   events=int(ds.manifest.get("events", 0)), figures=results_cache.figures(breakdown))
+    if callbacks.summary:
+        callbacks.summary(data)
+    callbacks.say(f"rank by rank: collectives of {ds.ranks.num_rows} ranks matched, exposed communication split", None)
+    analysis = analyse_dataset(ds, link_bw_bps=options.link_bw_bps, memory_budget=options.memory_budget,
+                               line_rates=dict(options.line_rates),
+                               rank_graphs=RankGraphs(ds, make_engine, options.memory_budget))
+    data.analysis = analysis
+    data.ranks, data.breakdown, data.notes = analysis.ranks, analysis.breakdown, list(analysis.notes)
+    data.diagnostics = list(analysis.diagnostics)
+    data.figures = results_cache.figures(analysis.breakdown)
+    had = frozenset(analysis.__dict__)
+    data.background = (analysis.start("critical_path", "critical_path_summary", "bottleneck"), had)
+    data.options = options
+    data.inputs = list(paths)
+    if callbacks.analysis:
+        callbacks.analysis(data)
+    return complete(data, callbacks)
+
+
 def _store(writes: list[Callable[[], None]]) -> None:
     """Write to the results cache; one that cannot be written never stops the inspection."""
     for write in writes:
@@ -278,7 +361,8 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
 
     analysis = data.analysis
     assert analysis is not None
-    if not analysis.horovod_only:  # a job handed over with its analysis: the top ops here, not on the UI thread
+    by_rank = analysis.dataset is not None
+    if not analysis.horovod_only and not by_rank:  # a job handed over with its analysis: the top ops here
         analysis.top_ops  # noqa: B018
         analysis.idle_breakdown  # noqa: B018
     pending, had = data.background or (None, frozenset(analysis.__dict__))
@@ -286,7 +370,12 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
     # what phases 4 and 5 add to the results cache is written after both are shown, not before
     later: list[Callable[[], None]] = []
     entry = data.results_entry or ("", "")
-    if data.timeline is None:
+    if data.timeline is None and by_rank:  # lanes laid out now, each rank read when it is drawn
+        from tracekit.views.ranked_timeline import RankedTimeline, RankSource
+
+        callbacks.say(f"laying out the timeline of {data.ranks.num_rows:,} ranks", None)
+        data.timeline = RankedTimeline(RankSource(analysis))
+    elif data.timeline is None:
         callbacks.say(f"building the timeline of {analysis.events.num_rows:,} events", None)
         data.timeline = TimelineModel.build(analysis)
     if callbacks.timeline:
@@ -319,6 +408,14 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
             later.append(lambda: results_cache.store_graph(*entry, analysis.graph))  # the next launch skips it
     if callbacks.whatif:
         callbacks.whatif(data)
+    if by_rank and not analysis.horovod_only and not callbacks.stop():
+        # rank by rank the top ops and idle split read every rank's events again: last, once the rest is shown
+        callbacks.say("top ops and idle time, rank by rank", None)
+        analysis.top_ops  # noqa: B018
+        analysis.idle_breakdown  # noqa: B018
+        data.tables()  # converted here, not on the UI thread
+        if callbacks.whatif:
+            callbacks.whatif(data)
     _store(later)
     release_memory()  # the computation is over and the inspection waits for its user: what it freed goes back
     options = data.options
@@ -332,7 +429,9 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
         rates = ",".join([*([str(options.link_bw_bps)] if options.link_bw_bps else []),
                           *(f"{k}={v}" for k, v in options.line_rates)]) or None
         other = load(list(options.diff_paths), link_bw=rates, step_marker=options.step_marker,
-                     cache=options.use_cache, cache_dir=options.cache_dir, jobs=options.jobs, by_rank=False)
+                     cache=options.use_cache, cache_dir=options.cache_dir, jobs=options.jobs,
+                     by_rank=analysis.dataset is not None, graphs=analysis.dataset is not None,
+                     engine=options.engine, scheduler=options.scheduler, memory_budget=options.memory_budget)
         callbacks.say("diff: comparing the two runs (and replaying the other for its verdict)", None)
         data.diff = compare(Job(analysis, data.inputs or data.files), other)
         data.diff_ready = True

@@ -1,6 +1,8 @@
 """Overview: the job at a glance — the verdict (with the what-if replay's answer once it is computed),
 where each rank's time goes (stacked bars of the five attribution classes), iteration times, the most
-exposed rank and the worst iteration."""
+exposed rank and the worst iteration. Beyond :data:`tracekit.views.many_ranks.MANY_RANKS` ranks, the ranks are
+summarised instead of listed: how each class is distributed over them, the outliers (ranks or whole hosts) and the
+stragglers the others waited for (:mod:`tracekit.views.many_ranks`)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from textual.widgets import Static
 from tracekit.model.schema import CLASSES
 from tracekit.tui.data import JobData
 from tracekit.tui.views import ShowInTimeline, View
+from tracekit.views import many_ranks
+from tracekit.views.many_ranks import MANY_RANKS
 from tracekit.views.report import CLASS_STYLES, SHORT_LABELS, VERDICT_STYLES, fmt_bytes, fmt_ns, fmt_share
 
 
@@ -147,12 +151,19 @@ class OverviewView(View):
             answer.append("\n" + " ".join([*data.verdict.support,
                                             *([data.verdict.caveat] if data.verdict.caveat else [])]))
         self.query_one("#verdict", Static).update(answer)
-        self.query_one("#ranks", Static).update(self._rank_bars(job, per_rank))
+        many = len(per_rank) > MANY_RANKS
+        self.query_one("#ranks", Static).border_title = (f"Where the time of {len(per_rank):,} ranks goes" if many
+                                                         else "Where each rank's time goes")
+        self.query_one("#per-rank", Static).border_title = ("Ranks that stand out" if many else
+                                                            "Per rank (as tracekit summary)")
+        self.query_one("#ranks", Static).update(self._distribution(job, per_rank) if many else
+                                                self._rank_bars(job, per_rank))
         self.query_one("#iteration-times", Static).update(self._iteration_bars(job, data.per_iteration))
         self.query_one("#exposed", Static).update(self._exposed(job))
         self.query_one("#worst", Static).update(self._worst(job))
         self.query_one("#inputs", Static).update(self._inputs(data))
-        self.query_one("#per-rank", Static).update(self._per_rank_table(per_rank))
+        self.query_one("#per-rank", Static).update(self._standing_out(data, per_rank) if many else
+                                                   self._per_rank_table(per_rank))
 
     @staticmethod
     def _rank_bars(job: dict[str, Any], per_rank: list[dict[str, Any]]) -> Any:
@@ -173,6 +184,62 @@ class OverviewView(View):
         return Group(StackedBars(rows, label, max(len(r[2]) for r in rows)), Text(""), legend,
                      Text("share of each rank's time in its iteration windows; median iteration at the right",
                           style="dim"))
+
+    @staticmethod
+    def _distribution(job: dict[str, Any], per_rank: list[dict[str, Any]]) -> Any:
+        """Per class, its share over the ranks (min, 10th percentile, median, 90th percentile, max; the ranks at the
+        ends), with the job's own stacked bar."""
+        if not job.get("ranks"):
+            return Text("no iterations found")
+        dist = many_ranks.distribution(per_rank)
+        table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, expand=False)
+        for name, justify in (("", "left"), ("min", "right"), ("p10", "right"), ("median", "right"),
+                              ("p90", "right"), ("max", "right"), ("lowest · highest", "left")):
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for r in dist.iter_rows(named=True):
+            fmt = fmt_share if r["share"] else (lambda v: fmt_ns(int(v)))
+            label = "iteration" if r["figure"] == "iteration" else SHORT_LABELS[r["figure"]]
+            style = CLASS_STYLES.get(r["figure"], "bold")
+            table.add_row(Text(label, style=style), *[fmt(r[k]) for k in ("min", "p10", "median", "p90", "max")],
+                          f"rank {r['min_rank']} · rank {r['max_rank']}")
+        bars = StackedBars([("job", [job[f"{c}_share"] for c in CLASSES],
+                             f"{_nb(fmt_ns(job['median_iteration_ns'])):>7}  exposed "
+                             f"{_nb(fmt_share(job['exposed_comm_share'])):>7}")], 4, 25)
+        return Group(table, bars, Text(f"over {len(per_rank):,} ranks: each figure's spread (the rank's share of its "
+                                       "own time, or its median iteration); the ranks at either end", style="dim"))
+
+    @staticmethod
+    def _standing_out(data: JobData, per_rank: list[dict[str, Any]]) -> Any:
+        """The outliers (ranks, or whole hosts) and the stragglers, never a row per rank."""
+        ranks = data.analysis.ranks if data.analysis is not None else data.ranks
+        hosts = dict(zip(ranks.column("rank").to_pylist(), ranks.column("host").to_pylist(), strict=True))
+        out = Text()
+        found = many_ranks.outliers(per_rank, hosts)
+        out.append("Outliers", style="bold")
+        out.append(f" (beyond {many_ranks.OUTLIER_MADS:g} robust deviations from the median rank)\n", style="dim")
+        if not found:
+            out.append("  none: every rank is close to the median rank on every figure\n")
+        for o in found:
+            fmt = fmt_share if o["share"] else (lambda v: fmt_ns(int(v)))
+            label = "iteration" if o["figure"] == "iteration" else SHORT_LABELS[o["figure"]]
+            out.append(f"  {o['who']}: ", style="bold")
+            out.append(f"{label} {fmt(o['value'])} (median rank {fmt(o['median'])}, {o['deviations']:.0f}x)\n",
+                       style=CLASS_STYLES.get(o["figure"], ""))
+        out.append("\nStragglers", style="bold")
+        out.append(" (who the others waited for in collectives)\n", style="dim")
+        if data.analysis is None:
+            out.append("  matching the collectives across ranks…", style="dim")
+            return out
+        strag = many_ranks.stragglers(data.analysis.instances)
+        if strag.height == 0:
+            out.append("  none judged (no complete collective matched across ranks)")
+        for r in strag.iter_rows(named=True):
+            share = f"{fmt_share(r['wait_share'])} of all waiting" if r["wait_share"] is not None else ""
+            out.append(f"  rank {r['rank']}", style="bold")
+            out.append(f" ({hosts.get(r['rank']) or '?'}): last to arrive {r['last_arrivals']:,} times, "
+                       f"{fmt_ns(int(r['waited_ns']))} waited for it, {share}\n")
+        out.append("\nx / w: show on the timeline · 3 then g: go to a rank · F: keep a host or group", style="dim")
+        return out
 
     @staticmethod
     def _iteration_bars(job: dict[str, Any], per_iteration: list[dict[str, Any]]) -> Any:

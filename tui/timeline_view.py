@@ -1,7 +1,9 @@
 """Timeline: one row per lane (each rank's attribution classes, then its device streams and CPU threads),
 coloured by kind, with zoom, pan, a cursor, jumps (next communication, critical-path segment or search
 hit), search, the critical path drawn over the lanes, and a details panel for the event under the cursor
-(with the collective instance it belongs to on every rank).
+(with the collective instance it belongs to on every rank). ``g`` goes to a rank; ``F`` keeps the ranks of a
+host, a process group or a range (a job read rank by rank reads each rank's events when it is drawn:
+:class:`tracekit.views.ranked_timeline.RankedTimeline`).
 
 The canvas and its drawing are in :mod:`tracekit.tui.timeline_canvas`; this module is the tab around it:
 the details panel, the status line and the search box.
@@ -35,13 +37,24 @@ class TimelineView(View):
     NEEDS_TIMELINE = True
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "search", "Search", key_display="/"),
+        Binding("g", "ask('goto')", "Go to rank", show=False),
+        Binding("F", "ask('filter')", "Filter ranks (host, group, range)", show=False),
         Binding("escape", "clear_search", "Clear search", show=False),
     ]
+    #: what the input box asks for, by mode
+    PROMPTS: ClassVar[dict[str, str]] = {
+        "search": "search event names (regular expression; enter: find, escape: cancel)",
+        "goto": "go to rank (a number; enter: go, escape: cancel)",
+        "filter": "show only: host NAME · group NAME (a process group's name, or its description: the cursor's "
+                  "group of that kind) · ranks 0-7,12 · empty: every rank",
+    }
 
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
         self._data: JobData | None = None
         self._search: str | None = None
+        self._asking = "search"
+        self._filter: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("building the timeline…", id="timeline-wait", classes="hint")
@@ -69,12 +82,15 @@ class TimelineView(View):
         if data.timeline is None:
             return
         canvas = self.canvas
-        if canvas.model is not data.timeline:
+        if canvas.model is None or (canvas.model is not data.timeline and self._filter is None):
             self.query_one("#timeline-wait", Static).display = False
             canvas.display = True
             canvas.set_model(data.timeline)
-        if data.path_marks is not None and canvas.marks.get(PATH_MARKS) is not data.path_marks:
+        if data.path_marks is not None and self._filter is None and canvas.marks.get(PATH_MARKS) is not \
+                data.path_marks:
             canvas.set_marks(PATH_MARKS, data.path_marks)
+        elif data.path_marks is not None and self._filter is not None and PATH_MARKS not in canvas.marks:
+            self._filtered_path()
 
     def show(self, rank: int, start_ns: int, end_ns: int, lane: str | None, cursor_ns: int | None = None) -> bool:
         """Show a span given on ``rank``'s own clock (the cursor at ``cursor_ns``, default the start);
@@ -82,6 +98,10 @@ class TimelineView(View):
         model = self.canvas.model
         if model is None:
             return False
+        if not model.lanes_of_rank(rank) and self._filter is not None:  # filtered out: show every rank again
+            self.filter("")
+            model = self.canvas.model
+            assert model is not None
         off = model.clock_offsets.get(rank, 0)
         li = model.lane_index(rank, lane) if lane is not None else None
         li = li if li is not None else model.lane_index(rank, "classes")
@@ -94,9 +114,15 @@ class TimelineView(View):
     # ----------------------------------------------------------------- search
 
     def action_search(self) -> None:
+        self.action_ask("search")
+
+    def action_ask(self, what: str) -> None:
+        """Open the input box for a search, a rank to go to or a filter."""
         box = self.query_one("#timeline-search", Input)
+        self._asking = what
+        box.placeholder = self.PROMPTS[what]
         box.display = True
-        box.value = self._search or ""
+        box.value = {"search": self._search, "filter": self._filter}.get(what) or ""
         box.focus()
 
     def action_clear_search(self) -> None:
@@ -114,7 +140,130 @@ class TimelineView(View):
         box = event.input
         box.display = False
         self.canvas.focus()
-        self.search(event.value)
+        if self._asking == "goto":
+            self.goto(event.value)
+        elif self._asking == "filter":
+            self.filter(event.value)
+        else:
+            self.search(event.value)
+
+    # ----------------------------------------------------------------- many ranks: go to one, keep some
+
+    def goto(self, text: str) -> bool:
+        """Put the cursor on the first lane of rank ``text``, keeping the time in view; False if there is none."""
+        model = self.canvas.model
+        try:
+            rank = int(text.strip().removeprefix("rank").strip())
+        except ValueError:
+            self.notify(f"not a rank: {text.strip()!r}", timeout=3, markup=False)
+            return False
+        if model is None:
+            return False
+        if not model.lanes_of_rank(rank) and self._filter is not None:
+            self.filter("")
+            model = self.canvas.model
+            assert model is not None
+        lanes = model.lanes_of_rank(rank)
+        if not lanes:
+            self.notify(f"no rank {rank} in this job", timeout=3)
+            return False
+        canvas = self.canvas
+        canvas.cursor_lane = lanes[0]
+        canvas.top_lane = lanes[0]
+        canvas._keep_cursor_visible()
+        canvas._changed()
+        return True
+
+    def filter(self, text: str) -> int:
+        """Show only the ranks ``text`` names (module docstring; empty: every rank); returns how many are shown.
+        Only a job read rank by rank has a timeline that can leave ranks out."""
+        from tracekit.views.ranked_timeline import RankedTimeline
+
+        data, canvas = self._data, self.canvas
+        base = data.timeline if data is not None else None
+        if not isinstance(base, RankedTimeline):
+            self.notify("the rank filter is for jobs read rank by rank (g goes to a rank)", timeout=3)
+            return 0
+        text = text.strip()
+        ranks = None if not text else self._ranks_of(text)
+        if ranks is not None and not ranks:
+            self.notify(f"no rank matches {text!r}", timeout=3, markup=False)
+            return 0
+        rank = canvas.model.lanes[canvas.cursor_lane].rank if canvas.model is not None and canvas.model.lanes else None
+        model = base if ranks is None else base.subset(sorted(ranks))
+        zoom, first, t = canvas.zoom, canvas.first_cell, canvas.cursor_t
+        canvas.set_model(model)
+        canvas.zoom, canvas.first_cell, canvas.cursor_t = zoom, first, t
+        self._filter = text or None
+        canvas.set_marks("search", None)
+        self._search = None
+        canvas.marks.pop(PATH_MARKS, None)
+        self._filtered_path()
+        if rank is not None and model.lanes_of_rank(rank):
+            canvas.cursor_lane = model.lanes_of_rank(rank)[0]
+        canvas._keep_cursor_visible()
+        canvas._changed()
+        return len(model.shown)
+
+    def _filtered_path(self) -> None:
+        """The critical path's marks on the filtered timeline (its lanes are numbered anew)."""
+        data, canvas = self._data, self.canvas
+        if data is None or data.analysis is None or not data.paths_ready or canvas.model is None:
+            return
+        if self._filter is None:
+            if data.path_marks is not None:
+                canvas.set_marks(PATH_MARKS, data.path_marks)
+            return
+        from tracekit.tui.data import critical_path_marks
+
+        canvas.set_marks(PATH_MARKS, critical_path_marks(canvas.model, data.analysis.critical_path))
+
+    def _ranks_of(self, text: str) -> set[int]:
+        """The ranks a filter names: ``host NAME``, ``group NAME`` or ``ranks 0-7,12``."""
+        data = self._data
+        assert data is not None
+        word, _, rest = text.partition(" ")
+        rest = rest.strip()
+        ranks_t = data.analysis.ranks if data.analysis is not None else data.ranks
+        all_ranks = [int(r) for r in ranks_t.column("rank").to_pylist() if r is not None]
+        if word == "host":
+            hosts = ranks_t.column("host").to_pylist()
+            return {int(r) for r, h in zip(ranks_t.column("rank").to_pylist(), hosts, strict=True)
+                    if r is not None and h is not None and (h == rest or str(h).startswith(rest))}
+        if word == "group":
+            return self._group(rest)
+        if word == "ranks" or word[:1].isdigit():
+            spec = rest if word == "ranks" else text
+            out: set[int] = set()
+            for part in filter(None, (p.strip() for p in spec.replace(" ", ",").split(","))):
+                a, _, b = part.partition("-")
+                try:
+                    lo, hi = int(a), int(b or a)
+                except ValueError:
+                    return set()
+                out.update(r for r in all_ranks if lo <= r <= hi)
+            return out
+        return set()
+
+    def _group(self, name: str) -> set[int]:
+        """The ranks of the process group ``name``; for a description (``dp``), the cursor's rank's group of it."""
+        from tracekit.analysis import collectives
+
+        data, canvas = self._data, self.canvas
+        assert data is not None and data.analysis is not None
+        a = data.analysis
+        metas = [s.get("meta") or {} for s in a.dataset.summaries] if a.dataset is not None else \
+            [f.meta for f in a.traces.files]
+        groups = collectives.groups_from_meta(metas)
+        if name in groups:
+            return set(groups[name])
+        descs = collectives.group_descs(metas)
+        rank = canvas.model.lanes[canvas.cursor_lane].rank if canvas.model is not None and canvas.model.lanes else None
+        mine = [g for g, d in descs.items() if (d == name or d.endswith("_" + name)) and g in groups]
+        for g in mine:
+            if rank in groups[g]:
+                return set(groups[g])
+        return set(groups[mine[0]]) if mine else set()
 
     def search(self, pattern: str) -> int:
         """Highlight the events whose names match ``pattern`` and jump to the first hit after the cursor;
@@ -180,6 +329,8 @@ class TimelineView(View):
         if self._search is not None:
             n = len(canvas.marks.get("search", []))
             t.append(f"  search {self._search!r}: {n:,} hits (n/N)", style="black on bright_white")
+        if self._filter is not None:
+            t.append(f"  ranks: {self._filter} (F)", style="bold")
         if PATH_MARKS in canvas.marks:
             t.append("  ")
             shown = PATH_MARKS not in canvas.hidden_marks
@@ -226,8 +377,9 @@ class TimelineView(View):
         if i is None:
             return Text(f"rank {rank} · {lane} · idle at {fmt_time(c0 - model.t0)}", style="dim")
         assert self._data is not None and self._data.analysis is not None
-        events = self._data.analysis.events
-        row = events.slice(int(model.ev_row[i]), 1).to_pylist()[0]
+        record = getattr(model, "record", None)  # a job read rank by rank: the row of the rank's events
+        row = record(i) if record is not None else \
+            self._data.analysis.events.slice(int(model.ev_row[i]), 1).to_pylist()[0]
         start = int(model.ev_start[i]) - model.t0
         dur = int(model.ev_end[i] - model.ev_start[i])
         t = Text(str(row["name"]), style="bold")

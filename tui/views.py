@@ -69,7 +69,8 @@ class View(Widget):
     def available(cls, data: JobData) -> bool:
         """True when every table the view needs is there, with rows."""
         tables = data.tables()
-        return all(name in tables and tables[name].num_rows > 0 for name in cls.REQUIRES)
+        # a job read rank by rank keeps its events on disk (a stream of batches): they are there
+        return all(name in tables and getattr(tables[name], "num_rows", 1) > 0 for name in cls.REQUIRES)
 
     def show_data(self, data: JobData) -> None:
         """Display ``data``; called again as phases complete (cheap when nothing changed)."""

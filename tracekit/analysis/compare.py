@@ -130,9 +130,7 @@ def compare(base: Analysis, new: Analysis, *, base_name: str = "base", new_name:
         if run.breakdown.num_rows == 0:
             notes.append(f"{name} has no iteration window to compare (a Horovod timeline alone?)")
     paths = pl.DataFrame()
-    if not (a.dataset is None and b.dataset is None):
-        notes.append("critical path not compared: a run was analysed rank by rank")
-    elif a.breakdown.num_rows and b.breakdown.num_rows:
+    if a.breakdown.num_rows and b.breakdown.num_rows:
         paths = critical_path_rows(a.critical_path, b.critical_path)
     return Diff(
         base=base_name, new=new_name,

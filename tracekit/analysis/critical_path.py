@@ -102,17 +102,24 @@ def of_schedule(graph: Graph, times: np.ndarray, weight: np.ndarray,
     # a replay's weight is the edge's (re-costed) structural lag plus the measured slack it keeps
     src, dst, etype, slack = graph.src, graph.dst, graph.etype, graph.slack
     w = weight
+    gap = graph.gap
+    if gap is not None:  # a merged run's untraced gaps scale with its lag where a replay scaled it
+        lag = w - slack
+        gap = np.where(graph.lag > 0, np.rint(gap * (lag / np.maximum(graph.lag, 1))), 0).astype(np.int64)
+        gap = np.clip(gap, 0, np.maximum(lag, 0))
     if extra is not None and extra[0].size:
         src = np.concatenate([src, extra[0]])
         dst = np.concatenate([dst, extra[1]])
         w = np.concatenate([w, extra[2]])
         slack = np.concatenate([slack, np.zeros(extra[0].size, dtype=slack.dtype)])
         etype = np.concatenate([etype, np.full(extra[0].size, _ET["collective"], dtype=etype.dtype)])
+        if gap is not None:
+            gap = np.concatenate([gap, np.zeros(extra[0].size, dtype=gap.dtype)])
     from tracekit.analysis.dag import bind
 
     binding, _ = bind(src, dst, w, times)
     return Graph(act=graph.act, src=src, dst=dst, lag=w - slack, etype=etype, node_time=times, binding=binding,
-                 slack=slack, violated=graph.violated)
+                 slack=slack, violated=graph.violated, gap=gap)
 
 
 def schedule_spans(iteration_of: np.ndarray, times: np.ndarray) -> pl.DataFrame:
@@ -260,21 +267,27 @@ def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
     own = et == _ET["own"]
     lag_label = np.where(own, _activity_labels(graph)[a_dst], np.asarray(_LAG_LABEL, dtype=object)[et])
     lag_owner = np.where(np.isin(et, [_ET["launch"], _ET["enqueue"]]) & ~own, a_src, a_dst)
-    has_lag = (lag > 0) & (t_struct > s0)
+    # the untraced gaps inside a merged run's own work (:mod:`tracekit.analysis.compact`): idle on program order, at
+    # the end of its lag
+    gap = graph.gap[e] if graph.gap is not None else np.zeros(e.size, dtype=np.int64)
+    t_work = t_struct - gap
+    has_lag = (lag - gap > 0) & (t_work > s0)
     k = n.size
-    # per step: the slack segment, then the lag segment (the order the path is read in, latest first)
-    start = np.empty(2 * k, dtype=np.int64)
-    end = np.empty(2 * k, dtype=np.int64)
-    start[0::2], end[0::2] = np.maximum(t_struct, s0), t_node
-    start[1::2], end[1::2] = np.maximum(times[p], s0), np.minimum(t_struct, t_node)
-    label = np.empty(2 * k, dtype=object)
-    label[0::2], label[1::2] = slack_label, lag_label
-    owner = np.empty(2 * k, dtype=np.int64)
-    owner[0::2], owner[1::2] = a_dst, lag_owner
-    edge = np.empty(2 * k, dtype=object)
-    edge[0::2] = edge[1::2] = names[et]
-    keep = np.empty(2 * k, dtype=bool)
-    keep[0::2], keep[1::2] = t_node > t_struct, has_lag
+    # per step: the slack segment, the gaps, then the lag segment (the order the path is read in, latest first)
+    start = np.empty(3 * k, dtype=np.int64)
+    end = np.empty(3 * k, dtype=np.int64)
+    start[0::3], end[0::3] = np.maximum(t_struct, s0), t_node
+    start[1::3], end[1::3] = np.maximum(t_work, s0), np.minimum(t_struct, t_node)
+    start[2::3], end[2::3] = np.maximum(times[p], s0), np.minimum(t_work, t_node)
+    label = np.empty(3 * k, dtype=object)
+    label[0::3], label[1::3], label[2::3] = slack_label, "idle", lag_label
+    owner = np.empty(3 * k, dtype=np.int64)
+    owner[0::3], owner[1::3], owner[2::3] = a_dst, a_dst, lag_owner
+    edge = np.empty(3 * k, dtype=object)
+    edge[0::3] = edge[2::3] = names[et]
+    edge[1::3] = "program"
+    keep = np.empty(3 * k, dtype=bool)
+    keep[0::3], keep[1::3], keep[2::3] = t_node > t_struct, (gap > 0) & (t_struct > s0), has_lag
     if source.any():  # the chain ends at a node nothing binds: idle from the iteration's start
         last = nd[source][0]
         start = np.append(start[keep], s0)

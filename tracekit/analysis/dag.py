@@ -72,6 +72,9 @@ class Graph:
     binding: np.ndarray  # per node: index of its binding edge, -1 for a source
     slack: np.ndarray  # per edge: measured slack added to the lag (nonzero only on binding edges)
     violated: dict[str, int]  # edges dropped because the measured schedule contradicts them, by type
+    #: per edge, how much of its lag is untraced gaps on a thread (idle nothing explains), where activities were merged
+    #: into one (:mod:`tracekit.analysis.compact`); None when no edge has any
+    gap: np.ndarray | None = None
 
     @property
     def n_nodes(self) -> int:

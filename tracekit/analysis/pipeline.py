@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import polars as pl
 import pyarrow as pa
@@ -46,6 +46,15 @@ if TYPE_CHECKING:
 SPLIT_BYTES_PER_EVENT = 400
 
 
+class RankGraphSource(Protocol):
+    """What a job analysed rank by rank gives :attr:`Analysis.graph` and :attr:`Analysis.whatif`
+    (:class:`tracekit.scale.graphs.RankGraphs`; named here so that the analysis does not import the scale layer)."""
+
+    leaves: pl.DataFrame | None
+
+    def graph(self, analysis: Analysis) -> dag.Graph: ...
+
+
 @dataclass
 class EventBatches:
     """The events of every rank as a stream of batches (for exports that must not hold them all)."""
@@ -79,6 +88,9 @@ class Analysis:
     horovod: horovod.Result | None = None  # Horovod timelines' tables (tracekit/analysis/horovod.py), None without one
     dataset: Dataset | None = None  # set when analysed rank by rank: the events stay on disk (``events`` is empty)
     memory_budget: str | int | None = None  # rank by rank: the memory one rank's events may take (--memory-budget)
+    #: rank by rank: where the job's dependency graph comes from — the ranks' compact graphs, combined on first use
+    #: (:class:`tracekit.scale.graphs.RankGraphs`); None where there is none
+    rank_graphs: RankGraphSource | None = None
 
     @property
     def horovod_only(self) -> bool:
@@ -87,10 +99,15 @@ class Analysis:
 
     @cached_property
     def graph(self) -> dag.Graph:
-        """The dependency graph of the whole job (built on first use)."""
+        """The dependency graph of the whole job (built on first use; rank by rank, combined from the ranks'
+        compact graphs: :mod:`tracekit.analysis.compact`)."""
         if self.dataset is not None:
-            raise TraceError(None, "the critical path and what-if need the whole job in memory: run without "
-                             "--engine, --scheduler, --dataset and --memory-budget")
+            if self.rank_graphs is None:
+                raise TraceError(None, "the critical path and what-if need the ranks' dependency graphs, which this "
+                                 "job analysed rank by rank does not have")
+            graph = self.rank_graphs.graph(self)
+            release_memory()
+            return graph
         # Horovod's phases are a coordinator's per-tensor view, not a thread's program order: the graph (critical
         # path, what-if) is built from the profiler traces only
         events = self.events if self.horovod is None else horovod.without_timeline(self.events)
@@ -116,16 +133,20 @@ class Analysis:
     @cached_property
     def whatif(self) -> whatif.Model:
         """The what-if model of the job (its graph with re-costable transfers)."""
-        model = whatif.build(self.events, self.collectives, self.ranks, self.members, self.instances,
-                             line_rate_bps=self.line_rate_bps, graph=self.graph, line_rates=self.line_rates,
-                             pg_desc=self.pg_desc, group_links=self.group_links)
+        graph = self.graph
+        leaves = self.rank_graphs.leaves if self.dataset is not None and self.rank_graphs is not None else None
+        model = whatif.build(self.events if self.dataset is None else None, self.collectives, self.ranks,
+                             self.members, self.instances, line_rate_bps=self.line_rate_bps, graph=graph,
+                             line_rates=self.line_rates, pg_desc=self.pg_desc, group_links=self.group_links,
+                             leaves=leaves)
         release_memory()
         return model
 
     @cached_property
     def bottleneck(self) -> bottleneck.Bottleneck | None:
         """Is the network the bottleneck? None when the job has no communication."""
-        if self.horovod_only or self.dataset is not None or self.whatif.comm.height == 0:
+        if self.horovod_only or (self.dataset is not None and self.rank_graphs is None) or \
+                self.whatif.comm.height == 0:
             return None
         return self.bottleneck_of(self.whatif)
 
@@ -150,9 +171,10 @@ class Analysis:
         if self.horovod_only:
             return verdict.from_attribution(self.breakdown, collectives.stragglers(self.instances),
                                             "Horovod timelines alone have no dependency graph to replay")
-        if self.dataset is not None:
+        if self.dataset is not None and self.rank_graphs is None:
             return verdict.from_attribution(self.breakdown, collectives.stragglers(self.instances),
-                                            "the replays need the whole job in memory (analysed rank by rank)")
+                                            "the job was read rank by rank without the ranks' dependency graphs, "
+                                            "which the replays need (tracekit whatif or critical-path builds them)")
         if self.breakdown.num_rows == 0:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
         # what the path is made of, from a few iterations spread over the job (the same whatever else was computed;
@@ -163,6 +185,16 @@ class Analysis:
         summ = critical_path.summary(segs, self.iterations, self.ranks)
         return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
                                 segs, self.link_busy.to_pylist(), verdict.input_time(self.events))
+
+    @property
+    def summary_verdict(self) -> verdict.Answer:
+        """The verdict ``tracekit summary`` gives: :attr:`verdict`, except for a job read rank by rank, which summary
+        does not replay (the replays are whatif's and critical-path's): then from the attribution, and saying so."""
+        if self.dataset is not None and "verdict" not in self.__dict__:
+            return verdict.from_attribution(self.breakdown, collectives.stragglers(self.instances),
+                                            "summary reads a job rank by rank without replaying it (tracekit whatif "
+                                            "or critical-path gives the verdict from the replays)")
+        return self.verdict
 
     # ------------------------------------------------------------- the NCCL logs' topology and problems
 
@@ -219,20 +251,21 @@ class Analysis:
     def top_ops(self) -> pa.Table:
         """Per rank, attribution class and op: the time of the kernels and CPU operators behind each class
         (:mod:`tracekit.analysis.top_ops`)."""
-        return self._per_rank_events(lambda ev, it: top_ops.table(ev, it, self._activity_of(ev)), schema.TOP_OPS)
+        return self._per_rank_events(lambda ev, it: top_ops.table(ev, it, self._activity_of(ev)), schema.TOP_OPS,
+                                     "top_ops")
 
     @cached_property
     def op_totals(self) -> pa.Table:
         """Per rank and op: calls and time inside the iteration windows (:func:`tracekit.analysis.top_ops.totals`)."""
         return self._per_rank_events(lambda ev, it: top_ops.totals(ev, it, self._activity_of(ev)),
-                                     top_ops.TOTALS_SCHEMA)
+                                     top_ops.TOTALS_SCHEMA, "op_totals")
 
     @cached_property
     def idle_breakdown(self) -> pa.Table:
         """Per window: its idle time split into host-bound, synchronisation and other
         (:mod:`tracekit.analysis.idle`)."""
         return self._per_rank_events(lambda ev, it: idle.breakdown(ev, it, self.breakdown, self._activity_of(ev)),
-                                     schema.IDLE_BREAKDOWN)
+                                     schema.IDLE_BREAKDOWN, "idle_breakdown")
 
     @cached_property
     def activity(self) -> pl.DataFrame:
@@ -244,9 +277,9 @@ class Analysis:
         """:attr:`activity` when ``events`` are the job's own in memory, else None (computed from them)."""
         return self.activity if events is self.events and self.dataset is None else None
 
-    def _per_rank_events(self, fn, out_schema: pa.Schema) -> pa.Table:
+    def _per_rank_events(self, fn, out_schema: pa.Schema, stored: str | None = None) -> pa.Table:
         """``fn(events, iterations)`` of the job — of each rank in turn when the events stay on disk (a rank over the
-        memory budget is left out, and a note says so)."""
+        memory budget is left out, and a note says so; the table ``stored`` where the rank's unit wrote it)."""
         if self.horovod_only or self.breakdown.num_rows == 0:
             return schema.empty(out_schema)
         if self.dataset is None:
@@ -256,7 +289,13 @@ class Analysis:
         iters = pl.from_arrow(self.iterations)
         assert isinstance(iters, pl.DataFrame)
         parts, too_big = [], []
+        have = self.dataset.ranks_with(stored) if stored else set()
+        if have:
+            t = self.dataset.table(stored)  # type: ignore[arg-type]
+            parts.append(schema.conform(t, out_schema))
         for rank, n in sorted(self.dataset.rank_event_counts().items()):
+            if rank in have:
+                continue
             if n * SPLIT_BYTES_PER_EVENT > budget:
                 too_big.append(rank)
                 continue
@@ -267,7 +306,12 @@ class Analysis:
                     "its events exceed the memory budget")
             if note not in self.notes:
                 self.notes.append(note)
-        return pa.concat_tables(parts) if parts else schema.empty(out_schema)
+        out = pa.concat_tables(parts) if parts else schema.empty(out_schema)
+        if len(parts) > 1 and out.num_rows:  # rank by rank, in rank order (each rank's rows as it ordered them)
+            ranks = pl.from_arrow(out.select(["rank"]))
+            assert isinstance(ranks, pl.DataFrame)
+            out = out.take(ranks.with_row_index("_i").sort("rank", maintain_order=True).get_column("_i").to_arrow())
+        return out
 
     def prefetch(self, *names: str) -> None:
         """Compute these analyses (cached properties): the first in this thread, the others one after another in a
@@ -327,8 +371,8 @@ class Analysis:
         if ops and not self.horovod_only:
             out["top_ops"] = lambda: self.top_ops
             out["idle_breakdown"] = lambda: self.idle_breakdown
-        # a timeline alone has no compute to follow a path through; rank by rank there is no graph
-        if paths and not self.horovod_only and self.dataset is None:
+        # a timeline alone has no compute to follow a path through; rank by rank, the ranks' graphs combined
+        if paths and not self.horovod_only and (self.dataset is None or self.rank_graphs is not None):
             out["critical_path"] = lambda: self.critical_path.to_arrow()
             out["critical_path_summary"] = lambda: self.critical_path_summary.to_arrow()
         if self.horovod is not None:

@@ -226,12 +226,14 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
           members: pa.Table | None = None, instances: pa.Table | None = None,
           line_rate_bps: float | None = None, latency_ns: int | None = None, graph: Graph | None = None,
           line_rates: dict[str, float] | None = None, pg_desc: dict[str, str] | None = None,
-          group_links: pa.Table | None = None) -> Model:
+          group_links: pa.Table | None = None, leaves: pl.DataFrame | None = None) -> Model:
     """The dependency graph of the job (built here unless given) plus what re-costing transfers needs.
 
     ``line_rate_bps`` is the rate every link ran at; ``line_rates`` maps selectors (:func:`selects`) to the rate
     of some links only, and wins where both apply. ``pg_desc`` names process groups' descriptions;
-    ``group_links`` (GROUP_LINKS, from the job's NCCL logs) each group's link class and transport."""
+    ``group_links`` (GROUP_LINKS, from the job's NCCL logs) each group's link class and transport. ``leaves`` are the
+    innermost compute operations the contention fit reads (:func:`compute_leaves`, job clock) where ``events`` are not
+    at hand (a job analysed rank by rank, :mod:`tracekit.analysis.compact`)."""
     inst = consistent_members(members, instances, collectives)
     g = graph if graph is not None else dag.build(events, ranks, inst)
     act = g.act
@@ -245,9 +247,9 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
         comm = comm.with_columns(pl.lit(None, dtype=pl.Int64).alias("instance"))
     # the contention fit's compute leaves come from the events alone: found on a second thread meanwhile
     compute = _compute_mask(g)
-    leaves = None
-    if events is not None and compute.any() and comm.height:
-        leaves = background.start(_compute_leaves, events, g, name="tracekit-leaves")
+    found_leaves = None
+    if events is not None and compute.any() and comm.height and leaves is None:
+        found_leaves = background.start(_compute_leaves, events, g, name="tracekit-leaves")
     a = comm.get_column("a").to_numpy()
     # each comm activity's own edge (start -> end) carries its transfer
     own_mask = g.etype == _OWN
@@ -286,7 +288,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=latency,
                   measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
-    _measure_contention(model, own_of_node, compute, leaves.result() if leaves is not None else None)
+    _measure_contention(model, own_of_node, compute, found_leaves.result() if found_leaves is not None else leaves)
     model.measured_iteration_ns = iteration_time(model, g.node_time)
     return model
 
@@ -339,6 +341,12 @@ def _measure_contention(model: Model, own_of_node: np.ndarray, compute: np.ndarr
     model.compute_act = idx[ok]
     model.compute_edge = edge[ok]
     model.compute_base = contention.base(g.lag[edge[ok]].astype(np.float64), f[ok], found.slowdown)
+
+
+def compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
+    """``rank, iteration, name, start, end`` (job clock) of the innermost compute operations of ``events`` (what the
+    contention fit reads; see :func:`_compute_leaves`)."""
+    return _compute_leaves(events, g)
 
 
 def _compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:

@@ -13,20 +13,23 @@ from tracekit.loading.traceset import TraceSet
 from tracekit.model import schema
 from tracekit.model.units import memory_budget
 from tracekit.scale.dataset import Dataset
+from tracekit.scale.graphs import RankGraphs
 
-# what a job analysed rank by rank (--engine/--dataset, or too big for memory) does not have
-DATASET_NOTE = ("analysed rank by rank from a per-rank dataset: the critical path and what-if need the whole job "
-                "in memory")
+#: how a job analysed rank by rank (--engine/--dataset, or too big for memory) was read
+DATASET_NOTE = ("analysed rank by rank from a per-rank dataset (the critical path and what-if on the ranks' compact "
+                "dependency graphs)")
 
 
 def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_clocks: bool = True,
-                    memory_budget: str | int | None = None) -> Analysis:
+                    memory_budget: str | int | None = None, line_rates: dict[str, float] | None = None,
+                    rank_graphs: RankGraphs | None = None) -> Analysis:
     """The results of a job whose ranks were parsed and attributed one by one (:mod:`tracekit.scale.dataset`): the
     per-rank breakdowns as written, then what needs every rank but not every event — collectives matched across
     ranks (clocks, skew, stragglers; an instance's iteration from the events' ``collective_id`` column only) and
     link figures — and, one rank at a time, exposed communication split into waiting and transfer.
     ``memory_budget`` (bytes; default :func:`tracekit.scale.dataset.memory_budget`) bounds the rank held at once: a
-    rank with more events keeps its split unknown, and a note says so."""
+    rank with more events keeps its split unknown, and a note says so. ``rank_graphs`` gives the critical path and
+    what-if the ranks' compact graphs (default: those of ``ds``, built on first use where missing)."""
     colls, join_notes = nccl_join.join(ds.table("collectives"))
     comm_events = (ds.scan("events").filter(pl.col("collective_id").is_not_null())
                    .select(["rank", "collective_id", "iteration"]).collect().to_arrow())
@@ -52,16 +55,20 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
     return Analysis(traces=traces, events=traces.events, iterations=ds.table("iterations"), breakdown=breakdown,
                     ranks=ranks, collectives=colls, instances=instances, members=matching.members,
                     line_rate_bps=rate, line_rate_source=rate_source, matched=matching.matched,
-                    notes=[*ds.notes, DATASET_NOTE, *unsplit],
+                    line_rates=dict(line_rates or {}), notes=[*ds.notes, DATASET_NOTE, *unsplit],
                     diagnostics=[*ds.diagnostics, *join_notes, *matching.diagnostics], dataset=ds,
-                    memory_budget=memory_budget)
+                    memory_budget=memory_budget,
+                    rank_graphs=rank_graphs if rank_graphs is not None else RankGraphs(ds, budget=memory_budget))
 
 
 def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matching,
                         budget: str | int | None) -> tuple[pa.Table, list[str]]:
     """The breakdown again, rank by rank, with exposed communication split into waiting and transfer (the
     split needs the cross-rank matching, which the per-rank units ran before); returns it and a note naming
-    the ranks left unsplit because their events exceed ``budget``."""
+    the ranks left unsplit because what the split holds of them exceeds ``budget``.
+
+    Where a rank's unit kept its attribution intervals (``activity``), ranks are split together, as many at once as
+    the budget holds (one sweep; no event read again); the others are split one at a time from their events."""
     budget = memory_budget(budget)
     written = ds.table("breakdown")
     iters = pl.from_arrow(ds.table("iterations"))
@@ -70,17 +77,49 @@ def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matc
     parts: list[pa.Table] = []
     done: list[int] = []
     too_big: list[int] = []
+    stored = ds.ranks_with("activity")
+    rows = {int(r): int(s.get("activity_rows") or 0) for r, s in _summaries_by_rank(ds).items()}
+    batch: list[int] = []
+    held = 0
+
+    def split(ranks: list[int]) -> None:
+        act = pl.from_arrow(ds.ranks_table("activity", ranks))
+        assert isinstance(act, pl.DataFrame)
+        comm = act.filter(pl.col("cls") == attribution.TRANSFER)
+        events = schema.table(schema.EVENTS, {
+            "rank": comm.get_column("rank").to_arrow(), "kind": ["comm"] * comm.height,
+            "start_ns": comm.get_column("start_ns").to_arrow(),
+            "dur_ns": (comm.get_column("end_ns") - comm.get_column("start_ns")).to_arrow(),
+            "collective_id": comm.get_column("collective_id").to_arrow()})
+        keep = pl.col("rank").is_in(ranks)
+        parts.append(attribution.breakdown(events, iters.filter(keep).to_arrow(), coll.filter(keep).to_arrow(),
+                                           comm_split=collectives.comm_split(events, matching),
+                                           act=act.drop("collective_id").with_row_index("row")))
+        done.extend(ranks)
+
     for rank, n in sorted(ds.rank_event_counts().items()):
+        if rank in stored:
+            need = rows.get(rank, 0) * pipeline.SPLIT_BYTES_PER_EVENT
+            if need > budget:
+                too_big.append(rank)
+                continue
+            if batch and held + need > budget:
+                split(batch)
+                batch, held = [], 0
+            batch.append(rank)
+            held += need
+            continue
         if n * pipeline.SPLIT_BYTES_PER_EVENT > budget:
             too_big.append(rank)
             continue
         events = ds.rank_events(rank)
-        it = iters.filter(pl.col("rank") == rank).to_arrow()
-        split = collectives.comm_split(events, matching)
-        parts.append(attribution.breakdown(events, it, coll.filter(pl.col("rank") == rank).to_arrow(),
-                                           comm_split=split))
+        keep = pl.col("rank") == rank
+        parts.append(attribution.breakdown(events, iters.filter(keep).to_arrow(), coll.filter(keep).to_arrow(),
+                                           comm_split=collectives.comm_split(events, matching)))
         done.append(rank)
         del events
+    if batch:
+        split(batch)
     kept = pl.from_arrow(written)
     assert isinstance(kept, pl.DataFrame)
     parts.append(kept.filter(~pl.col("rank").is_in(done)).to_arrow())
@@ -89,3 +128,9 @@ def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matc
     notes = [f"exposed communication of rank{'s' if len(too_big) > 1 else ''} {_ranks_text(too_big)} not split "
              "into waiting and transfer: its events exceed the memory budget (--memory-budget)"] if too_big else []
     return out, notes
+
+
+def _summaries_by_rank(ds: Dataset) -> dict[int, dict]:
+    """Each per-rank part's unit summary, by rank."""
+    rank_of_path = {p.get("path"): p.get("rank") for p in ds.manifest["parts"] if p.get("rank") is not None}
+    return {int(rank_of_path[s["path"]]): s for s in ds.summaries if s.get("path") in rank_of_path}

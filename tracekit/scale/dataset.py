@@ -32,7 +32,6 @@ import errno
 import hashlib
 import json
 import os
-import resource
 import shutil
 import socket
 import tempfile
@@ -46,7 +45,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import attribution, iterations
+from tracekit.analysis import attribution, idle, iterations, top_ops
 from tracekit.loading.atomic import apply_modes, data_dir, new_data_dir, publish_dir, real_dir, remove_dir, sweep_stale
 from tracekit.loading.cache import file_crc32, os_error, read_text, seal, unseal, verify_files
 from tracekit.loading.traceset import PER_RANK_FORMATS, RankFacts, assign_ranks, discover
@@ -55,66 +54,36 @@ from tracekit.model.diagnostics import Diagnostic, TraceError
 from tracekit.model.schema import ParsedFile
 from tracekit.model.units import DEFAULT_BUDGET, memory_budget, parse_size  # noqa: F401 (re-exported)
 from tracekit.scale import bounded
+from tracekit.scale.memory import (  # noqa: F401 (read from here by the API, the TUI and the tests)
+    IN_MEMORY_BASE,
+    IN_MEMORY_FACTOR,
+    available_memory,
+    in_memory_need,
+    json_bytes,
+    peak_rss_mb,
+)
 
 if TYPE_CHECKING:  # imported where used: Parquet and the file systems it loads are ~10 ms of every command's
     import pyarrow.parquet as pq  # start, and only the rank-by-rank path needs them
 
-DATASET_VERSION = "1"
+DATASET_VERSION = "2"
 #: the per-rank tables of a part (besides events), in write order
 SMALL_TABLES = ("collectives", "iterations", "breakdown", "topology")
+#: attribution's intervals of a rank (:func:`tracekit.analysis.attribution.activity`; a communication interval's
+#: collective): what splitting its exposed communication into waiting and transfer reads, once the collectives are
+#: matched across ranks, instead of every event again
+ACTIVITY = pa.schema([("rank", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("cls", pa.int64()),
+                      ("collective_id", pa.int64())])
 SCHEMAS = {"events": schema.EVENTS, "collectives": schema.COLLECTIVES, "iterations": schema.ITERATIONS,
-           "breakdown": schema.BREAKDOWN, "topology": schema.TOPOLOGY}
+           "breakdown": schema.BREAKDOWN, "topology": schema.TOPOLOGY, "activity": ACTIVITY,
+           "top_ops": schema.TOP_OPS, "op_totals": top_ops.TOTALS_SCHEMA, "idle_breakdown": schema.IDLE_BREAKDOWN}
+#: per-rank tables a unit computes where it holds the rank's events (not for a rank read in bounded memory), so that
+#: no later step reads every event again; a rank without them gets them computed from its events
+UNIT_TABLES = ("activity", "top_ops", "op_totals", "idle_breakdown")
 Progress = Callable[[int, int, str], None]
 
 
-def json_bytes(path: str) -> int:
-    """The (decompressed) size of an input: gzip's ISIZE trailer when it is plausible, else 10x."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
-            return size
-        f.seek(max(0, size - 4))
-        isize = int.from_bytes(f.read(4), "little")
-    return isize if isize >= size else size * 10  # ISIZE is mod 2^32: wrapped for big files
-
-
-#: peak memory of the whole-job (in-memory) analysis per byte of JSON input (measured 1.9x by
-#: benchmarks/ingest.py, with room for the cross-rank tables) and its fixed cost
-IN_MEMORY_FACTOR = 2.5
-IN_MEMORY_BASE = 256 << 20
-
-
-def in_memory_need(files: list[str]) -> int:
-    """About how much memory analysing ``files`` as one job in memory would take (bytes)."""
-    return IN_MEMORY_BASE + int(IN_MEMORY_FACTOR * sum(json_bytes(f) for f in files))
-
-
-def available_memory() -> int:
-    """Memory this process can still use: ``MemAvailable`` (Linux), else free physical pages, else unbounded."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB: ``VmHWM`` (ru_maxrss of a process started by vfork +
-    exec also counts its parent's), else ``ru_maxrss``."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# how much memory a job needs and the machine has: tracekit.scale.memory (its names are read from here too)
 
 
 # --- the unit --------------------------------------------------------------------------------------
@@ -129,6 +98,8 @@ class Unit:
     staging: str
     step_marker: str | None = None
     memory_budget: int = DEFAULT_BUDGET
+    #: also build the rank's compact dependency graph (:mod:`tracekit.scale.rank_graph`: critical path, what-if)
+    graph: bool = False
 
 
 class _ParquetSink:
@@ -227,6 +198,10 @@ def run_unit(u: Unit) -> dict[str, Any]:
                                                  "its versions; read it again once it is written"))
         per_rank = parsed.format in PER_RANK_FORMATS
         facts = RankFacts()
+        extent = _Extent()
+        unit_tables: dict[str, pa.Table] = {}
+        graph_files: dict[str, Any] = {}
+        graph_skipped = False
         has_steps = True
         if per_rank:
             # attribution is per rank: analyse with a stand-in rank (0); the real one is the partition key
@@ -235,17 +210,31 @@ def run_unit(u: Unit) -> dict[str, Any]:
             if parsed.events_file:
                 def take(b: pa.RecordBatch) -> None:
                     facts.add(b)
+                    extent.add(b)
                     sink.write(b)
 
                 iters, bd = bounded.analyse(parsed.events_file, 0, colls, u.step_marker, take, require_steps=False)
             else:
                 ev, iters = iterations.assign(_with_rank(parsed.events, 0), u.step_marker, require_steps=False)
-                bd = attribution.breakdown(ev, iters, colls)
+                act = attribution.activity(ev)
+                bd = attribution.breakdown(ev, iters, colls, act=act)
                 facts.add(ev)
+                extent.add(ev)
                 sink.write(ev)
+                unit_tables = _unit_tables(ev, iters, bd, act)
             sink.close()
+            if u.graph:
+                from tracekit.scale import rank_graph as graphs
+
+                if not graphs.fits(facts.events, u.memory_budget):
+                    graph_skipped = True
+                elif parsed.events_file:  # read back what was written batch by batch: it fits the budget
+                    graph_files = graphs.write_rank_graph(_read_events(tmp / "events.parquet"), tmp)
+                else:
+                    graph_files = graphs.write_rank_graph(ev, tmp)
             has_steps = iters.num_rows > 0 and "whole-trace" not in iters.column("method").to_pylist()
-            tables = {"collectives": colls, "iterations": iters, "breakdown": bd, "topology": parsed.topology}
+            tables = {"collectives": colls, "iterations": iters, "breakdown": bd, "topology": parsed.topology,
+                      **unit_tables}
         else:  # a format that holds several ranks: its tables carry their ranks
             ev, iters = iterations.assign(parsed.events, u.step_marker, require_steps=False)
             bd = attribution.breakdown(ev, iters, parsed.collectives)
@@ -272,6 +261,8 @@ def run_unit(u: Unit) -> dict[str, Any]:
             "ranks_seen": sorted({int(r) for r in ev.column("rank").to_pylist() if r is not None})
             if not per_rank else [],
             "spilled": spilled, "files": files, "host": socket.gethostname(), "pid": os.getpid(),
+            "graph": bool(graph_files), "graph_skipped": graph_skipped, **extent.summary(),
+            "activity_rows": unit_tables["activity"].num_rows if "activity" in unit_tables else None,
             "wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0,
             "peak_rss_mb": peak_rss_mb(),
         }
@@ -283,6 +274,97 @@ def run_unit(u: Unit) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return summary
+
+
+def _unit_tables(ev: pa.Table, iters: pa.Table, bd: pa.Table, act: pl.DataFrame) -> dict[str, pa.Table]:
+    """The :data:`UNIT_TABLES` of one rank held in memory (its attribution intervals computed once for all)."""
+    coll = pl.from_arrow(ev.select(["collective_id"]))
+    assert isinstance(coll, pl.DataFrame)
+    activity = act.select("rank", "start_ns", "end_ns", "cls", coll.get_column("collective_id").gather(
+        act.get_column("row")).alias("collective_id"))
+    return {"activity": schema.conform(activity.to_arrow(), ACTIVITY), "top_ops": top_ops.table(ev, iters, act),
+            "op_totals": top_ops.totals(ev, iters, act), "idle_breakdown": idle.breakdown(ev, iters, bd, act)}
+
+
+class _Extent:
+    """A rank's lanes (events per lane, annotations left out) and the span of its events (own clock), gathered batch
+    by batch: what a timeline needs to lay the rank out before reading it."""
+
+    def __init__(self) -> None:
+        self.lanes: dict[str, int] = {}
+        self.first: int | None = None
+        self.last: int | None = None
+
+    def add(self, ev: pa.Table | pa.RecordBatch) -> None:
+        if not ev.num_rows:
+            return
+        import pyarrow.compute as pc
+
+        drawn = ~schema.dict_match(ev.column("kind"), "^annotation$") & pc.is_valid(ev.column("kind")).to_numpy(
+            zero_copy_only=False)  # a lane of annotations only is drawn by no timeline
+        counts = pc.value_counts(ev.column("lane").filter(pa.array(drawn)))
+        for v, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True):
+            if v is not None:
+                self.lanes[str(v)] = self.lanes.get(str(v), 0) + int(n)
+        keep = pa.array(drawn)
+        start = ev.column("start_ns").filter(keep)
+        lo = pc.min(start).as_py()
+        hi = pc.max(pc.add(start, pc.fill_null(ev.column("dur_ns").filter(keep), 0))).as_py()
+        if lo is not None:
+            self.first = lo if self.first is None else min(self.first, lo)
+        if hi is not None:
+            self.last = hi if self.last is None else max(self.last, hi)
+
+    def summary(self) -> dict[str, Any]:
+        return {"lanes": sorted(self.lanes.items()), "t_first": self.first, "t_last": self.last}
+
+
+#: the per-rank tables also written for the whole job at once (``job/NAME.parquet``, every rank's rows with their
+#: rank, in the parts' order): reopening a dataset of a thousand ranks then reads one file per table, not a thousand
+JOB_TABLES = ("collectives", "iterations", "breakdown", "topology", "top_ops", "op_totals", "idle_breakdown")
+
+
+def _job_tables(data: Path, parts: list[tuple[str, int | None]]) -> dict[str, dict[str, int]]:
+    """Write :data:`JOB_TABLES` of the per-rank parts under ``data/job``; returns their sizes and CRC-32s."""
+    import pyarrow.parquet as pq
+
+    ranked = [(d, r) for d, r in parts if r is not None]
+    if not ranked:
+        return {}
+    (data / "job").mkdir(exist_ok=True)
+    out = {}
+    for name in JOB_TABLES:
+        files = [(data / d / f"{name}.parquet", r) for d, r in ranked if (data / d / f"{name}.parquet").exists()]
+        if len(files) < len(ranked):  # a rank without it (read in bounded memory): per-rank files only
+            continue
+        t = _read_ranked(data, [str(f) for f, _ in files], SCHEMAS[name]) if len(files) > 1 else None
+        if t is None:
+            t = pa.concat_tables([schema.conform(_add_rank(pq.read_table(str(f)), r), SCHEMAS[name])
+                                  for f, r in files])
+        p = data / "job" / f"{name}.parquet"
+        _write(t, p, keep_rank=True)
+        out[f"job/{name}.parquet"] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
+    return out
+
+
+def _read_ranked(root: Path, files: list[str], sch: pa.Schema) -> pa.Table | None:
+    """Per-rank files of one table read as one Arrow dataset (``rank`` from the ``rank=R`` directories), in the
+    files' order; None when their schemas do not read together (each file is then read on its own)."""
+    import pyarrow.dataset as pds
+
+    try:
+        d = pds.dataset(files, format="parquet", partition_base_dir=str(root),
+                        partitioning=pds.partitioning(pa.schema([("rank", pa.int32())]), flavor="hive"))
+        return schema.conform(d.to_table(), sch)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+
+
+def _read_events(path: Path) -> pa.Table:
+    """A part's events.parquet as an EVENTS table (rank 0: the stand-in the unit analyses with)."""
+    import pyarrow.parquet as pq
+
+    return schema.conform(_add_rank(pq.read_table(str(path)), 0), schema.EVENTS)
 
 
 # --- the dataset -----------------------------------------------------------------------------------
@@ -299,6 +381,11 @@ def inputs_key(files: list[str], step_marker: str | None) -> tuple[str, list[lis
         ident.append([os.path.abspath(f), st.st_size, st.st_mtime_ns, fmt.version if fmt else None])
     text = json.dumps([DATASET_VERSION, step_marker, ident])
     return hashlib.sha256(text.encode()).hexdigest()[:32], ident
+
+
+#: a dataset's small files are checked this many at a time, on this many threads
+VERIFY_CHUNK = 256
+VERIFY_THREADS = 8
 
 
 @dataclass
@@ -335,7 +422,18 @@ class Dataset:
         files = self.manifest.get("files", {})
         small = {k: v for k, v in files.items() if not k.endswith("events.parquet")}
         big = {k: {**v} for k, v in files.items() if k.endswith("events.parquet")}
-        return verify_files(self.root, small) and verify_files(self.root, big, mode="size")
+        if not verify_files(self.root, big, mode="size"):
+            return False
+        if len(small) < VERIFY_CHUNK:
+            return verify_files(self.root, small)
+        # a job of a thousand ranks has ten thousand small files: read and checked on threads (the reads and the
+        # CRC wait without the GIL)
+        from concurrent.futures import ThreadPoolExecutor
+
+        items = list(small.items())
+        chunks = [dict(items[i:i + VERIFY_CHUNK]) for i in range(0, len(items), VERIFY_CHUNK)]
+        with ThreadPoolExecutor(VERIFY_THREADS) as pool:
+            return all(pool.map(lambda c: verify_files(self.root, c), chunks))
 
     @property
     def parts(self) -> list[tuple[str, int | None]]:
@@ -368,7 +466,18 @@ class Dataset:
         import pyarrow.parquet as pq
         if name not in self._cache:
             parts = []
+            whole = f"job/{name}.parquet"
+            if whole in self.manifest.get("files", {}):  # every rank's rows in one file
+                many: pa.Table | None = schema.conform(pq.read_table(str(self.root / whole)), SCHEMAS[name])
+            else:
+                ranked = [str(self.root / d / f"{name}.parquet") for d, r in self.parts if r is not None]
+                ranked = [p for p in ranked if os.path.exists(p)]
+                many = _read_ranked(self.root, ranked, SCHEMAS[name]) if len(ranked) > 8 else None
+            if many is not None:  # every rank's file at once, on Arrow's threads (a job of 1 024 ranks has as many)
+                parts.append(many)
             for d, r in self.parts:
+                if many is not None and r is not None:
+                    continue
                 p = self.root / d / f"{name}.parquet"
                 if not p.exists():
                     continue
@@ -401,6 +510,30 @@ class Dataset:
                                   if topo.exists() else schema.empty(schema.TOPOLOGY)))
         return out
 
+    def ranks_with(self, name: str) -> set[int]:
+        """The ranks whose part has the table ``name`` (the :data:`UNIT_TABLES` only where its unit held the rank's
+        events), from the manifest."""
+        files = self.manifest.get("files", {})
+        return {int(r) for d, r in self.parts if r is not None and f"{d}/{name}.parquet" in files}
+
+    def ranks_table(self, name: str, ranks: list[int]) -> pa.Table:
+        """The table ``name`` of some ranks (their per-rank parts), with ``rank``, in the parts' order."""
+        want = set(ranks)
+        files = [str(self.root / d / f"{name}.parquet") for d, r in self.parts if r in want]
+        files = [f for f in files if os.path.exists(f)]
+        many = _read_ranked(self.root, files, SCHEMAS[name]) if len(files) > 1 else None
+        if many is not None:
+            return many
+        parts = [self.rank_table(name, r) for d, r in self.parts if r in want]
+        return pa.concat_tables(parts) if parts else schema.empty(SCHEMAS[name])
+
+    def rank_table(self, name: str, rank: int) -> pa.Table:
+        """One rank's table ``name`` (its per-rank parts), with ``rank``."""
+        import pyarrow.parquet as pq
+        parts = [schema.conform(_add_rank(pq.read_table(str(self.root / d / f"{name}.parquet")), rank), SCHEMAS[name])
+                 for d, r in self.parts if r == rank and (self.root / d / f"{name}.parquet").exists()]
+        return pa.concat_tables(parts) if parts else schema.empty(SCHEMAS[name])
+
     def rank_event_counts(self) -> dict[int, int]:
         """Events per rank of the per-rank parts (from the Parquet footers: nothing else is read)."""
         import pyarrow.parquet as pq
@@ -411,14 +544,15 @@ class Dataset:
                 out[r] = out.get(r, 0) + pq.ParquetFile(str(p)).metadata.num_rows
         return out
 
-    def rank_events(self, rank: int) -> pa.Table:
-        """Every event of one rank (of its per-rank parts), as one EVENTS table."""
+    def rank_events(self, rank: int, columns: list[str] | None = None) -> pa.Table:
+        """Every event of one rank (of its per-rank parts), as one EVENTS table (only ``columns`` read, the others
+        null, where given)."""
         import pyarrow.parquet as pq
         parts = []
         for d, r in self.parts:
             p = self.root / d / "events.parquet"
             if r == rank and p.exists():
-                t = pq.read_table(str(p))
+                t = pq.read_table(str(p), columns=[c for c in columns if c != "rank"] if columns else None)
                 t = _add_rank(t, rank)
                 parts.append(schema.conform(t, schema.EVENTS))
         return pa.concat_tables(parts).unify_dictionaries() if parts else schema.empty(schema.EVENTS)
@@ -478,13 +612,16 @@ _UNWRITABLE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPER
 def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any = None,
           step_marker: str | None = None, budget: str | int | None = None, use_cache: bool = True,
           cache_dir: str | os.PathLike | None = None, force: bool = False, jobs: int | None = None,
-          progress: Progress | None = None, found: tuple[list[str], list[Diagnostic]] | None = None) -> Dataset:
+          progress: Progress | None = None, found: tuple[list[str], list[Diagnostic]] | None = None,
+          graphs: bool = False) -> Dataset:
     """Turn the traces under ``paths`` into a per-rank dataset (reusing a matching one) and open it.
 
     ``out``: where (default: ``<cache>/datasets/<key of the inputs>``; a temporary directory without
     the cache). ``engine``: from :func:`tracekit.scale.engine.make` (default: local processes). When the cache
     cannot take the dataset (read-only, full, a link planted in place of ``datasets/``), it is built in a
-    temporary directory instead, with a warning; a ``out`` that cannot is a one-line TraceError.
+    temporary directory instead, with a warning; a ``out`` that cannot is a one-line TraceError. ``graphs``: every
+    rank's unit also builds the rank's compact dependency graph (:mod:`tracekit.scale.graphs`; a dataset reused
+    without them gets them later from its events, :func:`tracekit.scale.graphs.ensure`).
     """
 
     files, notes = found if found is not None else discover(paths)
@@ -492,7 +629,7 @@ def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any
         raise TraceError(None, "no input files")
     key, ident = inputs_key(files, step_marker)
     kw = {"engine": engine, "step_marker": step_marker, "budget": budget, "force": force, "jobs": jobs,
-          "progress": progress}
+          "progress": progress, "graphs": graphs}
     if out is not None:
         try:
             return _build(files, notes, key, ident, Path(out), temporary=False, explicit=True, **kw)
@@ -525,7 +662,7 @@ def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any
 
 def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list[Any]], target: Path, *,
            temporary: bool, explicit: bool, engine: Any, step_marker: str | None, budget: str | int | None,
-           force: bool, jobs: int | None, progress: Progress | None) -> Dataset:
+           force: bool, jobs: int | None, progress: Progress | None, graphs: bool = False) -> Dataset:
     from tracekit.scale import engine as engines
 
     out = target if explicit else None
@@ -548,7 +685,7 @@ def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list
         staging = data / ".staging"
         staging.mkdir()
         b = memory_budget(budget)
-        units = [Unit(i, f, str(staging), step_marker, b) for i, f in enumerate(files)]
+        units = [Unit(i, f, str(staging), step_marker, b, graphs) for i, f in enumerate(files)]
         total = sum(os.path.getsize(f) for f in files)
         eng = engine or engines.LocalEngine(jobs, total)
         summaries: list[dict[str, Any] | None] = [None] * len(units)
@@ -603,10 +740,11 @@ def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic
         part_files = dict(s["files"])
         if any_steps and not s["has_steps"]:
             # as in the whole-job analysis: once any rank has steps, a rank without them has no windows
-            for name in ("iterations", "breakdown"):
+            for name in ("iterations", "breakdown", "top_ops", "op_totals", "idle_breakdown"):
                 p = data / d / f"{name}.parquet"
-                _write(schema.empty(SCHEMAS[name]), p)
-                part_files[p.name] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
+                if name in ("iterations", "breakdown") or p.exists():
+                    _write(schema.empty(SCHEMAS[name]), p)
+                    part_files[p.name] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
         else:
             methods.update(s["methods"])
         parts.append({"dir": d, "rank": r, "path": s["path"]})
@@ -633,7 +771,10 @@ def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic
     _write(ranks_table, data / "ranks.parquet", keep_rank=True)
     p = data / "ranks.parquet"
     files["ranks.parquet"] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
+    files.update(_job_tables(data, [(q["dir"], q["rank"]) for q in parts]))
+    skipped = [{"rank": p["rank"]} for p, s in zip(parts, per_rank, strict=False) if s.get("graph_skipped")]
     return {"version": DATASET_VERSION, "parts": parts, "files": files, "methods": sorted(methods),
+            "graphs_skipped": skipped,
             "diagnostics": [d.__dict__ for d in diags], "summaries": summaries,
             "events": sum(s["events"] for s in summaries),
             "collectives": sum(s["collectives"] for s in summaries)}

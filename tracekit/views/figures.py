@@ -373,7 +373,7 @@ def collect(analysis: Analysis, *, inputs: Sequence[str] | None = None, bins: in
 
     job = summary.job(analysis.breakdown)
     origin = origin_ns(analysis.iterations, analysis.ranks)
-    graph_ok = not analysis.horovod_only and analysis.dataset is None
+    graph_ok = not analysis.horovod_only and (analysis.dataset is None or analysis.rank_graphs is not None)
     paths = path_composition(analysis.critical_path_summary) if graph_ok else path_composition(pl.DataFrame())
     bottleneck = analysis.bottleneck if graph_ok else None
     curves = whatif_curves(analysis.whatif, bottleneck) if bottleneck is not None else None

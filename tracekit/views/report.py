@@ -66,7 +66,7 @@ def render_summary(console: Console, result: Analysis) -> None:
         nccl_report.render_nccl(console, result.collectives, result.traces.topology)
         nccl_report.render_topology(console, result)
         return
-    answer = result.verdict
+    answer = result.summary_verdict
     console.print(Text.assemble(("verdict: ", "bold"), (answer.headline, VERDICT_STYLES.get(answer.kind, "bold"))),
                   soft_wrap=False)
     console.print()

@@ -277,7 +277,7 @@ class Marks:
         return got
 
 
-def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+def column_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     """Dictionary codes (int32, -1 for null) and values of a string or dictionary column."""
     if not pa.types.is_dictionary(col.type):
         col = pc.dictionary_encode(col)
@@ -354,9 +354,10 @@ class TimelineModel:
         import polars as pl  # building needs polars; drawing from a built model does not
 
         ev = analysis.events
-        offsets = dict(zip(analysis.traces.ranks.column("rank").to_pylist(),
-                           analysis.traces.ranks.column("clock_offset_ns").to_pylist(), strict=True))
-        kind_codes, kind_values = _codes(ev.column("kind"))
+        # the aligned clocks (the TraceSet's ranks are as read: every offset 0), as the critical path's marks are
+        offsets = dict(zip(analysis.ranks.column("rank").to_pylist(),
+                           analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True))
+        kind_codes, kind_values = column_codes(ev.column("kind"))
         drawn = np.array([DRAWN_KINDS.index(k) if k in DRAWN_KINDS else -1 for k in kind_values] or [-1],
                          dtype=np.int8)
         kind = drawn[np.maximum(kind_codes, 0)] if kind_codes.size else np.zeros(0, np.int8)
@@ -364,7 +365,7 @@ class TimelineModel:
         rank = pc.fill_null(ev.column("rank"), -1).to_numpy().astype(np.int64)
         start = pc.fill_null(ev.column("start_ns"), 0).to_numpy().astype(np.int64)
         dur = np.maximum(pc.fill_null(ev.column("dur_ns"), 0).to_numpy().astype(np.int64), 0)
-        lane_codes, lane_values = _codes(ev.column("lane"))
+        lane_codes, lane_values = column_codes(ev.column("lane"))
         keep = np.flatnonzero((kind >= 0) & (rank >= 0) & (lane_codes >= 0))
         off_by_rank = np.zeros(int(rank.max()) + 2 if rank.size else 1, dtype=np.int64)
         for r, o in offsets.items():
@@ -390,7 +391,7 @@ class TimelineModel:
         ev_start = start[rows]
         ev_end = ev_start + dur[rows]
         ev_kind = kind[rows]
-        name_codes, names = _codes(ev.column("name"))
+        name_codes, names = column_codes(ev.column("name"))
         ev_name = name_codes[rows] if name_codes.size else np.zeros(0, np.int32)
         sorted_lane = lane_id[order]
         bounds = np.searchsorted(sorted_lane, np.arange(len(pairs) + 1))

@@ -1,0 +1,213 @@
+"""The dependency graph of a job analysed rank by rank: each rank's compact graph, made where its unit runs, and the
+job's graph combined from them (:mod:`tracekit.analysis.compact`; DESIGN.md "At scale").
+
+A rank's unit (:func:`tracekit.scale.dataset.run_unit`, in a local process or on a Dask worker) builds the rank's
+dependency graph from its events — on its own clock, without the collective edges, which need every rank — compacts
+it, and writes beside the rank's other tables::
+
+    rank=R/graph.act.parquet      its compact activities (node times as t_start, t_end)
+    rank=R/graph.edges.parquet    its edges (src, dst, lag, etype, gap)
+    rank=R/graph.leaves.parquet   its innermost compute operations (what the contention fit reads)
+
+A dataset made without them (by ``summary``) gets them from its events later: :func:`ensure` runs one
+:func:`run_graph_unit` per rank on the same engine and records the files in ``graphs.json`` (sealed, beside the
+manifest). :func:`combined` then reads every rank's graph, puts it on the job clock and adds the collective edges:
+what the combine step holds is the compact graphs of every rank, never an event.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from tracekit.analysis import compact, dag, whatif
+from tracekit.loading.cache import read_text, seal, unseal, verify_files
+from tracekit.model import schema
+from tracekit.model.diagnostics import TraceError
+from tracekit.scale.rank_graph import FILES, GRAPH_BYTES_PER_EVENT, fits, rank_graph, write_rank_graph  # noqa: F401
+
+if TYPE_CHECKING:
+    from tracekit.scale.dataset import Dataset
+
+
+class JobTables(Protocol):
+    """What the combine step reads of the job's analysis (:class:`tracekit.analysis.pipeline.Analysis`: named here,
+    not imported, so that the analysis and the dataset that builds these graphs do not import each other)."""
+
+    ranks: pa.Table
+    members: pa.Table
+    instances: pa.Table
+    collectives: pa.Table
+
+#: where a dataset made without graphs records the ones added later
+GRAPHS_MANIFEST = "graphs.json"
+#: threads reading the ranks' graph files
+READ_THREADS = 8
+
+
+@dataclass(frozen=True)
+class GraphUnit:
+    """One rank's graph from its events in the dataset: read ``root/part/events.parquet``, write the graph beside."""
+
+    root: str
+    part: str
+    budget: int
+
+
+def run_graph_unit(u: GraphUnit) -> dict[str, Any]:
+    """The graph of one rank of an existing dataset (pure: its effects are the graph's files in the rank's part)."""
+    import pyarrow.parquet as pq
+
+    d = Path(u.root) / u.part
+    p = d / "events.parquet"
+    if not p.exists():
+        raise TraceError(str(d), "the dataset's events are not visible here (workers must see --dataset at the same "
+                         "path)")
+    n = pq.ParquetFile(str(p)).metadata.num_rows
+    if not fits(n, u.budget):
+        return {"part": u.part, "files": {}, "skipped": n}
+    t = pq.read_table(str(p))
+    t = t.append_column(schema.EVENTS.field("rank"), pa.array(np.zeros(t.num_rows, np.int32)))
+    events = schema.conform(t, schema.EVENTS)
+    return {"part": u.part, "files": write_rank_graph(events, d), "skipped": None}
+
+
+def available(ds: Dataset) -> dict[str, dict[str, Any]]:
+    """The graph files the dataset has (from its build, or added later and recorded in :data:`GRAPHS_MANIFEST`)."""
+    files = {k: v for k, v in ds.manifest.get("files", {}).items() if k.rsplit("/", 1)[-1] in FILES}
+    try:
+        extra = unseal(read_text(ds.root / GRAPHS_MANIFEST))
+    except OSError:
+        extra = None
+    if extra is not None and extra.get("key") == ds.manifest.get("key") and extra.get("format") == compact.FORMAT:
+        files.update(extra.get("files", {}))
+    return files
+
+
+def missing(ds: Dataset) -> list[str]:
+    """The per-rank parts whose graph is neither built nor known to be over the budget."""
+    have = available(ds)
+    skipped = set(_skipped(ds))
+    return [d for d, r in ds.parts if r is not None and f"{d}/graph.act.parquet" not in have and d not in skipped]
+
+
+def _skipped(ds: Dataset) -> list[str]:
+    out = [f"rank={s['rank']}" for s in ds.manifest.get("graphs_skipped", [])]
+    try:
+        extra = unseal(read_text(ds.root / GRAPHS_MANIFEST))
+    except OSError:
+        extra = None
+    if extra is not None and extra.get("key") == ds.manifest.get("key"):
+        out += extra.get("skipped", [])
+    return out
+
+
+def ensure(ds: Dataset, engine: Any = None, budget: int | None = None) -> None:
+    """Give every rank of ``ds`` its graph (built from its events where the dataset was made without them), on
+    ``engine`` (default: local processes)."""
+    from tracekit.model.units import memory_budget
+    from tracekit.scale import engine as engines
+
+    todo = missing(ds)
+    if not todo:
+        return
+    b = memory_budget(budget)
+    units = [GraphUnit(str(ds.root), d, b) for d in todo]
+    eng = engine or engines.LocalEngine(None, sum(ds.rank_event_counts().values()) * 100)
+    files: dict[str, Any] = {}
+    skipped: list[str] = []
+    with eng:
+        for _, res in eng.map(run_graph_unit, units):
+            files.update({f"{res['part']}/{k}": v for k, v in res["files"].items()})
+            if res["skipped"] is not None:
+                skipped.append(res["part"])
+    try:
+        old = unseal(read_text(ds.root / GRAPHS_MANIFEST)) or {}
+    except OSError:
+        old = {}
+    if old.get("key") != ds.manifest.get("key") or old.get("format") != compact.FORMAT:
+        old = {}
+    record = {"key": ds.manifest.get("key"), "format": compact.FORMAT, "files": {**old.get("files", {}), **files},
+              "skipped": sorted(set(old.get("skipped", [])) | set(skipped))}
+    target = ds.root / GRAPHS_MANIFEST
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(seal(record))
+    os.replace(tmp, target)
+
+
+def combined(ds: Dataset, analysis: JobTables) -> tuple[dag.Graph, pl.DataFrame | None]:
+    """The job's graph (:func:`tracekit.analysis.compact.combine`) and its compute leaves (job clock) from every
+    rank's stored compact graph; raises a one-line TraceError when a rank has none."""
+    import pyarrow.parquet as pq
+
+    have = available(ds)
+    skipped = _skipped(ds)
+    if skipped:
+        ranks = ", ".join(s.split("=", 1)[-1] for s in skipped[:8])
+        raise TraceError(None, f"the dependency graph of rank{'s' if len(skipped) > 1 else ''} {ranks} was not built: "
+                         "its events exceed the memory budget (raise --memory-budget for the critical path and "
+                         "what-if)")
+    if not verify_files(ds.root, {k: v for k, v in have.items()}):
+        raise TraceError(str(ds.root), "the dataset's dependency graphs are damaged: build it again (--rebuild, or "
+                         "remove the dataset)")
+    offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
+                                                   analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
+               if r is not None}
+    parts = []
+    leaves = []
+    ranked = [(d, int(r)) for d, r in ds.parts if r is not None and f"{d}/graph.act.parquet" in have]
+
+    def read(part: tuple[str, int]) -> tuple[pa.Table, pa.Table, pa.Table]:
+        d, r = part
+        act = pq.read_table(str(ds.root / d / "graph.act.parquet"))
+        act = act.set_column(act.schema.get_field_index("rank"), "rank", pa.array(np.full(act.num_rows, r, np.int32)))
+        return act, pq.read_table(str(ds.root / d / "graph.edges.parquet")), \
+            pq.read_table(str(ds.root / d / "graph.leaves.parquet"))
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(READ_THREADS) as pool:  # thousands of small files: their reads wait without the GIL
+        for (_, r), (act, edges, lv_t) in zip(ranked, pool.map(read, ranked), strict=True):
+            parts.append((act, edges))
+            if lv_t.num_rows:
+                off = offsets.get(r, 0)
+                lv_t = lv_t.set_column(lv_t.schema.get_field_index("rank"), "rank",
+                                       pa.array(np.full(lv_t.num_rows, r, np.int32)))
+                leaves.append(lv_t.set_column(lv_t.schema.get_field_index("start"), "start",
+                                              pa.array(lv_t.column("start").to_numpy() + off))
+                              .set_column(lv_t.schema.get_field_index("end"), "end",
+                                          pa.array(lv_t.column("end").to_numpy() + off)))
+    if not parts:
+        raise TraceError(None, "no rank of the job has a dependency graph (no per-rank profiler traces)")
+    inst = whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives)
+    graph = compact.combine(parts, offsets, inst)
+    lv = pl.from_arrow(pa.concat_tables(leaves)) if leaves else None
+    return graph, lv if isinstance(lv, pl.DataFrame) else None
+
+
+@dataclass
+class RankGraphs:
+    """Where a job analysed rank by rank gets its dependency graph (:attr:`tracekit.analysis.pipeline.Analysis.graph`):
+    the ranks' compact graphs in ``dataset``, built first where they are missing (on the engine ``engine()`` makes,
+    default local processes), then combined. ``leaves`` are the compute leaves read with them (the what-if's
+    contention fit)."""
+
+    dataset: Dataset
+    engine: Callable[[], Any] | None = None
+    budget: str | int | None = None
+    leaves: pl.DataFrame | None = None
+
+    def graph(self, analysis: JobTables) -> dag.Graph:
+        from tracekit.model.units import memory_budget
+
+        if missing(self.dataset):
+            ensure(self.dataset, self.engine() if self.engine is not None else None, memory_budget(self.budget))
+        graph, self.leaves = combined(self.dataset, analysis)
+        return graph
