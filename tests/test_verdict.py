@@ -114,9 +114,13 @@ def test_summary_json_and_the_terminal_say_the_same(tmp_path: Path, capsys: pyte
     assert out.startswith("verdict: " + " ".join(answer["headline"].split()))
 
 
-def test_rank_by_rank_the_verdict_says_it_rests_on_the_attribution(tmp_path: Path) -> None:
+def test_rank_by_rank_the_verdict_is_the_replays_and_summary_says_it_does_not_replay(tmp_path: Path) -> None:
+    """A job read rank by rank replays on the ranks' compact graphs: the same verdict as in memory. Its summary does
+    not replay (the per-rank units' figures only) and says its verdict rests on the attribution."""
     jobgen.write_job(tmp_path / "job", replace(BASE, inter_bps=10e9))
+    whole = load([str(tmp_path / "job")], link_bw="10Gbit", cache=False).verdict
     job = load([str(tmp_path / "job")], link_bw="10Gbit", cache=False, by_rank=True)
+    assert job.summary()["answer"]["source"] == "attribution"
+    assert "attribution alone" in job.summary()["answer"]["text"]
     v = job.verdict
-    assert v.answer.source == "attribution" and "attribution alone" in v.text
-    assert v.kind in verdict.KINDS
+    assert v.answer.source == "replay" and v.kind == whole.kind == "link-bound"
