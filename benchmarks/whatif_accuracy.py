@@ -331,8 +331,6 @@ def interleaved(args: argparse.Namespace) -> dict[str, Any]:
             got = verdict_class(d)
             out["classes"][d.name] = {"designed": designed, "verdict": got}
             print(f"{d.name:<24} {designed:<16} {got:<16} {'right' if got == designed else 'WRONG'}")
-        if any(v["verdict"] in ("network", "partly-network", "idle", "compute") for v in out["classes"].values()):
-            print("(Verdict.kind still gives the attribution's classes here, not the verdict's of issue 27)")
     return out
 
 

@@ -122,8 +122,6 @@ def test_accuracy_where_the_model_is_at_the_floor() -> None:
 # --- the designed-class recordings ---------------------------------------------------------------------------------
 
 CLASSES = ("link-bound", "straggler-bound", "host-bound", "compute-bound")
-#: the classes Verdict.kind had before issue 27 gave it the verdict's (link-bound, straggler-bound, ...)
-OLD_KINDS = {"network", "partly-network", "idle", "compute", "none"}
 
 
 @cache
@@ -162,8 +160,4 @@ def test_designed_classes_are_what_they_were_made_to_be() -> None:
 
 @pytest.mark.parametrize("designed", CLASSES)
 def test_verdict_class_is_the_designed_one(designed: str) -> None:
-    kind = _class_job(designed).verdict.kind
-    if kind in OLD_KINDS:
-        pytest.skip(f"Verdict.kind is still the attribution's class ({kind!r}): the verdict classes of issue 27 "
-                    "item 1 are not in this tree")
-    assert kind == designed
+    assert _class_job(designed).verdict.kind == designed
