@@ -61,6 +61,26 @@ def test_a_slow_rank_is_straggler_bound_and_named(tmp_path: Path) -> None:
     assert v.answer.replays["stragglers_removed"] == pytest.approx(balanced, rel=0.03)
 
 
+def test_a_slow_rank_of_a_pipelines_lighter_stage_is_measured_against_its_peers(tmp_path: Path) -> None:
+    # DP x TP x PP: stage 1 runs less device work than stage 0, so against every rank's median the heavier stage
+    # would be "excess" and rank 20 (stage 1, 1.3x slower) would hide under stage 0's median
+    spec = jobgen.JobSpec(ranks=32, layers=8, steps=4, gpus_per_host=8, tp=4, pp=2, microbatches=2, inter_bps=25e9,
+                          intra_bps=400e9, clock_skew_ns=2_000_000, stragglers=((20, 1.3),))
+    jobgen.write_job(tmp_path / "job", spec)
+    job = load([str(tmp_path / "job")], link_bw="inter=25gbit,intra=400gbit", cache=False)
+    b = job.analysis.whatif.balance
+    at = {int(r): i for i, r in enumerate(b.ranks.tolist())}
+    assert b.peers[at[0]] == b.peers[at[15]] != b.peers[at[16]] == b.peers[at[31]]  # the two stages
+    v = job.verdict
+    _consistent(v)
+    s = v.answer.stragglers
+    assert [x.rank for x in s] == [20] and s[0].doing == "device"
+    light = int(b.median_device_ns[at[20]]) // b.iterations
+    assert s[0].device_excess_ns == pytest.approx(0.3 * light, rel=0.05)
+    balanced = jobgen.iteration_ns(replace(spec, stragglers=()))
+    assert v.answer.replays["stragglers_removed"] == pytest.approx(balanced, rel=0.03)
+
+
 def test_a_host_whose_input_stalls_is_named_with_what_it_was_doing(tmp_path: Path) -> None:
     spec = replace(BASE, inter_bps=200e9, stalls=((1, 40 * MS),))
     _, v = _verdict(tmp_path, spec)

@@ -7,11 +7,15 @@ A rank's work is counted in two parts, on the dependency graph (:mod:`tracekit.a
             the gaps on its CPU threads that nothing traced explains (slack on program order: a ``sleep``, work the
             profiler does not see) — on CPU-only ranks this is their compute too
 
-Communication is never work here: waiting for others and moving data are what the other replays change. The
-*median rank* is an actual rank's value (the lower middle one for an even count), so that with two ranks the faster
-one's work is the reference. Removing the excess scales every operation of a rank down to the median rank's time in
-that operation (by name, among the ranks that run it: a slow data loader shrinks to the median loader, the rest of its
-rank stays), and the gaps of its threads down to the median rank's gaps.
+Communication is never work here: waiting for others and moving data are what the other replays change. A rank is
+compared with its *peers*: the ranks that run the same operations the same number of times (on GPU ranks their
+device kernels, on CPU-only ranks their operators) — the replicas of one pipeline stage or tensor-parallel role,
+every rank of a plain data-parallel job. A rank with no such peer is compared with every rank. The *median rank* is
+an actual peer's value (the lower middle one for an even count), so that with two ranks the faster one's work is the
+reference. Removing the excess scales every operation of a rank down to the median peer's time in that operation
+(by name: a slow data loader shrinks to the median loader, the rest of its rank stays), and the gaps of its threads
+down to the median peer's gaps. Without peers, a pipeline's heavier stage would be "excess" and a slow rank of its
+lighter stage would hide under the heavier stage's median.
 """
 
 from __future__ import annotations
@@ -40,8 +44,11 @@ class Balance:
     ranks: np.ndarray
     device_ns: np.ndarray
     host_ns: np.ndarray
-    median_device_ns: int
-    median_host_ns: int
+    #: per rank: its median peer's device and host work
+    median_device_ns: np.ndarray
+    median_host_ns: np.ndarray
+    #: per rank: its group of peers (ranks with one signature share a group; -1: no peer, compared with every rank)
+    peers: np.ndarray
     device_factor: np.ndarray
     host_factor: np.ndarray
     act_factor: np.ndarray
@@ -49,6 +56,11 @@ class Balance:
     gap_edges: np.ndarray
     gap_factor: np.ndarray
     iterations: int
+
+    def has_peers(self, rank: int) -> bool:
+        """Whether ``rank`` was measured against peers (ranks running the same operations), not every rank."""
+        i = np.searchsorted(self.ranks, rank)
+        return bool(i < self.ranks.size and self.ranks[i] == rank and self.peers[i] >= 0)
 
     def excess(self) -> pl.DataFrame:
         """``rank, device_excess_ns, host_excess_ns, excess_ns`` per iteration, ranks above the median rank only,
@@ -67,6 +79,34 @@ def _median_rank(values: np.ndarray) -> int:
     if values.size == 0:
         return 0
     return int(np.sort(values)[(values.size - 1) // 2])
+
+
+def peer_groups(rank_code: np.ndarray, name: np.ndarray, n_ranks: int) -> np.ndarray:
+    """Per rank (0..n_ranks-1): its group of peers — ranks whose work (``name`` per activity of ``rank_code``) has
+    the same names the same number of times — or -1 where no other rank has its signature."""
+    if rank_code.size == 0:
+        return np.full(n_ranks, -1, dtype=np.int64)
+    per = (pl.DataFrame({"rank": rank_code.astype(np.int64), "name": name.astype(np.int64)})
+           .group_by(["rank", "name"]).len().sort(["rank", "name"])
+           .group_by("rank", maintain_order=True)
+           .agg(pl.concat_str([pl.col("name"), pl.col("len")], separator=":").str.join(",").alias("sig")))
+    sig = per.with_columns(pl.col("sig").hash().alias("h"))
+    sig = sig.with_columns(pl.len().over("h").alias("n"), pl.col("h").rank("dense").alias("g"))
+    out = np.full(n_ranks, -1, dtype=np.int64)
+    shared = sig.filter(pl.col("n") > 1)
+    out[shared.get_column("rank").to_numpy()] = shared.get_column("g").to_numpy().astype(np.int64)
+    return out
+
+
+def peer_medians(values: np.ndarray, peers: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
+    """Per rank: the median (lower middle) of ``values`` over its peers (over every rank of ``among`` — all by
+    default — where it has none)."""
+    among = np.ones(values.size, dtype=bool) if among is None else among
+    out = np.full(values.size, _median_rank(values[among]), dtype=np.int64)
+    for g in np.unique(peers[peers >= 0]):
+        members = (peers == g) & among
+        out[peers == g] = _median_rank(values[members]) if members.any() else out[peers == g]
+    return out
 
 
 def measure(graph: Graph, iterations: int) -> Balance:
@@ -90,34 +130,48 @@ def measure(graph: Graph, iterations: int) -> Balance:
     host_ns = (np.bincount(code[host], weights=own[host], minlength=ranks.size)
                + np.bincount(gap_rank, weights=graph.slack[gap_edges], minlength=ranks.size)).astype(np.int64)
     has_dev = dev_ns > 0
-    m_dev = _median_rank(dev_ns[has_dev])
-    m_host = _median_rank(host_ns)
+    names = act.get_column("name").to_physical().fill_null(-1).to_numpy()
+    # peers by their device kernels (GPU ranks) or their operators (CPU-only ranks)
+    sig_mask = np.where(has_dev[code], device, host)
+    peers = peer_groups(code[sig_mask], names[sig_mask], ranks.size)
+    m_dev = peer_medians(dev_ns, peers, among=has_dev)
+    m_host = peer_medians(host_ns, peers)
     dev_f = np.where(has_dev & (dev_ns > m_dev), m_dev / np.maximum(dev_ns, 1), 1.0)
     host_f = np.where(host_ns > m_host, m_host / np.maximum(host_ns, 1), 1.0)
-    # the replay scales each operation down to the median rank's time in it (a slow data loader shrinks to the median
+    # the replay scales each operation down to the median peer's time in it (a slow data loader shrinks to the median
     # loader, not every operation of its rank by the same share), and the threads' gaps by the rank's gap excess
     work = device | host
     act_factor = np.ones(n)
-    act_factor[work] = _name_factors(code[work], act.get_column("name").to_physical().to_numpy()[work], own[work])
-    gap_ns = np.bincount(gap_rank, weights=graph.slack[gap_edges], minlength=ranks.size)
-    m_gap = _median_rank(gap_ns.astype(np.int64))
+    act_factor[work] = name_medians(code[work], names[work], own[work], peers).get_column("f").to_numpy()
+    gap_ns = np.bincount(gap_rank, weights=graph.slack[gap_edges], minlength=ranks.size).astype(np.int64)
+    m_gap = peer_medians(gap_ns, peers)
     gap_f = np.where(gap_ns > m_gap, m_gap / np.maximum(gap_ns, 1), 1.0)
     return Balance(ranks=ranks, device_ns=dev_ns, host_ns=host_ns, median_device_ns=m_dev, median_host_ns=m_host,
-                   device_factor=dev_f, host_factor=host_f, act_factor=act_factor, own_edge=own_edge,
+                   peers=peers, device_factor=dev_f, host_factor=host_f, act_factor=act_factor, own_edge=own_edge,
                    gap_edges=gap_edges, gap_factor=gap_f[gap_rank], iterations=iterations)
 
 
-def _name_factors(rank: np.ndarray, name: np.ndarray, own: np.ndarray) -> np.ndarray:
-    """Per activity: the median rank's total time in its operation (by name, among the ranks that run it) over its
-    rank's, at most 1."""
-    df = pl.DataFrame({"rank": rank, "name": name, "own": own})
-    per = df.group_by(["rank", "name"]).agg(pl.col("own").sum())
-    med = per.group_by("name").agg(pl.col("own").sort().alias("v")).with_columns(
-        pl.col("v").list.get((pl.col("v").list.len() - 1) // 2).alias("median")).select(["name", "median"])
-    f = per.join(med, on="name").with_columns(
-        pl.when(pl.col("own") > pl.col("median")).then(pl.col("median") / pl.col("own")).otherwise(1.0).alias("f"))
-    return df.join(f.select(["rank", "name", "f"]), on=["rank", "name"], how="left", maintain_order="left"
-                   ).get_column("f").fill_null(1.0).to_numpy()
+def name_medians(rank: np.ndarray, name: np.ndarray, own: np.ndarray, peers: np.ndarray) -> pl.DataFrame:
+    """Per activity (``rank`` an index into ``peers``): its rank's total time in its operation (``own``), the median
+    peer's (by name, among the peers that run it; among every rank that runs it where the rank has no peer), and
+    ``f``, the latter over the former at most 1."""
+    df = pl.DataFrame({"rank": rank.astype(np.int64), "name": name.astype(np.int64), "own": own,
+                       "peers": peers[rank]})
+    per = df.group_by(["rank", "name", "peers"]).agg(pl.col("own").sum())
+
+    def lower_middle(by: list[str]) -> pl.DataFrame:
+        return per.group_by(by).agg(pl.col("own").sort().alias("v")).with_columns(
+            pl.col("v").list.get((pl.col("v").list.len() - 1) // 2).alias("median")).drop("v")
+
+    per = (per.join(lower_middle(["peers", "name"]).rename({"median": "peer_median"}), on=["peers", "name"])
+           .join(lower_middle(["name"]), on="name")
+           .with_columns(pl.when(pl.col("peers") >= 0).then(pl.col("peer_median")).otherwise(pl.col("median"))
+                         .alias("median")).drop("peer_median"))
+    per = per.with_columns(pl.when(pl.col("own") > pl.col("median")).then(pl.col("median") / pl.col("own"))
+                           .otherwise(1.0).alias("f"))
+    return df.select(["rank", "name"]).join(per.select(["rank", "name", "own", "median", "f"]), on=["rank", "name"],
+                                            how="left", maintain_order="left").with_columns(
+        pl.col("f").fill_null(1.0))
 
 
 def apply(graph: Graph, b: Balance, weight: np.ndarray) -> None:

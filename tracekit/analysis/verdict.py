@@ -28,7 +28,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis import critical_path
+from tracekit.analysis import balance, critical_path
 from tracekit.analysis.bottleneck import Bottleneck
 from tracekit.analysis.link_classes import sentence as link_sentence
 from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule
@@ -46,7 +46,11 @@ COMPARABLE = 2.0
 #: when no replay saves much, the larger of compute and host (their shares of the path that is neither transfer nor
 #: waiting, which the replays say cost little) names the class, unless the two are within this of an even split
 EVEN = 0.05
-#: a rank is named a straggler when its excess is at least this share of the largest rank's excess ...
+#: removing every rank's excess must save at least this share of the iteration for a rank measured against its peers
+#: to be named (:mod:`tracekit.analysis.balance`), and twice that for a rank that has none (whose "excess" may be
+#: other work than its fellows', not slower work) ...
+NAMED_SAVES = 0.02
+#: ... a rank is named a straggler when its excess is at least this share of the largest rank's excess ...
 NAMED_SHARE = 0.5
 #: ... and at most this many are named (a host whose ranks all stall is named as the host)
 NAMED_MOST = 3
@@ -196,29 +200,27 @@ def _stragglers(model: Model, ranks: pa.Table | None, inputs: pl.DataFrame | Non
 
 
 def _top_excess(model: Model, ranks: list[int]) -> dict[int, tuple[str | None, int]]:
-    """Per rank: the activity name whose own time exceeds the median rank's the most, and the rank's unexplained gap
-    time beyond the median rank's."""
+    """Per rank: the activity name whose own time exceeds its median peer's the most (:mod:`tracekit.analysis.
+    balance`), and the rank's unexplained gap time beyond its median peer's."""
     g = model.graph
     b = model.balance
     own = np.where(b.own_edge >= 0, g.lag[np.maximum(b.own_edge, 0)], 0)
     work = (b.act_factor >= 0) & np.isin(g.act.get_column("kind").cast(pl.String).to_numpy(),
                                          ["compute", "memory", "cpu_op", "runtime"])
-    df = pl.DataFrame({"rank": g.act.get_column("rank").to_numpy()[work],
-                       "name": g.act.get_column("name").cast(pl.String).to_numpy()[work], "own": own[work]})
-    per = df.group_by(["rank", "name"]).agg(pl.col("own").sum())
-    n_ranks = int(b.ranks.size)
-    med = per.group_by("name").agg(pl.col("own").sort().alias("v"), pl.len().alias("k")).with_columns(
-        pl.col("v").list.get(pl.lit((n_ranks - 1) // 2) - (n_ranks - pl.col("k")), null_on_oob=True)
-        .fill_null(0).alias("median"))
-    per = per.filter(pl.col("rank").is_in(ranks)).join(med.select(["name", "median"]), on="name", how="left")
-    best = (per.with_columns((pl.col("own") - pl.col("median")).alias("d")).sort("d", descending=True)
-            .group_by("rank", maintain_order=True).first())
-    gap_rank = g.act.get_column("rank").to_numpy()[g.dst[b.gap_edges] // 2]
-    gaps = {int(r): int(g.slack[b.gap_edges][gap_rank == r].sum()) for r in ranks}
-    med_gap = int(np.sort([int(g.slack[b.gap_edges][gap_rank == r].sum()) for r in b.ranks.tolist()])[
-        (n_ranks - 1) // 2]) if n_ranks else 0
-    return {int(r): (n if d and d > 0 else None, gaps.get(int(r), 0) - med_gap)
-            for r, n, d in best.select(["rank", "name", "d"]).iter_rows()}
+    code = np.searchsorted(b.ranks, g.act.get_column("rank").fill_null(-1).to_numpy()[work])
+    names = g.act.get_column("name").cast(pl.String)
+    codes = g.act.get_column("name").to_physical().fill_null(-1).to_numpy()[work]
+    per = balance.name_medians(code, codes, own[work], b.peers).with_columns(
+        pl.Series("label", names.to_numpy()[work]), pl.Series("rank_id", b.ranks.astype(np.int64)[code]))
+    per = per.unique(["rank", "name"], keep="first")
+    best = (per.filter(pl.col("rank_id").is_in(ranks)).with_columns((pl.col("own") - pl.col("median")).alias("d"))
+            .sort("d", descending=True).group_by("rank_id", maintain_order=True).first())
+    gap_code = np.searchsorted(b.ranks, g.act.get_column("rank").fill_null(-1).to_numpy()[g.dst[b.gap_edges] // 2])
+    gap_ns = np.bincount(gap_code, weights=g.slack[b.gap_edges], minlength=b.ranks.size).astype(np.int64)
+    med_gap = balance.peer_medians(gap_ns, b.peers)
+    at = {int(r): i for i, r in enumerate(b.ranks.tolist())}
+    return {int(r): (n if d and d > 0 else None, int(gap_ns[at[int(r)]] - med_gap[at[int(r)]]))
+            for r, n, d in best.select(["rank_id", "label", "d"]).iter_rows()}
 
 
 def _path_shares(summary: pl.DataFrame) -> dict[str, float]:
@@ -339,7 +341,9 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     replays: dict[str, int | None] = {"measured": measured, "free_communication": free,
                                       "stragglers_removed": balanced, "full_utilisation": full}
     shares = {"link": link, "stragglers": strag, **path}
-    stragglers = _stragglers(model, ranks, inputs) if strag >= MIXED / 2 else ()
+    stragglers = _stragglers(model, ranks, inputs) if strag >= NAMED_SAVES else ()
+    if strag < 2 * NAMED_SAVES:
+        stragglers = tuple(s for s in stragglers if model.balance.has_peers(s.rank))
     x_free = measured / free if free else float("inf")
     x_bal = measured / balanced if balanced else float("inf")
     several = model.balance.ranks.size > 1
