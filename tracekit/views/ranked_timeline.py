@@ -156,9 +156,7 @@ class RankedTimeline(TimelineModel):
         ev = self._rank(slot)
         base = slot << SLOT_SHIFT
         bounds = self.source.bounds[rank]
-        w0 = 1 << self.finest_exp
-        n0 = max(1, -(-(self.t1 - self.t0) // w0))
-        edges = self.t0 + np.arange(n0 + 1, dtype=np.int64) * w0
+        edges = self._finest_edges()
         for li in self._lanes_of[rank]:
             target = self.lanes[li]
             if target.is_classes:
@@ -173,14 +171,7 @@ class RankedTimeline(TimelineModel):
                 built.ev_lo, built.ev_hi = lo + base, hi + base
             target.kinds, target.sets, target.busy = built.kinds, built.sets, built.busy
             target.ev_lo, target.ev_hi = built.ev_lo, built.ev_hi
-            level = target.coverage(edges)
-            levels = [level]
-            while level.shape[0] > 1:
-                if level.shape[0] % 2:
-                    level = np.vstack([level, np.zeros((1, level.shape[1]), dtype=level.dtype)])
-                level = level[0::2] + level[1::2]
-                levels.append(level)
-            target.levels = levels
+            target.bin_levels(edges)
 
     # ------------------------------------------------------------------ queries (reading what they need)
 

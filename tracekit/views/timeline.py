@@ -191,6 +191,17 @@ class Lane:
         idle = w - ctm
         return np.stack([compute, overlapped, exposed, memory, idle, w], axis=1)
 
+    def bin_levels(self, edges: np.ndarray) -> None:
+        """Bin the lane at ``edges`` (the finest stored level), then sum pairs of bins up to one bin."""
+        level = self.coverage(edges)
+        levels = [level]
+        while level.shape[0] > 1:
+            if level.shape[0] % 2:
+                level = np.vstack([level, np.zeros((1, level.shape[1]), dtype=level.dtype)])
+            level = level[0::2] + level[1::2]
+            levels.append(level)
+        self.levels = levels
+
 
 @dataclass(frozen=True)
 class Cells:
@@ -485,20 +496,17 @@ class TimelineModel:
         busy = Intervals.union(s, e, idx)
         return Lane(index, rank, name, kinds, tuple(sets), busy, ev_lo=lo, ev_hi=hi)
 
-    def _build_levels(self) -> None:
-        """Bin every lane at the finest stored level, then sum pairs of bins up to one bin."""
+    def _finest_edges(self) -> np.ndarray:
+        """The bin edges of the finest stored level, over the whole span."""
         w0 = 1 << self.finest_exp
         n0 = max(1, -(-(self.t1 - self.t0) // w0))
-        edges = self.t0 + np.arange(n0 + 1, dtype=np.int64) * w0
+        return self.t0 + np.arange(n0 + 1, dtype=np.int64) * w0
+
+    def _build_levels(self) -> None:
+        """Bin every lane at the finest stored level, then sum pairs of bins up to one bin."""
+        edges = self._finest_edges()
         for lane in self.lanes:
-            level = lane.coverage(edges)
-            levels = [level]
-            while level.shape[0] > 1:
-                if level.shape[0] % 2:
-                    level = np.vstack([level, np.zeros((1, level.shape[1]), dtype=level.dtype)])
-                level = level[0::2] + level[1::2]
-                levels.append(level)
-            lane.levels = levels
+            lane.bin_levels(edges)
 
     # ------------------------------------------------------------------ queries
 
