@@ -55,6 +55,9 @@ class Balance:
     own_edge: np.ndarray
     gap_edges: np.ndarray
     gap_factor: np.ndarray
+    #: per rank: its threads' unexplained gaps (ns, the slack of ``gap_edges``) and its median peer's
+    gap_ns: np.ndarray
+    median_gap_ns: np.ndarray
     iterations: int
 
     def has_peers(self, rank: int) -> bool:
@@ -127,8 +130,8 @@ def measure(graph: Graph, iterations: int) -> Balance:
     prog = np.flatnonzero(graph.etype == _PROGRAM)
     gap_edges = prog[host[graph.dst[prog] // 2] & (graph.slack[prog] > 0)]
     gap_rank = code[graph.dst[gap_edges] // 2]
-    host_ns = (np.bincount(code[host], weights=own[host], minlength=ranks.size)
-               + np.bincount(gap_rank, weights=graph.slack[gap_edges], minlength=ranks.size)).astype(np.int64)
+    gap_ns = np.bincount(gap_rank, weights=graph.slack[gap_edges], minlength=ranks.size).astype(np.int64)
+    host_ns = np.bincount(code[host], weights=own[host], minlength=ranks.size).astype(np.int64) + gap_ns
     has_dev = dev_ns > 0
     names = act.get_column("name").to_physical().fill_null(-1).to_numpy()
     # peers by their device kernels (GPU ranks) or their operators (CPU-only ranks)
@@ -143,12 +146,12 @@ def measure(graph: Graph, iterations: int) -> Balance:
     work = device | host
     act_factor = np.ones(n)
     act_factor[work] = name_medians(code[work], names[work], own[work], peers).get_column("f").to_numpy()
-    gap_ns = np.bincount(gap_rank, weights=graph.slack[gap_edges], minlength=ranks.size).astype(np.int64)
     m_gap = peer_medians(gap_ns, peers)
     gap_f = np.where(gap_ns > m_gap, m_gap / np.maximum(gap_ns, 1), 1.0)
     return Balance(ranks=ranks, device_ns=dev_ns, host_ns=host_ns, median_device_ns=m_dev, median_host_ns=m_host,
                    peers=peers, device_factor=dev_f, host_factor=host_f, act_factor=act_factor, own_edge=own_edge,
-                   gap_edges=gap_edges, gap_factor=gap_f[gap_rank], iterations=iterations)
+                   gap_edges=gap_edges, gap_factor=gap_f[gap_rank], gap_ns=gap_ns, median_gap_ns=m_gap,
+                   iterations=iterations)
 
 
 def name_medians(rank: np.ndarray, name: np.ndarray, own: np.ndarray, peers: np.ndarray) -> pl.DataFrame:

@@ -215,11 +215,9 @@ def _top_excess(model: Model, ranks: list[int]) -> dict[int, tuple[str | None, i
     per = per.unique(["rank", "name"], keep="first")
     best = (per.filter(pl.col("rank_id").is_in(ranks)).with_columns((pl.col("own") - pl.col("median")).alias("d"))
             .sort("d", descending=True).group_by("rank_id", maintain_order=True).first())
-    gap_code = np.searchsorted(b.ranks, g.act.get_column("rank").fill_null(-1).to_numpy()[g.dst[b.gap_edges] // 2])
-    gap_ns = np.bincount(gap_code, weights=g.slack[b.gap_edges], minlength=b.ranks.size).astype(np.int64)
-    med_gap = balance.peer_medians(gap_ns, b.peers)
+    excess_gap = b.gap_ns - b.median_gap_ns
     at = {int(r): i for i, r in enumerate(b.ranks.tolist())}
-    return {int(r): (n if d and d > 0 else None, int(gap_ns[at[int(r)]] - med_gap[at[int(r)]]))
+    return {int(r): (n if d and d > 0 else None, int(excess_gap[at[int(r)]]))
             for r, n, d in best.select(["rank_id", "label", "d"]).iter_rows()}
 
 
