@@ -126,13 +126,6 @@ def tracekit(args: list[str], env: dict[str, str]) -> tuple[process_tree.Measure
     return m, out
 
 
-def _ranks(v: object) -> list[int]:
-    """The ranks of a critical-path row (a list, or the table's comma-separated text)."""
-    if isinstance(v, list):
-        return [int(r) for r in v]
-    return [int(r) for r in str(v or "").replace("…", "").split(",") if r.strip().isdigit()]
-
-
 def binding_link(rows: list[dict]) -> str | None:
     """The link class whose 4x faster rate buys more (the whatif rows of :data:`SCENARIOS`)."""
     best = {r["links"].split("=")[0]: r["speedup"] for r in rows if r.get("links")}
@@ -195,7 +188,7 @@ def main() -> None:
                                                       truth["straggler_ranks"])
             # the straggler's slow work is on the path of most iterations (the path runs through it: in a pipeline
             # the rank the path *waits on* longest can be its stage partner, waiting on the straggler's sends)
-            on_path = Counter(r for row in cp.get("summary", []) for r in _ranks(row.get("ranks")))
+            on_path = Counter(r for row in cp.get("summary", []) for r in row.get("ranks") or [])
             iters = len(cp.get("summary", []))
             checks["straggler on the critical path (most iterations)"] = (
                 sorted(r for r in truth["straggler_ranks"] if on_path[r] * 2 > iters), truth["straggler_ranks"])
