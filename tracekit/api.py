@@ -78,7 +78,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
          on_start: Callable[[list[str], int], None] | None = None,
          progress: Callable[[int, int, str], None] | None = None,
          on_note: Callable[[str], None] | None = None,
-         iterations: str | Iterable[int] | None = None) -> Job:
+         iterations: str | Iterable[int] | None = None, rank_regex: str | None = None) -> Job:
     """Read and analyse a job: trace files and directories (searched recursively, files recognised by content).
 
     ``link_bw`` is the line rate the job ran on (``"100gbit"``, ``"25GB/s"``, bits/s as a number, or per process
@@ -95,6 +95,9 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     ``on_note(text)`` with what the user should know about how the job was read (default: logged).
     ``iterations`` (``"3-8"``, ``"2,4,6-9"`` or numbers, e.g. ``range(3, 9)``) analyses those iterations alone:
     applied once they are found, before matching, attribution and the dependency graph (in memory only).
+    ``rank_regex`` (e.g. ``"rank(\\d+)"``) takes each trace's rank from its path (its group ``rank``, else its first
+    group), over the ``distributedInfo`` in the file; without it, the rank is the file's ``distributedInfo``, else
+    what its name says (the training tools' layouts: docs/integrations/layouts.md), else the order.
 
     Raises :class:`~tracekit.model.diagnostics.TraceError` (one line) for a bad input or option."""
     from tracekit.analysis.pipeline import analyse
@@ -103,6 +106,10 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     from tracekit.scale.analyse import analyse_dataset
 
     names = _paths(paths)
+    if rank_regex is not None:
+        from tracekit.loading.layouts import compile_rank_regex
+
+        compile_rank_regex(rank_regex)  # a bad one is a one-line error before anything is read
     link_bw_bps, line_rates = _link_rates(link_bw)
     only = _iterations(iterations)
     if jobs is not None and jobs < 1:
@@ -132,7 +139,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
 
         ds = dataset_mod.build(names, out=None if dataset is None else os.fspath(dataset), engine=make_engine(),
                                step_marker=step_marker, budget=memory_budget, use_cache=cache, cache_dir=cache_root,
-                               force=rebuild, progress=progress, graphs=graphs)
+                               force=rebuild, progress=progress, graphs=graphs, rank_regex=rank_regex)
         try:
             if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0 and not any(
                     s.get("format") == "nccl-log" for s in ds.summaries):  # an NCCL log alone is a job's topology
@@ -145,7 +152,8 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
             ds.cleanup()
             raise
         return Job(analysis, names)
-    ts = traceset.load(names, use_cache=cache, cache_dir=cache_root, jobs=jobs, progress=progress)
+    ts = traceset.load(names, use_cache=cache, cache_dir=cache_root, jobs=jobs, progress=progress,
+                       rank_regex=rank_regex)
     if ts.empty:
         damage = "; ".join(str(d) for d in ts.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))

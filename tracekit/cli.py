@@ -41,6 +41,10 @@ def _common(p: argparse.ArgumentParser, *, paths: bool = True) -> None:
                    help="annotation name that marks iterations when there is no ProfilerStep#N "
                         "(a numeric group, if any, gives the iteration number)")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print warnings about the inputs")
+    p.add_argument("--rank-regex", metavar="REGEX",
+                   help="take each trace's rank from its path: the digits of the regular expression's group "
+                        "'rank', else of its first group, e.g. 'node\\d+/rank(\\d+)' (over the rank the file's "
+                        "distributedInfo says; by default the rank is that, else the file name's, else the order)")
     p.add_argument("--link-bw", metavar="RATE",
                    help="line rate of the links to compare with, e.g. 100Gbit, 25GB/s, 200mbit or 1e9 (bits/s); "
                         "per process group, link class or transport for the what-if: dp=25Gbit,tp=900GB/s (a group's "
@@ -317,7 +321,7 @@ def _job(args: argparse.Namespace, console: Console):
                        cache=not args.no_cache, cache_dir=args.cache_dir, jobs=args.jobs, by_rank=by_rank,
                        on_start=on_start, progress=progress_cb, on_note=on_note,
                        iterations=getattr(args, "iterations", None), graphs=getattr(args, "graphs", False),
-                       **big)
+                       rank_regex=args.rank_regex, **big)
     finally:
         if bar is not None:
             bar.stop()
@@ -577,7 +581,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                                        line_rates=tuple(sorted(named.items())), diff_paths=tuple(args.diff or ()),
                                        by_rank=None, engine=args.engine, scheduler=args.scheduler,
                                        dataset=args.dataset, memory_budget=args.memory_budget,
-                                       rebuild=args.rebuild))
+                                       rebuild=args.rebuild, rank_regex=args.rank_regex))
 
 
 def cmd_record(args: argparse.Namespace) -> int:

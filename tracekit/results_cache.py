@@ -68,7 +68,7 @@ def code_fingerprint() -> str:
 
 
 def key(paths: list[str], step_marker: str | None, link_bw_bps: float | None = None,
-        line_rates: dict[str, float] | None = None) -> str | None:
+        line_rates: dict[str, float] | None = None, *, rank_regex: str | None = None) -> str | None:
     """The entry key of the job given as ``paths`` (files and directories, as on the command line), or
     None when a path does not exist.
 
@@ -77,7 +77,7 @@ def key(paths: list[str], step_marker: str | None, link_bw_bps: float | None = N
     (which covers the parsers' versions too).
     """
     parts = [RESULTS_VERSION, code_fingerprint(), step_marker or "", repr(link_bw_bps),
-             repr(sorted((line_rates or {}).items()))]
+             repr(sorted((line_rates or {}).items())), *([f"rank_regex={rank_regex}"] if rank_regex else [])]
     for p in paths:
         if os.path.isdir(p):
             for root, dirs, files in os.walk(p):

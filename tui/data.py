@@ -71,6 +71,7 @@ class LoadOptions:
     dataset: str | None = None  # --dataset DIR (a built one opens without reading a trace)
     memory_budget: str | None = None  # --memory-budget
     rebuild: bool = False  # --rebuild
+    rank_regex: str | None = None  # --rank-regex
 
     @property
     def big_job_options(self) -> bool:
@@ -187,6 +188,12 @@ class LoadCallbacks:
             self.progress(what, fraction)
 
 
+def _results_key(paths: list[str], options: LoadOptions) -> str | None:
+    """The results cache's key of ``paths`` read with ``options``."""
+    return results_cache.key(paths, options.step_marker, options.link_bw_bps, dict(options.line_rates),
+                             rank_regex=options.rank_regex)
+
+
 def _results_root(options: LoadOptions) -> str:
     return str(results_cache.default_root() if options.cache_dir is None
                else os.path.join(options.cache_dir, "results"))
@@ -197,7 +204,7 @@ def cached_summary(paths: list[str], options: LoadOptions) -> tuple[JobData, res
     run before the app draws its first screen. (Rank by rank, phase 1 comes from the dataset instead.)"""
     if not options.use_cache or options.by_rank or options.big_job_options:
         return None
-    key = results_cache.key(paths, options.step_marker, options.link_bw_bps, dict(options.line_rates))
+    key = _results_key(paths, options)
     cached = results_cache.load(_results_root(options), key) if key else None
     if cached is None:
         return None
@@ -222,7 +229,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     data, cached = start if start is not None else (None, None)
     # the results' key from before the traces are read: if one changes meanwhile, the key taken after the
     # analysis differs and nothing is stored under a key that does not describe what was read
-    key_before = results_cache.key(paths, options.step_marker, options.link_bw_bps, dict(options.line_rates)) \
+    key_before = _results_key(paths, options) \
         if options.use_cache else None
     found = traceset.discover(paths)
     files = found[0]
@@ -237,14 +244,14 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
         callbacks.say(f"read {os.path.basename(path)}", done / total if total else 1.0)
 
     traces = traceset.load(paths, use_cache=options.use_cache, cache_dir=options.cache_dir, jobs=options.jobs,
-                           progress=progress, found=found)
+                           progress=progress, found=found, rank_regex=options.rank_regex)
     if traces.empty:
         damage = "; ".join(str(d) for d in traces.diagnostics if d.level != "info")
         raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
     from tracekit.analysis.pipeline import analyse
 
     analysis = results_cache.analysis_from(traces, cached) if cached is not None else None
-    key = results_cache.key(paths, options.step_marker, options.link_bw_bps, dict(options.line_rates)) \
+    key = _results_key(paths, options) \
         if options.use_cache else None
     if analysis is None:
         callbacks.say("analysing", None)
@@ -318,7 +325,8 @@ def _load_by_rank(paths: list[str], options: LoadOptions, callbacks: LoadCallbac
     callbacks.say(f"rank by rank: {len(files)} files into a per-rank dataset", 0.0)
     ds = dataset_mod.build(paths, out=options.dataset, engine=make_engine(), step_marker=options.step_marker,
                            budget=options.memory_budget, use_cache=options.use_cache, cache_dir=options.cache_dir,
-                           force=options.rebuild, progress=progress, found=found, graphs=True)
+                           force=options.rebuild, progress=progress, found=found, graphs=True,
+                           rank_regex=options.rank_regex)
     if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0:
         damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
         ds.cleanup()

@@ -2,14 +2,14 @@
 with ranks assigned.
 
 Ranks come from what each file says (``distributedInfo.rank``, NCCL Init lines), else from the file
-name (``rank-3``, ``worker3``), else from the order given, and the ``ranks`` table says which.
+name (``rank-3``, ``worker3``, the training tools' layouts of :mod:`tracekit.loading.layouts`), else from the order
+given, and the ``ranks`` table says which; ``--rank-regex`` takes them from the paths first.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.allocators import release_memory
-from tracekit.loading import cache
+from tracekit.loading import cache, layouts
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError, printable
 from tracekit.model.schema import ParsedFile
@@ -31,7 +31,6 @@ from tracekit.parsers import Format, detect, parse
 
 #: below this much input, parsing in worker processes costs more than it saves
 PARALLEL_MIN_BYTES = 64 << 20
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)
 
 Progress = Callable[[int, int, str], None]
 
@@ -78,7 +77,8 @@ def discover(paths: Iterable[str]) -> tuple[list[str], list[Diagnostic]]:
     A path given that cannot be read is an error naming it; inside a directory, files that cannot be read
     (symbolic link loops, dangling links, no permission) and subdirectories that cannot be listed are
     skipped with one warning per reason. Symbolic links to directories are not followed inside a walk (a
-    link back up would loop), and a file reached twice (links, hard links) is read once.
+    link back up would loop), and a file reached twice (links, hard links) is read once. Of the traces a tool
+    writes for several profiling windows of one rank, the last is read (:func:`layouts.last_windows`, a warning).
     """
     found: list[str] = []
     notes: list[Diagnostic] = []
@@ -132,7 +132,8 @@ def discover(paths: Iterable[str]) -> tuple[list[str], list[Diagnostic]]:
         if key not in seen:
             seen.add(key)
             unique.append(f)
-    return unique, notes
+    kept, windows = layouts.last_windows(unique)  # one profiling window per rank of the tools that write several
+    return kept, notes + windows
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
@@ -228,9 +229,10 @@ def _worker(path: str, cache_root: str, scratch: str | None = None) -> tuple[str
 
 def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.PathLike | None = None,
          jobs: int | None = None, progress: Progress | None = None,
-         found: tuple[list[str], list[Diagnostic]] | None = None) -> TraceSet:
+         found: tuple[list[str], list[Diagnostic]] | None = None, rank_regex: str | None = None) -> TraceSet:
     """Load every trace under ``paths`` (files or directories) into one TraceSet (``found``: what
-    :func:`discover` gave for ``paths``, when the caller already looked: 100 000 files are sniffed once).
+    :func:`discover` gave for ``paths``, when the caller already looked: 100 000 files are sniffed once;
+    ``rank_regex``: :func:`assign_ranks`).
 
     Several processes may load the same traces through one cache at once; a cache that cannot be written
     (read-only, full, not a directory of its own) costs a warning, never the answer."""
@@ -289,40 +291,54 @@ def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.Pa
             done += sizes[i]
             if progress:
                 progress(done, total, f)
-    traces = assemble([p for p in parsed if p is not None], notes + cache_notes)
+    traces = assemble([p for p in parsed if p is not None], notes + cache_notes, rank_regex=rank_regex)
     if todo:  # what the parse and the joining of the files' tables freed goes back (kept in glibc's heap for the
         release_memory()  # analysis to reuse: 100-200 MB more at an 8 x 300 MB job's peak, and no faster)
     return traces
 
 
-def _rank_from_name(path: str) -> int | None:
-    m = _RANK_IN_NAME.search(os.path.basename(path))
-    return int(m.group(1)) if m else None
-
-
-def assign_ranks(claims: list[tuple[str, int | None]]) -> tuple[list[int], list[str], list[Diagnostic]]:
+def assign_ranks(claims: list[tuple[str, int | None]], rank_regex: str | None = None
+                 ) -> tuple[list[int], list[str], list[Diagnostic]]:
     """Ranks of per-rank traces from ``(path, rank the file claims)`` in input order: what the file says
-    (``distributedInfo``), else the file name (``rank-3``, ``worker3``), else the order given.
+    (``distributedInfo``), else the file name (:mod:`tracekit.loading.layouts`: ``rank3``, ``worker3``, the
+    tools' layouts), else the order given. ``rank_regex`` (``--rank-regex``) takes the rank from each path first,
+    over ``distributedInfo``; a file name and a ``distributedInfo`` that disagree get a warning.
 
     Returns ``(ranks, sources, diagnostics)``; a rank claimed twice is kept by the first file only.
     """
-    diags: list[Diagnostic] = []
+    rx = layouts.compile_rank_regex(rank_regex) if rank_regex else None
+    if rx is not None:
+        named = [(layouts.regex_rank(rx, p), False) for p, _ in claims]
+        if claims and all(r is None for r, _ in named):
+            raise TraceError(None, f"--rank-regex {rank_regex!r} finds no rank in any of the {len(claims)} traces' "
+                                   f"paths (e.g. {claims[0][0]})")
+    else:
+        named = [(nf.rank, nf.local) for nf in (layouts.facts(p) for p, _ in claims)]
+    first, second = ((named, [(r, False) for _, r in claims]) if rx is not None
+                     else ([(r, False) for _, r in claims], named))
+    diags = _rank_disagreements(claims, named, rx is not None)
+    if rx is not None:
+        unmatched = [p for (p, _), (r, _) in zip(claims, named, strict=True) if r is None]
+        if unmatched:
+            more = f" and {len(unmatched) - 1} more" if len(unmatched) > 1 else ""
+            diags.append(Diagnostic(unmatched[0], f"--rank-regex {rank_regex!r} finds no rank in this path{more}: "
+                                                  "their ranks come from distributedInfo, else the order given"))
+    labels = ("rank regex", "distributedInfo") if rx is not None else ("distributedInfo", "file name")
     assigned: dict[int, int] = {}
     source: dict[int, str] = {}
     taken: set[int] = set()
-    for i, (path, r) in enumerate(claims):
+    for i, (path, _) in enumerate(claims):
+        r = first[i][0]
         if r is not None and r not in taken:
-            assigned[i], source[i] = r, "distributedInfo"
+            assigned[i], source[i] = r, labels[0]
             taken.add(r)
         elif r is not None:
             diags.append(Diagnostic(path, f"rank {r} is claimed by another file too; "
                                           "are these traces from the same job?"))
-    for i, (path, _) in enumerate(claims):
-        if i in assigned:
-            continue
-        r = _rank_from_name(path)
-        if r is not None and r not in taken:
-            assigned[i], source[i] = r, "file name"
+    for i in range(len(claims)):
+        r = second[i][0]
+        if i not in assigned and r is not None and r not in taken:
+            assigned[i], source[i] = r, labels[1]
             taken.add(r)
     nxt = 0
     for i in range(len(claims)):
@@ -335,18 +351,38 @@ def assign_ranks(claims: list[tuple[str, int | None]]) -> tuple[list[int], list[
     return [assigned[i] for i in range(len(claims))], [source[i] for i in range(len(claims))], diags
 
 
+def _rank_disagreements(claims: list[tuple[str, int | None]], named: list[tuple[int | None, bool]],
+                        by_regex: bool) -> list[Diagnostic]:
+    """One warning for the files whose name (a node-local rank aside) says another rank than their
+    ``distributedInfo``, naming the first and which rank was taken."""
+    off = [(p, n, c) for (p, c), (n, local) in zip(claims, named, strict=True)
+           if n is not None and c is not None and n != c and not local]
+    if not off:
+        return []
+    path, name, claimed = off[0]
+    more = f" (and {len(off) - 1} more files)" if len(off) > 1 else ""
+    if by_regex:
+        text = (f"--rank-regex gives rank {name}, the file's distributedInfo says rank {claimed}{more}: "
+                f"rank {name} taken")
+    else:
+        text = (f"the file name says rank {name}, the file's distributedInfo rank {claimed}{more}: rank {claimed} "
+                "taken (--rank-regex takes the ranks from the names)")
+    return [Diagnostic(path, text)]
+
+
 #: formats with one file per rank that does not know its global rank in its tables
 PER_RANK_FORMATS = frozenset({"kineto"})
 
 
-def assemble(files: list[ParsedFile], notes: list[Diagnostic] | None = None) -> TraceSet:
-    """Assign ranks and concatenate the tables of parsed files."""
+def assemble(files: list[ParsedFile], notes: list[Diagnostic] | None = None, *, rank_regex: str | None = None
+             ) -> TraceSet:
+    """Assign ranks (:func:`assign_ranks`) and concatenate the tables of parsed files."""
     diags = list(notes or [])
     for f in files:
         diags.extend(f.diagnostics)
     # ranks of per-rank traces (Kineto): file content, then file name, then order
     traced = [f for f in files if f.format in PER_RANK_FORMATS]
-    rank_list, source_list, rank_diags = assign_ranks([(f.path, f.meta.get("rank")) for f in traced])
+    rank_list, source_list, rank_diags = assign_ranks([(f.path, f.meta.get("rank")) for f in traced], rank_regex)
     diags.extend(rank_diags)
     assigned = dict(enumerate(rank_list))
     source = dict(enumerate(source_list))

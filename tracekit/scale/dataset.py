@@ -370,8 +370,9 @@ def _read_events(path: Path) -> pa.Table:
 # --- the dataset -----------------------------------------------------------------------------------
 
 
-def inputs_key(files: list[str], step_marker: str | None) -> tuple[str, list[list[Any]]]:
-    """Key of a set of inputs: changes when a file, a parser, the step marker or the layout does."""
+def inputs_key(files: list[str], step_marker: str | None, rank_regex: str | None = None
+               ) -> tuple[str, list[list[Any]]]:
+    """Key of a set of inputs: changes when a file, a parser, the step marker, the rank regex or the layout does."""
     from tracekit.parsers import detect
 
     ident = []
@@ -379,7 +380,7 @@ def inputs_key(files: list[str], step_marker: str | None) -> tuple[str, list[lis
         st = os.stat(f)
         fmt = detect(f) if st.st_size else None
         ident.append([os.path.abspath(f), st.st_size, st.st_mtime_ns, fmt.version if fmt else None])
-    text = json.dumps([DATASET_VERSION, step_marker, ident])
+    text = json.dumps([DATASET_VERSION, step_marker, ident, *([rank_regex] if rank_regex else [])])
     return hashlib.sha256(text.encode()).hexdigest()[:32], ident
 
 
@@ -613,8 +614,9 @@ def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any
           step_marker: str | None = None, budget: str | int | None = None, use_cache: bool = True,
           cache_dir: str | os.PathLike | None = None, force: bool = False, jobs: int | None = None,
           progress: Progress | None = None, found: tuple[list[str], list[Diagnostic]] | None = None,
-          graphs: bool = False) -> Dataset:
-    """Turn the traces under ``paths`` into a per-rank dataset (reusing a matching one) and open it.
+          graphs: bool = False, rank_regex: str | None = None) -> Dataset:
+    """Turn the traces under ``paths`` into a per-rank dataset (reusing a matching one) and open it; ``rank_regex``:
+    :func:`tracekit.loading.traceset.assign_ranks`.
 
     ``out``: where (default: ``<cache>/datasets/<key of the inputs>``; a temporary directory without
     the cache). ``engine``: from :func:`tracekit.scale.engine.make` (default: local processes). When the cache
@@ -627,9 +629,9 @@ def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any
     files, notes = found if found is not None else discover(paths)
     if not files:
         raise TraceError(None, "no input files")
-    key, ident = inputs_key(files, step_marker)
+    key, ident = inputs_key(files, step_marker, rank_regex)
     kw = {"engine": engine, "step_marker": step_marker, "budget": budget, "force": force, "jobs": jobs,
-          "progress": progress, "graphs": graphs}
+          "progress": progress, "graphs": graphs, "rank_regex": rank_regex}
     if out is not None:
         try:
             return _build(files, notes, key, ident, Path(out), temporary=False, explicit=True, **kw)
@@ -662,7 +664,8 @@ def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any
 
 def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list[Any]], target: Path, *,
            temporary: bool, explicit: bool, engine: Any, step_marker: str | None, budget: str | int | None,
-           force: bool, jobs: int | None, progress: Progress | None, graphs: bool = False) -> Dataset:
+           force: bool, jobs: int | None, progress: Progress | None, graphs: bool = False,
+           rank_regex: str | None = None) -> Dataset:
     from tracekit.scale import engine as engines
 
     out = target if explicit else None
@@ -696,7 +699,7 @@ def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list
                 done += os.path.getsize(files[i])
                 if progress:
                     progress(done, total, files[i])
-        manifest = _combine(data, [s for s in summaries if s is not None], notes, step_marker)
+        manifest = _combine(data, [s for s in summaries if s is not None], notes, step_marker, rank_regex)
         manifest.update(key=key, inputs=ident, step_marker=step_marker, engine=getattr(eng, "name", "?"))
         (data / "manifest.json").write_text(seal(manifest))
         shutil.rmtree(staging, ignore_errors=True)
@@ -717,14 +720,14 @@ def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list
     return ds
 
 
-def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic], step_marker: str | None
-             ) -> dict[str, Any]:
+def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic], step_marker: str | None,
+             rank_regex: str | None = None) -> dict[str, Any]:
     """Assign ranks from the summaries, move each part to its partition, write the ranks table."""
     diags = [*notes]
     for s in summaries:
         diags.extend(Diagnostic(**d) for d in s["diagnostics"])
     per_rank = [s for s in summaries if s["per_rank"]]
-    ranks, sources, rank_diags = assign_ranks([(s["path"], s["claimed_rank"]) for s in per_rank])
+    ranks, sources, rank_diags = assign_ranks([(s["path"], s["claimed_rank"]) for s in per_rank], rank_regex)
     diags.extend(rank_diags)
     if step_marker and not any(s["has_steps"] for s in summaries):
         raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
