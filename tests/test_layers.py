@@ -27,6 +27,7 @@ LAYERS = [
     ("views", ("tracekit.views",)),
     ("capture", ("tracekit.capture",)),
     ("api", ("tracekit.api", "tracekit.diff", "tracekit.results_cache", "tracekit.torch", "tracekit")),
+    ("integrations", ("tracekit.integrations",)),  # the frameworks' callbacks and the trackers: clients of the API
     ("tui", ("tracekit.tui",)),
     ("cli", ("tracekit.cli", "tracekit.__main__")),
 ]

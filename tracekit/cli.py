@@ -59,6 +59,28 @@ def _iterations_option(p: argparse.ArgumentParser) -> None:
                    "these iterations alone (in memory only)")
 
 
+def _tracker_options(p: argparse.ArgumentParser) -> None:
+    """``--log`` and where to: the verdict, the per-iteration breakdown and the what-if to experiment trackers
+    (:mod:`tracekit.integrations.trackers`)."""
+    from tracekit.integrations import trackers
+
+    def names(text: str) -> list[str]:
+        try:
+            return trackers.parse(text)
+        except TraceError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+
+    g = p.add_argument_group("experiment trackers", "log the verdict, the per-iteration breakdown and the what-if "
+                             "table (docs/integrations/trackers.md)")
+    g.add_argument("--log", type=names, action="append", metavar="TRACKER",
+                   help=f"log to {', '.join(trackers.TRACKERS)} (repeat, or a comma list; pip install "
+                        "'tracekit[wandb]' and so on)")
+    g.add_argument("--log-dir", metavar="DIR", help="the folder each tracker writes under: DIR/wandb, the MLflow file "
+                   "store DIR/mlruns, DIR/runs for TensorBoard (an MLflow tracking URI goes to MLflow as it is; "
+                   "default: W&B's and MLflow's own settings, ./runs for TensorBoard)")
+    g.add_argument("--log-project", metavar="NAME", help="the W&B project or MLflow experiment (default tracekit)")
+
+
 def _big_jobs(p: argparse.ArgumentParser) -> None:
     """Options of the rank-by-rank analysis (:mod:`tracekit.scale.dataset`) for jobs too big to hold in memory."""
     g = p.add_argument_group(
@@ -94,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _iterations_option(p)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    _tracker_options(p)
     _big_jobs(p)
     p.set_defaults(func=cmd_summary)
 
@@ -355,6 +378,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     result = job.analysis
     if args.json:
         sys.stdout.write(json.dumps(job.summary(), indent=2, default=str) + "\n")
+        _log(job, args, err)
         _warn(result.diagnostics, err, args.quiet)
         return 0
     from tracekit.views.report import render_summary
@@ -370,8 +394,20 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
         out.print()
         render_horovod(out, result.horovod, line_rate_bps=result.line_rate_bps)
+    _log(job, args, err)
     _warn(result.diagnostics, err, args.quiet)
     return 0
+
+
+def _log(job: Any, args: argparse.Namespace, err: Console) -> None:
+    """``--log``: the job's answer to the trackers asked for, one line each on stderr."""
+    if not args.log:
+        return
+    from tracekit.integrations import trackers
+
+    for line in trackers.log(job, [t for group in args.log for t in group], log_dir=args.log_dir,
+                             project=args.log_project):
+        err.print(f"logged to {_text(line)}", highlight=False, soft_wrap=True)
 
 
 def _clocks(result: Any) -> list[dict[str, Any]]:
