@@ -156,3 +156,20 @@ def test_rank_regex_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFi
     out, err = capsys.readouterr()
     assert {r["rank"] for r in json.loads(out)["ranks"]} == {0, 1}
     assert "--rank-regex gives rank 0, the file's distributedInfo says rank 1" in err
+
+
+def test_rank_regex_in_the_terminal_app_and_its_results_cache(tmp_path: Path) -> None:
+    """``inspect --rank-regex``: the app's loader takes it, and a cached result of other ranks is not reused."""
+    from tracekit.tui.data import LoadCallbacks, LoadOptions, load_job
+
+    d = tmp_path / "job"
+    _write(d / "a" / "rank0.pt.trace.json.gz", 1, steps=3)
+    _write(d / "b" / "rank1.pt.trace.json.gz", 0, steps=3)
+    cache = str(tmp_path / "cache")
+    plain = load_job([str(d)], LoadOptions(cache_dir=cache), LoadCallbacks())
+    assert pl.from_arrow(plain.ranks).sort("rank")["rank_source"].to_list() == ["distributedInfo"] * 2
+    named = load_job([str(d)], LoadOptions(cache_dir=cache, rank_regex=r"rank(\d)"), LoadCallbacks())
+    assert not named.from_cache
+    ranks = pl.from_arrow(named.ranks).sort("rank")
+    assert ranks["rank_source"].to_list() == ["rank regex"] * 2
+    assert [Path(f[0]).parent.name for f in ranks["source_files"].to_list()] == ["a", "b"]
