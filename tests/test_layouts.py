@@ -6,6 +6,7 @@ tests/test_huggingface.py.)"""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -173,3 +174,28 @@ def test_rank_regex_in_the_terminal_app_and_its_results_cache(tmp_path: Path) ->
     ranks = pl.from_arrow(named.ranks).sort("rank")
     assert ranks["rank_source"].to_list() == ["rank regex"] * 2
     assert [Path(f[0]).parent.name for f in ranks["source_files"].to_list()] == ["a", "b"]
+
+
+@pytest.mark.slow  # a W&B run starts its service process: ~10 s here
+def test_wandb_torch_trace_handler_as_wandb_writes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B's own handler (``wandb.profiler.torch_trace_handler``), two profiling windows of one process: the folder
+    holds two traces of ``<host>_<pid>``, tracekit reads the later one as the one rank."""
+    wandb = pytest.importorskip("wandb")
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = wandb.init(dir=str(tmp_path), project="p", settings=wandb.Settings(silent=True, console="off"))
+    try:
+        sched = torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=2)
+        x = torch.randn(64, 64)
+        with torch.profiler.profile(schedule=sched, on_trace_ready=wandb.profiler.torch_trace_handler()) as prof:
+            for _ in range(6):
+                (x @ x).sum()
+                prof.step()
+        folder = Path(run.dir) / "pytorch_traces"
+    finally:
+        run.finish()
+    files = sorted(folder.glob("*.pt.trace.json"), key=lambda p: int(p.name.split(".")[-4]))
+    assert len(files) == 2 and all(re.fullmatch(r".+_\d+\.\d{16,}\.pt\.trace\.json", p.name) for p in files)
+    ranks, warnings = _ranks([folder])
+    assert ranks == {0: (str(files[-1]), "order")}
+    assert "tensorboard_trace_handler: one profiling window per rank read" in warnings[0]
