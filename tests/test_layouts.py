@@ -81,6 +81,27 @@ def test_lightning_profiler_folder_takes_the_training_steps_and_local_ranks(tmp_
     assert ranks == {3: (str(node1), "distributedInfo")} and warnings == []
 
 
+def test_traces_of_different_ranks_that_share_a_name_are_no_windows(tmp_path: Path) -> None:
+    """Two nodes' Lightning profilers in one shared folder (the same local ranks), one worker_name on every rank: the
+    rank at the start of each trace keeps them apart; the windows of each rank still collapse."""
+    d = tmp_path / "shared"
+    kept = {}
+    for node in (0, 1):
+        ns = 1795886810883312574 + node * 1000
+        for local in (0, 1):
+            rank = 2 * node + local
+            kept[rank] = f"fit-prof-{local}-[Strategy]DDPStrategy.training_step.{ns + local}.pt.trace.json"
+            _write(d / kept[rank], rank)
+            _write(d / f"fit-prof-{local}-[Strategy]DDPStrategy.validation_step.{ns + 9_000_000}.pt.trace.json", rank)
+    ranks, warnings = _ranks([d])
+    assert ranks == {r: (str(d / name), "distributedInfo") for r, name in kept.items()}
+    assert "4 more left out (fit validation_step)" in warnings[0]
+    for r in (0, 1):
+        _write(tmp_path / "tb" / f"trainer.17958868100000000{r}.pt.trace.json", r)
+    ranks, warnings = _ranks([tmp_path / "tb"])
+    assert sorted(ranks) == [0, 1] and warnings == []
+
+
 def test_accelerate_profile_files_by_process_index(tmp_path: Path) -> None:
     d = tmp_path / "output_trace"
     for r in (1, 0):

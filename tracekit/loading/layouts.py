@@ -124,24 +124,51 @@ def facts(path: str) -> NameFacts:
     return NameFacts(None, int(g.group(1)) if g else None)
 
 
+#: how much of a trace's start is read for the rank in its ``distributedInfo`` (PyTorch writes it before the events)
+HEAD_BYTES = 64 << 10
+_HEAD_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+
+
+def head_rank(path: str) -> int | None:
+    """The rank in the ``distributedInfo`` at the start of a Kineto trace (gzip or not), or None where it is not
+    there (on-demand traces write it after the events; a trace outside torch.distributed has none)."""
+    from tracekit.parsers.source import iter_blocks
+
+    try:
+        for _, block in iter_blocks(path, HEAD_BYTES):
+            m = _HEAD_RANK.search(block)
+            return int(m.group(1)) if m else None
+    except (OSError, TraceError):
+        return None
+    return None
+
+
 def last_windows(files: list[str]) -> tuple[list[str], list[Diagnostic]]:
     """``files`` less the earlier windows of each series (:class:`NameFacts`): one trace per rank and tool, the
     latest (a training step's before another stage's), in the input order; one warning per tool says what was left
-    out and how to read another window."""
+    out and how to read another window. Where a series has several files, the rank at the start of each (its
+    ``distributedInfo``) splits it further: traces of different ranks that share a name (Lightning's local ranks of
+    several nodes in one folder, one ``worker_name`` on every rank) are never windows of one another."""
     facts_of = [facts(f) for f in files]
+    size: dict[tuple, int] = {}
+    for nf in facts_of:
+        if nf.series is not None:
+            size[nf.series] = size.get(nf.series, 0) + 1
+    keys = [None if nf.series is None else (nf.series, head_rank(f) if size[nf.series] > 1 else None)
+            for f, nf in zip(files, facts_of, strict=True)]
     best: dict[tuple, int] = {}
     count: dict[tuple, int] = {}
-    for i, nf in enumerate(facts_of):
-        if nf.series is None:
+    for i, key in enumerate(keys):
+        if key is None:
             continue
-        count[nf.series] = count.get(nf.series, 0) + 1
-        if nf.series not in best or nf.window > facts_of[best[nf.series]].window:
-            best[nf.series] = i
-    keep = {i for i, nf in enumerate(facts_of) if nf.series is None or best[nf.series] == i}
+        count[key] = count.get(key, 0) + 1
+        if key not in best or facts_of[i].window > facts_of[best[key]].window:
+            best[key] = i
+    keep = {i for i, key in enumerate(keys) if key is None or best[key] == i}
     notes: list[Diagnostic] = []
-    for layout in dict.fromkeys(nf.layout for nf in facts_of if nf.series is not None and count[nf.series] > 1):
+    for layout in dict.fromkeys(facts_of[i].layout for i, key in enumerate(keys) if key is not None and count[key] > 1):
         dropped = [i for i, nf in enumerate(facts_of) if i not in keep and nf.layout == layout]
-        kept = sorted({facts_of[best[facts_of[i].series]].label for i in dropped})
+        kept = sorted({facts_of[best[keys[i]]].label for i in dropped})
         left = sorted({facts_of[i].label for i in dropped})
         rule = "a training step of fit first, then the latest" if layout == "lightning" else "the latest"
         notes.append(Diagnostic(files[dropped[0]], f"{layout}: one profiling window per rank read, {_few(kept)} "
