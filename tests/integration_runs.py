@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,7 +12,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+
+
+def needs(*modules: str) -> pytest.MarkDecorator:
+    """Skip where a library is not installed (it is in the test extra), without importing it at collection (lightning
+    and transformers take seconds to import)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)}")
 
 
 def torchrun(script: str, args: list[str], cwd: Path, timeout: float = 420) -> subprocess.CompletedProcess[str]:

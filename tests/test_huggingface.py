@@ -9,15 +9,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
-pytest.importorskip("wandb")
-
 import tracekit
 from tests import wandb_records
-from tests.integration_runs import steps, torchrun, trace_json, without_distributed_info
+from tests.integration_runs import needs, steps, torchrun, trace_json, without_distributed_info
 
-pytestmark = pytest.mark.slow  # a real 2-process job: ~25 s of CPU, a minute on a busy machine
+# a real 2-process job: ~50 CPU-s (~75 s on a busy 2-core machine)
+pytestmark = [pytest.mark.slow, needs("torch", "transformers", "accelerate", "wandb")]
 
 
 def _run(d: Path) -> tuple[Path, str]:

@@ -10,14 +10,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lightning")
-pytest.importorskip("tensorboard")
-
 import tracekit
-from tests.integration_runs import steps, torchrun, trace_json, without_distributed_info
+from tests.integration_runs import needs, steps, torchrun, trace_json, without_distributed_info
 from tracekit.loading.traceset import discover
 
-pytestmark = pytest.mark.slow  # a real 2-process job: ~15 s of CPU, a minute on a busy machine
+# a real 2-process job: ~40 CPU-s (~60 s on a busy 2-core machine)
+pytestmark = [pytest.mark.slow, needs("torch", "lightning", "tensorboard")]
 
 
 def _run(d: Path) -> tuple[Path, str]:

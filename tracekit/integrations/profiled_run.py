@@ -105,18 +105,21 @@ class ProfiledRun:
         files = self.files(world_size)
         # every rank runs the same steps: rank 0's own trace says whether this run's window was written
         missing = [str(r) for r, f in enumerate(files) if not f.exists() or (r == 0 and f not in self.written)]
-        need = sum(self.schedule.values())
+        need = (f"profiling needs {sum(self.schedule.values())} training steps (wait {self.schedule['wait']}, warmup "
+                f"{self.schedule['warmup']}, active {self.schedule['active']}); this rank made {self.steps}")
         if missing:
-            self.echo(f"tracekit: no trace of rank {', '.join(missing)} in {self.out_dir}: profiling needs {need} "
-                      f"training steps (wait {self.schedule['wait']}, warmup {self.schedule['warmup']}, active "
-                      f"{self.schedule['active']}); this rank made {self.steps}")
+            self.echo(f"tracekit: no trace of rank {', '.join(missing)} in {self.out_dir}: {need}")
             return None
         import tracekit
 
         try:
             job = tracekit.load([str(f) for f in files], link_bw=self.link_bw)
+            if job.n_iterations == 0:  # stopped while warming up: a trace, but no step recorded
+                self.echo(f"tracekit: no profiled step in the traces in {self.out_dir}: {need}")
+                return None
             verdict = job.verdict
-            self.echo(f"tracekit: {job.n_ranks} ranks · {job.n_iterations} iterations profiled in {self.out_dir}")
+            self.echo(f"tracekit: {_count(job.n_ranks, 'rank')} · {_count(job.n_iterations, 'iteration')} profiled "
+                      f"in {self.out_dir}")
             self.echo(f"verdict: {verdict.text}")
             self.echo(f"look closer: tracekit inspect {_shown(self.out_dir, files)}")
             if self.log:
@@ -129,6 +132,10 @@ class ProfiledRun:
             return None
         self.job = job
         return job
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _print(line: str) -> None:
