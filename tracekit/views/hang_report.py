@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -127,20 +126,21 @@ def cell_text(cells: str) -> Text:
     return t
 
 
-def render(console: Console, hang: Hang, *, verdict_line: bool = False) -> None:
-    """The hang section of ``tracekit summary``: the pictures, then what the headline rests on."""
-    if verdict_line:
-        console.print(Text.assemble(("verdict: ", "bold"), (hang.headline, KIND_STYLES.get(hang.kind, "bold"))))
-        console.print()
+def header(hang: Hang) -> Text:
+    """What the hang rests on: ``hang · 3 Flight Recorder dumps (gloo) · world size 3``."""
     src = "NCCL watchdog lines" if hang.source == "nccl-log" else \
         f"{len(hang.ranks)} Flight Recorder dump{'s' if len(hang.ranks) != 1 else ''}"
     extra = f" ({hang.backend})" if hang.backend else ""
     world = f" · world size {hang.world_size}" if hang.world_size else ""
-    console.print(Text.assemble(("hang", "bold"), f" · {src}{extra}{world}"))
+    return Text.assemble(("hang", "bold"), f" · {src}{extra}{world}")
+
+
+def tables(hang: Hang) -> list[Table]:
+    """One table per process group: every member's cells and state, the causes first (:func:`pictures`)."""
+    out = []
     for pic in pictures(hang):
         title = f"{pic.label} · #{pic.first} … #{pic.last}" + (" · knock-on" if pic.knock_on else "")
-        table = Table(title=title, title_justify="left", box=None,
-                      show_header=False, pad_edge=False)
+        table = Table(title=title, title_justify="left", box=None, show_header=False, pad_edge=False)
         table.add_column("rank", justify="right", no_wrap=True)
         table.add_column("cells", no_wrap=True)
         table.add_column("state", no_wrap=False)
@@ -149,9 +149,25 @@ def render(console: Console, hang: Hang, *, verdict_line: bool = False) -> None:
             if row.cause:
                 note.append("  ← cause", style="bold red")
             table.add_row(f"rank {row.rank}", cell_text(row.cells), note)
-        console.print(table)
-    console.print(LEGEND, style="dim")
-    for s in hang.support:
-        console.print(escape(printable(s)), highlight=False)
-    for n in hang.notes:
-        console.print(f"[dim]note: {escape(printable(n))}[/]", highlight=False)
+        out.append(table)
+    return out
+
+
+def footer(hang: Hang) -> list[Text]:
+    """The legend, the sentences behind the headline, and the notes on what the dumps cannot say."""
+    out = [Text(LEGEND, style="dim")]
+    out += [Text(printable(s)) for s in hang.support]
+    out += [Text(f"note: {printable(n)}", style="dim") for n in hang.notes]
+    return out
+
+
+def render(console: Console, hang: Hang, *, verdict_line: bool = False) -> None:
+    """The hang section of ``tracekit summary``: the verdict's line, the pictures, then what the headline rests on."""
+    if verdict_line:
+        console.print(Text.assemble(("verdict: ", "bold"), (hang.headline, KIND_STYLES.get(hang.kind, "bold"))))
+        console.print()
+    console.print(header(hang))
+    for t in tables(hang):
+        console.print(t)
+    for line in footer(hang):
+        console.print(line, highlight=False)
