@@ -249,3 +249,18 @@ def test_sniffing_leaves_other_formats_alone() -> None:
     assert detect(str(DATA / "hang-skip" / "traces" / "rank0.pt.trace.json.gz")).name == "kineto"
     assert detect(str(DATA / "hang-skip" / "job.json")) is None
     assert not flight_recorder.sniff(b'{"traceEvents": [], "entries": [], "pg_config": {}}')
+
+
+def test_a_memo_index_of_a_billion_costs_nothing(tmp_path: Path) -> None:
+    """Five bytes (``LONG_BINPUT`` of ~946 million) made CPython's C unpickler allocate its memo array for 21 CPU-s
+    (a fuzzing finding): the pure-Python unpickler's dict memo refuses the damaged dump at once."""
+    data = pickle.dumps({"version": "2.10", "entries": [{"profiling_name": "gloo:barrier"}]}, protocol=2)
+    bad = data[:-1] + pickle.LONG_BINPUT + (946359153).to_bytes(4, "little") + data[-1:]
+    path = tmp_path / "fr_trace_rank_0"
+    path.write_bytes(bad)
+    import time
+
+    t0 = time.process_time()
+    parsed = parse(str(path))
+    assert time.process_time() - t0 < 1.0
+    assert parsed.tables["fr_entries"].num_rows == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import struct
 from collections import Counter
 from typing import Any
 
@@ -60,9 +61,9 @@ def _read(path: str) -> bytes:
 def _decode(path: str, data: bytes) -> tuple[dict[str, Any], str]:
     """The dump's top-level dict and its form (``pickle`` or ``json``)."""
     if data.lstrip()[:1] == b"{":
-        try:
-            obj = msgspec.json.decode(data)
-        except (msgspec.DecodeError, RecursionError, MemoryError) as exc:
+        try:  # bad UTF-8 is replaced, as in the other formats' names
+            obj = msgspec.json.decode(data.decode("utf-8", "replace"))
+        except (msgspec.DecodeError, RecursionError, MemoryError, ValueError) as exc:
             raise TraceError(path, f"not a readable Flight Recorder dump (JSON: {exc})") from None
         form = "json"
     else:
@@ -70,11 +71,11 @@ def _decode(path: str, data: bytes) -> tuple[dict[str, Any], str]:
             obj = unpickle.loads(data)
         except unpickle.RefusedPickle as exc:
             raise TraceError(path, f"not a Flight Recorder dump: {exc}") from None
-        except (pickle.UnpicklingError, EOFError) as exc:
-            what = "truncated" if isinstance(exc, EOFError) or "truncated" in str(exc) else f"damaged ({exc})"
+        except (pickle.UnpicklingError, EOFError, struct.error) as exc:
+            what = "truncated" if isinstance(exc, EOFError | struct.error) or "truncated" in str(exc) or \
+                "exhausted" in str(exc) else f"damaged ({str(exc)[:120]})"
             raise TraceError(path, f"the pickled Flight Recorder dump is {what}: nothing read") from None
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, UnicodeDecodeError,
-                RecursionError, MemoryError) as exc:
+        except Exception as exc:  # whatever the unpickler trips on in damaged bytes is damage
             raise TraceError(path, f"the pickled Flight Recorder dump is damaged ({type(exc).__name__}: "
                              f"{str(exc)[:120]}): nothing read") from None
         form = "pickle"

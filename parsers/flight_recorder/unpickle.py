@@ -6,6 +6,10 @@ GLOBAL, STACK_GLOBAL, INST and EXT opcodes ask it for every class or function; O
 call what it returned) and ``persistent_load`` (PERSID, BINPERSID) — and without out-of-band buffers (NEXT_BUFFER).
 What is left builds plain data only: dicts, lists, tuples, sets, str, bytes, numbers, bool and None, which is all a
 dump holds (torch writes them with its own pickler, protocol 2).
+
+It is Python's own pure-Python unpickler (``pickle._Unpickler``), not the C one: the C unpickler keeps its memo in an
+array sized by the largest index a PUT opcode names, so five bytes (``LONG_BINPUT`` of a billion) allocate gigabytes
+(21 s of CPU here); the Python one keeps a dict. A dump is kilobytes to a few megabytes, read in well under a second.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ class RefusedPickle(pickle.UnpicklingError):
     """The pickle asked for something a dump never holds (a class, a function, a persistent object)."""
 
 
-class _PlainData(pickle.Unpickler):
+class _PlainData(pickle._Unpickler):
     """An unpickler that builds containers and numbers and refuses every global and persistent reference."""
 
     def find_class(self, module: str, name: str) -> Any:
