@@ -50,6 +50,8 @@ class _Reader:
 
     budget: _Budget
     bad: Counter[str] = field(default_factory=Counter)
+    #: text of each frame dict, by identity: the pickle shares one dict per distinct frame among the entries
+    _frames: dict[int, tuple[Any, str]] = field(default_factory=dict)
 
     def int64(self, v: Any, name: str) -> int | None:
         if v is None:
@@ -128,8 +130,12 @@ class _Reader:
                 self.bad["frames"] += 1
                 continue
             self.budget.take(3)
-            lines.append(f"{self.text(f.get('name'), 'frames') or '?'} at "
-                         f"{self.text(f.get('filename'), 'frames') or '?'}:{self.int64(f.get('line'), 'frames')}")
+            known = self._frames.get(id(f))
+            if known is None or known[0] is not f:
+                known = (f, f"{self.text(f.get('name'), 'frames') or '?'} at "
+                            f"{self.text(f.get('filename'), 'frames') or '?'}:{self.int64(f.get('line'), 'frames')}")
+                self._frames[id(f)] = known
+            lines.append(known[1])
         return "\n".join(lines) if lines else None
 
 

@@ -89,17 +89,30 @@ def _prod(shape: tuple[int, ...]) -> int:
     return n
 
 
+def _signature() -> pl.Expr:
+    """A hash per call of what must agree (:func:`_key`), as polars expressions over FR_ENTRIES."""
+    base = pl.col("profiling_name").fill_null("?").str.split(":").list.last().str.split(" ").list.first()
+    loose = base.str.ends_with("_v") | base.str.ends_with("_v_single")
+    ins = pl.when(loose | base.is_in(list(_NO_INPUT_SIZES))).then(None).otherwise(pl.col("input_sizes").hash())
+    outs = pl.when(loose | base.is_in(list(_NO_OUTPUT_SIZES))).then(None).otherwise(pl.col("output_sizes").hash())
+    dtypes = [pl.col(c).list.unique().list.sort().hash() for c in ("input_dtypes", "output_dtypes")]
+    return pl.struct(base.alias("b"), ins.alias("i"), outs.alias("o"), dtypes[0].alias("di"),
+                     dtypes[1].alias("do")).hash()
+
+
 def find(entries: pl.DataFrame) -> list[Desync]:
     """The first disagreement of each process group among ``entries`` (FR_ENTRIES of the kept dumps)."""
     colls = entries.filter(~pl.col("is_p2p").fill_null(False) & pl.col("collective_seq_id").is_not_null()
                            & pl.col("pg").is_not_null())
     if colls.height == 0:
         return []
-    # positions two or more ranks entered (a rank's last call of a position wins: a coalesced group repeats one)
-    at = colls.unique(["pg", "collective_seq_id", "rank"], keep="last", maintain_order=True)
-    shared = at.group_by("pg", "collective_seq_id").len().filter(pl.col("len") > 1)
-    at = at.join(shared.select("pg", "collective_seq_id"), on=["pg", "collective_seq_id"]).sort(
-        ["pg", "collective_seq_id", "rank"])
+    # a rank's last call of a position counts (a coalesced group repeats one); the positions whose calls' signatures
+    # (a hash of what _key compares) differ are found in one pass, then looked at in order up to each group's first
+    at = colls.unique(["pg", "collective_seq_id", "rank"], keep="last", maintain_order=True).with_columns(
+        _signature().alias("_sig"))
+    differ = (at.group_by("pg", "collective_seq_id").agg(pl.col("_sig").n_unique().alias("n"))
+              .filter(pl.col("n") > 1).select("pg", "collective_seq_id"))
+    at = at.join(differ, on=["pg", "collective_seq_id"]).sort(["pg", "collective_seq_id", "rank"])
     out: list[Desync] = []
     done: set[str] = set()
     for (pg, seq), rows in at.group_by(["pg", "collective_seq_id"], maintain_order=True):
