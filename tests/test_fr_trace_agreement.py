@@ -21,8 +21,6 @@ import pytest
 import tracekit
 from tracekit.parsers.flight_recorder import unpickle
 
-fr_trace = pytest.importorskip("torch.distributed.flight_recorder.fr_trace")
-
 DATA = Path(__file__).parent / "data" / "flight_recorder"
 CASES = sorted(p.name for p in DATA.iterdir() if (p / "job.json").exists())
 
@@ -49,7 +47,13 @@ def _rewritten(case: str, out: Path) -> Path:
     return out
 
 
-def _fr_trace(directory: Path) -> dict[str, list]:
+@pytest.fixture(scope="module")
+def fr_trace():  # type: ignore[no-untyped-def]
+    """PyTorch's analyser, imported when a test runs (not at collection: torch takes seconds to import)."""
+    return pytest.importorskip("torch.distributed.flight_recorder.fr_trace")
+
+
+def _fr_trace(fr_trace, directory: Path) -> dict[str, list]:  # type: ignore[no-untyped-def]
     """What fr_trace says: ranks missing from a collective, culprits of a mismatch, ranks without a dump."""
     handler = _Lines()
     log = logging.getLogger("Flight Recorder")
@@ -75,15 +79,15 @@ def _fr_trace(directory: Path) -> dict[str, list]:
     return found
 
 
-def test_fr_trace_stops_on_gloo_pg_config() -> None:
+def test_fr_trace_stops_on_gloo_pg_config(fr_trace) -> None:  # type: ignore[no-untyped-def]
     """The gloo form as torch 2.13 writes it: fr_trace raises KeyError (what the rewrite works around)."""
     with pytest.raises(KeyError):
         fr_trace.main([str(DATA / "hang-skip" / "pickle"), "--allow-incomplete-ranks"])
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_the_same_culprit_as_fr_trace(case: str, tmp_path: Path) -> None:
-    said = _fr_trace(_rewritten(case, tmp_path / "dumps"))
+def test_the_same_culprit_as_fr_trace(fr_trace, case: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    said = _fr_trace(fr_trace, _rewritten(case, tmp_path / "dumps"))
     h = tracekit.load([str(DATA / case / "pickle")], cache=False).hang
     assert h is not None
     if not any(said.values()):
