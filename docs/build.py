@@ -89,6 +89,10 @@ EXAMPLES: dict[str, Example] = {
                              generate=("stall", "--ranks", "16", "--inter-gbit", "100", "--stall", "1=60")),
     "verdict-link": Example(("summary", "{job}", "--link-bw", "10gbit"), parts=("verdict:",),
                             generate=("link", "--ranks", "16", "--inter-gbit", "10")),
+    # Flight Recorder dumps of recorded gloo jobs (docs/hangs.md)
+    "hang-traces": Example(("summary", "tests/data/flight_recorder/hang-skip"), parts=("verdict:", "hang ·")),
+    "hang-subgroup": Example(("summary", "tests/data/flight_recorder/subgroup-stuck/pickle")),
+    "hang-desync": Example(("summary", "tests/data/flight_recorder/desync-size/pickle")),
 }
 
 MARKER = re.compile(r"(<!-- example: ([\w-]+) -->\n```text\n)(.*?)(```)", re.S)

@@ -27,9 +27,11 @@ class Format:
     version: str
 
 
-#: (format name, module) of the registered formats, most specific sniffer first. Horovod first: its sniffer
-#: rejects anything Kineto-like ("traceEvents", "cat", "tid")
-_REGISTERED = (("horovod", "horovod"), ("kineto", "kineto"), ("nccl-log", "nccl"))
+#: (format name, module) of the registered formats, most specific sniffer first. Flight Recorder dumps first (a pickle,
+#: or JSON with the dump's keys and no "traceEvents"); Horovod next: its sniffer rejects anything Kineto-like
+#: ("traceEvents", "cat", "tid")
+_REGISTERED = (("flight-recorder", "flight_recorder"), ("horovod", "horovod"), ("kineto", "kineto"),
+               ("nccl-log", "nccl"))
 
 
 def _formats() -> Iterator[Format]:
@@ -84,4 +86,4 @@ def parse(path: str) -> ParsedFile:
         if fmt.sniff(head):
             return fmt.parse(path)
     raise TraceError(path, "not a trace tracekit can read (expected a PyTorch-profiler JSON, "
-                     "an NCCL debug log or a Horovod timeline)", offset=0)
+                     "an NCCL debug log, a Horovod timeline or a Flight Recorder dump)", offset=0)

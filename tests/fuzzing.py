@@ -168,13 +168,25 @@ def horovod_seeds() -> list[bytes]:
             for era in ("new", "old") for seed in (None, 9)]
 
 
+def flight_recorder_seeds() -> list[bytes]:
+    """Synthetic NCCL dumps of ``tests/flight_recorder_dumps.py`` (schema 1.1 to 2.10, pickle and JSON); the recorded
+    gloo dumps (``tests/data/flight_recorder``) join through :func:`real_files`."""
+    import pickle
+
+    from tests import flight_recorder_dumps as frd
+
+    dumps = [frd.job(v, world=2, steps=3)[0] for v in ("1.1", "1.4", "2.3", "2.10")]
+    return [*(pickle.dumps(d, protocol=2) for d in dumps), frd.as_json(dumps[-1])]
+
+
 def _register_defaults() -> None:
     from tracekit import parsers
-    from tracekit.parsers import horovod, kineto, nccl
+    from tracekit.parsers import flight_recorder, horovod, kineto, nccl
 
     register(Target("kineto", kineto.parse, kineto_seeds, formats=("kineto",)))
     register(Target("nccl-log", nccl.parse, nccl_log_seeds, json_seeds=False, formats=("nccl-log",)))
     register(Target("horovod", horovod.parse, horovod_seeds, formats=("horovod",)))
+    register(Target("flight-recorder", flight_recorder.parse, flight_recorder_seeds, formats=("flight-recorder",)))
     # the dispatching entry point: sniffing, gzip, empty files, then whichever parser claims the file
     register(Target("any-format", parsers.parse, lambda: [
         *TARGETS["kineto"].corpus(), *TARGETS["nccl-log"].corpus()[:2], *TARGETS["horovod"].corpus()[:2]]))
@@ -411,8 +423,8 @@ def check(target: Target, data: bytes, path: Path, mutation: str = "", *, analys
             result = run_analysis(assemble([parsed]))
             if not result.horovod_only:  # the lazily built results too: graph, critical path, what-if
                 _ = result.critical_path_summary, result.bottleneck
-            # the NCCL logs' topology, problems and link classes
-            _ = result.topology_overview, result.nccl_problems, result.link_busy
+            # the NCCL logs' topology, problems and link classes; a Flight Recorder dump's hang
+            _ = result.topology_overview, result.nccl_problems, result.link_busy, result.hang
         except TraceError:
             pass
         except (KeyboardInterrupt, SystemExit):

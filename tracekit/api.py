@@ -38,6 +38,7 @@ from tracekit.model.diagnostics import Diagnostic, TraceError
 if TYPE_CHECKING:
     from tracekit.analysis.bottleneck import Bottleneck
     from tracekit.analysis.compare import Diff
+    from tracekit.analysis.hang import Hang
     from tracekit.analysis.pipeline import Analysis
     from tracekit.analysis.verdict import Answer
     from tracekit.analysis.whatif import Scenario
@@ -142,7 +143,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
                                force=rebuild, progress=progress, graphs=graphs, rank_regex=rank_regex)
         try:
             if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0 and not any(
-                    s.get("format") == "nccl-log" for s in ds.summaries):  # an NCCL log alone is a job's topology
+                    s.get("format") in traceset.STANDALONE_FORMATS for s in ds.summaries):  # logs, dumps alone
                 damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
                 raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
             analysis = analyse_dataset(ds, link_bw_bps=link_bw_bps, memory_budget=memory_budget,
@@ -412,6 +413,14 @@ class Job:
         watchdog timeouts, the rank that stopped first), each with its file and line."""
         return _frame(self.analysis.nccl_problems)
 
+    @property
+    def hang(self) -> Hang | None:
+        """Where every rank stands in every process group and who the job waits for, from its Flight Recorder dumps
+        (else NCCL's watchdog lines): ``kind`` (``hung``, ``desync``, ``none``), ``headline``, ``cause_ranks``,
+        ``causes``, ``stuck``, ``desyncs``, ``positions`` (:class:`tracekit.analysis.hang.Hang`); None without
+        either (``docs/hangs.md``)."""
+        return self.analysis.hang
+
     @cached_property
     def group_links(self) -> pl.DataFrame:
         """Per process group: its link class (intra/inter) and transport, from the NCCL logs (else the hosts)."""
@@ -680,6 +689,7 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
         "topology": result.topology_overview or None,
         "nccl_problems": [{**p, "text": _problem_text(p)} for p in result.nccl_problems.to_pylist()],
+        "hang": result.hang.as_dict() if result.hang is not None else None,
         "group_links": result.group_links.to_pylist(),
         "link_classes": link_rows,
         "top_ops": top_ops.job_level(result.top_ops, result.breakdown).to_dicts(),

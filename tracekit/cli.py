@@ -31,8 +31,8 @@ PROGRESS_MIN_BYTES = 16 << 20
 def _common(p: argparse.ArgumentParser, *, paths: bool = True) -> None:
     if paths:
         p.add_argument("paths", nargs="+", metavar="PATH",
-                       help="trace files or directories (Kineto JSON[.gz], Horovod timelines, NCCL logs; "
-                            "directories are searched)")
+                       help="trace files or directories (Kineto JSON[.gz], Horovod timelines, NCCL logs, Flight "
+                            "Recorder dumps; directories are searched)")
     p.add_argument("--no-cache", action="store_true", help="parse again instead of reusing the parse cache")
     p.add_argument("--cache-dir", metavar="DIR", help="where parsed tables are cached "
                    "(default $TRACEKIT_CACHE_DIR or ~/.cache/tracekit)")

@@ -293,8 +293,8 @@ class InspectApp(App[int]):
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
             return
-        keys = sorted(cls.KEY for cls in view_classes())  # 0 (Topology) comes after 9 in the tabs, first here
-        views = Binding(f"{keys[0]}…{keys[-1]}", "", "the views (each tab shows its key)")
+        keys = sorted(cls.KEY for cls in view_classes() if cls.KEY.isdigit())  # 0 (Topology) comes after 9 in the tabs
+        views = Binding(f"{keys[0]}…{keys[-1]}", "", "the views (tab keys; ! is Hang)")
         everywhere = [views, *(b for b in self.BINDINGS
                                if isinstance(b, Binding) and not b.action.startswith("show_view"))]
         sections: list[tuple[str, Iterable[BindingType]]] = [("Everywhere", everywhere),

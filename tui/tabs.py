@@ -6,6 +6,7 @@ from __future__ import annotations
 from tracekit.tui.collectives_view import CollectivesView
 from tracekit.tui.critical_path_view import CriticalPathView
 from tracekit.tui.diff_view import DiffView
+from tracekit.tui.hang_view import HangView
 from tracekit.tui.iterations import IterationsView
 from tracekit.tui.ops_view import OpsView
 from tracekit.tui.overview import OverviewView
@@ -18,5 +19,5 @@ from tracekit.tui.whatif_view import WhatIfView
 
 def view_classes() -> list[type[View]]:
     """Every view, in tab order."""
-    return [OverviewView, IterationsView, TimelineView, CriticalPathView, CollectivesView, WhatIfView, TensorsView,
-            OpsView, DiffView, TopologyView]
+    return [OverviewView, HangView, IterationsView, TimelineView, CriticalPathView, CollectivesView, WhatIfView,
+            TensorsView, OpsView, DiffView, TopologyView]

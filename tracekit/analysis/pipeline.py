@@ -20,6 +20,7 @@ from tracekit.analysis import (
     collectives,
     critical_path,
     dag,
+    hang,
     horovod,
     idle,
     iterations,
@@ -175,6 +176,9 @@ class Analysis:
             return verdict.from_attribution(self.breakdown, collectives.stragglers(self.instances),
                                             "the job was read rank by rank without the ranks' dependency graphs, "
                                             "which the replays need (tracekit whatif or critical-path builds them)")
+        told = self._hang_answer
+        if told is not None:
+            return told
         if self.breakdown.num_rows == 0:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
         # what the path is made of, from a few iterations spread over the job (the same whatever else was computed;
@@ -190,11 +194,32 @@ class Analysis:
     def summary_verdict(self) -> verdict.Answer:
         """The verdict ``tracekit summary`` gives: :attr:`verdict`, except for a job read rank by rank, which summary
         does not replay (the replays are whatif's and critical-path's): then from the attribution, and saying so."""
-        if self.dataset is not None and "verdict" not in self.__dict__:
+        if self.dataset is not None and "verdict" not in self.__dict__ and self._hang_answer is None:
             return verdict.from_attribution(self.breakdown, collectives.stragglers(self.instances),
                                             "summary reads a job rank by rank without replaying it (tracekit whatif "
                                             "or critical-path gives the verdict from the replays)")
         return self.verdict
+
+    @cached_property
+    def hang(self) -> hang.Hang | None:
+        """Where every rank stands in every process group, and who the job waits for, from its Flight Recorder dumps
+        (else NCCL's watchdog lines): :mod:`tracekit.analysis.hang`. None with neither."""
+        tables = self.traces.tables
+        logs = any(f.format == "nccl-log" for f in self.traces.files)
+        if "fr_dumps" not in tables and not logs:
+            return None
+        sizes = [w for w in self.ranks.column("world_size").to_pylist() if w] if self.ranks.num_rows else []
+        return hang.analyse(tables, groups=collectives.groups_from_meta(f.meta for f in self.traces.files),
+                            world_size=max(sizes, default=None), events=self.events if self.dataset is None else None,
+                            problems=self.nccl_problems if logs else None)
+
+    @property
+    def _hang_answer(self) -> verdict.Answer | None:
+        """The verdict a hang or desync gives (it comes first), or where dumps are all there is; else None."""
+        h = self.hang
+        if h is None or (h.kind == "none" and self.breakdown.num_rows):
+            return None
+        return verdict.from_hang(h)
 
     # ------------------------------------------------------------- the NCCL logs' topology and problems
 
@@ -368,6 +393,12 @@ class Analysis:
             if self.collectives.num_rows and not self.horovod_only:  # a job of traces and its NCCL logs
                 out["group_links"] = lambda: self.group_links
                 out["link_busy"] = lambda: self.link_busy
+        if "fr_dumps" in extra:  # the Flight Recorder dumps' tables and every rank's position in every group
+            for name in hang.FR_TABLES:
+                if name in extra:
+                    out[name] = lambda t=extra[name]: t
+            out["hang_positions"] = lambda: self.hang.positions if self.hang is not None else \
+                schema.empty(schema.HANG_POSITIONS)
         if ops and not self.horovod_only:
             out["top_ops"] = lambda: self.top_ops
             out["idle_breakdown"] = lambda: self.idle_breakdown

@@ -16,6 +16,8 @@ the host (CPU operators, launches, input). The classes:
 ``compute-bound``    neither saves much, and device compute (on CPU-only ranks: their operators) outweighs the host on
                      the path (of what is neither transfer nor waiting: by more than :data:`EVEN` of an even split)
 ``host-bound``       neither saves much, and CPU work, launches and the host's gaps outweigh compute on the path
+``hung``, ``desync`` the job's Flight Recorder dumps (or NCCL's watchdog) show it stuck, or ranks calling different
+                     collectives at the same position: this comes first (:func:`from_hang`; tracekit/analysis/hang.py)
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from tracekit.analysis.link_classes import sentence as link_sentence
 from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule
 from tracekit.model.units import format_duration, format_rate
 
-KINDS = ("link-bound", "straggler-bound", "host-bound", "compute-bound", "mixed", "none")
+KINDS = ("link-bound", "straggler-bound", "host-bound", "compute-bound", "mixed", "none", "hung", "desync")
 #: a replay that saves at least this share of the iteration time names the job's one cause: less is a cause beside
 #: what the critical path is made of (a job whose link costs 12 % is bound by its compute or its host, and the
 #: headline says what free communication would still give)
@@ -100,7 +102,7 @@ class Answer:
     stragglers: tuple[Straggler, ...] = ()
     support: tuple[str, ...] = ()
     caveat: str | None = None
-    source: str = "replay"  # "replay", or "attribution" where no replay could run
+    source: str = "replay"  # "replay", "attribution" where no replay could run, or "hang" (:func:`from_hang`)
 
     @property
     def text(self) -> str:
@@ -471,3 +473,9 @@ def from_attribution(breakdown: pa.Table, stragglers: pl.DataFrame, why: str) ->
     support = tuple(s for s in [exposed_sentence(breakdown)] if s)
     return Answer(kind, head, shares={"exposed": exposed, "idle": idle, "compute": compute},
                   support=support, caveat=f"From the attribution alone: {why}.", source="attribution")
+
+
+def from_hang(hang: Any) -> Answer:
+    """The verdict of a job that hangs or desyncs (or of Flight Recorder dumps alone): ``hung`` or ``desync`` naming
+    the ranks and the collective (:class:`tracekit.analysis.hang.Hang`), before anything a replay could say."""
+    return Answer(hang.kind, hang.headline, support=tuple(hang.support), source="hang")

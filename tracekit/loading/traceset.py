@@ -29,6 +29,8 @@ from tracekit.model.diagnostics import Diagnostic, TraceError, printable
 from tracekit.model.schema import ParsedFile
 from tracekit.parsers import Format, detect, parse
 
+#: formats worth a summary without any event or call: NCCL logs (topology, problems), Flight Recorder dumps (a hang)
+STANDALONE_FORMATS = frozenset({"nccl-log", "flight-recorder"})
 #: below this much input, parsing in worker processes costs more than it saves
 PARALLEL_MIN_BYTES = 64 << 20
 
@@ -53,10 +55,11 @@ class TraceSet:
 
     @property
     def empty(self) -> bool:
-        """Nothing to analyse: no events, no collective calls and no NCCL debug log (a log of ``NCCL_DEBUG=INFO``
-        alone has no calls, but its communicators, topology and problems are worth a summary of their own)."""
+        """Nothing to analyse: no events, no collective calls, no NCCL debug log and no Flight Recorder dump (a log of
+        ``NCCL_DEBUG=INFO`` alone has no calls, but its communicators, topology and problems are worth a summary of
+        their own; dumps alone say where a hung job stands)."""
         return (self.events.num_rows == 0 and self.collectives.num_rows == 0
-                and not any(f.format == "nccl-log" for f in self.files))
+                and not any(f.format in STANDALONE_FORMATS for f in self.files))
 
 
 def _unreadable(path: str, exc: OSError) -> str:

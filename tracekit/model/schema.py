@@ -363,6 +363,105 @@ IDLE_BREAKDOWN = pa.schema(
     ]
 )
 
+#: PyTorch Flight Recorder dumps (``parsers/flight_recorder``): one row per dump file read.
+FR_DUMPS = pa.schema(
+    [
+        _col("path", pa.string()),
+        _col("rank", pa.int32(), doc="the global rank: the digits that end the file name (PyTorch names each dump "
+             "<prefix><rank>); null when the name has none"),
+        _col("form", pa.string(), doc="pickle or json"),
+        _col("version", pa.string(), doc="the dump's schema version (1.x: seq_id; 2.x: collective_seq_id, ...)"),
+        _col("backend", pa.string(), doc="nccl, gloo, ...: the prefix of the entries' profiling names"),
+        _col("comm_lib_version", pa.string(), doc="comm_lib_version (nccl_version before 2.10)"),
+        _col("entries", pa.int64()),
+        _col("with_stacks", pa.bool_(), doc="the entries carry their call stacks (pickle form, stacks included)"),
+        _col("world_size_min", pa.int32(), doc="the job has at least this many ranks: the highest rank any group of "
+             "its pg_config lists, plus one"),
+    ]
+)
+
+#: One row per Flight Recorder entry (a collective or point-to-point call a rank issued), in the dump's order.
+FR_ENTRIES = pa.schema(
+    [
+        _col("rank", pa.int32(), doc="the dump's rank (FR_DUMPS.rank)"),
+        _col("path", pa.string()),
+        _col("record_id", pa.int64(), doc="the entry's place in the rank's ring buffer (increasing)"),
+        _col("pg_id", pa.int64(), doc="the process group's id in its rank's process"),
+        _col("pg", pa.string(), doc="the process group's name (the same on every rank; pg_id before 2.0)"),
+        _col("pg_desc", pa.string(), doc="its description: default_pg, a group_desc, undefined"),
+        _col("collective_seq_id", pa.int64(), doc="the call's number among the group's collectives, equal on every "
+             "member (seq_id before 2.0)"),
+        _col("p2p_seq_id", pa.int64(), doc="the call's number among the group's point-to-point calls"),
+        _col("op_id", pa.int64(), doc="logical op number (one per op inside a coalesced group)"),
+        _col("is_p2p", pa.bool_()),
+        _col("profiling_name", pa.string(), doc="as recorded, e.g. nccl:all_reduce, gloo:broadcast"),
+        _col("op", pa.string(), doc="tracekit's op name (collectives.op)"),
+        _col("input_sizes", pa.list_(pa.list_(pa.int64())), doc="the shape of each input tensor"),
+        _col("output_sizes", pa.list_(pa.list_(pa.int64()))),
+        _col("input_dtypes", pa.list_(pa.string())),
+        _col("output_dtypes", pa.list_(pa.string())),
+        _col("input_numel", pa.int64(), doc="elements over all input tensors"),
+        _col("output_numel", pa.int64()),
+        _col("state", pa.string(), doc="scheduled, started or completed when dumped (gloo: always scheduled)"),
+        _col("time_created_ns", pa.int64(), doc="when the call was issued (the rank's wall clock, ns since the epoch)"),
+        _col("time_started_ns", pa.int64(), doc="when its start was discovered (NCCL; null under gloo)"),
+        _col("time_completed_ns", pa.int64(), doc="when its completion was discovered (NCCL; null under gloo)"),
+        _col("duration_ns", pa.int64(), doc="device time of the collective (NCCL with TORCH_NCCL_ENABLE_TIMING)"),
+        _col("retired", pa.bool_(), doc="the backend let go of the call: completed, or failed or timed out"),
+        _col("timeout_ns", pa.int64(), doc="the process group's timeout for this call"),
+        _col("thread_id", pa.string()),
+        _col("thread_name", pa.string()),
+        _col("frames", pa.string(), doc="the Python call stack, innermost first, one 'function at file:line' a line "
+             "(null where the dump has none: JSON form)"),
+    ]
+)
+
+#: Each dump's ``pg_config``: the process groups its rank knew, with their members.
+FR_PG_CONFIG = pa.schema(
+    [
+        _col("rank", pa.int32(), doc="the rank whose dump says it"),
+        _col("path", pa.string()),
+        _col("pg", pa.string(), doc="the group's name ('' where gloo recorded none)"),
+        _col("pg_desc", pa.string()),
+        _col("ranks", pa.list_(pa.int32()), doc="its members (global ranks); null when unreadable"),
+        _col("ranks_text", pa.string(), doc="the members as written"),
+    ]
+)
+
+#: Each dump's ``pg_status`` (2.3+): per process group, the last call enqueued, started and completed.
+FR_PG_STATUS = pa.schema(
+    [
+        _col("rank", pa.int32()),
+        _col("path", pa.string()),
+        _col("pg_id", pa.string()),
+        _col("last_enqueued", pa.int64(), doc="last_enqueued_collective (gloo counts every op, p2p ones too)"),
+        _col("last_started", pa.int64(), doc="-1: none known to have started"),
+        _col("last_completed", pa.int64()),
+    ]
+)
+
+#: Where each rank stands in each process group when the dumps were taken (:mod:`tracekit.analysis.hang`).
+HANG_POSITIONS = pa.schema(
+    [
+        _col("pg", pa.string()),
+        _col("pg_desc", pa.string()),
+        _col("rank", pa.int32()),
+        _col("dumped", pa.bool_(), doc="the rank left a dump"),
+        _col("entered_seq", pa.int64(), doc="the last collective of the group the rank entered (collective_seq_id; "
+             "0: none in its buffer)"),
+        _col("entered_op", pa.string()),
+        _col("entered_ns", pa.int64(), doc="when it entered it (its wall clock)"),
+        _col("started_seq", pa.int64(), doc="the last one known started (NCCL's state; null under gloo)"),
+        _col("completed_seq", pa.int64(), doc="the last one known completed (NCCL's state; null under gloo)"),
+        _col("retired_seq", pa.int64(), doc="the last one retired (completed, or failed or timed out)"),
+        _col("state", pa.string(), doc="waiting (entered the collective the group is stuck in), behind (never "
+             "entered it), no dump, in flight (its last call not finished, nobody behind) or done"),
+        _col("stuck_seq", pa.int64(), doc="the collective the group is stuck in (null: not stuck)"),
+        _col("blocked_in", pa.string(), doc="for a rank behind: the group and collective it waits in elsewhere"),
+        _col("cause", pa.bool_(), doc="tracekit names this rank as a cause of the hang or desync"),
+    ]
+)
+
 #: The five attribution classes, in display order; they add up to ``wall_ns``.
 CLASSES: tuple[str, ...] = ("compute", "overlapped", "exposed_comm", "memory", "idle")
 

@@ -493,10 +493,11 @@ class Dataset:
         return self._cache[name]
 
     def log_files(self) -> list[ParsedFile]:
-        """The NCCL debug logs of the dataset as parsed files without events (path, meta, topology, extra tables:
-        the communicators, network and problems an analysis of the job reads from them)."""
+        """The NCCL debug logs and Flight Recorder dumps of the dataset as parsed files without events (path, meta,
+        topology, extra tables: the communicators, network and problems, the dumps' tables, which an analysis of the
+        job reads from them)."""
         import pyarrow.parquet as pq
-        by_path = {s["path"]: s for s in self.summaries if s.get("format") == "nccl-log"}
+        by_path = {s["path"]: s for s in self.summaries if s.get("format") in ("nccl-log", "flight-recorder")}
         out = []
         for part in self.manifest.get("parts", []):
             s = by_path.get(part.get("path"))

@@ -35,7 +35,8 @@ PATH_STYLES = {"compute": "green", "transfer": "magenta", "memory": "yellow", "i
 
 #: colours of the verdict's classes (tracekit.analysis.verdict.KINDS)
 VERDICT_STYLES = {"link-bound": "bold red", "straggler-bound": "bold dark_orange", "host-bound": "bold yellow",
-                  "compute-bound": "bold green", "mixed": "bold magenta", "none": "bold"}
+                  "compute-bound": "bold green", "mixed": "bold magenta", "none": "bold", "hung": "bold red",
+                  "desync": "bold red"}
 
 
 #: the per-rank tables show this many ranks (a job of 100 000 ranks would print for minutes); --json and
@@ -55,7 +56,14 @@ def render_summary(console: Console, result: Analysis) -> None:
 
     pr = summary.per_rank(result.breakdown)
     job = summary.job(result.breakdown)
+    if result.hang is not None and (result.hang.kind != "none" or not job.get("ranks")):
+        from tracekit.views import hang_report  # a hang comes first: the verdict names it, then every rank's position
+
+        hang_report.render(console, result.hang, verdict_line=True)
+        console.print()
     if not job.get("ranks"):
+        if result.hang is not None and all(f.format == "flight-recorder" for f in result.traces.files):
+            return  # dumps alone: the hang section is all there is
         # no profiler trace with activity: what the other inputs tell
         if any(f.format == "nccl-log" for f in result.traces.files) and all(
                 f.format == "nccl-log" for f in result.traces.files):
@@ -67,9 +75,10 @@ def render_summary(console: Console, result: Analysis) -> None:
         nccl_report.render_topology(console, result)
         return
     answer = result.summary_verdict
-    console.print(Text.assemble(("verdict: ", "bold"), (answer.headline, VERDICT_STYLES.get(answer.kind, "bold"))),
-                  soft_wrap=False)
-    console.print()
+    if answer.source != "hang":  # a hang's verdict line came with its section
+        console.print(Text.assemble(("verdict: ", "bold"), (answer.headline, VERDICT_STYLES.get(answer.kind, "bold"))),
+                      soft_wrap=False)
+        console.print()
     title = f"{job['ranks']} ranks · {job['iterations']} iterations"
     if result.notes:
         title += " · " + text("; ".join(result.notes))
