@@ -115,6 +115,12 @@ class JobSpec:
     #: launched by its operator: short kernels start on their stream as the previous one ends, whatever else ended
     kernels: int = 1
     wait_calls: bool = True  # the trace records the cudaStreamWaitEvent calls (a trace without them says less)
+    #: each rank's layer kernels of a step run up to this much slower or faster together (a per-rank, per-step factor:
+    #: a slow step of one rank, which then arrives last at its collectives)
+    step_jitter: float = 0.0
+    #: layer kernels run this many times slower while a transfer of their rank is in flight (1: no contention;
+    #: plain DDP and FSDP jobs, not meshes)
+    contention: float = 1.0
 
     @property
     def hosts(self) -> int:
@@ -391,6 +397,7 @@ class Schedule:
         self.last_launched = np.full(ranks.size, t0, dtype=np.int64)  # end of the last compute kernel launched
         self.n_coll = 0
         self.link_free = t0
+        self.transfers: list[tuple[int, int]] = []  # (begin, end) of the recent transfers (every rank's link alike)
         if spec.mesh:
             spec.check()
             self.tp_s = np.full(ranks.size, t0, dtype=np.int64)  # the tensor-parallel NCCL stream
@@ -411,6 +418,10 @@ class Schedule:
     def _jit(self, step: int, slot: int) -> np.ndarray:
         return 1.0 + self.spec.jitter * _unit(self.spec.seed, self.ranks, step, slot)
 
+    def _steps(self, step: int) -> np.ndarray:
+        """Each rank's speed in ``step`` (``spec.step_jitter``): 1 for every rank and step without it."""
+        return 1.0 + self.spec.step_jitter * _unit(self.spec.seed, self.ranks, step, 7_777)
+
     def _each(self, fn: Callable[[_Writer, int], None]) -> None:
         if self.writers is not None:
             for i, w in enumerate(self.writers):
@@ -428,14 +439,44 @@ class Schedule:
     def _pieces(self, launch: np.ndarray, dur: np.ndarray, after: np.ndarray | None
                 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """A layer's kernel as ``spec.kernels`` back-to-back kernels: (launch, start, duration) of each, the first
-        launched at ``launch`` (and after ``after``), the others :data:`KERNEL_GAP` apart."""
+        launched at ``launch`` (and after ``after``), the others :data:`KERNEL_GAP` apart; each slowed by the
+        transfers in flight while it runs (``spec.contention``)."""
         n = self.spec.kernels
         out = []
         for j in range(n):
             part = dur // n + (dur % n if j == n - 1 else 0)
             at = launch + j * KERNEL_GAP
-            out.append((at, self._kernel(at + 5 * US, part, after if j == 0 else None), part))
+            start = self._kernel(at + 5 * US, part, after if j == 0 else None)
+            if self.spec.contention != 1.0:
+                part = self._contended(start, part)
+                self.gpu = start + part
+                self.last_launched = self.gpu.copy()
+            out.append((at, start, part))
         return out
+
+    def _contended(self, start: np.ndarray, work: np.ndarray) -> np.ndarray:
+        """How long kernels starting at ``start`` with ``work`` ns of work take when they run ``spec.contention``
+        times slower while a transfer is in flight (the group's transfers, one at a time: ``self.transfers``)."""
+        slow = self.spec.contention
+        t = start.astype(np.float64)
+        rem = work.astype(np.float64)
+        done = np.zeros(t.size, dtype=bool)
+        out = np.zeros(t.size)
+        for b, e in self.transfers:
+            gap = np.clip(b - t, 0, None)  # alone until the transfer begins
+            fin = ~done & (rem <= gap)
+            out[fin] = t[fin] + rem[fin]
+            done |= fin
+            rem = np.where(done, rem, rem - gap)
+            t = np.where(done, t, np.maximum(t, b))
+            cap = np.clip(e - t, 0, None) / slow  # the work done while it is in flight
+            fin = ~done & (rem <= cap)
+            out[fin] = t[fin] + rem[fin] * slow
+            done |= fin
+            rem = np.where(done, rem, rem - cap)
+            t = np.where(done, t, np.maximum(t, e))
+        out[~done] = t[~done] + rem[~done]
+        return np.rint(out).astype(np.int64) - start
 
     def _collective(self, step: int, op: str, nbytes: int, launch_end: np.ndarray, stream_free: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
@@ -450,6 +491,8 @@ class Schedule:
             end = np.full(self.ranks.size, begin + transfer_ns(self.spec, op, nbytes), dtype=np.int64)
         self.link_free = int(end[0])
         self.found[(step, k)] = int(end[0])
+        self.transfers = [(b, e) for b, e in self.transfers if e > int(self.gpu.min())]
+        self.transfers.append((int(end[0]) - transfer_ns(self.spec, op, nbytes), int(end[0])))
         return start, end
 
     def run(self) -> None:
@@ -534,7 +577,7 @@ class Schedule:
         for layer in range(L):
             if fsdp and layer + 1 < L:  # prefetch the next layer's parameters
                 t = all_gather(layer + 1, t, None)
-            dur = (fwd[layer] * self.slow * self._jit(step, 10 + layer)).astype(np.int64)
+            dur = (fwd[layer] * self.slow * self._steps(step) * self._jit(step, 10 + layer)).astype(np.int64)
             launch = t + cpu_op // 2
             op_ns = cpu_op + (spec.kernels - 1) * KERNEL_GAP
             pieces = self._pieces(launch, dur, ag_end.get(layer) if fsdp else None)
@@ -577,7 +620,7 @@ class Schedule:
                 a = all_gather(layer, a, tid)
             if fsdp and layer > 0:
                 a = all_gather(layer - 1, a, tid)
-            dur = (2 * fwd[layer] * self.slow * self._jit(step, 100 + layer)).astype(np.int64)
+            dur = (2 * fwd[layer] * self.slow * self._steps(step) * self._jit(step, 100 + layer)).astype(np.int64)
             launch = a + 20 * US
             pieces = self._pieces(launch, dur, ag_end.get(layer) if fsdp else None)
 
