@@ -144,3 +144,37 @@ def test_rank_by_rank_the_verdict_is_the_replays_and_summary_says_it_does_not_re
     assert "attribution alone" in job.summary()["answer"]["text"]
     v = job.verdict
     assert v.answer.source == "replay" and v.kind == whole.kind == "link-bound"
+
+
+def test_one_measured_figure_for_now_and_the_replay_as_its_self_check(capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled sample: summary said a median of 237 ms (the slowest rank's window), whatif "measured iteration
+    233 ms" and its row at the job's own rate 237 ms, "0.98x". One measured figure everywhere (the median time between
+    iteration starts); the replay's distance from it is the model's self-check, and speed-ups are against the replay."""
+    import json
+
+    from tracekit.cli import main
+
+    sample = str(Path(__file__).resolve().parents[1] / "samples" / "ddp-gloo")
+    assert main(["summary", sample, "--link-bw", "500mbit", "--json", "--no-cache"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    now = s["job"]["median_iteration_ns"]
+    assert s["answer"]["measured_iteration_ns"] == s["bottleneck"]["measured_iteration_ns"] == now
+    replayed = s["answer"]["replayed_iteration_ns"]
+    assert replayed == s["answer"]["replays"]["as_measured"] == s["bottleneck"]["replayed_iteration_ns"] != now
+    assert s["answer"]["self_check"].startswith("The model replays the measured job within")
+    assert s["answer"]["self_check"] in s["answer"]["text"]
+    assert main(["whatif", sample, "--link-bw", "500mbit", "--bandwidth", "500mbit,1gbit", "--json",
+                 "--no-cache"]) == 0
+    w = json.loads(capsys.readouterr().out)
+    assert w["measured_iteration_ns"] == now and w["replayed_iteration_ns"] == replayed
+    own = w["rows"][0]
+    assert own["iteration_ns"] == replayed and own["speedup"] == 1.0  # the job as it ran is no speed-up
+    assert w["rows"][1]["speedup"] == pytest.approx(replayed / w["rows"][1]["iteration_ns"])
+    assert main(["whatif", sample, "--link-bw", "500mbit", "--bandwidth", "500mbit", "--no-cache"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    from tracekit.views.formats import fmt_ns
+
+    assert f"measured iteration {fmt_ns(now)}" in out and "1.00x" in out and "0.98x" not in out
+    job = load([sample], link_bw="500mbit", cache=False)
+    assert job.iteration_ns == now == job.verdict.measured_iteration_ns
+    assert job.summary()["job"]["median_iteration_ns"] == now

@@ -192,8 +192,13 @@ class Verdict:
     answer: Answer | None = None
 
     @property
+    def measured_iteration_ns(self) -> int | None:
+        """The job's measured iteration time: the one figure ``summary``, ``whatif`` and the verdict give."""
+        return self.answer.measured_ns if self.answer is not None else None
+
+    @property
     def scaling_factor(self) -> float | None:
-        """Iteration time with free communication / measured iteration time (None without a replay)."""
+        """Iteration time with free communication / the job replayed as measured (None without a replay)."""
         return None if self.bottleneck is None else self.bottleneck.scaling_measured
 
     def __str__(self) -> str:
@@ -203,7 +208,8 @@ class Verdict:
         """The verdict as plain Python (each run's verdict in ``tracekit diff --json``)."""
         return {"text": self.text, "kind": self.kind, "headline": self.headline, "links": self.links,
                 "answer": self.answer.as_dict() if self.answer is not None else None,
-                "bottleneck": bottleneck_payload(self.bottleneck)}
+                "bottleneck": bottleneck_payload(self.bottleneck,
+                                                 self.answer.measured_ns if self.answer is not None else None)}
 
 
 def _frame(table: pa.Table) -> pl.DataFrame:
@@ -309,6 +315,12 @@ class Job:
     def n_iterations(self) -> int:
         """Distinct iterations with a window on some rank."""
         return len(set(self.analysis.breakdown.column("iteration").to_pylist()))
+
+    @property
+    def iteration_ns(self) -> int | None:
+        """The measured iteration time (the median time between consecutive iteration starts on the job clock): the
+        one figure ``summary``, ``whatif``, the verdict and ``inspect`` give; cheap (no replay)."""
+        return self.analysis.measured_iteration_ns
 
     @property
     def line_rate_bps(self) -> float | None:
@@ -479,7 +491,7 @@ class Job:
             text = horovod_paragraph(a.horovod)
             return Verdict(text=f"{answer.text} {text}", kind=answer.kind, headline=answer.headline, links=text,
                            answer=answer)
-        job = summary.job(a.breakdown)
+        job = summary.job(a.breakdown, a.ranks)
         links = verdict.paragraph(job, summary.stragglers(a.instances), summary.collectives_overview(a.instances),
                                   line_rate_bps=a.line_rate_bps, line_rate_source=a.line_rate_source,
                                   n_ranks=a.ranks.num_rows, sizes=summary.transfer_sizes(a.collectives),
@@ -642,7 +654,7 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
 
     if result.dataset is None and not result.horovod_only:
         result.prefetch("verdict", "top_ops", "idle_breakdown")
-    job = summary.job(result.breakdown)
+    job = summary.job(result.breakdown, result.ranks)
     strag = summary.stragglers(result.instances)
     overview = summary.collectives_overview(result.instances)
     extra = {"horovod": horovod_payload(result)} if result.horovod is not None else {}
@@ -667,7 +679,7 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
                           sizes=summary.transfer_sizes(result.collectives),
                           link_classes=link_rows),
         "answer": result.summary_verdict.as_dict(),
-        "bottleneck": bottleneck_payload(bottleneck),
+        "bottleneck": bottleneck_payload(bottleneck, result.measured_iteration_ns),
         "contention": result.whatif.contention.as_dict() if bottleneck is not None else None,
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
         "topology": result.topology_overview or None,
@@ -708,11 +720,14 @@ def horovod_payload(result: Analysis) -> dict[str, Any]:
     }
 
 
-def bottleneck_payload(b: Bottleneck | None) -> dict[str, Any] | None:
-    """A :class:`~tracekit.analysis.bottleneck.Bottleneck` as the ``bottleneck`` object of ``summary --json``."""
+def bottleneck_payload(b: Bottleneck | None, measured_ns: int | None = None) -> dict[str, Any] | None:
+    """A :class:`~tracekit.analysis.bottleneck.Bottleneck` as the ``bottleneck`` object of ``summary --json``:
+    ``measured_iteration_ns`` the job's measured iteration (the one figure every view gives), ``replayed_iteration_ns``
+    the job replayed as measured (what the replays' speed-ups are against)."""
     if b is None:
         return None
-    return {"measured_iteration_ns": b.measured_ns, "free_comm_iteration_ns": b.free_ns,
+    return {"measured_iteration_ns": measured_ns, "replayed_iteration_ns": b.measured_ns,
+            "free_comm_iteration_ns": b.free_ns,
             "scaling_factor_measured": b.scaling_measured, "scaling_factor_full_utilisation": b.scaling_full,
             "line_rate_bps": b.line_rate_bps, "compression_needed": b.compression_needed,
             "bandwidth_needed_bps": b.bandwidth_needed_bps, "bandwidth_needed_factor": b.bandwidth_needed_factor,

@@ -139,8 +139,16 @@ class Analysis:
                              self.members, self.instances, line_rate_bps=self.line_rate_bps, graph=graph,
                              line_rates=self.line_rates, pg_desc=self.pg_desc, group_links=self.group_links,
                              leaves=leaves)
+        if self.measured_iteration_ns:  # the one measured figure every view gives (the graph's is the same statistic)
+            model.measured_iteration_ns = self.measured_iteration_ns
         release_memory()
         return model
+
+    @cached_property
+    def measured_iteration_ns(self) -> int | None:
+        """The job's measured iteration time, the one figure every view gives: the median time between consecutive
+        iteration starts on the job clock (:func:`tracekit.analysis.iterations.measured_iteration_ns`)."""
+        return iterations.measured_iteration_ns(self.iterations, self.ranks)
 
     @cached_property
     def bottleneck(self) -> bottleneck.Bottleneck | None:

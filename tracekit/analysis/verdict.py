@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from tracekit.analysis import balance, critical_path
 from tracekit.analysis.bottleneck import Bottleneck
 from tracekit.analysis.link_classes import sentence as link_sentence
-from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule
+from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule, self_check
 from tracekit.model.units import format_duration, format_rate
 
 KINDS = ("link-bound", "straggler-bound", "host-bound", "compute-bound", "mixed", "none")
@@ -88,10 +88,12 @@ class Straggler:
 @dataclass(frozen=True)
 class Answer:
     """The job's verdict. ``kind`` is one of :data:`KINDS`; ``headline`` its first sentence; ``shares`` what each
-    replay saves of the measured iteration (``link``, ``stragglers``) and the measured path's split (``compute``,
-    ``host``, ``transfer``, ``waiting``, ``unexplained``); ``replays`` the iteration times behind them (ns; ``full``
-    None without a line rate); ``support`` the sentences that back it; ``caveat`` where the answer rests on gaps no
-    dependency explains."""
+    replay saves of the job replayed as measured (``link``, ``stragglers``) and the measured path's split
+    (``compute``, ``host``, ``transfer``, ``waiting``, ``unexplained``); ``replays`` the iteration times behind them
+    (ns; ``as_measured`` the job replayed as it ran, which every speed-up is against; ``full`` None without a line
+    rate); ``measured_ns`` the measured iteration (the one figure every view gives), from which ``as_measured`` may
+    differ — the model's self-check, never a speed-up; ``support`` the sentences that back it; ``caveat`` where the
+    answer rests on gaps no dependency explains."""
 
     kind: str
     headline: str
@@ -101,6 +103,7 @@ class Answer:
     support: tuple[str, ...] = ()
     caveat: str | None = None
     source: str = "replay"  # "replay", or "attribution" where no replay could run
+    measured_ns: int | None = None
 
     @property
     def text(self) -> str:
@@ -108,7 +111,11 @@ class Answer:
         return " ".join([self.headline, *self.support, *([self.caveat] if self.caveat else [])])
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "headline": self.headline, "shares": self.shares, "replays": self.replays,
+        replayed = self.replays.get("as_measured")
+        return {"kind": self.kind, "headline": self.headline, "measured_iteration_ns": self.measured_ns,
+                "replayed_iteration_ns": replayed,
+                "self_check": self_check(self.measured_ns, replayed) if replayed else None,
+                "shares": self.shares, "replays": self.replays,
                 "stragglers": [s.__dict__ for s in self.stragglers], "support": list(self.support),
                 "caveat": self.caveat, "source": self.source, "text": self.text}
 
@@ -328,15 +335,17 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
         (balanced,) = predict_many(model, [Scenario(balanced=True)])
     else:
         free, measured, balanced = predict_many(model, [Scenario(free=True), Scenario(), Scenario(balanced=True)])
+    now = model.measured_iteration_ns
     if measured <= 0:
-        return Answer("none", "No iteration time to explain: the replay found no iteration.", source="replay")
+        return Answer("none", "No iteration time to explain: the replay found no iteration.", source="replay",
+                      measured_ns=now or None)
     link = max(0.0, 1 - free / measured)
     strag = max(0.0, 1 - balanced / measured)
     path = _path_shares(path_summary)
     full = None
     if bottleneck is not None and bottleneck.scaling_full:
         full = round(bottleneck.free_ns / bottleneck.scaling_full)
-    replays: dict[str, int | None] = {"measured": measured, "free_communication": free,
+    replays: dict[str, int | None] = {"as_measured": measured, "free_communication": free,
                                       "stragglers_removed": balanced, "full_utilisation": full}
     shares = {"link": link, "stragglers": strag, **path}
     stragglers = _stragglers(model, ranks, inputs) if strag >= NAMED_SAVES else ()
@@ -345,11 +354,11 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     x_free = measured / free if free else float("inf")
     x_bal = measured / balanced if balanced else float("inf")
     several = model.balance.ranks.size > 1
-    replay_line = (f"Replays (against the job replayed as measured, {_ms(measured)}): communication free {_ms(free)} "
+    replay_line = (f"Replays, against the job replayed as measured: communication free {_ms(free)} "
                    f"({x_free:.2f}x faster)" + (
                        f"; every rank's excess over the median rank's work removed {_ms(balanced)} ({x_bal:.2f}x)."
                        if several else "."))
-    support: list[str] = [replay_line]
+    support: list[str] = [self_check(now, measured), replay_line]
     if stragglers:
         support.append(_detail(stragglers))
     exposed = exposed_sentence(breakdown)
@@ -364,7 +373,7 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     elif link >= SIGNIFICANT and link >= strag:
         kind = "link-bound"
         headline = (f"Link-bound: communication costs {_pct(link)} of each iteration — with free communication it "
-                    f"would take {_ms(free)} instead of {_ms(measured)}.")
+                    f"would take {_ms(free)}, {x_free:.2f}x faster than the job replayed as measured.")
     elif strag >= SIGNIFICANT:
         kind = "straggler-bound"
         who = _who(stragglers) if stragglers else "the slowest ranks"
@@ -396,13 +405,13 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     if bottleneck is not None:
         link_detail = _link_detail(bottleneck, kind)
         if link_detail:
-            support.insert(1, link_detail)
+            support.insert(2, link_detail)
     if kind in ("link-bound", "mixed"):
         by_class = link_sentence(link_rows or [])
         if by_class:  # which link class binds: the busiest, with the transport the NCCL log names
-            support.insert(1, by_class + ".")
+            support.insert(2, by_class + ".")
     if model.contention.measured and model.contention.slowdown > 1.0:
-        support.insert(2, model.contention.sentence())
+        support.insert(3, model.contention.sentence())
     caveat = None
     u = replay_unexplained(model, Scenario(free=True), iterations, ranks) if link >= MIXED / 2 or \
         kind in ("host-bound", "mixed") else None
@@ -412,7 +421,7 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
                   "where; docs/dependencies.md lists what tracekit infers).")
         shares["free_path_unexplained"] = u
     return Answer(kind=kind, headline=headline, shares=shares, replays=replays, stragglers=stragglers,
-                  support=tuple(support), caveat=caveat)
+                  support=tuple(support), caveat=caveat, measured_ns=now or None)
 
 
 def _link_detail(b: Bottleneck, kind: str) -> str | None:

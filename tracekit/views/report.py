@@ -54,7 +54,7 @@ def render_summary(console: Console, result: Analysis) -> None:
     from tracekit.views import summary
 
     pr = summary.per_rank(result.breakdown)
-    job = summary.job(result.breakdown)
+    job = summary.job(result.breakdown, result.ranks)
     if not job.get("ranks"):
         # no profiler trace with activity: what the other inputs tell
         if any(f.format == "nccl-log" for f in result.traces.files) and all(
@@ -91,8 +91,8 @@ def render_summary(console: Console, result: Analysis) -> None:
                         for c in CLASSES)
     console.print(f"[bold]job[/]: {shares}")
     w = job["worst_iteration"]
-    console.print(f"[bold]worst iteration[/]: #{w['iteration']} took {fmt_ns(w['iteration_ns'])} "
-                  f"(slowest: rank {w['slowest_rank']}; median iteration {fmt_ns(job['median_iteration_ns'])})")
+    console.print(f"[bold]iteration[/]: {fmt_ns(job['median_iteration_ns'])} (median time between iteration starts); "
+                  f"worst iteration #{w['iteration']}: {fmt_ns(w['iteration_ns'])} (slowest: rank {w['slowest_rank']})")
     e = job["most_exposed_rank"]
     console.print(f"[bold]most exposed rank[/]: {e['rank']} — {fmt_share(e['exposed_comm_share'])} of its time "
                   "is communication not hidden under compute")
@@ -305,10 +305,11 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
     from tracekit.model.units import format_rate
 
     assert isinstance(rows, pl.DataFrame)
-    table = Table(title=f"what-if (measured iteration {fmt_ns(model.measured_iteration_ns)}, "  # type: ignore[attr-defined]
-                  f"{model.workers} workers)", title_justify="left", header_style="bold",  # type: ignore[attr-defined]
-                  box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="scaling factor = iteration time with free communication / predicted iteration time",
+    m: Any = model
+    table = Table(title=f"what-if (measured iteration {fmt_ns(m.measured_iteration_ns)}, {m.workers} workers)",
+                  title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="speed-up = the job replayed as measured / predicted iteration time; scaling factor = "
+                          "iteration time with free communication / predicted iteration time",
                   caption_justify="left")
     named = "links" in rows.columns and rows.get_column("links").is_not_null().any()
     for col in ("line rate", *(["links"] if named else []), "compression", "workers", "efficiency", "iteration",
@@ -324,6 +325,7 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
                       f"{row['compression']:g}x", str(row["workers"]), row["efficiency"], fmt_ns(row["iteration_ns"]),
                       f"{row['speedup']:.2f}x", f"{row['scaling_factor']:.2f}")
     console.print(table)
+    console.print(m.self_check, highlight=False)  # the model's self-check: never a speed-up
     if verdict is not None and hasattr(verdict, "kind"):  # the job's one verdict
         v: Any = verdict
         console.print(Text.assemble(("verdict: ", "bold"), (v.headline, VERDICT_STYLES.get(v.kind, "bold")),
