@@ -6,12 +6,14 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from benchmarks import jobgen
 from tests import kineto_traces as kt
 from tracekit.analysis import verdict
 from tracekit.api import load
+from tracekit.model.units import format_duration
 
 MS = 1_000_000
 #: 2 hosts x 2 GPUs, 4 steps, 8 layers of 2.4 ms forward; gradients 8 x 8 MB
@@ -32,7 +34,7 @@ def _consistent(v) -> None:
     assert "Communication-bound" not in v.text and "is not the bottleneck" not in v.text
     if v.kind == "link-bound":
         assert a.shares["link"] >= verdict.SIGNIFICANT and a.shares["link"] >= a.shares["stragglers"]
-    if v.kind == "straggler-bound":
+    if v.kind == "straggler-bound" or (v.kind == "input-bound" and a.stragglers):
         assert a.shares["stragglers"] >= verdict.SIGNIFICANT and a.shares["stragglers"] > a.shares["link"]
     if v.kind in ("compute-bound", "host-bound"):
         assert a.shares["link"] < verdict.SIGNIFICANT and a.shares["stragglers"] < verdict.SIGNIFICANT
@@ -85,9 +87,39 @@ def test_a_host_whose_input_stalls_is_named_with_what_it_was_doing(tmp_path: Pat
     spec = replace(BASE, inter_bps=200e9, stalls=((1, 40 * MS),))
     _, v = _verdict(tmp_path, spec)
     _consistent(v)
-    assert v.kind == "straggler-bound" and "host node001" in v.headline
+    assert v.kind == "input-bound" and "data loaders of host node001" in v.headline
     assert {x.rank for x in v.answer.stragglers} == {2, 3}
     assert all(x.doing == "input" for x in v.answer.stragglers) and "DataLoader" in v.text
+    # the stall at the size the trace shows it (each rank's loader spans 40 ms more than the median rank's)
+    assert all(x.input_excess_ns == pytest.approx(40 * MS, rel=0.01) for x in v.answer.stragglers)
+    assert "40 ms more than the median rank's" in v.headline
+
+
+def test_a_rank_whose_data_loader_stalls_is_input_bound_at_the_stall_s_size(tmp_path: Path) -> None:
+    """One rank's loader stalls 50 ms every step (one GPU per host): the balance replay's excess of its thread's gaps
+    was 37.5 ms ("its input pipeline takes 37.5 ms more"); its enumerate(DataLoader) spans 50.4 ms, 50 ms more than
+    the median rank's, which is what the verdict says, naming the rank and its data loader."""
+    spec = replace(BASE, gpus_per_host=1, inter_bps=200e9, stalls=((2, 50 * MS),))
+    job, v = _verdict(tmp_path, spec)
+    _consistent(v)
+    assert v.kind == "input-bound" and v.headline.startswith("Input-bound: the job waits on rank 2's data loader")
+    (s,) = v.answer.stragglers
+    loads = job.events.filter(pl.col("name").cast(pl.String).str.starts_with("enumerate(DataLoader)")
+                              & (pl.col("rank") == 2)).get_column("dur_ns")
+    assert s.input_ns == pytest.approx(loads.mean(), rel=0.01)
+    assert f"spans {format_duration(s.input_ns)} per iteration, {format_duration(s.input_excess_ns)} more" in v.headline
+    assert s.input_excess_ns == pytest.approx(50 * MS, rel=0.01)
+    balanced = jobgen.iteration_ns(replace(spec, stalls=()))
+    assert v.answer.replays["stragglers_removed"] == pytest.approx(balanced, rel=0.03)
+
+
+def test_every_rank_waiting_for_its_data_loader_is_input_bound(tmp_path: Path) -> None:
+    """Every rank's loader takes 40 ms a step: no straggler, no link — the path runs through the loaders' waits (a
+    third of it), which the verdict called compute-bound (the compute, two thirds, outweighed the host)."""
+    _, v = _verdict(tmp_path, replace(BASE, inter_bps=200e9, stalls=((0, 40 * MS), (1, 40 * MS))))
+    _consistent(v)
+    assert v.kind == "input-bound" and "waiting for their data loader" in v.headline
+    assert v.answer.shares["input"] >= verdict.SIGNIFICANT
 
 
 def test_a_fast_link_and_balanced_ranks_are_compute_bound(tmp_path: Path) -> None:
@@ -116,7 +148,7 @@ def test_a_cpu_job_waiting_on_a_slow_data_loader(tmp_path: Path) -> None:
         kt.write(tmp_path / f"rank{r}.json", evs, rank=r, world_size=4, backend="gloo")
     v = load([str(tmp_path)], cache=False).verdict
     _consistent(v)
-    assert v.kind == "straggler-bound" and "rank 3" in v.headline
+    assert v.kind == "input-bound" and "rank 3's data loader" in v.headline
     assert v.answer.stragglers[0].doing == "input"
 
 

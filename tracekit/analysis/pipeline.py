@@ -25,6 +25,7 @@ from tracekit.analysis import (
     iterations,
     link_classes,
     links,
+    loader,
     nccl_join,
     nccl_problems,
     nccl_topology,
@@ -192,7 +193,8 @@ class Analysis:
                 else critical_path.paths(self.graph, self.iterations, self.ranks, iteration=its))
         summ = critical_path.summary(segs, self.iterations, self.ranks)
         return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
-                                segs, self.link_busy.to_pylist(), verdict.input_time(self.events))
+                                segs, self.link_busy.to_pylist(), verdict.input_time(self.events),
+                                loader.spans(self.events, self.ranks))
 
     @property
     def summary_verdict(self) -> verdict.Answer:

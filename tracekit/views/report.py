@@ -34,7 +34,8 @@ PATH_STYLES = {"compute": "green", "transfer": "magenta", "memory": "yellow", "i
                "launch": "medium_purple1", "CPU": "dodger_blue2", "waiting": "bold red1"}
 
 #: colours of the verdict's classes (tracekit.analysis.verdict.KINDS)
-VERDICT_STYLES = {"link-bound": "bold red", "straggler-bound": "bold dark_orange", "host-bound": "bold yellow",
+VERDICT_STYLES = {"link-bound": "bold red", "straggler-bound": "bold dark_orange", "input-bound": "bold cyan",
+                  "host-bound": "bold yellow",
                   "compute-bound": "bold green", "mixed": "bold magenta", "none": "bold"}
 
 
