@@ -121,6 +121,8 @@ class JobSpec:
     #: layer kernels run this many times slower while a transfer of their rank is in flight (1: no contention;
     #: plain DDP and FSDP jobs, not meshes)
     contention: float = 1.0
+    #: ranks that enter the first traced step this late (ns): what delayed them happened before the trace began
+    late: tuple[tuple[int, int], ...] = ()
 
     @property
     def hosts(self) -> int:
@@ -390,6 +392,8 @@ class Schedule:
         self.step_starts = np.zeros((ranks.size, spec.steps), dtype=np.int64)
         t0 = BASE_NS + 10 * MS
         self.main = np.full(ranks.size, t0, dtype=np.int64)
+        for r, ns in spec.late:
+            self.main[ranks == r] += ns
         self.bwd = np.full(ranks.size, t0, dtype=np.int64)
         self.gpu = np.full(ranks.size, t0, dtype=np.int64)
         self.comm = np.full(ranks.size, t0, dtype=np.int64)

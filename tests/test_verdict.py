@@ -210,3 +210,22 @@ def test_one_measured_figure_for_now_and_the_replay_as_its_self_check(capsys: py
     job = load([sample], link_bw="500mbit", cache=False)
     assert job.iteration_ns == now == job.verdict.measured_iteration_ns
     assert job.summary()["job"]["median_iteration_ns"] == now
+
+
+def test_the_rank_everyone_waited_on_from_before_the_window_is_accounted_for(tmp_path: Path) -> None:
+    """One traced step; rank 7 enters it 7.5 ms after the others (what delayed it happened before the trace began), so
+    all the waiting is for rank 7. The links paragraph said "Rank 7 is the straggler" while the verdict did not name
+    it; now the verdict says so, that its work is no more than its peers', and what the trace cannot tell."""
+    spec = jobgen.JobSpec(ranks=8, gpus_per_host=4, steps=1, layers=8, inter_bps=100e9, late=((7, 7_500_000),))
+    _, v = _verdict(tmp_path, spec)
+    _consistent(v)
+    assert "Rank 7 is the straggler" in v.links
+    w = v.answer.waited_on
+    assert w is not None and w.rank == 7 and w.before_window and w.iterations == 1
+    assert w.entry_ns == pytest.approx(7_500_000, abs=500_000)  # the hosts' clocks are aligned to within that
+    assert "waited most on rank 7" in v.text and "began before the traced window" in v.text
+    assert "trace more steps to see whether it repeats" in v.text
+    assert 7 not in {s.rank for s in v.answer.stragglers}
+    # the same job entered together: nobody is waited on like that, and nothing is said
+    _, calm = _verdict(tmp_path / "calm", replace(spec, late=()))
+    assert calm.answer.waited_on is None and "began before the traced window" not in calm.text

@@ -31,6 +31,7 @@ from tracekit.analysis import (
     nccl_topology,
     top_ops,
     verdict,
+    waited,
     whatif,
 )
 from tracekit.loading.traceset import TraceSet
@@ -194,7 +195,9 @@ class Analysis:
         summ = critical_path.summary(segs, self.iterations, self.ranks)
         return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
                                 segs, self.link_busy.to_pylist(), verdict.input_time(self.events),
-                                loader.spans(self.events, self.ranks))
+                                loader.spans(self.events, self.ranks),
+                                waited.most_waited_on(self.instances, collectives.stragglers(self.instances),
+                                                      self.iterations, self.ranks, self.measured_iteration_ns))
 
     @property
     def summary_verdict(self) -> verdict.Answer:

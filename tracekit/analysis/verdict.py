@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from tracekit.analysis import balance, critical_path, loader
 from tracekit.analysis.bottleneck import Bottleneck
 from tracekit.analysis.link_classes import sentence as link_sentence
+from tracekit.analysis.waited import WaitedOn
 from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule, self_check
 from tracekit.model.units import format_duration, format_rate
 
@@ -120,6 +121,7 @@ class Answer:
     caveat: str | None = None
     source: str = "replay"  # "replay", or "attribution" where no replay could run
     measured_ns: int | None = None
+    waited_on: WaitedOn | None = None  # the rank everyone waited on most (:mod:`tracekit.analysis.waited`)
 
     @property
     def text(self) -> str:
@@ -132,6 +134,7 @@ class Answer:
                 "replayed_iteration_ns": replayed,
                 "self_check": self_check(self.measured_ns, replayed) if replayed else None,
                 "shares": self.shares, "replays": self.replays,
+                "waited_on": self.waited_on.as_dict() if self.waited_on is not None else None,
                 "stragglers": [s.__dict__ for s in self.stragglers], "support": list(self.support),
                 "caveat": self.caveat, "source": self.source, "text": self.text}
 
@@ -368,12 +371,13 @@ def _top_on_path(segments: pl.DataFrame | None, labels: tuple[str, ...]) -> str 
 def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataFrame, breakdown: pa.Table,
              iterations: pa.Table, ranks: pa.Table | None, segments: pl.DataFrame | None = None,
              link_rows: list[dict[str, Any]] | None = None, inputs: pl.DataFrame | None = None,
-             loader_spans: pl.DataFrame | None = None) -> Answer:
+             loader_spans: pl.DataFrame | None = None, waited_on: WaitedOn | None = None) -> Answer:
     """The verdict of a job from its what-if model, its answer to "is the link the bottleneck?" (``bottleneck``:
     :func:`tracekit.analysis.bottleneck.bottleneck`, None when it could not run), its measured critical path
     (``segments`` and their summary), its breakdown, how busy each link class was (``link_rows``: rows of
     :func:`tracekit.analysis.link_classes.busy`, which name the class that binds) and each rank's time in its data
-    loader (``inputs``: :func:`input_time`; ``loader_spans``: :func:`tracekit.analysis.loader.spans`)."""
+    loader (``inputs``: :func:`input_time`; ``loader_spans``: :func:`tracekit.analysis.loader.spans`); ``waited_on``
+    the rank everyone waited on (:func:`tracekit.analysis.waited.most_waited_on`), which the answer accounts for."""
     if bottleneck is not None:
         measured, free = bottleneck.measured_ns, bottleneck.free_ns
         (balanced,) = predict_many(model, [Scenario(balanced=True)])
@@ -474,6 +478,8 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
             support.insert(2, by_class + ".")
     if model.contention.measured and model.contention.slowdown > 1.0:
         support.insert(3, model.contention.sentence())
+    if waited_on is not None and waited_on.rank not in {x.rank for x in stragglers}:
+        support.insert(0, waited_on.sentence())  # the rank everyone waited on, which no straggler named accounts for
     caveat = None
     u = replay_unexplained(model, Scenario(free=True), iterations, ranks) if link >= MIXED / 2 or \
         kind in ("host-bound", "mixed") else None
@@ -483,7 +489,7 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
                   "where; docs/dependencies.md lists what tracekit infers).")
         shares["free_path_unexplained"] = u
     return Answer(kind=kind, headline=headline, shares=shares, replays=replays, stragglers=stragglers,
-                  support=tuple(support), caveat=caveat, measured_ns=now or None)
+                  support=tuple(support), caveat=caveat, measured_ns=now or None, waited_on=waited_on)
 
 
 def _link_detail(b: Bottleneck, kind: str) -> str | None:
