@@ -38,6 +38,7 @@ from tracekit.model.diagnostics import Diagnostic, TraceError
 if TYPE_CHECKING:
     from tracekit.analysis.bottleneck import Bottleneck
     from tracekit.analysis.compare import Diff
+    from tracekit.analysis.one_job import OneJob
     from tracekit.analysis.pipeline import Analysis
     from tracekit.analysis.verdict import Answer
     from tracekit.analysis.whatif import Scenario
@@ -315,6 +316,12 @@ class Job:
     def n_iterations(self) -> int:
         """Distinct iterations with a window on some rank."""
         return len(set(self.analysis.breakdown.column("iteration").to_pylist()))
+
+    @property
+    def one_job(self) -> OneJob:
+        """Whether the traces are one job's (``one``; ``reasons`` why not) and every rank's files: traces that are not
+        one job get no cross-rank verdict (:mod:`tracekit.analysis.one_job`)."""
+        return self.analysis.one_job
 
     @property
     def iteration_ns(self) -> int | None:
@@ -604,6 +611,8 @@ class Job:
             rows.append([str(r["rank"]), str(r["iterations"]), fmt_ns(r["median_iteration_ns"]),
                          *[fmt_share(r[f"{c}_share"]) for c in schema.CLASSES],
                          fmt_bytes(r["comm_bytes_per_iteration"])])
+        for rank in summary.without_iterations(a.breakdown, a.ranks):  # a file without iterations stays visible
+            rows.append([str(rank), "0", "–", *["–" for _ in schema.CLASSES], "–"])
         footer = []
         answer = a.__dict__.get("verdict")  # only once computed: a repr replays nothing
         if answer is not None:
@@ -656,6 +665,8 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
         result.prefetch("verdict", "top_ops", "idle_breakdown")
     job = summary.job(result.breakdown, result.ranks)
     strag = summary.stragglers(result.instances)
+    if not result.one_job.one:  # traces that are not one job: nobody waited on anybody
+        strag = strag.clear()
     overview = summary.collectives_overview(result.instances)
     extra = {"horovod": horovod_payload(result)} if result.horovod is not None else {}
     # rank by rank, summary stays with what the per-rank units computed: the replays are whatif's and critical-path's
@@ -679,6 +690,8 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
                           sizes=summary.transfer_sizes(result.collectives),
                           link_classes=link_rows),
         "answer": result.summary_verdict.as_dict(),
+        "one_job": result.one_job.as_dict(),
+        "ranks_without_iterations": summary.without_iterations(result.breakdown, result.ranks),
         "bottleneck": bottleneck_payload(bottleneck, result.measured_iteration_ns),
         "contention": result.whatif.contention.as_dict() if bottleneck is not None else None,
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),

@@ -29,6 +29,7 @@ from tracekit.analysis import (
     nccl_join,
     nccl_problems,
     nccl_topology,
+    one_job,
     top_ops,
     verdict,
     waited,
@@ -147,6 +148,11 @@ class Analysis:
         return model
 
     @cached_property
+    def one_job(self) -> one_job.OneJob:
+        """Whether the traces are one job's (:mod:`tracekit.analysis.one_job`), and every rank's files."""
+        return one_job.check(self.ranks, self.collectives, self.instances, self.events, self.iterations)
+
+    @cached_property
     def measured_iteration_ns(self) -> int | None:
         """The job's measured iteration time, the one figure every view gives: the median time between consecutive
         iteration starts on the job clock (:func:`tracekit.analysis.iterations.measured_iteration_ns`)."""
@@ -187,6 +193,8 @@ class Analysis:
                                             "which the replays need (tracekit whatif or critical-path builds them)")
         if self.breakdown.num_rows == 0:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
+        if not self.one_job.one:  # unrelated traces: no cross-rank verdict
+            return verdict.Answer("none", self.one_job.headline(), source="check")
         # what the path is made of, from a few iterations spread over the job (the same whatever else was computed;
         # read off the whole path where it exists already)
         its = critical_path.sample(critical_path.iteration_spans(self.iterations, self.ranks)["iteration"].to_list())
@@ -204,6 +212,8 @@ class Analysis:
         """The verdict ``tracekit summary`` gives: :attr:`verdict`, except for a job read rank by rank, which summary
         does not replay (the replays are whatif's and critical-path's): then from the attribution, and saying so."""
         if self.dataset is not None and "verdict" not in self.__dict__:
+            if self.breakdown.num_rows and not self.one_job.one:
+                return verdict.Answer("none", self.one_job.headline(), source="check")
             return verdict.from_attribution(self.breakdown, collectives.stragglers(self.instances),
                                             "summary reads a job rank by rank without replaying it (tracekit whatif "
                                             "or critical-path gives the verdict from the replays)")

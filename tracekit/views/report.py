@@ -70,8 +70,13 @@ def render_summary(console: Console, result: Analysis) -> None:
     answer = result.summary_verdict
     console.print(Text.assemble(("verdict: ", "bold"), (answer.headline, VERDICT_STYLES.get(answer.kind, "bold"))),
                   soft_wrap=False)
+    one = result.one_job
+    if not one.one:  # every file, with what was found in it
+        console.print(Text.assemble(("files: ", "bold"), one.listing()), soft_wrap=False)
     console.print()
-    title = f"{job['ranks']} ranks · {job['iterations']} iterations"
+    missing = summary.without_iterations(result.breakdown, result.ranks)
+    title = f"{result.ranks.num_rows} ranks · {job['iterations']} iterations" + (
+        f" · {len(missing)} rank{'s' if len(missing) > 1 else ''} without iterations" if missing else "")
     if result.notes:
         title += " · " + text("; ".join(result.notes))
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
@@ -86,8 +91,10 @@ def render_summary(console: Console, result: Analysis) -> None:
     for row in pr.head(MAX_RANK_ROWS).iter_rows(named=True):
         table.add_row(str(row["rank"]), str(row["iterations"]), fmt_ns(row["median_iteration_ns"]),
                       *[fmt_share(row[f"{c}_share"]) for c in CLASSES], fmt_bytes(row["comm_bytes_per_iteration"]))
+    for rank in missing[:max(MAX_RANK_ROWS - pr.height, 0)]:  # a file without iterations stays visible
+        table.add_row(str(rank), "0", "–", *["–" for _ in CLASSES], "–")
     console.print(table)
-    _more_ranks(console, pr.height)
+    _more_ranks(console, pr.height + len(missing))
     shares = " · ".join(f"[{CLASS_STYLES[c]}]{CLASS_LABELS[c]} {fmt_share(job[f'{c}_share'])}[/]"
                         for c in CLASSES)
     console.print(f"[bold]job[/]: {shares}")
@@ -99,7 +106,8 @@ def render_summary(console: Console, result: Analysis) -> None:
                   "is communication not hidden under compute")
     console.print()
     render_links(console, result, pr)
-    strag = summary.stragglers(result.instances)
+    # traces that are not one job: nobody waited on anybody
+    strag = summary.stragglers(result.instances) if one.one else summary.stragglers(result.instances).clear()
     if strag.height:
         console.print()
         render_stragglers(console, strag)

@@ -97,6 +97,12 @@ def per_iteration(breakdown: pa.Table) -> pl.DataFrame:
     ).sort("iteration")
 
 
+def without_iterations(breakdown: pa.Table, ranks: pa.Table) -> list[int]:
+    """The ranks of ``ranks`` with no iteration window in ``breakdown``: shown as such, never dropped."""
+    seen = set(breakdown.column("rank").to_pylist()) if breakdown.num_rows else set()
+    return sorted(int(r) for r in ranks.column("rank").to_pylist() if r is not None and r not in seen)
+
+
 def job(breakdown: pa.Table, ranks: pa.Table | None = None) -> dict[str, Any]:
     """Whole-job figures: shares of time per class, iteration times, worst iteration, most exposed rank.
     ``median_iteration_ns`` is the job's measured iteration time, the one figure every view gives
