@@ -19,6 +19,15 @@ KINDS = ("annotation", "cpu_op")
 HOST_LABELS = ("idle", "CPU", "launch")
 
 
+def events(frame: pl.LazyFrame | pa.Table) -> pa.Table:
+    """``rank, kind, name, start_ns, dur_ns`` of every data-loader ``__next__`` among the events ``frame`` (a table in
+    memory, or a lazy scan of a job's per-rank dataset: only the rows asked for are collected)."""
+    lf = frame if isinstance(frame, pl.LazyFrame) else pl.from_arrow(
+        frame.select(["rank", "kind", "name", "start_ns", "dur_ns"])).lazy()  # type: ignore[union-attr]
+    return (lf.select(["rank", pl.col("kind").cast(pl.String), pl.col("name").cast(pl.String), "start_ns", "dur_ns"])
+            .filter(pl.col("kind").is_in(KINDS) & pl.col("name").str.starts_with(LOADER)).collect().to_arrow())
+
+
 def spans(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     """``rank, name, start, end``: every data-loader ``__next__`` annotation, on the job clock (``ranks``'
     ``clock_offset_ns``)."""

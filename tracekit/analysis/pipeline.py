@@ -148,6 +148,12 @@ class Analysis:
         return model
 
     @cached_property
+    def loader_events(self) -> pa.Table:
+        """Every rank's data-loader ``__next__`` events (:func:`tracekit.analysis.loader.events`): from the events in
+        memory, or scanned from the per-rank dataset of a job analysed rank by rank."""
+        return loader.events(self.events if self.dataset is None else self.dataset.scan("events"))
+
+    @cached_property
     def one_job(self) -> one_job.OneJob:
         """Whether the traces are one job's (:mod:`tracekit.analysis.one_job`), and every rank's files."""
         return one_job.check(self.ranks, self.collectives, self.instances, self.events, self.iterations)
@@ -202,8 +208,8 @@ class Analysis:
                 else critical_path.paths(self.graph, self.iterations, self.ranks, iteration=its))
         summ = critical_path.summary(segs, self.iterations, self.ranks)
         return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
-                                segs, self.link_busy.to_pylist(), verdict.input_time(self.events),
-                                loader.spans(self.events, self.ranks),
+                                segs, self.link_busy.to_pylist(), verdict.input_time(self.loader_events),
+                                loader.spans(self.loader_events, self.ranks),
                                 waited.most_waited_on(self.instances, collectives.stragglers(self.instances),
                                                       self.iterations, self.ranks, self.measured_iteration_ns))
 
