@@ -36,18 +36,12 @@ class OneJob:
                          for r, names, n in self.files)
 
 
-def _spans(events: pa.Table, iterations: pa.Table, ranks: pa.Table) -> pl.DataFrame:
-    """``rank, start, end`` of each rank's trace on the job clock (its events; its iteration windows where the events
-    are not in memory)."""
-    if events.num_rows:
-        df = pl.from_arrow(events.select(["rank", "start_ns", "dur_ns"]))
-        assert isinstance(df, pl.DataFrame)
-        df = df.group_by("rank").agg(pl.col("start_ns").min().alias("start"),
-                                     (pl.col("start_ns") + pl.col("dur_ns")).max().alias("end"))
-    else:
-        df = pl.from_arrow(iterations.select(["rank", "start_ns", "end_ns"]))
-        assert isinstance(df, pl.DataFrame)
-        df = df.group_by("rank").agg(pl.col("start_ns").min().alias("start"), pl.col("end_ns").max().alias("end"))
+def _spans(iterations: pa.Table, ranks: pa.Table) -> pl.DataFrame:
+    """``rank, start, end`` of each rank's iteration windows together, on the job clock (a few rows per rank: no
+    event is read again)."""
+    df = pl.from_arrow(iterations.select(["rank", "start_ns", "end_ns"]))
+    assert isinstance(df, pl.DataFrame)
+    df = df.group_by("rank").agg(pl.col("start_ns").min().alias("start"), pl.col("end_ns").max().alias("end"))
     if "clock_offset_ns" in ranks.column_names:
         off = pl.from_arrow(ranks.select(["rank", "clock_offset_ns"]))
         assert isinstance(off, pl.DataFrame)
@@ -57,8 +51,7 @@ def _spans(events: pa.Table, iterations: pa.Table, ranks: pa.Table) -> pl.DataFr
     return df.drop_nulls(["start", "end"])
 
 
-def check(ranks: pa.Table, collectives: pa.Table, instances: pa.Table, events: pa.Table,
-          iterations: pa.Table) -> OneJob:
+def check(ranks: pa.Table, collectives: pa.Table, instances: pa.Table, iterations: pa.Table) -> OneJob:
     """Whether the ranks of ``ranks`` can be one job (module docstring)."""
     r = pl.from_arrow(ranks.select(["rank", "world_size", "source_files"]))
     assert isinstance(r, pl.DataFrame)
@@ -87,7 +80,7 @@ def check(ranks: pa.Table, collectives: pa.Table, instances: pa.Table, events: p
         matched = int((m.get_column("ranks").list.len() >= 2).sum())
     if talking >= 2 and matched == 0:
         reasons.append(f"the {talking} ranks that communicate share no collective call")
-    spans = _spans(events, iterations, ranks)
+    spans = _spans(iterations, ranks)
     if spans.height >= 2 and spans.get_column("start").max() >= spans.get_column("end").min():  # type: ignore[operator]
         reasons.append("their traces cover times that do not overlap" + (
             ", and none holds a collective" if c.height == 0 else ""))

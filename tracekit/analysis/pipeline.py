@@ -156,7 +156,7 @@ class Analysis:
     @cached_property
     def one_job(self) -> one_job.OneJob:
         """Whether the traces are one job's (:mod:`tracekit.analysis.one_job`), and every rank's files."""
-        return one_job.check(self.ranks, self.collectives, self.instances, self.events, self.iterations)
+        return one_job.check(self.ranks, self.collectives, self.instances, self.iterations)
 
     @cached_property
     def measured_iteration_ns(self) -> int | None:
