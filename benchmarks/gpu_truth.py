@@ -4,7 +4,7 @@
 
 Each case is a job of ``benchmarks/jobgen.py`` (DDP or FSDP, the backward on the autograd engine's thread, 2 hosts x 8
 GPUs by default) designed to have one verdict class: link-bound on a slow link, straggler-bound with one slow rank,
-straggler-bound with one host's input pipeline stalling, compute-bound on a fast link, host-bound with slow launches,
+input-bound with one host's input pipeline stalling, compute-bound on a fast link, host-bound with slow launches,
 mixed with a slow rank on a middling link. For each it prints tracekit's predictions next to the generator's truth — the
 iteration time with free communication, on other line rates, and with the stragglers' excess removed — and the
 verdict's class next to the designed one. Targets (issue 31): every prediction within 3 % of the truth, every class
@@ -36,7 +36,7 @@ def cases(base: jobgen.JobSpec) -> list[tuple[str, str, jobgen.JobSpec]]:
         out += [
             (f"{par} 10G", "link-bound", replace(b, inter_bps=10e9)),
             (f"{par} slow rank", "straggler-bound", replace(b, inter_bps=200e9, stragglers=((5, 1.5),))),
-            (f"{par} host stall", "straggler-bound", replace(b, inter_bps=200e9, stalls=((1, 40 * MS),))),
+            (f"{par} host stall", "input-bound", replace(b, inter_bps=200e9, stalls=((1, 40 * MS),))),
             (f"{par} 400G", "compute-bound", replace(b, inter_bps=400e9)),
             (f"{par} slow launch", "host-bound", replace(b, inter_bps=400e9, fwd_ns=300_000, cpu_op_ns=4 * MS)),
         ]

@@ -55,6 +55,8 @@ AUTOGRAD_TID = 1_523
 COMPUTE_STREAM, COMM_STREAM, RS_STREAM, TP_STREAM, PP_STREAM = 7, 20, 24, 28, 32
 US = 1_000
 MS = 1_000_000
+#: between the launches of a layer's kernels when it has several (``JobSpec.kernels``)
+KERNEL_GAP = 6 * US
 
 #: NCCL kernel names by era (FORMATS.md §2, kernel names): {func}, {op} and {ty} are filled in
 KERNEL_ERAS = {
@@ -109,6 +111,18 @@ class JobSpec:
     microbatches: int = 1  # per step, through the pipeline (GPipe)
     act_bytes: int = 8 << 20  # activations of one microbatch (tensor-parallel all-reduces, pipeline sends)
     free_links: tuple[str, ...] = ()  # link classes ("intra", "inter") whose transfers take no time
+    #: each layer's forward and backward kernel split into this many back-to-back kernels (same total time), each
+    #: launched by its operator: short kernels start on their stream as the previous one ends, whatever else ended
+    kernels: int = 1
+    wait_calls: bool = True  # the trace records the cudaStreamWaitEvent calls (a trace without them says less)
+    #: each rank's layer kernels of a step run up to this much slower or faster together (a per-rank, per-step factor:
+    #: a slow step of one rank, which then arrives last at its collectives)
+    step_jitter: float = 0.0
+    #: layer kernels run this many times slower while a transfer of their rank is in flight (1: no contention;
+    #: plain DDP and FSDP jobs, not meshes)
+    contention: float = 1.0
+    #: ranks that enter the first traced step this late (ns): what delayed them happened before the trace began
+    late: tuple[tuple[int, int], ...] = ()
 
     @property
     def hosts(self) -> int:
@@ -292,6 +306,8 @@ class _Writer:
         if corr is None:  # CUPTI gives every runtime call a correlation id
             corr = self.corr
             self.corr += 1
+        if name == "cudaStreamWaitEvent" and not self.spec.wait_calls:
+            return
         args = f'"External id":{self.ext},"cbid":211,"correlation":{corr}'
         self._x("cuda_runtime", name, self.pid, tid or self.pid, start, dur, args)
 
@@ -376,6 +392,8 @@ class Schedule:
         self.step_starts = np.zeros((ranks.size, spec.steps), dtype=np.int64)
         t0 = BASE_NS + 10 * MS
         self.main = np.full(ranks.size, t0, dtype=np.int64)
+        for r, ns in spec.late:
+            self.main[ranks == r] += ns
         self.bwd = np.full(ranks.size, t0, dtype=np.int64)
         self.gpu = np.full(ranks.size, t0, dtype=np.int64)
         self.comm = np.full(ranks.size, t0, dtype=np.int64)
@@ -383,6 +401,7 @@ class Schedule:
         self.last_launched = np.full(ranks.size, t0, dtype=np.int64)  # end of the last compute kernel launched
         self.n_coll = 0
         self.link_free = t0
+        self.transfers: list[tuple[int, int]] = []  # (begin, end) of the recent transfers (every rank's link alike)
         if spec.mesh:
             spec.check()
             self.tp_s = np.full(ranks.size, t0, dtype=np.int64)  # the tensor-parallel NCCL stream
@@ -403,6 +422,10 @@ class Schedule:
     def _jit(self, step: int, slot: int) -> np.ndarray:
         return 1.0 + self.spec.jitter * _unit(self.spec.seed, self.ranks, step, slot)
 
+    def _steps(self, step: int) -> np.ndarray:
+        """Each rank's speed in ``step`` (``spec.step_jitter``): 1 for every rank and step without it."""
+        return 1.0 + self.spec.step_jitter * _unit(self.spec.seed, self.ranks, step, 7_777)
+
     def _each(self, fn: Callable[[_Writer, int], None]) -> None:
         if self.writers is not None:
             for i, w in enumerate(self.writers):
@@ -417,6 +440,48 @@ class Schedule:
         self.last_launched = self.gpu.copy()
         return start
 
+    def _pieces(self, launch: np.ndarray, dur: np.ndarray, after: np.ndarray | None
+                ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """A layer's kernel as ``spec.kernels`` back-to-back kernels: (launch, start, duration) of each, the first
+        launched at ``launch`` (and after ``after``), the others :data:`KERNEL_GAP` apart; each slowed by the
+        transfers in flight while it runs (``spec.contention``)."""
+        n = self.spec.kernels
+        out = []
+        for j in range(n):
+            part = dur // n + (dur % n if j == n - 1 else 0)
+            at = launch + j * KERNEL_GAP
+            start = self._kernel(at + 5 * US, part, after if j == 0 else None)
+            if self.spec.contention != 1.0:
+                part = self._contended(start, part)
+                self.gpu = start + part
+                self.last_launched = self.gpu.copy()
+            out.append((at, start, part))
+        return out
+
+    def _contended(self, start: np.ndarray, work: np.ndarray) -> np.ndarray:
+        """How long kernels starting at ``start`` with ``work`` ns of work take when they run ``spec.contention``
+        times slower while a transfer is in flight (the group's transfers, one at a time: ``self.transfers``)."""
+        slow = self.spec.contention
+        t = start.astype(np.float64)
+        rem = work.astype(np.float64)
+        done = np.zeros(t.size, dtype=bool)
+        out = np.zeros(t.size)
+        for b, e in self.transfers:
+            gap = np.clip(b - t, 0, None)  # alone until the transfer begins
+            fin = ~done & (rem <= gap)
+            out[fin] = t[fin] + rem[fin]
+            done |= fin
+            rem = np.where(done, rem, rem - gap)
+            t = np.where(done, t, np.maximum(t, b))
+            cap = np.clip(e - t, 0, None) / slow  # the work done while it is in flight
+            fin = ~done & (rem <= cap)
+            out[fin] = t[fin] + rem[fin] * slow
+            done |= fin
+            rem = np.where(done, rem, rem - cap)
+            t = np.where(done, t, np.maximum(t, e))
+        out[~done] = t[~done] + rem[~done]
+        return np.rint(out).astype(np.int64) - start
+
     def _collective(self, step: int, op: str, nbytes: int, launch_end: np.ndarray, stream_free: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
         """An NCCL kernel launched at ``launch_end``: (start, end) per rank; every member ends together."""
@@ -430,6 +495,8 @@ class Schedule:
             end = np.full(self.ranks.size, begin + transfer_ns(self.spec, op, nbytes), dtype=np.int64)
         self.link_free = int(end[0])
         self.found[(step, k)] = int(end[0])
+        self.transfers = [(b, e) for b, e in self.transfers if e > int(self.gpu.min())]
+        self.transfers.append((int(end[0]) - transfer_ns(self.spec, op, nbytes), int(end[0])))
         return start, end
 
     def run(self) -> None:
@@ -514,22 +581,25 @@ class Schedule:
         for layer in range(L):
             if fsdp and layer + 1 < L:  # prefetch the next layer's parameters
                 t = all_gather(layer + 1, t, None)
-            dur = (fwd[layer] * self.slow * self._jit(step, 10 + layer)).astype(np.int64)
+            dur = (fwd[layer] * self.slow * self._steps(step) * self._jit(step, 10 + layer)).astype(np.int64)
             launch = t + cpu_op // 2
-            k_start = self._kernel(launch + 5 * US, dur, ag_end.get(layer) if fsdp else None)
+            op_ns = cpu_op + (spec.kernels - 1) * KERNEL_GAP
+            pieces = self._pieces(launch, dur, ag_end.get(layer) if fsdp else None)
 
-            def emit_fwd(w: _Writer, i: int, t=t, launch=launch, k_start=k_start, dur=dur, layer=layer) -> None:
+            def emit_fwd(w: _Writer, i: int, t=t, launch=launch, pieces=pieces, layer=layer, op_ns=op_ns) -> None:
                 a = int(t[i])
                 if fsdp:
                     w.runtime("cudaStreamWaitEvent", int(launch[i]) - 4 * US, 3 * US)
-                w.cpu("aten::linear", a, cpu_op, extra=f',"Sequence number":{1000 * step + layer}')
-                w.cpu("aten::addmm", a + 3 * US, cpu_op - 6 * US)
-                corr = w.launch(int(launch[i]))
-                w.kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_"
-                         "segment_k_off_kernel__5x_cublas", COMPUTE_STREAM, int(k_start[i]), int(dur[i]), corr)
+                w.cpu("aten::linear", a, op_ns, extra=f',"Sequence number":{1000 * step + layer}')
+                w.cpu("aten::addmm", a + 3 * US, op_ns - 6 * US)
+                for at, k_start, k_dur in pieces:
+                    corr = w.launch(int(at[i]))
+                    w.kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
+                             "execute_segment_k_off_kernel__5x_cublas", COMPUTE_STREAM, int(k_start[i]), int(k_dur[i]),
+                             corr)
 
             self._each(emit_fwd)
-            t = t + cpu_op + 5 * US
+            t = t + op_ns + 5 * US
         # the loss
         loss = np.full(self.ranks.size, 40 * US, dtype=np.int64)
         l_start = self._kernel(t + 10 * US, loss)
@@ -548,18 +618,17 @@ class Schedule:
         a = np.maximum(self.bwd, t + 30 * US) if spec.autograd_thread else t
         bucket_of = {b[-1]: (j, len(b)) for j, b in enumerate(buckets(spec))}
         last_end: np.ndarray | None = None
-        bop = 40 * US  # a backward operator on the CPU
+        bop = 40 * US + (spec.kernels - 1) * KERNEL_GAP  # a backward operator on the CPU
         for layer in reversed(range(L)):
             if fsdp and layer == L - 1:
                 a = all_gather(layer, a, tid)
             if fsdp and layer > 0:
                 a = all_gather(layer - 1, a, tid)
-            dur = (2 * fwd[layer] * self.slow * self._jit(step, 100 + layer)).astype(np.int64)
+            dur = (2 * fwd[layer] * self.slow * self._steps(step) * self._jit(step, 100 + layer)).astype(np.int64)
             launch = a + 20 * US
-            k_start = self._kernel(launch + 5 * US, dur, ag_end.get(layer) if fsdp else None)
+            pieces = self._pieces(launch, dur, ag_end.get(layer) if fsdp else None)
 
-            def emit_bwd(w: _Writer, i: int, a=a, launch=launch, k_start=k_start, dur=dur, layer=layer,
-                         bop=bop) -> None:
+            def emit_bwd(w: _Writer, i: int, a=a, launch=launch, pieces=pieces, layer=layer, bop=bop) -> None:
                 x = int(a[i])
                 seq = 1000 * step + layer
                 w.cpu("autograd::engine::evaluate_function: AddmmBackward0", x, bop, self._tid(w, tid),
@@ -569,9 +638,11 @@ class Schedule:
                 w.cpu("aten::mm", x + 5 * US, bop - 10 * US, self._tid(w, tid))
                 if fsdp:
                     w.runtime("cudaStreamWaitEvent", int(launch[i]) - 4 * US, 3 * US, self._tid(w, tid))
-                corr = w.launch(int(launch[i]), self._tid(w, tid))
-                w.kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64_warpgroupsize2x1x1_execute_"
-                         "segment_k_off_kernel__5x_cublas", COMPUTE_STREAM, int(k_start[i]), int(dur[i]), corr)
+                for at, k_start, k_dur in pieces:
+                    corr = w.launch(int(at[i]), self._tid(w, tid))
+                    w.kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64_warpgroupsize2x1x1_"
+                             "execute_segment_k_off_kernel__5x_cublas", COMPUTE_STREAM, int(k_start[i]), int(k_dur[i]),
+                             corr)
                 w.cpu("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", x + bop + 2 * US,
                       8 * US, self._tid(w, tid))
 

@@ -122,6 +122,8 @@ def test_accuracy_where_the_model_is_at_the_floor() -> None:
 # --- the designed-class recordings ---------------------------------------------------------------------------------
 
 CLASSES = ("link-bound", "straggler-bound", "host-bound", "compute-bound")
+#: the verdict's class now of a recording designed (and named) as another
+NAMED_NOW = {"host-bound": "input-bound"}
 
 
 @cache
@@ -160,4 +162,6 @@ def test_designed_classes_are_what_they_were_made_to_be() -> None:
 
 @pytest.mark.parametrize("designed", CLASSES)
 def test_verdict_class_is_the_designed_one(designed: str) -> None:
-    assert _class_job(designed).verdict.kind == designed
+    """class-host-bound (every rank waits 400 ms a step for its data loader) is input-bound: the loader, as the trace
+    shows it, is what sets the pace (docs/verdict.md)."""
+    assert _class_job(designed).verdict.kind == NAMED_NOW.get(designed, designed)

@@ -122,14 +122,14 @@ def test_numbers_that_differ_never_print_alike() -> None:
 
 
 def test_the_verdict_of_a_recorded_job_compares_two_different_numbers() -> None:
-    """A real 2-rank gloo job on a 1 Gbit/s link whose full-utilisation and measured scaling both round to 0.90:
-    the verdict prints them with the digit that tells them apart."""
+    """A real 2-rank gloo job on a 1 Gbit/s link whose full-utilisation and measured scaling both round to 0.91
+    (0.913 and 0.909; a target between them): the verdict prints them with the digit that tells them apart."""
     import re
 
     job = ROOT / "tests" / "data" / "jobs" / "ddp-bucket4mb"
     if not job.exists():
         pytest.skip("recorded job not present")
-    b = bottleneck.bottleneck(_model(job, 1e9))
+    b = bottleneck.bottleneck(_model(job, 1e9), target=0.911)
     assert b is not None and b.scaling_full is not None
     said = re.search(r"would scale at (\S+) instead of (\S+):", b.text)
     assert said is not None, b.text

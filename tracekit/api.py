@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from tracekit.analysis.bottleneck import Bottleneck
     from tracekit.analysis.compare import Diff
     from tracekit.analysis.hang import Hang
+    from tracekit.analysis.one_job import OneJob
     from tracekit.analysis.pipeline import Analysis
     from tracekit.analysis.verdict import Answer
     from tracekit.analysis.whatif import Scenario
@@ -201,8 +202,13 @@ class Verdict:
     answer: Answer | None = None
 
     @property
+    def measured_iteration_ns(self) -> int | None:
+        """The job's measured iteration time: the one figure ``summary``, ``whatif`` and the verdict give."""
+        return self.answer.measured_ns if self.answer is not None else None
+
+    @property
     def scaling_factor(self) -> float | None:
-        """Iteration time with free communication / measured iteration time (None without a replay)."""
+        """Iteration time with free communication / the job replayed as measured (None without a replay)."""
         return None if self.bottleneck is None else self.bottleneck.scaling_measured
 
     def __str__(self) -> str:
@@ -212,7 +218,8 @@ class Verdict:
         """The verdict as plain Python (each run's verdict in ``tracekit diff --json``)."""
         return {"text": self.text, "kind": self.kind, "headline": self.headline, "links": self.links,
                 "answer": self.answer.as_dict() if self.answer is not None else None,
-                "bottleneck": bottleneck_payload(self.bottleneck)}
+                "bottleneck": bottleneck_payload(self.bottleneck,
+                                                 self.answer.measured_ns if self.answer is not None else None)}
 
 
 def _frame(table: pa.Table) -> pl.DataFrame:
@@ -318,6 +325,18 @@ class Job:
     def n_iterations(self) -> int:
         """Distinct iterations with a window on some rank."""
         return len(set(self.analysis.breakdown.column("iteration").to_pylist()))
+
+    @property
+    def one_job(self) -> OneJob:
+        """Whether the traces are one job's (``one``; ``reasons`` why not) and every rank's files: traces that are not
+        one job get no cross-rank verdict (:mod:`tracekit.analysis.one_job`)."""
+        return self.analysis.one_job
+
+    @property
+    def iteration_ns(self) -> int | None:
+        """The measured iteration time (the median time between consecutive iteration starts on the job clock): the
+        one figure ``summary``, ``whatif``, the verdict and ``inspect`` give; cheap (no replay)."""
+        return self.analysis.measured_iteration_ns
 
     @property
     def line_rate_bps(self) -> float | None:
@@ -496,7 +515,7 @@ class Job:
             text = horovod_paragraph(a.horovod)
             return Verdict(text=f"{answer.text} {text}", kind=answer.kind, headline=answer.headline, links=text,
                            answer=answer)
-        job = summary.job(a.breakdown)
+        job = summary.job(a.breakdown, a.ranks)
         links = verdict.paragraph(job, summary.stragglers(a.instances), summary.collectives_overview(a.instances),
                                   line_rate_bps=a.line_rate_bps, line_rate_source=a.line_rate_source,
                                   n_ranks=a.ranks.num_rows, sizes=summary.transfer_sizes(a.collectives),
@@ -609,6 +628,8 @@ class Job:
             rows.append([str(r["rank"]), str(r["iterations"]), fmt_ns(r["median_iteration_ns"]),
                          *[fmt_share(r[f"{c}_share"]) for c in schema.CLASSES],
                          fmt_bytes(r["comm_bytes_per_iteration"])])
+        for rank in summary.without_iterations(a.breakdown, a.ranks):  # a file without iterations stays visible
+            rows.append([str(rank), "0", "–", *["–" for _ in schema.CLASSES], "–"])
         footer = []
         answer = a.__dict__.get("verdict")  # only once computed: a repr replays nothing
         if answer is not None:
@@ -659,8 +680,10 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
 
     if result.dataset is None and not result.horovod_only:
         result.prefetch("verdict", "top_ops", "idle_breakdown")
-    job = summary.job(result.breakdown)
+    job = summary.job(result.breakdown, result.ranks)
     strag = summary.stragglers(result.instances)
+    if not result.one_job.one:  # traces that are not one job: nobody waited on anybody
+        strag = strag.clear()
     overview = summary.collectives_overview(result.instances)
     extra = {"horovod": horovod_payload(result)} if result.horovod is not None else {}
     # rank by rank, summary stays with what the per-rank units computed: the replays are whatif's and critical-path's
@@ -684,7 +707,9 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
                           sizes=summary.transfer_sizes(result.collectives),
                           link_classes=link_rows),
         "answer": result.summary_verdict.as_dict(),
-        "bottleneck": bottleneck_payload(bottleneck),
+        "one_job": result.one_job.as_dict(),
+        "ranks_without_iterations": summary.without_iterations(result.breakdown, result.ranks),
+        "bottleneck": bottleneck_payload(bottleneck, result.measured_iteration_ns),
         "contention": result.whatif.contention.as_dict() if bottleneck is not None else None,
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
         "topology": result.topology_overview or None,
@@ -726,11 +751,14 @@ def horovod_payload(result: Analysis) -> dict[str, Any]:
     }
 
 
-def bottleneck_payload(b: Bottleneck | None) -> dict[str, Any] | None:
-    """A :class:`~tracekit.analysis.bottleneck.Bottleneck` as the ``bottleneck`` object of ``summary --json``."""
+def bottleneck_payload(b: Bottleneck | None, measured_ns: int | None = None) -> dict[str, Any] | None:
+    """A :class:`~tracekit.analysis.bottleneck.Bottleneck` as the ``bottleneck`` object of ``summary --json``:
+    ``measured_iteration_ns`` the job's measured iteration (the one figure every view gives), ``replayed_iteration_ns``
+    the job replayed as measured (what the replays' speed-ups are against)."""
     if b is None:
         return None
-    return {"measured_iteration_ns": b.measured_ns, "free_comm_iteration_ns": b.free_ns,
+    return {"measured_iteration_ns": measured_ns, "replayed_iteration_ns": b.measured_ns,
+            "free_comm_iteration_ns": b.free_ns,
             "scaling_factor_measured": b.scaling_measured, "scaling_factor_full_utilisation": b.scaling_full,
             "line_rate_bps": b.line_rate_bps, "compression_needed": b.compression_needed,
             "bandwidth_needed_bps": b.bandwidth_needed_bps, "bandwidth_needed_factor": b.bandwidth_needed_factor,

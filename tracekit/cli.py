@@ -514,7 +514,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     # the job's one verdict (its own per-call latency); under another --latency only the link replays' answer
     answer = job.analysis.verdict if args.latency is None else None
     if args.json:
-        payload = {"measured_iteration_ns": model.measured_iteration_ns, "line_rate_bps": job.line_rate_bps,
+        payload = {"measured_iteration_ns": model.measured_iteration_ns,
+                   "replayed_iteration_ns": model.replayed_iteration_ns, "self_check": model.self_check,
+                   "line_rate_bps": job.line_rate_bps,
                    "workers": model.workers, "sizes": model.sizes, "rows": rows.to_dicts(),
                    "verdict": answer.text if answer is not None else verdict.text if verdict else None,
                    "answer": answer.as_dict() if answer is not None else None,

@@ -136,12 +136,12 @@ class Results:
     graph_dir: Path | None = None
 
 
-def figures(breakdown: pa.Table) -> dict[str, Any]:
+def figures(breakdown: pa.Table, ranks: pa.Table | None = None) -> dict[str, Any]:
     """The roll-ups a summary shows: ``job`` (:func:`tracekit.views.summary.job`), ``per_rank`` and
     ``per_iteration`` (rows of :func:`tracekit.views.summary.per_rank` / ``per_iteration``), as plain Python."""
     from tracekit.views import summary
 
-    return {"job": summary.job(breakdown), "per_rank": summary.per_rank(breakdown).to_dicts(),
+    return {"job": summary.job(breakdown, ranks), "per_rank": summary.per_rank(breakdown).to_dicts(),
             "per_iteration": summary.per_iteration(breakdown).to_dicts()}
 
 
@@ -176,7 +176,8 @@ def store(root: str | os.PathLike, entry_key: str, analysis: Analysis) -> None:
         _write(pa.table({"iteration": analysis.events.column("iteration")}), tmp / "event_iteration.arrow")
         manifest = {"version": RESULTS_VERSION, "notes": analysis.notes, "events": analysis.events.num_rows,
                     "diagnostics": [d.__dict__ for d in analysis.diagnostics],
-                    "figures": figures(analysis.breakdown), "files": [f.path for f in analysis.traces.files],
+                    "figures": figures(analysis.breakdown, analysis.ranks),
+                    "files": [f.path for f in analysis.traces.files],
                     "line_rate_bps": analysis.line_rate_bps, "line_rate_source": analysis.line_rate_source,
                     "line_rates": analysis.line_rates, "matched": analysis.matched}
         (tmp / "manifest.json").write_text(json.dumps(manifest, default=str))

@@ -143,7 +143,7 @@ class JobData:
 
     def _figures(self) -> dict[str, Any]:
         if self.figures is None:
-            self.figures = results_cache.figures(self.breakdown)
+            self.figures = results_cache.figures(self.breakdown, self.analysis.ranks if self.analysis else None)
         return self.figures
 
     @property
@@ -262,7 +262,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
                 results_cache.store(_results_root(options), key, analysis)
     if data is None:
         data = JobData.from_analysis(analysis, files)
-        data.figures = results_cache.figures(analysis.breakdown)  # here, not on the UI thread
+        data.figures = results_cache.figures(analysis.breakdown, analysis.ranks)  # here, not on the UI thread
         if callbacks.summary:
             callbacks.summary(data)
     else:
@@ -334,7 +334,7 @@ def _load_by_rank(paths: list[str], options: LoadOptions, callbacks: LoadCallbac
     breakdown = ds.table("breakdown")
     data = JobData(files=files, ranks=ds.ranks, iterations=ds.table("iterations"), breakdown=breakdown,
                    notes=[*ds.notes, "rank by rank"], diagnostics=list(ds.diagnostics),
-                   events=int(ds.manifest.get("events", 0)), figures=results_cache.figures(breakdown))
+                   events=int(ds.manifest.get("events", 0)), figures=results_cache.figures(breakdown, ds.ranks))
     if callbacks.summary:
         callbacks.summary(data)
     callbacks.say(f"rank by rank: collectives of {ds.ranks.num_rows} ranks matched, exposed communication split", None)
@@ -344,7 +344,7 @@ def _load_by_rank(paths: list[str], options: LoadOptions, callbacks: LoadCallbac
     data.analysis = analysis
     data.ranks, data.breakdown, data.notes = analysis.ranks, analysis.breakdown, list(analysis.notes)
     data.diagnostics = list(analysis.diagnostics)
-    data.figures = results_cache.figures(analysis.breakdown)
+    data.figures = results_cache.figures(analysis.breakdown, analysis.ranks)
     had = frozenset(analysis.__dict__)
     data.background = (analysis.start("critical_path", "critical_path_summary", "bottleneck"), had)
     data.options = options

@@ -6,14 +6,16 @@ link wrong if it kept compute as measured on a slow one (where it overlapped com
 
 **Measure.** An operation is identified by its rank, its name and its ordinal among the operations of that
 name in its iteration — the same work, repeated every iteration. Each sample has a duration ``d`` and the
-share ``f`` of it during which communication of its rank was transferring. Within each identity the
-durations are compared across iterations: a least-squares fit of ``log d`` against ``f`` with one intercept
-per identity (only identities whose overlap varies by at least :data:`MIN_SPREAD` take part) gives
-``slowdown = exp(slope)`` — how much longer compute takes when fully overlapped than when alone. It is
-*measured* only when at least :data:`MIN_IDENTITIES` identities contribute and the fitted log-slowdown
-exceeds :data:`SIGNIFICANCE` standard errors; otherwise (every iteration overlaps the same way, as a
-steady data-parallel job does, or the durations are too noisy) the trace cannot tell, and the slowdown
-is taken as 1 and reported as not measured.
+share ``f`` of it during which communication of its rank was transferring. Like is compared with like: ``log d``
+is fitted against ``f`` with one intercept per identity (its usual duration) and one per rank, iteration and name
+(how fast that rank ran that operation in that iteration: a rank slow for a whole step arrives last at its
+collectives, so its compute overlaps transfers more without being slowed by them — compared across iterations
+alone, that reads as contention), by alternating projections; ``slowdown = exp(slope)`` is how much longer compute
+takes when fully overlapped than when alone. Only the operations of ranks and names with an identity whose overlap
+varies by at least :data:`MIN_SPREAD` take part. It is *measured* only when at least :data:`MIN_IDENTITIES` such
+identities contribute and the fitted log-slowdown exceeds :data:`SIGNIFICANCE` standard errors; otherwise (every
+iteration overlaps the same way, as a steady data-parallel job does, or the effect is not distinguishable from
+zero) the trace cannot tell, and the slowdown is taken as 1 and reported as not measured.
 
 **Re-cost.** In a replay, compute activity ``a`` with measured overlap ``f`` has base duration
 ``d / (1 + (s − 1) f)``; in the predicted schedule, where its overlap is ``f'``, it takes
@@ -58,12 +60,12 @@ class Contention:
         """One sentence for the views."""
         if not self.measured:
             return ("Whether compute slowed while communication was in flight could not be measured (every "
-                    "iteration overlapped the same way, or the durations are too noisy); the what-if keeps compute "
-                    "as measured.")
+                    "iteration overlapped the same way, or the effect is not distinguishable from zero); the what-if "
+                    "keeps compute as measured.")
         pct = 100 * (self.slowdown - 1)
-        return (f"Compute ran {pct:.0f} % slower while communication was in flight (the same operations across "
-                f"{self.identities} repeats compared); the what-if re-costs it by each predicted schedule's "
-                "overlap.")
+        return (f"Compute ran {pct:.0f} % slower while communication was in flight (each of {self.identities} "
+                "operations compared with itself on the same rank, and with the rank's other runs of it in the same "
+                "iteration); the what-if re-costs it by each predicted schedule's overlap.")
 
 
 NONE = Contention(1.0, False, 0, 0, None)
@@ -112,28 +114,57 @@ def measure(act: pl.DataFrame, overlap: np.ndarray, compute: np.ndarray) -> Cont
     name = pl.col("name").to_physical() if act.schema["name"] == pl.Categorical else pl.col("name")
     df = act.filter(pl.Series(keep)).select(["rank", "iteration", name]).with_columns(
         pl.Series("f", overlap[keep]), pl.Series("y", np.log(dur[keep].astype(np.float64))))
-    df = df.with_columns(pl.int_range(pl.len()).over(["rank", "iteration", "name"]).alias("k"))
+    batch = ["rank", "iteration", "name"]
+    df = df.with_columns(pl.int_range(pl.len()).over(batch).alias("k"))
     ident = ["rank", "name", "k"]
     df = df.with_columns((pl.col("f").max() - pl.col("f").min()).over(ident).alias("spread"),
-                         pl.len().over(ident).alias("n")).filter((pl.col("spread") >= MIN_SPREAD) & (pl.col("n") >= 2))
-    groups = df.select(pl.struct(ident).n_unique()).item() if df.height else 0
+                         pl.len().over(ident).alias("n")).filter(pl.col("n") >= 2)
+    varied = (pl.col("spread") >= MIN_SPREAD)
+    groups = df.filter(varied).select(pl.struct(ident).n_unique()).item() if df.height else 0
     if groups < MIN_IDENTITIES:
         return NONE
-    df = df.with_columns((pl.col("f") - pl.col("f").mean().over(ident)).alias("df"),
-                         (pl.col("y") - pl.col("y").mean().over(ident)).alias("dy"))
-    x = df.get_column("df").to_numpy()
-    y = df.get_column("dy").to_numpy()
+    # the operations of the ranks and names whose overlap varied: their batches set each one's speed per iteration
+    df = df.filter(varied.any().over(["rank", "name"]))
+    codes = df.select(pl.struct(ident).rank("dense").alias("i"), pl.struct(batch).rank("dense").alias("b"))
+    i = codes.get_column("i").to_numpy().astype(np.int64) - 1
+    b = codes.get_column("b").to_numpy().astype(np.int64) - 1
+    x, y = _within(df.get_column("f").to_numpy(), df.get_column("y").to_numpy(), i, b)
     sxx = float((x * x).sum())
-    if sxx <= 0:
-        return NONE
+    if sxx <= 1e-12 * df.height:
+        return Contention(1.0, False, int(groups), df.height, None)
     slope = float((x * y).sum()) / sxx
     resid = y - slope * x
-    dof = max(df.height - groups - 1, 1)
+    dof = max(df.height - int(i.max()) - int(b.max()) - 1, 1)
     se = math.sqrt(float((resid * resid).sum()) / dof / sxx)
     if slope < SIGNIFICANCE * se:  # no slowdown the data can tell from noise
         return Contention(1.0, False, int(groups), df.height, se)
     lo, hi = SLOWDOWN_RANGE
     return Contention(min(max(math.exp(slope), lo), hi), True, int(groups), df.height, se)
+
+
+#: alternating projections stop once a round moves no value by more than this (relative to the values' spread) ...
+WITHIN_TOLERANCE = 1e-9
+#: ... or after this many rounds
+WITHIN_ROUNDS = 200
+
+
+def _within(x: np.ndarray, y: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` and ``y`` less their means over the groups ``a`` and ``b`` together (two-way fixed effects, by
+    alternating projections: demeaned by ``a``, then by ``b``, until nothing moves)."""
+    x = x.astype(np.float64, copy=True)
+    y = y.astype(np.float64, copy=True)
+    na, nb = np.bincount(a), np.bincount(b)
+    scale = max(float(np.ptp(x)), float(np.ptp(y)), 1e-300)
+    for _ in range(WITHIN_ROUNDS):
+        moved = 0.0
+        for g, n in ((a, na), (b, nb)):
+            mx, my = (np.bincount(g, x) / n)[g], (np.bincount(g, y) / n)[g]
+            x -= mx
+            y -= my
+            moved = max(moved, float(np.abs(mx).max()), float(np.abs(my).max()))
+        if moved <= WITHIN_TOLERANCE * scale:
+            break
+    return x, y
 
 
 def recost(base: np.ndarray, overlap: np.ndarray, slowdown: float) -> np.ndarray:

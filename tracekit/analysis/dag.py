@@ -53,6 +53,9 @@ CONSUME_EARLY_NS = 10_000_000
 CONSUME_MIN_GAP_NS = 500_000
 #: stream edges out of a comm kernel only when the waiting kernel starts this soon after it
 STREAM_MAX_LAG_NS = 50_000
+#: ... and only when the comm kernel ended more than this after the waiting kernel's own stream's previous kernel and
+#: its launch call (else those explain its start as well: the resolution of Kineto's older whole-µs timestamps)
+STREAM_TIE_NS = 1_000
 #: activity columns only :func:`build` reads (the graph keeps the others: critical path, what-if, results cache)
 _BUILD_ONLY = ("_id", "top", "ancestor", "comm_parent")
 #: runtime calls that block the CPU until device work is done (cudaMemcpyAsync does not)
@@ -561,11 +564,14 @@ def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, sta
     (PyTorch makes the NCCL stream wait for an event recorded on the current stream at enqueue; another
     communication kernel launched in between is on an NCCL stream of its own, which is not the current stream).
     Outbound: the first kernel on another stream that was launched before the communication ended
-    but started only right after it (the consumer waited for the result). Where the rank's stream-wait calls
-    are traced (``waits``: ``rank, l_start`` of ``cudaStreamWaitEvent``), the consumer must also have been told to
-    wait: the rank's last such call before its launch came after the communication's launch, with no other
-    communication launched in between (that call was the communication's own wait for the compute stream) — a
-    kernel that merely happened to start as a transfer ended is no consumer.
+    but started only right after it (the consumer waited for the result), when the communication's end is the best
+    explanation of its start: it ended after the consumer's own stream's previous kernel and after the consumer's
+    launch call returned (by more than :data:`STREAM_TIE_NS`; a kernel that started as its stream's previous one
+    ended, or as it was launched, was waiting for that). Where the rank's stream-wait calls are traced (``waits``:
+    ``rank, l_start`` of ``cudaStreamWaitEvent``), the consumer must also have been told to wait: the rank's last
+    such call before its launch came after the communication's launch, with no other communication launched in
+    between (that call was the communication's own wait for the compute stream) — a kernel that merely happened to
+    start as a transfer ended is no consumer.
     """
     comm_act = (act.get_column("kind") == "comm").fill_null(False).to_numpy()
     # by rank, device and launch, stably (launches at the same nanosecond keep their order); a missing rank first
@@ -605,9 +611,26 @@ def _stream_edges(add, act: pl.DataFrame, lk: pl.DataFrame, end: np.ndarray, sta
     cand = order[pos]
     ok = ((group[cand] == group[ci]) & (stream[cand] != stream[ci]) & (start[a_ids[cand]] >= e)
           & (start[a_ids[cand]] - e <= STREAM_MAX_LAG_NS) & (launch[cand] < e))
+    # the best explanation: not the consumer's own stream's previous kernel, nor its launch
+    before = _stream_prev_end(rank, device, stream, start[a_ids], end[a_ids])
+    ok &= e > before[cand] + STREAM_TIE_NS
+    if "l_end" in lk.columns:
+        ok &= e > lk.get_column("l_end").to_numpy()[by][cand] + STREAM_TIE_NS
     if waits is not None and waits.height:
         ok &= inferred.told_to_wait(waits, rank[ci], launch[ci], launch[cand], rank[is_comm], launch[is_comm])
     add(2 * a_ids[ci[ok]] + 1, 2 * a_ids[cand[ok]], 0, "stream")
+
+
+def _stream_prev_end(rank: np.ndarray, device: np.ndarray, stream: np.ndarray, start: np.ndarray, end: np.ndarray
+                     ) -> np.ndarray:
+    """Per kernel: the end of the kernel before it on its own stream (of its rank and device; by start), the
+    smallest int64 for a stream's first."""
+    order = np.lexsort((start, stream, device, rank))
+    out = np.full(start.size, np.iinfo(np.int64).min, dtype=np.int64)
+    same = ((rank[order][1:] == rank[order][:-1]) & (device[order][1:] == device[order][:-1])
+            & (stream[order][1:] == stream[order][:-1]))
+    out[order[1:][same]] = end[order[:-1][same]]
+    return out
 
 
 def _gloo_family(name: str) -> str:

@@ -312,3 +312,39 @@ def select(events: pa.Table, iters: pa.Table, collectives: pa.Table, only: froze
     c = c.with_columns(pl.when(pl.col("_kept")).then(True).when(pl.col("_gone")).then(False)
                        .otherwise(inside.fill_null(False)).alias("_keep")).sort("_row")
     return events, iters, collectives.filter(pa.array(c.get_column("_keep").to_numpy()))
+
+
+def period(iteration: np.ndarray, start: np.ndarray, end: np.ndarray) -> int:
+    """The job's iteration time from rows of ``iteration, start, end`` (job clock): the median time between
+    consecutive iteration starts (an iteration starts at its earliest row on any rank); one iteration alone: its span.
+    The one figure every view gives as the measured iteration, and what the replays predict."""
+    if start.size == 0:
+        return 0
+    per = pl.DataFrame({"it": iteration, "s": start, "e": end}).group_by("it").agg(
+        pl.col("s").min(), pl.col("e").max()).sort("it")
+    s = per.get_column("s").to_numpy()
+    gaps = np.diff(s)
+    gaps = gaps[gaps > 0]  # ranks from unrelated runs can put iteration k+1 no later than k: not a period
+    if gaps.size == 0:
+        return int(np.median(per.get_column("e").to_numpy() - s))
+    return int(np.median(gaps))
+
+
+def measured_iteration_ns(windows: pa.Table, ranks: pa.Table | None = None) -> int | None:
+    """The measured iteration time (:func:`period`) of the iteration windows ``windows`` (``rank, iteration,
+    start_ns, end_ns``: the iterations or breakdown table), each rank's on the job clock (``ranks``'
+    ``clock_offset_ns``); None without a window."""
+    if windows.num_rows == 0:
+        return None
+    w = pl.from_arrow(windows.select(["rank", "iteration", "start_ns", "end_ns"]))
+    assert isinstance(w, pl.DataFrame)
+    if ranks is not None and ranks.num_rows and "clock_offset_ns" in ranks.column_names:
+        off = pl.from_arrow(ranks.select(["rank", "clock_offset_ns"]))
+        assert isinstance(off, pl.DataFrame)
+        w = w.join(off.with_columns(pl.col("rank").cast(w.schema["rank"])).unique("rank"), on="rank", how="left")
+        shift = pl.col("clock_offset_ns").fill_null(0)
+    else:
+        shift = pl.lit(0)
+    w = w.with_columns(pl.col("start_ns") + shift, pl.col("end_ns") + shift).drop_nulls(["iteration", "start_ns"])
+    return period(w.get_column("iteration").to_numpy(), w.get_column("start_ns").to_numpy(),
+                  w.get_column("end_ns").to_numpy())

@@ -26,11 +26,14 @@ from tracekit.analysis import (
     iterations,
     link_classes,
     links,
+    loader,
     nccl_join,
     nccl_problems,
     nccl_topology,
+    one_job,
     top_ops,
     verdict,
+    waited,
     whatif,
 )
 from tracekit.loading.traceset import TraceSet
@@ -140,8 +143,27 @@ class Analysis:
                              self.members, self.instances, line_rate_bps=self.line_rate_bps, graph=graph,
                              line_rates=self.line_rates, pg_desc=self.pg_desc, group_links=self.group_links,
                              leaves=leaves)
+        if self.measured_iteration_ns:  # the one measured figure every view gives (the graph's is the same statistic)
+            model.measured_iteration_ns = self.measured_iteration_ns
         release_memory()
         return model
+
+    @cached_property
+    def loader_events(self) -> pa.Table:
+        """Every rank's data-loader ``__next__`` events (:func:`tracekit.analysis.loader.events`): from the events in
+        memory, or scanned from the per-rank dataset of a job analysed rank by rank."""
+        return loader.events(self.events if self.dataset is None else self.dataset.scan("events"))
+
+    @cached_property
+    def one_job(self) -> one_job.OneJob:
+        """Whether the traces are one job's (:mod:`tracekit.analysis.one_job`), and every rank's files."""
+        return one_job.check(self.ranks, self.collectives, self.instances, self.iterations)
+
+    @cached_property
+    def measured_iteration_ns(self) -> int | None:
+        """The job's measured iteration time, the one figure every view gives: the median time between consecutive
+        iteration starts on the job clock (:func:`tracekit.analysis.iterations.measured_iteration_ns`)."""
+        return iterations.measured_iteration_ns(self.iterations, self.ranks)
 
     @cached_property
     def bottleneck(self) -> bottleneck.Bottleneck | None:
@@ -181,6 +203,8 @@ class Analysis:
             return told
         if self.breakdown.num_rows == 0:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
+        if not self.one_job.one:  # unrelated traces: no cross-rank verdict
+            return verdict.Answer("none", self.one_job.headline(), source="check")
         # what the path is made of, from a few iterations spread over the job (the same whatever else was computed;
         # read off the whole path where it exists already)
         its = critical_path.sample(critical_path.iteration_spans(self.iterations, self.ranks)["iteration"].to_list())
@@ -188,13 +212,18 @@ class Analysis:
                 else critical_path.paths(self.graph, self.iterations, self.ranks, iteration=its))
         summ = critical_path.summary(segs, self.iterations, self.ranks)
         return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
-                                segs, self.link_busy.to_pylist(), verdict.input_time(self.events))
+                                segs, self.link_busy.to_pylist(), verdict.input_time(self.loader_events),
+                                loader.spans(self.loader_events, self.ranks),
+                                waited.most_waited_on(self.instances, collectives.stragglers(self.instances),
+                                                      self.iterations, self.ranks, self.measured_iteration_ns))
 
     @property
     def summary_verdict(self) -> verdict.Answer:
         """The verdict ``tracekit summary`` gives: :attr:`verdict`, except for a job read rank by rank, which summary
         does not replay (the replays are whatif's and critical-path's): then from the attribution, and saying so."""
         if self.dataset is not None and "verdict" not in self.__dict__ and self._hang_answer is None:
+            if self.breakdown.num_rows and not self.one_job.one:
+                return verdict.Answer("none", self.one_job.headline(), source="check")
             return verdict.from_attribution(self.breakdown, collectives.stragglers(self.instances),
                                             "summary reads a job rank by rank without replaying it (tracekit whatif "
                                             "or critical-path gives the verdict from the replays)")

@@ -18,6 +18,11 @@ the host (CPU operators, launches, input). The classes:
 ``host-bound``       neither saves much, and CPU work, launches and the host's gaps outweigh compute on the path
 ``hung``, ``desync`` the job's Flight Recorder dumps (or NCCL's watchdog) show it stuck, or ranks calling different
                      collectives at the same position: this comes first (:func:`from_hang`; tracekit/analysis/hang.py)
+``input-bound``      what sets the pace is a data loader the trace shows directly (its ``enumerate(DataLoader)``
+                     spans): the stragglers whose excess removing saves the most are all waiting for their batches, or,
+                     where neither replay names the class, ranks waiting for their data loader are at least
+                     :data:`SIGNIFICANT` of the critical path (:mod:`tracekit.analysis.loader`) — a class of its own,
+                     not host-bound, because the fix is the input pipeline, whether one rank's or every rank's
 """
 
 from __future__ import annotations
@@ -30,13 +35,15 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis import balance, critical_path
+from tracekit.analysis import balance, critical_path, loader
 from tracekit.analysis.bottleneck import Bottleneck
 from tracekit.analysis.link_classes import sentence as link_sentence
-from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule
+from tracekit.analysis.waited import WaitedOn
+from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule, self_check
 from tracekit.model.units import format_duration, format_rate
 
-KINDS = ("link-bound", "straggler-bound", "host-bound", "compute-bound", "mixed", "none", "hung", "desync")
+KINDS = ("link-bound", "straggler-bound", "input-bound", "host-bound", "compute-bound", "mixed", "none", "hung",
+         "desync")
 #: a replay that saves at least this share of the iteration time names the job's one cause: less is a cause beside
 #: what the critical path is made of (a job whose link costs 12 % is bound by its compute or its host, and the
 #: headline says what free communication would still give)
@@ -64,7 +71,8 @@ CAVEAT_SHARE = 0.10
 class Straggler:
     """A rank whose excess over the median rank's work the ``stragglers removed`` replay took away (per iteration),
     and what it was doing: ``device`` compute, ``host`` work (``input`` when the data loader is most of it), or
-    ``untraced`` gaps on its threads; ``top`` the activity with the most excess."""
+    ``untraced`` gaps on its threads; ``top`` the activity with the most excess. For ``input``, ``input_ns`` is its
+    data loader's time per iteration as the trace shows it and ``input_excess_ns`` that beyond the median rank's."""
 
     rank: int
     host: str | None
@@ -73,6 +81,8 @@ class Straggler:
     host_excess_ns: int
     doing: str
     top: str | None = None
+    input_ns: int | None = None
+    input_excess_ns: int | None = None
 
     @property
     def what(self) -> str:
@@ -80,7 +90,15 @@ class Straggler:
         return {"device": "its device computes", "host": "its host works", "input": "its input pipeline takes",
                 "untraced": "its threads sit in gaps the profiler does not explain for"}[self.doing]
 
+    def loader(self) -> str:
+        """Its data loader's time as the trace shows it: "its enumerate(DataLoader)#… spans 50.4 ms per iteration,
+        50 ms more than the median rank's"."""
+        return (f"its {_short(self.top)} spans {_ms(self.input_ns or 0)} per iteration, "
+                f"{_ms(self.input_excess_ns or 0)} more than the median rank's")
+
     def describe(self) -> str:
+        if self.doing == "input" and self.input_ns is not None:
+            return f"rank {self.rank} ({self.loader()})"
         s = f"rank {self.rank} ({self.what} {_ms(self.excess_ns)} more per iteration than the median rank's"
         if self.top:
             s += f"; most in {_short(self.top)}"
@@ -90,10 +108,12 @@ class Straggler:
 @dataclass(frozen=True)
 class Answer:
     """The job's verdict. ``kind`` is one of :data:`KINDS`; ``headline`` its first sentence; ``shares`` what each
-    replay saves of the measured iteration (``link``, ``stragglers``) and the measured path's split (``compute``,
-    ``host``, ``transfer``, ``waiting``, ``unexplained``); ``replays`` the iteration times behind them (ns; ``full``
-    None without a line rate); ``support`` the sentences that back it; ``caveat`` where the answer rests on gaps no
-    dependency explains."""
+    replay saves of the job replayed as measured (``link``, ``stragglers``) and the measured path's split
+    (``compute``, ``host``, ``transfer``, ``waiting``, ``unexplained``); ``replays`` the iteration times behind them
+    (ns; ``as_measured`` the job replayed as it ran, which every speed-up is against; ``full`` None without a line
+    rate); ``measured_ns`` the measured iteration (the one figure every view gives), from which ``as_measured`` may
+    differ — the model's self-check, never a speed-up; ``support`` the sentences that back it; ``caveat`` where the
+    answer rests on gaps no dependency explains."""
 
     kind: str
     headline: str
@@ -103,6 +123,8 @@ class Answer:
     support: tuple[str, ...] = ()
     caveat: str | None = None
     source: str = "replay"  # "replay", "attribution" where no replay could run, or "hang" (:func:`from_hang`)
+    measured_ns: int | None = None
+    waited_on: WaitedOn | None = None  # the rank everyone waited on most (:mod:`tracekit.analysis.waited`)
 
     @property
     def text(self) -> str:
@@ -110,7 +132,12 @@ class Answer:
         return " ".join([self.headline, *self.support, *([self.caveat] if self.caveat else [])])
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "headline": self.headline, "shares": self.shares, "replays": self.replays,
+        replayed = self.replays.get("as_measured")
+        return {"kind": self.kind, "headline": self.headline, "measured_iteration_ns": self.measured_ns,
+                "replayed_iteration_ns": replayed,
+                "self_check": self_check(self.measured_ns, replayed) if replayed else None,
+                "shares": self.shares, "replays": self.replays,
+                "waited_on": self.waited_on.as_dict() if self.waited_on is not None else None,
                 "stragglers": [s.__dict__ for s in self.stragglers], "support": list(self.support),
                 "caveat": self.caveat, "source": self.source, "text": self.text}
 
@@ -144,29 +171,33 @@ def exposed_sentence(breakdown: pa.Table) -> str | None:
 
 #: the profiler's annotation of a data loader's ``__next__`` (a ``user_annotation``: the time inside is no operator's
 #: own, so it shows as a gap on the thread that waited for the batch)
-LOADER = "enumerate(DataLoader)"
+LOADER = loader.LOADER
 
 
 def input_time(events: pa.Table) -> pl.DataFrame:
-    """``rank, name, dur_ns``: each rank's time in its data loader's ``__next__`` annotations (:data:`LOADER`)."""
+    """``rank, name, dur_ns``: each rank's time in its data loader's ``__next__`` (:data:`LOADER`: an annotation, or
+    an operator in older traces)."""
     ev = pl.from_arrow(events.select(["rank", "kind", "name", "dur_ns"]))
     assert isinstance(ev, pl.DataFrame)
-    return (ev.filter(pl.col("kind") == "annotation")
+    return (ev.filter(pl.col("kind").is_in(loader.KINDS))
             .filter(pl.col("name").cast(pl.String).str.starts_with(LOADER))
             .group_by(["rank", pl.col("name").cast(pl.String)]).agg(pl.col("dur_ns").sum()))
 
 
-def _input_excess(inputs: pl.DataFrame | None, rank: int, iterations: int) -> tuple[str | None, int]:
-    """A rank's data-loader annotation with the most time beyond the median rank's (per iteration): (name, ns)."""
+def _input_excess(inputs: pl.DataFrame | None, rank: int, iterations: int) -> tuple[str | None, int, int]:
+    """A rank's data-loader annotation with the most time, its time per iteration and that beyond the median rank's:
+    (name, ns, ns)."""
     if inputs is None or inputs.height == 0:
-        return None, 0
+        return None, 0, 0
     per = inputs.group_by("rank").agg(pl.col("dur_ns").sum(), pl.col("name").sort_by("dur_ns").last())
     v = per.get_column("dur_ns").sort().to_list()
     median = v[(len(v) - 1) // 2]
     row = per.filter(pl.col("rank") == rank)
     if row.height == 0:
-        return None, 0
-    return row.get_column("name")[0], (int(row.get_column("dur_ns")[0]) - median) // max(iterations, 1)
+        return None, 0, 0
+    own = int(row.get_column("dur_ns")[0])
+    n = max(iterations, 1)
+    return row.get_column("name")[0], own // n, (own - median) // n
 
 
 def _stragglers(model: Model, ranks: pa.Table | None, inputs: pl.DataFrame | None = None) -> tuple[Straggler, ...]:
@@ -184,20 +215,22 @@ def _stragglers(model: Model, ranks: pa.Table | None, inputs: pl.DataFrame | Non
     for row in ex.iter_rows(named=True):
         r = row["rank"]
         name, gap = tops.get(r, (None, 0))
-        loader, loader_excess = _input_excess(inputs, r, model.balance.iterations)
+        loader_name, loader_ns, loader_excess = _input_excess(inputs, r, model.balance.iterations)
         if row["device_excess_ns"] >= row["host_excess_ns"]:
             doing = "device"
-        elif loader is not None and loader_excess >= 0.5 * row["host_excess_ns"]:
-            doing, name = "input", loader  # its gaps are the waits for its batches
+        elif loader_name is not None and loader_excess >= 0.5 * row["host_excess_ns"]:
+            doing, name = "input", loader_name  # its gaps are the waits for its batches
         elif gap > 0.5 * row["host_excess_ns"] * max(model.balance.iterations, 1):
             doing, name = "untraced", None
         elif name and "DataLoader" in name:
             doing = "input"
         else:
             doing = "host"
+        seen = doing == "input" and name == loader_name  # the stall as the trace shows it, at its size
         out.append(Straggler(rank=r, host=hosts.get(r), excess_ns=row["excess_ns"],
                              device_excess_ns=row["device_excess_ns"], host_excess_ns=row["host_excess_ns"],
-                             doing=doing, top=name))
+                             doing=doing, top=name, input_ns=loader_ns if seen else None,
+                             input_excess_ns=loader_excess if seen else None))
     return tuple(out)
 
 
@@ -282,6 +315,9 @@ def _rank_list(ranks: list[int]) -> str:
 def _detail(stragglers: tuple[Straggler, ...]) -> str:
     """What the named stragglers were doing: once for a host whose ranks all did the same, else rank by rank."""
     host = _one_host(stragglers)
+    if host is not None and len({(s.doing, s.top) for s in stragglers}) == 1 and all(
+            s.input_ns is not None for s in stragglers) and stragglers[0].doing == "input":
+        return (f"Stragglers: on host {host}, {_each_loader(stragglers)}" + ".")
     if host is not None and len({(s.doing, s.top) for s in stragglers}) == 1:
         s = stragglers[0]
         lo, hi = min(x.excess_ns for x in stragglers), max(x.excess_ns for x in stragglers)
@@ -290,6 +326,24 @@ def _detail(stragglers: tuple[Straggler, ...]) -> str:
                 f"of its {len(stragglers)} ranks" + (f"; most in {_short(s.top)}" if s.top else "") + ".")
     return "Stragglers: " + "; ".join(s.describe() for s in stragglers[:NAMED_MOST]) + \
         (f"; and {len(stragglers) - NAMED_MOST} more ranks" if len(stragglers) > NAMED_MOST else "") + "."
+
+
+def _each_loader(stragglers: tuple[Straggler, ...]) -> str:
+    """The data loaders of several ranks of one host, as the trace shows them ("each of its 2 ranks' enumerate(…)
+    spans 40.4 ms per iteration, 40 ms more than the median rank's"; ranges where they differ)."""
+    def span(values: list[int]) -> str:
+        lo, hi = _ms(min(values)), _ms(max(values))
+        return lo if lo == hi else f"{lo}–{hi}"
+
+    s = stragglers[0]
+    return (f"each of its {len(stragglers)} ranks' {_short(s.top)} spans "
+            f"{span([x.input_ns or 0 for x in stragglers])} per iteration, "
+            f"{span([x.input_excess_ns or 0 for x in stragglers])} more than the median rank's")
+
+
+def _input_stragglers(stragglers: tuple[Straggler, ...]) -> bool:
+    """Whether every named straggler waits for its data loader, as the trace shows it."""
+    return bool(stragglers) and all(s.doing == "input" and s.input_ns is not None for s in stragglers)
 
 
 def _short(name: str | None, most: int = 60) -> str:
@@ -319,39 +373,45 @@ def _top_on_path(segments: pl.DataFrame | None, labels: tuple[str, ...]) -> str 
 
 def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataFrame, breakdown: pa.Table,
              iterations: pa.Table, ranks: pa.Table | None, segments: pl.DataFrame | None = None,
-             link_rows: list[dict[str, Any]] | None = None, inputs: pl.DataFrame | None = None) -> Answer:
+             link_rows: list[dict[str, Any]] | None = None, inputs: pl.DataFrame | None = None,
+             loader_spans: pl.DataFrame | None = None, waited_on: WaitedOn | None = None) -> Answer:
     """The verdict of a job from its what-if model, its answer to "is the link the bottleneck?" (``bottleneck``:
     :func:`tracekit.analysis.bottleneck.bottleneck`, None when it could not run), its measured critical path
     (``segments`` and their summary), its breakdown, how busy each link class was (``link_rows``: rows of
     :func:`tracekit.analysis.link_classes.busy`, which name the class that binds) and each rank's time in its data
-    loader (``inputs``: :func:`input_time`)."""
+    loader (``inputs``: :func:`input_time`; ``loader_spans``: :func:`tracekit.analysis.loader.spans`); ``waited_on``
+    the rank everyone waited on (:func:`tracekit.analysis.waited.most_waited_on`), which the answer accounts for."""
     if bottleneck is not None:
         measured, free = bottleneck.measured_ns, bottleneck.free_ns
         (balanced,) = predict_many(model, [Scenario(balanced=True)])
     else:
         free, measured, balanced = predict_many(model, [Scenario(free=True), Scenario(), Scenario(balanced=True)])
+    now = model.measured_iteration_ns
     if measured <= 0:
-        return Answer("none", "No iteration time to explain: the replay found no iteration.", source="replay")
+        return Answer("none", "No iteration time to explain: the replay found no iteration.", source="replay",
+                      measured_ns=now or None)
     link = max(0.0, 1 - free / measured)
     strag = max(0.0, 1 - balanced / measured)
     path = _path_shares(path_summary)
     full = None
     if bottleneck is not None and bottleneck.scaling_full:
         full = round(bottleneck.free_ns / bottleneck.scaling_full)
-    replays: dict[str, int | None] = {"measured": measured, "free_communication": free,
+    replays: dict[str, int | None] = {"as_measured": measured, "free_communication": free,
                                       "stragglers_removed": balanced, "full_utilisation": full}
     shares = {"link": link, "stragglers": strag, **path}
+    waiting_input = loader.on_path(segments, loader_spans)  # ranks waiting for their data loader, on the path
+    shares["input"] = waiting_input
     stragglers = _stragglers(model, ranks, inputs) if strag >= NAMED_SAVES else ()
     if strag < 2 * NAMED_SAVES:
         stragglers = tuple(s for s in stragglers if model.balance.has_peers(s.rank))
     x_free = measured / free if free else float("inf")
     x_bal = measured / balanced if balanced else float("inf")
     several = model.balance.ranks.size > 1
-    replay_line = (f"Replays (against the job replayed as measured, {_ms(measured)}): communication free {_ms(free)} "
+    replay_line = (f"Replays, against the job replayed as measured: communication free {_ms(free)} "
                    f"({x_free:.2f}x faster)" + (
                        f"; every rank's excess over the median rank's work removed {_ms(balanced)} ({x_bal:.2f}x)."
                        if several else "."))
-    support: list[str] = [replay_line]
+    support: list[str] = [self_check(now, measured), replay_line]
     if stragglers:
         support.append(_detail(stragglers))
     exposed = exposed_sentence(breakdown)
@@ -366,7 +426,16 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     elif link >= SIGNIFICANT and link >= strag:
         kind = "link-bound"
         headline = (f"Link-bound: communication costs {_pct(link)} of each iteration — with free communication it "
-                    f"would take {_ms(free)} instead of {_ms(measured)}.")
+                    f"would take {_ms(free)}, {x_free:.2f}x faster than the job replayed as measured.")
+    elif strag >= SIGNIFICANT and _input_stragglers(stragglers):
+        kind = "input-bound"  # what the user must fix is the stragglers' input pipeline
+        s0 = stragglers[0]
+        host = _one_host(stragglers)
+        whose = (f"the data loaders of host {host} ({_each_loader(stragglers)})" if host is not None
+                 and len(stragglers) > 1 else f"{_who(stragglers)}'s data loader ({s0.loader()})"
+                 if len(stragglers) == 1 else "the data loaders of " + _who(stragglers))
+        headline = (f"Input-bound: the job waits on {whose}; removing that excess makes each iteration {x_bal:.2f}x "
+                    f"faster, while free communication gives only {x_free:.2f}x.")
     elif strag >= SIGNIFICANT:
         kind = "straggler-bound"
         who = _who(stragglers) if stragglers else "the slowest ranks"
@@ -377,7 +446,12 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
         rest = f"free communication gives only {x_free:.2f}x" + (
             f" and removing stragglers {x_bal:.2f}x" if several else "")
         compute_part = compute / (compute + host) if compute + host > 0 else 0.5
-        if compute_part >= 0.5 + EVEN:
+        if waiting_input >= SIGNIFICANT:
+            kind = "input-bound"
+            loading = _loader_share(inputs, model.balance.ranks.size, model.balance.iterations, measured)
+            headline = (f"Input-bound: {_pct(waiting_input)} of the critical path is ranks waiting for their data "
+                        f"loader ({LOADER}: {_pct(loading)} of the mean rank's iteration); {rest}.")
+        elif compute_part >= 0.5 + EVEN:
             kind = "compute-bound"
             top = _top_on_path(segments, ("compute", "memory"))
             headline = (f"Compute-bound: {_pct(compute)} of the critical path is compute"
@@ -395,16 +469,20 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
             headline = (f"Mixed: the critical path is {_pct(compute)} compute, {_pct(host)} host, "
                         f"{_pct(path.get('transfer', 0.0))} transfer and {_pct(path.get('waiting', 0.0))} waiting; "
                         f"{rest}.")
+    if kind == "input-bound" and stragglers:  # the headline has said what the stragglers' loaders do
+        support = [x for x in support if not x.startswith("Stragglers: ")]
     if bottleneck is not None:
         link_detail = _link_detail(bottleneck, kind)
         if link_detail:
-            support.insert(1, link_detail)
+            support.insert(2, link_detail)
     if kind in ("link-bound", "mixed"):
         by_class = link_sentence(link_rows or [])
         if by_class:  # which link class binds: the busiest, with the transport the NCCL log names
-            support.insert(1, by_class + ".")
+            support.insert(2, by_class + ".")
     if model.contention.measured and model.contention.slowdown > 1.0:
-        support.insert(2, model.contention.sentence())
+        support.insert(3, model.contention.sentence())
+    if waited_on is not None and waited_on.rank not in {x.rank for x in stragglers}:
+        support.insert(0, waited_on.sentence())  # the rank everyone waited on, which no straggler named accounts for
     caveat = None
     u = replay_unexplained(model, Scenario(free=True), iterations, ranks) if link >= MIXED / 2 or \
         kind in ("host-bound", "mixed") else None
@@ -414,7 +492,7 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
                   "where; docs/dependencies.md lists what tracekit infers).")
         shares["free_path_unexplained"] = u
     return Answer(kind=kind, headline=headline, shares=shares, replays=replays, stragglers=stragglers,
-                  support=tuple(support), caveat=caveat)
+                  support=tuple(support), caveat=caveat, measured_ns=now or None, waited_on=waited_on)
 
 
 def _link_detail(b: Bottleneck, kind: str) -> str | None:

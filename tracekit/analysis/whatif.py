@@ -30,11 +30,11 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import background, balance, contention, dag, replay
+from tracekit.analysis import background, balance, contention, dag, iterations, replay
 from tracekit.analysis.dag import EDGE_TYPES, Graph, lane_codes, sort_by_lane
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
-from tracekit.model.units import format_rate
+from tracekit.model.units import format_duration, format_rate
 
 _OWN = EDGE_TYPES.index("own")
 _COLLECTIVE = EDGE_TYPES.index("collective")
@@ -148,6 +148,20 @@ class Model:
             n = int(np.unique(it[it > -(1 << 61)]).size)
             self.__dict__["_balance"] = balance.measure(self.graph, n)
         return self.__dict__["_balance"]
+
+    @property
+    def replayed_iteration_ns(self) -> int:
+        """The job replayed as measured (:func:`predict` of ``Scenario()``, once per per-call latency): what the
+        predictions' speed-ups are against, so that the model's own error cancels in them."""
+        done = self.__dict__.setdefault("_replayed", {})
+        if self.latency_ns not in done:
+            done[self.latency_ns] = predict(self, Scenario())
+        return done[self.latency_ns]
+
+    @property
+    def self_check(self) -> str:
+        """How close the replay of the job as measured comes to the measured iteration: the model's self-check."""
+        return self_check(self.measured_iteration_ns, self.replayed_iteration_ns)
 
     @property
     def line_rate_known(self) -> bool:
@@ -704,28 +718,36 @@ def predict_many(model: Model, scenarios: list[Scenario]) -> list[int]:
 
 
 def iteration_time(model: Model, times: np.ndarray) -> int:
-    """Median time between consecutive iteration starts (one iteration: its span)."""
+    """Median time between consecutive iteration starts (one iteration: its span): :func:`tracekit.analysis.
+    iterations.period` of the schedule ``times``."""
     it = model.iteration_of
     valid = it > -(1 << 61)
     if times.size == 0:
         return 0
     if not valid.any():
         return int(times.max() - times.min())
-    starts = pl.DataFrame({"it": it[valid], "s": times[0::2][valid], "e": times[1::2][valid]}).group_by("it").agg(
-        pl.col("s").min(), pl.col("e").max()).sort("it")
-    s = starts.get_column("s").to_numpy()
-    gaps = np.diff(s)
-    gaps = gaps[gaps > 0]  # ranks from unrelated runs can put iteration k+1 no later than k: not a period
-    if gaps.size == 0:
-        return int(np.median(starts.get_column("e").to_numpy() - s))
-    return int(np.median(gaps))
+    return iterations.period(it[valid], times[0::2][valid], times[1::2][valid])
+
+
+def self_check(measured_ns: int | None, replayed_ns: int | None) -> str:
+    """The model's self-check as a sentence: how far its replay of the job as measured is from the measured
+    iteration ("the model replays the measured job within 1.7 % (237 ms against 233 ms measured)")."""
+    if not measured_ns or not replayed_ns:
+        return "The model's replay of the job as measured has no iteration time to check."
+    off = abs(replayed_ns / measured_ns - 1)
+    within = f"{100 * off:.1f} %" if off >= 0.001 else "0.1 %"
+    return (f"The model replays the measured job within {within} ({format_duration(replayed_ns)} against "
+            f"{format_duration(measured_ns)} measured).")
 
 
 def sweep(model: Model, scenarios: list[Scenario]) -> pl.DataFrame:
     """Rows ``bandwidth_bps, compression, workers, efficiency, links, stragglers_removed, iteration_ns, speedup,
     scaling_factor`` (``bandwidth_bps`` NaN where links keep different rates; ``links`` the per-link rates a scenario
-    set; ``stragglers_removed`` whether every rank's excess over the median rank's work was removed)."""
+    set; ``stragglers_removed`` whether every rank's excess over the median rank's work was removed). ``speedup`` is
+    against the job replayed as measured (:attr:`Model.replayed_iteration_ns`: the model's own error cancels), never
+    against the measured iteration, from which the replay may differ (:attr:`Model.self_check`)."""
     free, *predicted = predict_many(model, [Scenario(free=True), *scenarios])
+    now = model.replayed_iteration_ns
     rows = []
     for sc, t in zip(scenarios, predicted, strict=True):
         rows.append({
@@ -736,7 +758,7 @@ def sweep(model: Model, scenarios: list[Scenario]) -> pl.DataFrame:
             "links": ",".join(f"{k}={format_rate(v)}" for k, v in sc.links) or None,
             "stragglers_removed": sc.balanced,
             "iteration_ns": t,
-            "speedup": model.measured_iteration_ns / t if t else math.inf,
+            "speedup": now / t if t else math.inf,
             "scaling_factor": free / t if t else 1.0,
         })
     return pl.DataFrame(rows, schema={"bandwidth_bps": pl.Float64, "compression": pl.Float64, "workers": pl.Int64,

@@ -318,7 +318,7 @@ def verdicts(analysis: Analysis) -> dict[str, str | None]:
     replays' answer, None without one)."""
     from tracekit.views import summary, verdict
 
-    job = summary.job(analysis.breakdown)
+    job = summary.job(analysis.breakdown, analysis.ranks)
     answer = analysis.verdict
     para = verdict.paragraph(job, summary.stragglers(analysis.instances),
                              summary.collectives_overview(analysis.instances),
@@ -371,7 +371,7 @@ def collect(analysis: Analysis, *, inputs: Sequence[str] | None = None, bins: in
     from tracekit.views import summary
     from tracekit.views.report import fmt_ns
 
-    job = summary.job(analysis.breakdown)
+    job = summary.job(analysis.breakdown, analysis.ranks)
     origin = origin_ns(analysis.iterations, analysis.ranks)
     graph_ok = not analysis.horovod_only and (analysis.dataset is None or analysis.rank_graphs is not None)
     paths = path_composition(analysis.critical_path_summary) if graph_ok else path_composition(pl.DataFrame())

@@ -344,8 +344,8 @@ def render(data: ReportData, cache_dir: str | os.PathLike | None = None) -> str:
     e = html.escape
     v = data.verdicts
     kind_colour = {"link-bound": CLASS_COLOURS["exposed_comm"], "straggler-bound": "#d98c00",
-                   "host-bound": CLASS_COLOURS["idle"], "compute-bound": CLASS_COLOURS["compute"],
-                   "mixed": "#9b59b6"}.get(v.get("kind") or "", "#888")
+                   "input-bound": "#17a2b8", "host-bound": CLASS_COLOURS["idle"],
+                   "compute-bound": CLASS_COLOURS["compute"], "mixed": "#9b59b6"}.get(v.get("kind") or "", "#888")
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>{e(data.title)}</title>", f"<style>{CSS % (FONT, kind_colour)}</style></head><body>",

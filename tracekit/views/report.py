@@ -34,9 +34,9 @@ PATH_STYLES = {"compute": "green", "transfer": "magenta", "memory": "yellow", "i
                "launch": "medium_purple1", "CPU": "dodger_blue2", "waiting": "bold red1"}
 
 #: colours of the verdict's classes (tracekit.analysis.verdict.KINDS)
-VERDICT_STYLES = {"link-bound": "bold red", "straggler-bound": "bold dark_orange", "host-bound": "bold yellow",
-                  "compute-bound": "bold green", "mixed": "bold magenta", "none": "bold", "hung": "bold red",
-                  "desync": "bold red"}
+VERDICT_STYLES = {"link-bound": "bold red", "straggler-bound": "bold dark_orange", "input-bound": "bold cyan",
+                  "host-bound": "bold yellow", "compute-bound": "bold green", "mixed": "bold magenta", "none": "bold",
+                  "hung": "bold red", "desync": "bold red"}
 
 
 #: the per-rank tables show this many ranks (a job of 100 000 ranks would print for minutes); --json and
@@ -55,7 +55,7 @@ def render_summary(console: Console, result: Analysis) -> None:
     from tracekit.views import summary
 
     pr = summary.per_rank(result.breakdown)
-    job = summary.job(result.breakdown)
+    job = summary.job(result.breakdown, result.ranks)
     if result.hang is not None and (result.hang.kind != "none" or not job.get("ranks")):
         from tracekit.views import hang_report  # a hang comes first: the verdict names it, then every rank's position
 
@@ -78,8 +78,13 @@ def render_summary(console: Console, result: Analysis) -> None:
     if answer.source != "hang":  # a hang's verdict line came with its section
         console.print(Text.assemble(("verdict: ", "bold"), (answer.headline, VERDICT_STYLES.get(answer.kind, "bold"))),
                       soft_wrap=False)
-        console.print()
-    title = f"{job['ranks']} ranks · {job['iterations']} iterations"
+    one = result.one_job
+    if not one.one:  # every file, with what was found in it
+        console.print(Text.assemble(("files: ", "bold"), one.listing()), soft_wrap=False)
+    console.print()
+    missing = summary.without_iterations(result.breakdown, result.ranks)
+    title = f"{result.ranks.num_rows} ranks · {job['iterations']} iterations" + (
+        f" · {len(missing)} rank{'s' if len(missing) > 1 else ''} without iterations" if missing else "")
     if result.notes:
         title += " · " + text("; ".join(result.notes))
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
@@ -94,20 +99,23 @@ def render_summary(console: Console, result: Analysis) -> None:
     for row in pr.head(MAX_RANK_ROWS).iter_rows(named=True):
         table.add_row(str(row["rank"]), str(row["iterations"]), fmt_ns(row["median_iteration_ns"]),
                       *[fmt_share(row[f"{c}_share"]) for c in CLASSES], fmt_bytes(row["comm_bytes_per_iteration"]))
+    for rank in missing[:max(MAX_RANK_ROWS - pr.height, 0)]:  # a file without iterations stays visible
+        table.add_row(str(rank), "0", "–", *["–" for _ in CLASSES], "–")
     console.print(table)
-    _more_ranks(console, pr.height)
+    _more_ranks(console, pr.height + len(missing))
     shares = " · ".join(f"[{CLASS_STYLES[c]}]{CLASS_LABELS[c]} {fmt_share(job[f'{c}_share'])}[/]"
                         for c in CLASSES)
     console.print(f"[bold]job[/]: {shares}")
     w = job["worst_iteration"]
-    console.print(f"[bold]worst iteration[/]: #{w['iteration']} took {fmt_ns(w['iteration_ns'])} "
-                  f"(slowest: rank {w['slowest_rank']}; median iteration {fmt_ns(job['median_iteration_ns'])})")
+    console.print(f"[bold]iteration[/]: {fmt_ns(job['median_iteration_ns'])} (median time between iteration starts); "
+                  f"worst iteration #{w['iteration']}: {fmt_ns(w['iteration_ns'])} (slowest: rank {w['slowest_rank']})")
     e = job["most_exposed_rank"]
     console.print(f"[bold]most exposed rank[/]: {e['rank']} — {fmt_share(e['exposed_comm_share'])} of its time "
                   "is communication not hidden under compute")
     console.print()
     render_links(console, result, pr)
-    strag = summary.stragglers(result.instances)
+    # traces that are not one job: nobody waited on anybody
+    strag = summary.stragglers(result.instances) if one.one else summary.stragglers(result.instances).clear()
     if strag.height:
         console.print()
         render_stragglers(console, strag)
@@ -314,10 +322,11 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
     from tracekit.model.units import format_rate
 
     assert isinstance(rows, pl.DataFrame)
-    table = Table(title=f"what-if (measured iteration {fmt_ns(model.measured_iteration_ns)}, "  # type: ignore[attr-defined]
-                  f"{model.workers} workers)", title_justify="left", header_style="bold",  # type: ignore[attr-defined]
-                  box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="scaling factor = iteration time with free communication / predicted iteration time",
+    m: Any = model
+    table = Table(title=f"what-if (measured iteration {fmt_ns(m.measured_iteration_ns)}, {m.workers} workers)",
+                  title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="speed-up = the job replayed as measured / predicted iteration time; scaling factor = "
+                          "iteration time with free communication / predicted iteration time",
                   caption_justify="left")
     named = "links" in rows.columns and rows.get_column("links").is_not_null().any()
     for col in ("line rate", *(["links"] if named else []), "compression", "workers", "efficiency", "iteration",
@@ -333,6 +342,7 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
                       f"{row['compression']:g}x", str(row["workers"]), row["efficiency"], fmt_ns(row["iteration_ns"]),
                       f"{row['speedup']:.2f}x", f"{row['scaling_factor']:.2f}")
     console.print(table)
+    console.print(m.self_check, highlight=False)  # the model's self-check: never a speed-up
     if verdict is not None and hasattr(verdict, "kind"):  # the job's one verdict
         v: Any = verdict
         console.print(Text.assemble(("verdict: ", "bold"), (v.headline, VERDICT_STYLES.get(v.kind, "bold")),

@@ -13,6 +13,7 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit.analysis.collectives import stragglers, transfer_sizes  # noqa: F401 (the views read them from here)
+from tracekit.analysis.iterations import measured_iteration_ns
 from tracekit.model.schema import CLASSES
 
 _NS = [f"{c}_ns" for c in CLASSES]
@@ -96,8 +97,17 @@ def per_iteration(breakdown: pa.Table) -> pl.DataFrame:
     ).sort("iteration")
 
 
-def job(breakdown: pa.Table) -> dict[str, Any]:
-    """Whole-job figures: shares of time per class, iteration times, worst iteration, most exposed rank."""
+def without_iterations(breakdown: pa.Table, ranks: pa.Table) -> list[int]:
+    """The ranks of ``ranks`` with no iteration window in ``breakdown``: shown as such, never dropped."""
+    seen = set(breakdown.column("rank").to_pylist()) if breakdown.num_rows else set()
+    return sorted(int(r) for r in ranks.column("rank").to_pylist() if r is not None and r not in seen)
+
+
+def job(breakdown: pa.Table, ranks: pa.Table | None = None) -> dict[str, Any]:
+    """Whole-job figures: shares of time per class, iteration times, worst iteration, most exposed rank.
+    ``median_iteration_ns`` is the job's measured iteration time, the one figure every view gives
+    (:func:`tracekit.analysis.iterations.measured_iteration_ns`; ``ranks`` put each rank's windows on the job
+    clock)."""
     b = pl.from_arrow(breakdown)
     assert isinstance(b, pl.DataFrame)
     if b.height == 0:
@@ -116,7 +126,7 @@ def job(breakdown: pa.Table) -> dict[str, Any]:
         out["wait_ns"] = int(b.get_column("wait_ns").sum())
         out["transfer_ns"] = int(b.get_column("transfer_ns").sum())
     it = per_iteration(breakdown)
-    out["median_iteration_ns"] = int(it.get_column("iteration_ns").median())  # type: ignore[arg-type]
+    out["median_iteration_ns"] = measured_iteration_ns(breakdown, ranks)
     worst = it.sort("iteration_ns", descending=True).row(0, named=True)
     out["worst_iteration"] = {"iteration": worst["iteration"], "iteration_ns": worst["iteration_ns"],
                               "slowest_rank": worst["slowest_rank"]}

@@ -10,13 +10,15 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.analysis import waited
 from tracekit.analysis.link_classes import sentence as link_sentence
 from tracekit.model.units import format_rate as _rate
 from tracekit.views.formats import fmt_bytes as _bytes
 from tracekit.views.formats import fmt_ns as _ns
 
-#: a rank is called the straggler when it caused more than this share of all waiting
-MOSTLY = 2 / 3
+#: a rank is called the straggler when it caused more than this share of all waiting (the verdict's rank everyone
+#: waited on, which it accounts for)
+MOSTLY = waited.MOSTLY
 
 
 def _pct(x: float) -> str:
