@@ -81,7 +81,8 @@ def render_summary(console: Console, result: Analysis) -> None:
     one = result.one_job
     if not one.one:  # every file, with what was found in it
         console.print(Text.assemble(("files: ", "bold"), one.listing()), soft_wrap=False)
-    console.print()
+    if answer.source != "hang" or not one.one:
+        console.print()
     missing = summary.without_iterations(result.breakdown, result.ranks)
     title = f"{result.ranks.num_rows} ranks · {job['iterations']} iterations" + (
         f" · {len(missing)} rank{'s' if len(missing) > 1 else ''} without iterations" if missing else "")
