@@ -28,6 +28,7 @@ from tracekit.analysis import (
     nccl_join,
     nccl_problems,
     nccl_topology,
+    ranges,
     top_ops,
     verdict,
     whatif,
@@ -177,14 +178,26 @@ class Analysis:
                                             "which the replays need (tracekit whatif or critical-path builds them)")
         if self.breakdown.num_rows == 0:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
-        # what the path is made of, from a few iterations spread over the job (the same whatever else was computed;
-        # read off the whole path where it exists already)
+        segs, summ = self.verdict_path
+        return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
+                                segs, self.link_busy.to_pylist(), verdict.input_time(self.events),
+                                uncertainty=self.uncertainty)
+
+    @cached_property
+    def verdict_path(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The measured critical path's segments of a few iterations spread over the job, and its summary: what the
+        verdict and the ranges read (the same whatever else was computed; off the whole path where it exists)."""
         its = critical_path.sample(critical_path.iteration_spans(self.iterations, self.ranks)["iteration"].to_list())
         segs = (self.critical_path.filter(pl.col("iteration").is_in(its)) if "critical_path" in self.__dict__
                 else critical_path.paths(self.graph, self.iterations, self.ranks, iteration=its))
-        summ = critical_path.summary(segs, self.iterations, self.ranks)
-        return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
-                                segs, self.link_busy.to_pylist(), verdict.input_time(self.events))
+        return segs, critical_path.summary(segs, self.iterations, self.ranks)
+
+    @cached_property
+    def uncertainty(self) -> ranges.Uncertainty:
+        """What is uncertain in this job's trace, behind every prediction's range (:mod:`tracekit.analysis.ranges`)."""
+        b = self.bottleneck
+        return ranges.measure(self.whatif, self.breakdown, self.verdict_path[0],
+                              replay_ns=b.measured_ns if b is not None else None)
 
     @property
     def summary_verdict(self) -> verdict.Answer:
