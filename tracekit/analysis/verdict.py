@@ -412,7 +412,7 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
         scen = [Scenario(free=True), Scenario(), Scenario(balanced=True), Scenario(efficiency="full")][:len(names)]
         rr = ranges.replay_all(uncertainty, scen)
         for n, sc, p, a, it in zip(names, scen, rr.points, rr.alternatives, rr.per_iteration, strict=True):
-            rng[n] = ranges.combine(p, ranges.iteration_sources(uncertainty, sc, p, a))
+            rng[n] = ranges.combine(p, ranges.iteration_sources(uncertainty, sc, p, a, it))
             alts[n], per[n] = a, it
         free, measured, balanced = rr.points[:3]
     elif bottleneck is not None:
