@@ -672,6 +672,7 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
         "answer": result.summary_verdict.as_dict(),
         "bottleneck": bottleneck_payload(bottleneck),
         "contention": result.whatif.contention.as_dict() if bottleneck is not None else None,
+        "uncertainty": result.uncertainty.as_dict() if "uncertainty" in result.__dict__ else None,
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
         "topology": result.topology_overview or None,
         "nccl_problems": [{**p, "text": _problem_text(p)} for p in result.nccl_problems.to_pylist()],

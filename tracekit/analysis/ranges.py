@@ -140,10 +140,16 @@ class Uncertainty:
                 "contention_bounded": self.contention_models is not None, "notes": list(self.notes)}
 
 
+#: a trace of at most this many iterations is short: every window counts for its spread, and a replay's iterations
+#: (a period fewer) are too few to say more than the measured ones
+SHORT = 4
+
+
 def iteration_sample(breakdown: pa.Table) -> np.ndarray:
     """The traced iterations' times: per iteration the slowest rank's window (every rank waits for it), iterations
-    seen on every rank only; the last one left out where three or more remain (its window runs to its own last end,
-    not to the next iteration's start: not a period like the others)."""
+    seen on every rank only; the last one left out where more than :data:`SHORT` were traced (its window runs to its
+    own last end, not to the next iteration's start: not quite a period like the others, but in a short trace one
+    sample more is worth more than that bias)."""
     if breakdown.num_rows == 0:
         return np.zeros(0, np.int64)
     bd = pl.from_arrow(breakdown.select(["rank", "iteration", "wall_ns"]))
@@ -152,7 +158,7 @@ def iteration_sample(breakdown: pa.Table) -> np.ndarray:
     per = (bd.group_by("iteration").agg(pl.col("wall_ns").max(), pl.col("rank").n_unique().alias("_n"))
            .filter(pl.col("_n") == n).sort("iteration"))
     out = per.get_column("wall_ns").to_numpy()
-    return out[:-1] if out.size >= 3 else out
+    return out[:-1] if out.size > SHORT else out
 
 
 def variation(sample: np.ndarray, robust: bool = False) -> float | None:
@@ -333,8 +339,9 @@ def iteration_sources(unc: Uncertainty, sc: Scenario, point: int, alts: dict[str
     the measured iterations' and the scenario's replayed iterations' (``per_iteration``): a scenario that takes the
     link off the critical path leaves the compute's own noise, which a link-bound job's measured iterations hide."""
     out: dict[str, tuple[float, float]] = {}
-    v = max(unc.variation or 0.0, (variation(per_iteration, robust=True) or 0.0) if per_iteration is not None
-            else 0.0)
+    replayed = variation(per_iteration, robust=True) if per_iteration is not None and \
+        per_iteration.size >= SHORT else None
+    v = max(unc.variation or 0.0, replayed or 0.0)
     if v:
         out["variation"] = (-v, v)
     if unc.self_check:
@@ -363,6 +370,8 @@ def ratio_variation(num: np.ndarray, den: np.ndarray) -> float | None:
     n = min(num.size, den.size)
     ok = den[:n] > 0
     if ok.sum() < 2:
+        return None
+    if ok.sum() < SHORT:  # too few periods for a robust spread of the ratio (the noise the two share cancels)
         return None
     return variation(num[:n][ok] / den[:n][ok], robust=True)
 

@@ -518,6 +518,8 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
             support.insert(1 + bool(others), by_class + ".")
     if model.contention.measured and model.contention.slowdown > 1.0:
         support.insert(2 + bool(others), model.contention.sentence())
+    if uncertainty is not None and uncertainty.notes:
+        support.append("What this trace cannot tell: " + "; ".join(uncertainty.notes) + ".")
     caveat = None
     u = replay_unexplained(model, Scenario(free=True), iterations, ranks) if link >= MIXED / 2 or \
         kind in ("host-bound", "mixed") else None
