@@ -14,7 +14,8 @@ Sources, each a relative deviation below and above the point, combined in quadra
 ``unexplained``  time no dependency explains, kept as measured by the replay: were it waiting on the link, it would
                  shrink with a faster one (one-sided, towards faster links and free communication)
 ``contention``   the contention fit's uncertainty: replayed with the fitted slowdown at the ends of its 90 %
-                 interval (from its standard error)
+                 interval (from its standard error), where the fit measured one (a slowdown the fit cannot tell from
+                 none is none)
 
 A ratio of two replays of the same trace (the scaling factor) keeps the sources that do not cancel between them.
 """
@@ -232,8 +233,8 @@ def measure(model: Model, breakdown: pa.Table, segments: pl.DataFrame | None = N
         link_models = (replace(model, host_share_max=0.0), replace(model, host_share_max=math.inf))
     con = model.contention
     contention_models = None
-    if con.standard_error is not None and con.standard_error > 0 and model.comm.height:
-        centre = math.log(con.slowdown) if con.measured else 0.0
+    if con.measured and con.standard_error is not None and con.standard_error > 0 and model.comm.height:
+        centre = math.log(con.slowdown)
         lo = max(math.exp(centre - Z90 * con.standard_error), 1.0)
         hi = min(math.exp(centre + Z90 * con.standard_error), contention.SLOWDOWN_RANGE[1])
         if hi > lo:
