@@ -530,7 +530,9 @@ class Job:
                codec_cost: float | None = None, stragglers_removed: bool = False) -> pl.DataFrame:
         """Replay the job with re-costed transfers for every combination of ``bandwidth`` (line rates),
         ``compression`` (ratios) and ``workers``: one row per scenario with ``bandwidth_bps, compression, workers,
-        efficiency, links, stragglers_removed, iteration_ns, speedup, scaling_factor`` (see :func:`scenarios` for the
+        efficiency, links, stragglers_removed, iteration_ns, speedup, scaling_factor``, each prediction with its range
+        (``iteration_ns_low/high``, ``speedup_low/high``, ``scaling_factor_low/high``: meant to hold the truth 9
+        times in 10) and ``range_sources``, what each range is made of (see :func:`scenarios` for the
         arguments; ``latency`` is the fixed cost per call, ns or ``"20us"``; ``stragglers_removed`` adds the row of
         the job as it ran with every rank's excess over the median rank's work removed). The rows ``tracekit whatif``
         prints."""
@@ -544,20 +546,21 @@ class Job:
 
     def replay(self, scenarios: Sequence[Scenario], *, latency: str | int | None = None
                ) -> tuple[pl.DataFrame, Bottleneck | None]:
-        """The rows of :func:`tracekit.analysis.whatif.sweep` for ``scenarios``, and the bottleneck verdict under
+        """The rows of :func:`tracekit.analysis.ranges.sweep` for ``scenarios``, and the bottleneck verdict under
         the same per-call latency (the job's own unless ``latency`` is given)."""
-        from tracekit.analysis import whatif
+        from tracekit.analysis import ranges
         from tracekit.model.units import parse_duration
 
         model = self.analysis.whatif
         if model.comm.height == 0:
             raise TraceError(None, "the traces contain no communication: there is nothing to re-cost")
+        unc = self.analysis.uncertainty
         saved = model.latency_ns
         if latency is not None:
             model.latency_ns = latency if isinstance(latency, int) else parse_duration(str(latency), option="--latency")
         try:
             try:
-                rows = whatif.sweep(model, list(scenarios))
+                rows = ranges.sweep(unc, list(scenarios))
             except ValueError as exc:
                 raise TraceError(None, str(exc)) from exc
             verdict = self.analysis.bottleneck if latency is None or model.latency_ns == saved else \
@@ -711,6 +714,7 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
         "ranks_without_iterations": summary.without_iterations(result.breakdown, result.ranks),
         "bottleneck": bottleneck_payload(bottleneck, result.measured_iteration_ns),
         "contention": result.whatif.contention.as_dict() if bottleneck is not None else None,
+        "uncertainty": result.uncertainty.as_dict() if "uncertainty" in result.__dict__ else None,
         "nccl": summary.nccl_overview(result.collectives, result.traces.topology).to_dicts(),
         "topology": result.topology_overview or None,
         "nccl_problems": [{**p, "text": _problem_text(p)} for p in result.nccl_problems.to_pylist()],

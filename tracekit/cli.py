@@ -518,6 +518,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                    "replayed_iteration_ns": model.replayed_iteration_ns, "self_check": model.self_check,
                    "line_rate_bps": job.line_rate_bps,
                    "workers": model.workers, "sizes": model.sizes, "rows": rows.to_dicts(),
+                   "uncertainty": job.analysis.uncertainty.as_dict(),
                    "verdict": answer.text if answer is not None else verdict.text if verdict else None,
                    "answer": answer.as_dict() if answer is not None else None,
                    "bottleneck": verdict.text if verdict else None}

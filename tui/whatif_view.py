@@ -39,6 +39,7 @@ from tracekit.views.report import VERDICT_STYLES, fmt_ns
 if TYPE_CHECKING:
     import polars as pl
 
+    from tracekit.analysis.ranges import Range, Uncertainty
     from tracekit.analysis.whatif import Model, Scenario
     from tracekit.views.figures import Curves
 
@@ -110,6 +111,8 @@ class Prediction:
     free_ns: int
     sweep: list[tuple[float, int]]
     base_rate: float | None  # the rate the sweep multiplies (None: no sweep)
+    #: the prediction's range (:mod:`tracekit.analysis.ranges`; None where the job's uncertainty is not at hand)
+    range: Range | None = None
 
     @property
     def speedup(self) -> float:
@@ -121,11 +124,14 @@ class Prediction:
 
 
 def predict_all(model: Model, sc: Scenario, free_ns: int, line_rate_bps: float | None,
-                cancelled: Any = lambda: False) -> Prediction | None:
-    """The prediction for ``sc`` and its sweep of line rates (None if ``cancelled()`` turned true)."""
+                cancelled: Any = lambda: False, uncertainty: Uncertainty | None = None) -> Prediction | None:
+    """The prediction for ``sc`` (with its range, given the job's ``uncertainty``) and its sweep of line rates (None
+    if ``cancelled()`` turned true)."""
+    from tracekit.analysis import ranges
     from tracekit.analysis.whatif import predict
 
-    t = predict(model, sc)
+    rng = ranges.predict(uncertainty, [sc])[0] if uncertainty is not None and uncertainty.model is model else None
+    t = rng.point if rng is not None else predict(model, sc)
     base = sc.bandwidth_bps or line_rate_bps
     sweep: list[tuple[float, int]] = []
     if base is not None:
@@ -133,7 +139,7 @@ def predict_all(model: Model, sc: Scenario, free_ns: int, line_rate_bps: float |
             if cancelled():
                 return None
             sweep.append((base * m, t if m == 1.0 else predict(model, replace(sc, bandwidth_bps=base * m))))
-    return Prediction(sc, t, model.measured_iteration_ns, model.replayed_iteration_ns, free_ns, sweep, base)
+    return Prediction(sc, t, model.measured_iteration_ns, model.replayed_iteration_ns, free_ns, sweep, base, rng)
 
 
 class WhatIfView(View, can_focus=True):
@@ -301,8 +307,9 @@ class WhatIfView(View, can_focus=True):
 
             free = predict(model, Scenario(free=True))
         try:
+            unc = data.analysis.__dict__.get("uncertainty")  # found with the verdict, by the loading worker
             result = predict_all(model, sc, free, data.analysis.line_rate_bps,
-                                 cancelled=lambda: worker.is_cancelled or asked != self._asked)
+                                 cancelled=lambda: worker.is_cancelled or asked != self._asked, uncertainty=unc)
         except ValueError as exc:  # a scenario tracekit.analysis.whatif refuses
             self.app.call_from_thread(self._refused, str(exc), asked)
             return
@@ -345,9 +352,13 @@ class WhatIfView(View, can_focus=True):
         table.add_column("what", style="bold", no_wrap=True)
         table.add_column("value", justify="right", no_wrap=True)
         table.add_column("note", style="dim")
-        table.add_row("iteration time", Text(fmt_ns(p.iteration_ns), style="bold"),
+        table.add_row("iteration time", Text(p.range.text() if p.range else fmt_ns(p.iteration_ns), style="bold"),
                       f"measured {fmt_ns(p.measured_ns)}, replayed as measured {fmt_ns(p.replayed_ns)}; with free "
                       f"communication {fmt_ns(p.free_ns)}")
+        if p.range is not None and p.range.sources:
+            from tracekit.analysis.ranges import sources_text
+
+            table.add_row("range", "", f"9 times in 10 the truth; made of {sources_text(p.range.sources)}")
         table.add_row("speed-up", Text(f"{p.speedup:.2f}x", style="bold green" if p.speedup > 1.005 else
                                        "bold red" if p.speedup < 0.995 else "bold"), "replayed as measured / predicted")
         sf = p.scaling(p.iteration_ns)

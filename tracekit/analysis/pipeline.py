@@ -31,6 +31,7 @@ from tracekit.analysis import (
     nccl_problems,
     nccl_topology,
     one_job,
+    ranges,
     top_ops,
     verdict,
     waited,
@@ -205,17 +206,28 @@ class Analysis:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
         if not self.one_job.one:  # unrelated traces: no cross-rank verdict
             return verdict.Answer("none", self.one_job.headline(), source="check")
-        # what the path is made of, from a few iterations spread over the job (the same whatever else was computed;
-        # read off the whole path where it exists already)
-        its = critical_path.sample(critical_path.iteration_spans(self.iterations, self.ranks)["iteration"].to_list())
-        segs = (self.critical_path.filter(pl.col("iteration").is_in(its)) if "critical_path" in self.__dict__
-                else critical_path.paths(self.graph, self.iterations, self.ranks, iteration=its))
-        summ = critical_path.summary(segs, self.iterations, self.ranks)
+        segs, summ = self.verdict_path
         return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
                                 segs, self.link_busy.to_pylist(), verdict.input_time(self.loader_events),
                                 loader.spans(self.loader_events, self.ranks),
                                 waited.most_waited_on(self.instances, collectives.stragglers(self.instances),
-                                                      self.iterations, self.ranks, self.measured_iteration_ns))
+                                                      self.iterations, self.ranks, self.measured_iteration_ns),
+                                uncertainty=self.uncertainty)
+
+    @cached_property
+    def verdict_path(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The measured critical path's segments of a few iterations spread over the job, and its summary: what the
+        verdict and the ranges read (the same whatever else was computed; off the whole path where it exists)."""
+        its = critical_path.sample(critical_path.iteration_spans(self.iterations, self.ranks)["iteration"].to_list())
+        segs = (self.critical_path.filter(pl.col("iteration").is_in(its)) if "critical_path" in self.__dict__
+                else critical_path.paths(self.graph, self.iterations, self.ranks, iteration=its))
+        return segs, critical_path.summary(segs, self.iterations, self.ranks)
+
+    @cached_property
+    def uncertainty(self) -> ranges.Uncertainty:
+        """What is uncertain in this job's trace, behind every prediction's range (:mod:`tracekit.analysis.ranges`)."""
+        return ranges.measure(self.whatif, self.breakdown, self.verdict_path[0],
+                              replay_ns=self.whatif.replayed_iteration_ns)
 
     @property
     def summary_verdict(self) -> verdict.Answer:

@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis import balance, critical_path, loader
+from tracekit.analysis import balance, critical_path, loader, ranges
 from tracekit.analysis.bottleneck import Bottleneck
 from tracekit.analysis.link_classes import sentence as link_sentence
 from tracekit.analysis.waited import WaitedOn
@@ -125,21 +125,40 @@ class Answer:
     source: str = "replay"  # "replay", "attribution" where no replay could run, or "hang" (:func:`from_hang`)
     measured_ns: int | None = None
     waited_on: WaitedOn | None = None  # the rank everyone waited on most (:mod:`tracekit.analysis.waited`)
+    #: per replay of ``replays``: its range (:class:`tracekit.analysis.ranges.Range`); per share of a replay
+    #: (``link``, ``stragglers``) its ``(low, high)``; the scaling factors (``measured``, ``full``) as
+    #: ``(point, low, high)``
+    ranges: dict[str, ranges.Range] = field(default_factory=dict)
+    share_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    scaling: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    #: the other classes the ranges leave open (the deciding comparison straddles a class boundary), and what would
+    #: decide between them
+    alternatives: tuple[str, ...] = ()
+    decide: str | None = None
 
     @property
     def text(self) -> str:
         """The headline, its support and its caveat, as one paragraph."""
         return " ".join([self.headline, *self.support, *([self.caveat] if self.caveat else [])])
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The class, then the others its ranges leave open."""
+        return (self.kind, *self.alternatives)
+
     def as_dict(self) -> dict[str, Any]:
         replayed = self.replays.get("as_measured")
-        return {"kind": self.kind, "headline": self.headline, "measured_iteration_ns": self.measured_ns,
-                "replayed_iteration_ns": replayed,
+        replay_ranges = {k: {"iteration_ns": r.point, "iteration_ns_low": r.low, "iteration_ns_high": r.high,
+                             "sources": {n: list(v) for n, v in r.sources.items()}} for k, r in self.ranges.items()}
+        return {"kind": self.kind, "alternatives": list(self.alternatives), "headline": self.headline,
+                "measured_iteration_ns": self.measured_ns, "replayed_iteration_ns": replayed,
                 "self_check": self_check(self.measured_ns, replayed) if replayed else None,
-                "shares": self.shares, "replays": self.replays,
+                "shares": self.shares, "share_ranges": {k: list(v) for k, v in self.share_ranges.items()},
+                "replays": self.replays, "replay_ranges": replay_ranges,
+                "scaling_factor": {k: {"point": v[0], "low": v[1], "high": v[2]} for k, v in self.scaling.items()},
                 "waited_on": self.waited_on.as_dict() if self.waited_on is not None else None,
                 "stragglers": [s.__dict__ for s in self.stragglers], "support": list(self.support),
-                "caveat": self.caveat, "source": self.source, "text": self.text}
+                "caveat": self.caveat, "decide": self.decide, "source": self.source, "text": self.text}
 
 
 def _ms(ns: float) -> str:
@@ -371,17 +390,104 @@ def _top_on_path(segments: pl.DataFrame | None, labels: tuple[str, ...]) -> str 
     return f"{_short(name)} on rank {rank}'s {lane} ({_pct(dur / total)} of the path)"
 
 
+def kind_of(link: float, strag: float, path: dict[str, float], input_stragglers: bool = False,
+            waiting_input: float = 0.0) -> str:
+    """The class from what free communication (``link``) and removing the stragglers' excess (``strag``) save of each
+    iteration, the measured path's split (``path``: :func:`_path_shares`), whether the stragglers named wait for their
+    data loaders and the share of the path ranks spend waiting for theirs; the rules of the module docstring."""
+    if link >= MIXED and strag >= MIXED and max(link, strag) <= COMPARABLE * min(link, strag):
+        return "mixed"
+    if link >= SIGNIFICANT and link >= strag:
+        return "link-bound"
+    if strag >= SIGNIFICANT:
+        return "input-bound" if input_stragglers else "straggler-bound"
+    if waiting_input >= SIGNIFICANT:
+        return "input-bound"
+    compute, host = path.get("compute", 0.0), path.get("host", 0.0)
+    compute_part = compute / (compute + host) if compute + host > 0 else 0.5
+    if compute_part >= 0.5 + EVEN:
+        return "compute-bound"
+    if compute_part <= 0.5 - EVEN:
+        return "host-bound"
+    return "mixed"
+
+
+#: points per side of the grid over the shares' ranges on which :func:`open_kinds` looks for another class
+GRID = 5
+
+
+def open_kinds(kind: str, link: tuple[float, float], strag: tuple[float, float], path: dict[str, float],
+               input_stragglers: bool = False, waiting_input: float = 0.0) -> tuple[str, ...]:
+    """The classes other than ``kind`` that the shares' ranges (``(low, high)`` each) leave open."""
+    out: list[str] = []
+    for x in np.linspace(link[0], link[1], GRID):
+        for y in np.linspace(strag[0], strag[1], GRID):
+            k = kind_of(max(float(x), 0.0), max(float(y), 0.0), path, input_stragglers, waiting_input)
+            if k != kind and k not in out:
+                out.append(k)
+    return tuple(out)
+
+
+def _decider(kind: str, others: tuple[str, ...], rng: dict[str, ranges.Range]) -> str:
+    """What would decide between the classes the ranges leave open: what narrows the sources that widen the replays
+    the classes turn on (free communication for a link, stragglers removed for stragglers)."""
+    turns = {"link-bound": "free_communication", "straggler-bound": "stragglers_removed",
+             "input-bound": "stragglers_removed"}
+    names = {turns.get(k) for k in (kind, *others)} - {None} or {"free_communication"}
+    weight: dict[str, float] = {}
+    for n in names:
+        for src, (lo, hi) in rng[n].sources.items() if n in rng else ():
+            weight[src] = max(weight.get(src, 0.0), -lo, hi)
+    how: list[str] = []
+    for src in sorted(weight, key=lambda k: -weight[k]):
+        if ranges.NARROWS[src] not in how:
+            how.append(ranges.NARROWS[src])
+    return "; ".join(how[:2]) or "trace more steps"
+
+
+def _ranged(ns: int | None, rng: ranges.Range | None) -> str:
+    """A replay's time with its range: ``129 ms (103–152)``."""
+    if ns is None:
+        return "–"
+    return rng.text() if rng is not None else _ms(ns)
+
+
+#: the scenario behind each of the verdict's replays
+_SCEN = {"free_communication": Scenario(free=True), "as_measured": Scenario(),
+         "stragglers_removed": Scenario(balanced=True), "full_utilisation": Scenario(efficiency="full")}
+
+
+def _capped(r: tuple[float, float, float]) -> tuple[float, float, float]:
+    """A scaling factor's range kept within (0, 1]: communication never makes a job faster."""
+    return (min(r[0], 1.0), min(r[1], 1.0), min(r[2], 1.0))
+
+
 def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataFrame, breakdown: pa.Table,
              iterations: pa.Table, ranks: pa.Table | None, segments: pl.DataFrame | None = None,
              link_rows: list[dict[str, Any]] | None = None, inputs: pl.DataFrame | None = None,
-             loader_spans: pl.DataFrame | None = None, waited_on: WaitedOn | None = None) -> Answer:
+             loader_spans: pl.DataFrame | None = None, waited_on: WaitedOn | None = None,
+             uncertainty: ranges.Uncertainty | None = None) -> Answer:
     """The verdict of a job from its what-if model, its answer to "is the link the bottleneck?" (``bottleneck``:
     :func:`tracekit.analysis.bottleneck.bottleneck`, None when it could not run), its measured critical path
     (``segments`` and their summary), its breakdown, how busy each link class was (``link_rows``: rows of
     :func:`tracekit.analysis.link_classes.busy`, which name the class that binds) and each rank's time in its data
     loader (``inputs``: :func:`input_time`; ``loader_spans``: :func:`tracekit.analysis.loader.spans`); ``waited_on``
-    the rank everyone waited on (:func:`tracekit.analysis.waited.most_waited_on`), which the answer accounts for."""
-    if bottleneck is not None:
+    the rank everyone waited on (:func:`tracekit.analysis.waited.most_waited_on`), which the answer accounts for.
+    With ``uncertainty`` (:func:`tracekit.analysis.ranges.measure`) every replay gets its range, and where the ranges of
+    the deciding shares straddle a class boundary the verdict names both classes and what would decide."""
+    full_known = bottleneck is not None and bottleneck.scaling_full is not None
+    rng: dict[str, ranges.Range] = {}
+    alts: dict[str, dict[str, tuple[int, int]]] = {}
+    per: dict[str, np.ndarray] = {}
+    if uncertainty is not None:
+        names = ["free_communication", "as_measured", "stragglers_removed",
+                 *(["full_utilisation"] if full_known else [])]
+        rr = ranges.replay_all(uncertainty, [_SCEN[n] for n in names])
+        for n, p, a, it in zip(names, rr.points, rr.alternatives, rr.per_iteration, strict=True):
+            rng[n] = ranges.combine(p, ranges.iteration_sources(uncertainty, _SCEN[n], p, a, it))
+            alts[n], per[n] = a, it
+        free, measured, balanced = rr.points[:3]
+    elif bottleneck is not None:
         measured, free = bottleneck.measured_ns, bottleneck.free_ns
         (balanced,) = predict_many(model, [Scenario(balanced=True)])
     else:
@@ -394,11 +500,27 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     strag = max(0.0, 1 - balanced / measured)
     path = _path_shares(path_summary)
     full = None
-    if bottleneck is not None and bottleneck.scaling_full:
-        full = round(bottleneck.free_ns / bottleneck.scaling_full)
+    if "full_utilisation" in rng:
+        full = rng["full_utilisation"].point
+    elif full_known:
+        full = round(bottleneck.free_ns / bottleneck.scaling_full)  # type: ignore[union-attr, operator]
     replays: dict[str, int | None] = {"as_measured": measured, "free_communication": free,
                                       "stragglers_removed": balanced, "full_utilisation": full}
     shares = {"link": link, "stragglers": strag, **path}
+    share_ranges: dict[str, tuple[float, float]] = {}
+    scaling: dict[str, tuple[float, float, float]] = {}
+    if uncertainty is not None:
+        def ratio(num: str, den: str) -> tuple[float, float, float]:
+            return ranges.ratio_range(uncertainty, (_SCEN[num], replays[num], alts[num], per[num]),  # type: ignore
+                                      (_SCEN[den], replays[den], alts[den], per[den]))
+
+        _, lo, hi = ratio("free_communication", "as_measured")
+        share_ranges["link"] = (max(0.0, 1 - hi), max(0.0, 1 - lo))
+        _, lo, hi = ratio("stragglers_removed", "as_measured")
+        share_ranges["stragglers"] = (max(0.0, 1 - hi), max(0.0, 1 - lo))
+        scaling["measured"] = _capped(ratio("free_communication", "as_measured"))
+        if "full_utilisation" in rng:
+            scaling["full"] = _capped(ratio("free_communication", "full_utilisation"))
     waiting_input = loader.on_path(segments, loader_spans)  # ranks waiting for their data loader, on the path
     shares["input"] = waiting_input
     stragglers = _stragglers(model, ranks, inputs) if strag >= NAMED_SAVES else ()
@@ -407,10 +529,10 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
     x_free = measured / free if free else float("inf")
     x_bal = measured / balanced if balanced else float("inf")
     several = model.balance.ranks.size > 1
-    replay_line = (f"Replays, against the job replayed as measured: communication free {_ms(free)} "
-                   f"({x_free:.2f}x faster)" + (
-                       f"; every rank's excess over the median rank's work removed {_ms(balanced)} ({x_bal:.2f}x)."
-                       if several else "."))
+    replay_line = (f"Replays, against the job replayed as measured: communication free "
+                   f"{_ranged(free, rng.get('free_communication'))} ({x_free:.2f}x faster)" + (
+                       f"; every rank's excess over the median rank's work removed "
+                       f"{_ranged(balanced, rng.get('stragglers_removed'))} ({x_bal:.2f}x)." if several else "."))
     support: list[str] = [self_check(now, measured), replay_line]
     if stragglers:
         support.append(_detail(stragglers))
@@ -471,16 +593,33 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
                         f"{rest}.")
     if kind == "input-bound" and stragglers:  # the headline has said what the stragglers' loaders do
         support = [x for x in support if not x.startswith("Stragglers: ")]
+    others: tuple[str, ...] = ()
+    decide = None
+    if share_ranges:
+        others = open_kinds(kind, share_ranges["link"], share_ranges["stragglers"], path,
+                            _input_stragglers(stragglers) if stragglers else False, waiting_input)
+    if others:
+        both = " or ".join([kind, *others])
+        headline = both[0].upper() + both[1:] + headline[headline.index(":"):]
+        decide = _decider(kind, others, rng)
+        lo, hi = share_ranges["link"]
+        s_lo, s_hi = share_ranges["stragglers"]
+        support.insert(0, f"The ranges leave {both} open: communication free saves {_pct(lo)}–{_pct(hi)} of each "
+                          f"iteration and removing the stragglers' excess {_pct(s_lo)}–{_pct(s_hi)} (the line between "
+                          f"classes is {_pct(SIGNIFICANT)}); to decide, {decide}.")
+    at = 2 + bool(others)
     if bottleneck is not None:
-        link_detail = _link_detail(bottleneck, kind)
+        link_detail = _link_detail(bottleneck, kind, scaling)
         if link_detail:
-            support.insert(2, link_detail)
+            support.insert(at, link_detail)
     if kind in ("link-bound", "mixed"):
         by_class = link_sentence(link_rows or [])
         if by_class:  # which link class binds: the busiest, with the transport the NCCL log names
-            support.insert(2, by_class + ".")
+            support.insert(at, by_class + ".")
     if model.contention.measured and model.contention.slowdown > 1.0:
-        support.insert(3, model.contention.sentence())
+        support.insert(at + 1, model.contention.sentence())
+    if uncertainty is not None and uncertainty.notes:
+        support.append("What this trace cannot tell: " + "; ".join(uncertainty.notes) + ".")
     if waited_on is not None and waited_on.rank not in {x.rank for x in stragglers}:
         support.insert(0, waited_on.sentence())  # the rank everyone waited on, which no straggler named accounts for
     caveat = None
@@ -492,11 +631,20 @@ def classify(model: Model, bottleneck: Bottleneck | None, path_summary: pl.DataF
                   "where; docs/dependencies.md lists what tracekit infers).")
         shares["free_path_unexplained"] = u
     return Answer(kind=kind, headline=headline, shares=shares, replays=replays, stragglers=stragglers,
-                  support=tuple(support), caveat=caveat, measured_ns=now or None, waited_on=waited_on)
+                  support=tuple(support), caveat=caveat, measured_ns=now or None, waited_on=waited_on, ranges=rng,
+                  share_ranges=share_ranges, scaling=scaling, alternatives=others, decide=decide)
 
 
-def _link_detail(b: Bottleneck, kind: str) -> str | None:
-    """What a faster link or compression buys, from the bottleneck replays (the sentence after its first)."""
+def _sf(point: float, rng: tuple[float, float, float] | None) -> str:
+    """A scaling factor, with its range where known: ``0.70 (0.57–0.84)``."""
+    return ranges.ratio_text(*rng) if rng is not None else f"{point:.2f}"
+
+
+def _link_detail(b: Bottleneck, kind: str, scaling: dict[str, tuple[float, float, float]] | None = None
+                 ) -> str | None:
+    """What a faster link or compression buys, from the bottleneck replays (the sentence after its first); the
+    scaling factors with their ranges (``scaling``: :attr:`Answer.scaling`) where known."""
+    scaling = scaling or {}
     rate = format_rate(b.line_rate_bps) if b.line_rate_bps else None
     if kind not in ("link-bound", "mixed"):
         return None
@@ -507,9 +655,10 @@ def _link_detail(b: Bottleneck, kind: str) -> str | None:
                     f"rate the job ran on) for an estimate from transfer times, or {RECORD_SHAPES_HINT}.")
         return "Pass --link-bw (the line rate the job ran on) to learn what a faster link or compression would buy."
     on = f"the {rate} link" if rate else "each link's line rate"
+    full, now = _sf(b.scaling_full, scaling.get("full")), _sf(b.scaling_measured, scaling.get("measured"))
     if b.scaling_full >= b.target:
-        return (f"At full utilisation of {on} it would scale at {b.scaling_full:.2f} instead of "
-                f"{b.scaling_measured:.2f}: the link is fast enough, its use is not.")
+        return f"At full utilisation of {on} it would scale at {full} instead of {now}: the link is fast enough, its " \
+               "use is not."
     wants = []
     if b.compression_needed:
         wants.append(f"≥ {b.compression_needed:g}x compression")
@@ -518,8 +667,8 @@ def _link_detail(b: Bottleneck, kind: str) -> str | None:
     elif b.bandwidth_needed_factor:
         wants.append(f"≥ {b.bandwidth_needed_factor:g}x the bandwidth")
     want = " or ".join(wants) or "more than 100x compression or 1000x the bandwidth"
-    s = (f"Even at full utilisation of {on} it would scale at {b.scaling_full:.2f} (now {b.scaling_measured:.2f}); it "
-         f"needs {want} to reach {b.target:g}.")
+    s = f"Even at full utilisation of {on} it would scale at {full}, against {now} now; it needs {want} to reach " \
+        f"{b.target:g}."
     if b.assumption:
         s += " " + b.assumption
     return s

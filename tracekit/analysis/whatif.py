@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -114,6 +114,9 @@ class Model:
     compute_edge: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     compute_base: np.ndarray = field(default_factory=lambda: np.zeros(0))
     compute_act: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: the most host work per byte a measured link is credited with (None: :data:`HOST_NS_PER_BYTE_MAX` of the
+    #: backend); a bound of :mod:`tracekit.analysis.ranges` sets 0 (all beyond the wire scales with the rate) or inf
+    host_share_max: float | None = None
 
     @property
     def receiver(self) -> np.ndarray:
@@ -346,15 +349,42 @@ def _measure_contention(model: Model, own_of_node: np.ndarray, compute: np.ndarr
     model.contention = found
     if not found.measured or found.slowdown <= 1.0:
         return
-    act = g.act
+    model.compute_act, model.compute_edge, model.compute_base = _compute_costs(model, own_of_node, compute,
+                                                                               found.slowdown)
+
+
+def _compute_costs(model: Model, own_of_node: np.ndarray, compute: np.ndarray, slowdown: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The compute activities a replay re-costs under ``slowdown``: their indices, own edges and the durations they
+    would take alone (from their measured overlap with transfers)."""
+    g = model.graph
+    cs, ce = _transfer_spans(model, g.node_time, model.comm.get_column("transfer_ns").to_numpy())
     idx = np.flatnonzero(compute)
-    f = contention.coverage(g.node_time[2 * idx], g.node_time[2 * idx + 1], act.get_column("rank").to_numpy()[idx],
-                            cs, ce, crank)
+    f = contention.coverage(g.node_time[2 * idx], g.node_time[2 * idx + 1], g.act.get_column("rank").to_numpy()[idx],
+                            cs, ce, model.comm.get_column("rank").to_numpy())
     edge = own_of_node[2 * idx + 1]
     ok = edge >= 0
-    model.compute_act = idx[ok]
-    model.compute_edge = edge[ok]
-    model.compute_base = contention.base(g.lag[edge[ok]].astype(np.float64), f[ok], found.slowdown)
+    return idx[ok], edge[ok], contention.base(g.lag[edge[ok]].astype(np.float64), f[ok], slowdown)
+
+
+def recost_compute(model: Model, slowdown: float) -> Model:
+    """``model`` with compute slowed by ``slowdown`` while communication is in flight (a bound of the contention
+    fit, :mod:`tracekit.analysis.ranges`); the graph is shared, not copied."""
+    g = model.graph
+    own_mask = g.etype == _OWN
+    own_of_node = np.full(g.n_nodes, -1, dtype=np.int64)
+    own_of_node[g.dst[own_mask]] = np.flatnonzero(own_mask)
+    act, edge, base = _compute_costs(model, own_of_node, _compute_mask(g), slowdown)
+    found = replace(model.contention, slowdown=slowdown, measured=True)
+    return replace(model, contention=found, compute_act=act, compute_edge=edge, compute_base=base)
+
+
+def with_host_share(model: Model, host_ns_per_byte: float) -> Model:
+    """``model`` with the transfer sizes it estimated from time estimated again, taking ``host_ns_per_byte`` of each
+    byte's time as host work (0: all of it on the wire) — a bound of what estimated sizes rest on."""
+    comm = _sizes_and_speeds(model.comm.drop("bus", "size", "speed"), model.backend, model.latency_ns,
+                             host_ns_per_byte=host_ns_per_byte)
+    return replace(model, comm=comm)
 
 
 def compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
@@ -453,7 +483,8 @@ def _busy_for_bytes(active: float, calls: int, latency_ns: int) -> float:
     return max(active - calls * latency_ns, 0.5 * active, 1.0)
 
 
-def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> pl.DataFrame:
+def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0,
+                      host_ns_per_byte: float | None = None) -> pl.DataFrame:
     """Add ``bus``, ``size`` and ``speed`` to ``comm``.
 
     Per rank and link, the link's bus bandwidth is measured as bus bytes over the union of transfer time of the
@@ -461,7 +492,8 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> 
     (``latency_ns``: a replay costs a transfer ``latency + bytes / speed``, so the same link replays as measured,
     and a latency is not mistaken for a rate that a faster link would shorten). Where no call of a link has a known
     size but its line rate R is known, the link is taken to have run at ``1 / (8 / (0.95 R) + h)`` bytes per ns
-    (payload at :data:`WIRE_EFFICIENCY` of the line rate, plus :data:`HOST_NS_PER_BYTE` of the backend), and a
+    (payload at :data:`WIRE_EFFICIENCY` of the line rate, plus :data:`HOST_NS_PER_BYTE` of the backend, or
+    ``host_ns_per_byte`` where given), and a
     call of unknown size is given the bus bytes that speed moves in its share of the link's busy time. Never is
     an unknown size taken as zero."""
     bus = _bus_bytes(comm, None)
@@ -480,7 +512,7 @@ def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0) -> 
     rate = comm.get_column("line_rate_bps").to_numpy()
     speed = np.full(comm.height, np.nan)
     estimated = np.zeros(comm.height, dtype=bool)
-    host = HOST_NS_PER_BYTE.get(backend, 0.0)
+    host = HOST_NS_PER_BYTE.get(backend, 0.0) if host_ns_per_byte is None else host_ns_per_byte
     for k in np.unique(key):
         grp = key == k
         kn = grp & known & (bus > 0) & counted
@@ -602,7 +634,8 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
         per_byte = 1.0 / np.maximum(speed, 1e-12)
         # what the link lost beyond the wire: host work per byte up to what the backend's hosts plausibly
         # spend, the rest the protocol's inefficiency on the wire, which scales with the line rate
-        host = np.minimum(np.maximum(per_byte - wire, 0.0), HOST_NS_PER_BYTE_MAX.get(model.backend, 0.0))
+        cap = HOST_NS_PER_BYTE_MAX.get(model.backend, 0.0) if model.host_share_max is None else model.host_share_max
+        host = np.minimum(np.maximum(per_byte - wire, 0.0), cap)
         eta = np.minimum(wire / np.maximum(per_byte - host, 1e-12), 1.0)
         starved = eta < MIN_PROTOCOL_EFFICIENCY
         eta = np.where(starved, MIN_PROTOCOL_EFFICIENCY, eta)
@@ -747,6 +780,12 @@ def sweep(model: Model, scenarios: list[Scenario]) -> pl.DataFrame:
     against the job replayed as measured (:attr:`Model.replayed_iteration_ns`: the model's own error cancels), never
     against the measured iteration, from which the replay may differ (:attr:`Model.self_check`)."""
     free, *predicted = predict_many(model, [Scenario(free=True), *scenarios])
+    return sweep_rows(model, scenarios, free, predicted)
+
+
+def sweep_rows(model: Model, scenarios: list[Scenario], free: int, predicted: list[int]) -> pl.DataFrame:
+    """:func:`sweep`'s rows from the replays already made: ``free`` with free communication, ``predicted`` one per
+    scenario."""
     now = model.replayed_iteration_ns
     rows = []
     for sc, t in zip(scenarios, predicted, strict=True):

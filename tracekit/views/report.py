@@ -320,6 +320,7 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
     """The what-if table: one row per scenario, then the job's verdict (or, given a link replays' answer, that)."""
     import polars as pl
 
+    from tracekit.analysis.ranges import ranged_text, ratio_text
     from tracekit.model.units import format_rate
 
     assert isinstance(rows, pl.DataFrame)
@@ -330,6 +331,7 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
                           "iteration time with free communication / predicted iteration time",
                   caption_justify="left")
     named = "links" in rows.columns and rows.get_column("links").is_not_null().any()
+    ranged = "iteration_ns_low" in rows.columns
     for col in ("line rate", *(["links"] if named else []), "compression", "workers", "efficiency", "iteration",
                 "speed-up", "scaling"):
         table.add_column(col, justify="right")
@@ -338,18 +340,44 @@ def render_whatif(console: Console, rows: object, model: object, verdict: object
         first = format_rate(rate) if rate and rate == rate else "as measured"
         if row.get("stragglers_removed"):  # the number behind "straggler-bound"
             first = "stragglers removed"
-        table.add_row(first,
-                      *([row["links"] or "–"] if named else []),
-                      f"{row['compression']:g}x", str(row["workers"]), row["efficiency"], fmt_ns(row["iteration_ns"]),
-                      f"{row['speedup']:.2f}x", f"{row['scaling_factor']:.2f}")
+        if ranged:
+            it = ranged_text(row["iteration_ns"], row["iteration_ns_low"], row["iteration_ns_high"])
+            up = ratio_text(row["speedup"], row["speedup_low"], row["speedup_high"]).replace(" (", "x (", 1)
+            up = up if "(" in up else up + "x"
+            sf = ratio_text(row["scaling_factor"], row["scaling_factor_low"], row["scaling_factor_high"])
+        else:
+            it, up, sf = fmt_ns(row["iteration_ns"]), f"{row['speedup']:.2f}x", f"{row['scaling_factor']:.2f}"
+        table.add_row(first, *([row["links"] or "–"] if named else []),
+                      f"{row['compression']:g}x", str(row["workers"]), row["efficiency"], it, up, sf)
     console.print(table)
     console.print(m.self_check, highlight=False)  # the model's self-check: never a speed-up
+    if ranged and rows.height:
+        console.print(Text("ranges: where the truth should fall 9 times in 10; made of " +
+                           ranges_made_of(rows.get_column("range_sources").to_list()), style="dim"))
     if verdict is not None and hasattr(verdict, "kind"):  # the job's one verdict
         v: Any = verdict
         console.print(Text.assemble(("verdict: ", "bold"), (v.headline, VERDICT_STYLES.get(v.kind, "bold")),
                                     " " + " ".join([*v.support, *([v.caveat] if v.caveat else [])])))
     elif verdict is not None:  # the link replays' answer (under another --latency than the job's)
         console.print(f"[bold]is the network the bottleneck?[/] {verdict.text}")  # type: ignore[attr-defined]
+
+
+def ranges_made_of(per_row: list[list[dict[str, Any]] | None]) -> str:
+    """What the what-if table's ranges are made of, over its rows: each source with its largest deviation."""
+    from tracekit.analysis.ranges import sources_of, sources_text
+
+    most: dict[str, tuple[float, float]] = {}
+    for row in per_row:
+        for k, (lo, hi) in sources_of(row).items():
+            a, b = most.get(k, (0.0, 0.0))
+            most[k] = (min(a, lo), max(b, hi))
+    names = {"variation": "run-to-run variation", "model": "the model's self-check", "sizes": "estimated sizes",
+             "link": "the link's split between wire and hosts", "unexplained": "gaps no dependency explains",
+             "contention": "the contention fit"}
+    text = sources_text(most)
+    for k, v in names.items():
+        text = text.replace(k + " ", v + " ", 1)
+    return (text or "nothing the trace leaves open") + "."
 
 
 def horovod_paragraph(res: object) -> str:
