@@ -49,7 +49,7 @@ import pyarrow as pa
 from tracekit.loading import versioned
 from tracekit.loading.atomic import data_dir, real_dir, remove_dir
 from tracekit.loading.cache import file_crc32, os_error, read_text, seal, unseal, verify_files
-from tracekit.loading.traceset import assign_ranks, discover
+from tracekit.loading.traceset import assign_ranks, discover, unread
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
 from tracekit.model.schema import ParsedFile
@@ -514,7 +514,9 @@ def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list
                 done += os.path.getsize(todo[i].path)
                 if progress:
                     progress(done, total, todo[i].path)
-        manifest = _combine(data, [s for s in summaries if s is not None], notes, step_marker)
+        failed = [TraceError(**s["failed"]) for s in summaries if s is not None and s.get("failed")]
+        manifest = _combine(data, [s for s in summaries if s is not None and not s.get("failed")],
+                            [*notes, *unread(failed, len(units))], step_marker)
         manifest.update(key=key, inputs=ident, step_marker=step_marker, engine=getattr(eng, "name", "?"))
         (data / "manifest.json").write_text(seal(manifest))
         shutil.rmtree(staging, ignore_errors=True)

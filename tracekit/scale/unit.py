@@ -247,6 +247,10 @@ def run_unit(u: Unit) -> dict[str, Any]:
             if not (part / "summary.json").is_file():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
+    except TraceError as exc:  # the file cannot be read: said in the summary (the other units' files are analysed)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return {"version": DATASET_VERSION, "index": u.index, "path": u.path,
+                "failed": {"path": exc.path, "message": exc.message, "offset": exc.offset, "line": exc.line}}
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
