@@ -68,6 +68,7 @@ from tracekit.scale.unit import (  # noqa: F401 (the unit's names, read from her
     RUN_FACTS,
     SCHEMAS,
     SMALL_TABLES,
+    TEMP_PREFIX,
     UNIT_TABLES,
     Unit,
     _add_rank,
@@ -385,10 +386,6 @@ class Dataset:
         if self.temporary:
             home = self.home or self.root
             shutil.rmtree(home.parent if home.parent.name.startswith(TEMP_PREFIX) else home, ignore_errors=True)
-
-
-#: a temporary dataset's directory (``--no-cache``) is ``$TMPDIR/tracekit-dataset-XXXX/dataset``
-TEMP_PREFIX = "tracekit-dataset-"
 
 
 def default_root(cache_dir: str | os.PathLike | None) -> Path:

@@ -33,6 +33,7 @@ from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
 from tracekit.scale.dataset import GRAPHS_MANIFEST
 from tracekit.scale.rank_graph import FILES, GRAPH_BYTES_PER_EVENT, fits, rank_graph, write_rank_graph  # noqa: F401
+from tracekit.scale.unit import where
 
 if TYPE_CHECKING:
     from tracekit.scale.dataset import Dataset
@@ -67,7 +68,7 @@ def run_graph_unit(u: GraphUnit) -> dict[str, Any]:
     d = Path(u.root) / u.part
     p = d / "events.parquet"
     if not p.exists():
-        raise TraceError(str(d), "the dataset's events are not visible here (workers must see --dataset at the same "
+        raise TraceError(where(d), "the dataset's events are not visible here (workers must see --dataset at the same "
                          "path)")
     n = pq.ParquetFile(str(p)).metadata.num_rows
     if not fits(n, u.budget):

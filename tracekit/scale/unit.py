@@ -133,6 +133,15 @@ def _write(table: pa.Table, path: Path, keep_rank: bool = False) -> None:
                    write_page_checksum=True)
 
 
+#: a temporary dataset's directory (``--no-cache``) is ``$TMPDIR/tracekit-dataset-XXXX/dataset``
+TEMP_PREFIX = "tracekit-dataset-"
+
+
+def where(path: Path) -> str | None:
+    """``path`` to name in a message, or None inside a temporary dataset (gone once the command ends)."""
+    return None if any(p.startswith(TEMP_PREFIX) for p in path.parts) else str(path)
+
+
 def run_unit(u: Unit) -> dict[str, Any]:
     """The per-rank unit: parse one file and analyse it, write its part, return its summary.
 
@@ -146,7 +155,7 @@ def run_unit(u: Unit) -> dict[str, Any]:
     staging = Path(u.staging)
     part = staging / f"part-{u.index:06d}"
     if not staging.is_dir():
-        raise TraceError(str(staging), f"the dataset directory is not visible on worker {socket.gethostname()}: "
+        raise TraceError(where(staging), f"the dataset directory is not visible on worker {socket.gethostname()}: "
                          "give --dataset a path on a filesystem every worker shares")
     if not os.path.exists(u.path):
         raise TraceError(u.path, f"no such file on worker {socket.gethostname()} (workers must see the inputs "
