@@ -211,11 +211,6 @@ def sweep(home: Path, max_age: float = STALE_SECONDS) -> None:
                 p.unlink()
 
 
-def remove(home: Path) -> None:
-    """Remove ``HOME`` and everything in it (a temporary dataset)."""
-    shutil.rmtree(home, ignore_errors=True)
-
-
 def is_home(home: Path) -> bool:
     """Whether ``HOME`` is laid out as here (it has a pointer, or a version being written)."""
     try:
