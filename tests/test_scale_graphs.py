@@ -133,9 +133,9 @@ def test_graphs_are_built_later_for_a_dataset_made_without_them(generated: dict[
     with tracekit.load(generated["small"], link_bw="10gbit", dataset=ds_dir) as job:  # as summary makes it
         ds = job.analysis.dataset
         assert ds is not None and graphs.missing(ds)
-        assert not any(ds_dir.glob("rank=*/graph.act.parquet"))
+        assert not any(ds.root.glob("rank=*/graph.act.parquet"))
         job.critical_path_summary  # noqa: B018  (builds them from the dataset's events)
-        assert not graphs.missing(ds) and (ds_dir / graphs.GRAPHS_MANIFEST).exists()
+        assert not graphs.missing(ds) and (ds_dir / "current" / graphs.GRAPHS_MANIFEST).exists()
     with tracekit.load(generated["small"], link_bw="10gbit", dataset=ds_dir) as again:
         assert again.analysis.dataset is not None and again.analysis.dataset.reused
         assert not graphs.missing(again.analysis.dataset)

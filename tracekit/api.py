@@ -350,6 +350,11 @@ class Job:
         return self.analysis.dataset is None
 
     @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks the job had (the world size its traces state, its process groups' members) that no input holds."""
+        return list(self.analysis.missing_ranks)
+
+    @property
     def notes(self) -> list[str]:
         """How the job was read (iteration method, what was left out)."""
         return list(self.analysis.notes)
@@ -724,6 +729,7 @@ def summary_payload(result: Analysis) -> dict[str, Any]:
         "top_ops": top_ops.job_level(result.top_ops, result.breakdown).to_dicts(),
         "idle": {"job": idle.job(idle_table), "ranks": idle.per_rank(idle_table).to_dicts()},
         "idle_breakdown": idle_table.to_pylist(),
+        "missing_ranks": result.missing_ranks,
         "notes": result.notes,
         "diagnostics": [str(d) for d in result.diagnostics],
         **extra,

@@ -42,7 +42,7 @@ from .records import (
 )
 from .tables import _append_begin_end, _finish
 
-PARSER_VERSION = "kineto-3"
+PARSER_VERSION = "kineto-4"
 
 
 def sniff(head: bytes) -> bool:

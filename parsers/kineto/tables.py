@@ -337,8 +337,9 @@ def _finish(acc: _Accumulator, members: dict[str, Any], members_after: set[str],
                                       f"skipped ({end.skipped_bytes} bytes)", offset=end.skipped_offset))
     if not end.complete:
         what = end.reason or "document cut"
-        diags.append(Diagnostic(path, f"truncated ({what}): kept {n_events} complete events, "
-                                f"lost {end.bytes_lost} bytes", offset=end.lost_offset))
+        diags.append(Diagnostic(path, f"truncated ({what}): kept {n_events} complete events; the file ends "
+                                f"{end.bytes_lost} bytes into the next one (what followed is missing)",
+                                offset=end.lost_offset))
     elif not complete:
         diags.append(Diagnostic(path, "no 'Record Window End' marker: the capture may be incomplete"))
     return ParsedFile(path=path, format="kineto", events=events, collectives=collectives,

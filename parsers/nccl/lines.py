@@ -130,6 +130,14 @@ class _Proc:
     net_used: str | None = None  # the network of its ``Using network X`` line
 
 
+_NUMBER = re.compile(r"\d+")
+
+
+def _ranks_fit(text: str) -> bool:
+    """Whether every number of a ring or tree line fits the int32 NCCL keeps ranks and channels in."""
+    return all(len(n) < 10 or int(n) < -I32_MIN for n in _NUMBER.findall(text))
+
+
 def _i(s: str | None) -> int | None:
     return int(s) if s is not None else None
 
@@ -402,15 +410,20 @@ class _Parser:
                 self.conn(no, m, host, pid, orphan=False)
                 return
         if body.startswith(("Channel ", "Ring ")):
-            m = RING.match(body)
-            if m:
+            m = RING.match(body) or RING_LINK.match(body)
+            if m and not _ranks_fit(m.group()):  # a rank past int32: the line is damaged, and counted so
+                self.damaged(no, level, "Ring", body)
+                return
+            if m and m.re is RING:
                 self.ring(no, m, host, pid, cut)
                 return
-            m = RING_LINK.match(body)
             if m:
                 self.link(no, "ring_link", int(m["ch"]), f"{m['prev']}->{m['rank']}->{m['next']}", host, pid)
                 return
         if body.startswith("Tree"):
+            if not _ranks_fit(body):
+                self.damaged(no, level, "Tree", body)
+                return
             if body.startswith("Trees"):
                 self.trees(no, level, body, host, pid, cut)
                 return

@@ -47,7 +47,7 @@ from .tables import (
 )
 from .tuning import _apply_tuning, _attach_tuning
 
-PARSER_VERSION = "4"
+PARSER_VERSION = "5"
 FORMAT = "nccl-log"
 
 #: Decompressed bytes per block: big enough to amortise the per-block kernels, small enough to keep
@@ -69,8 +69,12 @@ def sniff(head: bytes) -> bool:
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if not text or text[:1] == b"{" or re.match(rb"\[\s*[{\]\"]", text):
         return False
-    if b"\x00" in text[:4096]:
-        return False
+    if b"\x00" in text[:4096]:  # damaged lines (NUL bytes) are read past; a file mostly of them is binary
+        lines = text[:4096].split(b"\n")
+        damaged = sum(b"\x00" in line for line in lines)
+        if damaged * 2 > len(lines):
+            return False
+        head = b"\n".join(line for line in head.split(b"\n") if b"\x00" not in line)
     return _SNIFF.search(head) is not None
 
 

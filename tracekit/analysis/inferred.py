@@ -70,9 +70,11 @@ def handoff_edges(add, act: pl.DataFrame, events: pa.Table) -> None:
     e = e.filter(pl.col("p").is_not_null() & (pl.col("kq").is_null() | (pl.col("kq") == pl.col("kp") + 1)))
     if e.height == 0:
         return
+    # in a fixed order (a hash group-by's is not): the edges' order breaks ties between binding edges, and a rank's
+    # stored graph must be the same bytes however often it is built (a Dask task run again after a lost worker)
     passes = e.group_by(["rank", "lane", "p"]).agg(
         pl.col("a").sort_by("start").first().alias("first"), pl.col("a").sort_by("end").last().alias("last"),
-        pl.col("q").first())
+        pl.col("q").first()).sort(["rank", "p", "first"])
     add(2 * passes.get_column("p").to_numpy() + 1, 2 * passes.get_column("first").to_numpy(), 0, "handoff")
     back = passes.filter(pl.col("q").is_not_null())
     add(2 * back.get_column("last").to_numpy() + 1, 2 * back.get_column("q").to_numpy(), 0, "handoff")

@@ -27,6 +27,7 @@ from tracekit.analysis import (
     link_classes,
     links,
     loader,
+    missing,
     nccl_join,
     nccl_problems,
     nccl_topology,
@@ -92,6 +93,8 @@ class Analysis:
     diagnostics: list[Diagnostic] = field(default_factory=list)  # the inputs' and the analysis' warnings
     horovod: horovod.Result | None = None  # Horovod timelines' tables (tracekit/analysis/horovod.py), None without one
     dataset: Dataset | None = None  # set when analysed rank by rank: the events stay on disk (``events`` is empty)
+    #: ranks the job had (stated world size, process groups' members) that no input holds (:mod:`.missing`)
+    missing_ranks: list[int] = field(default_factory=list)
     memory_budget: str | int | None = None  # rank by rank: the memory one rank's events may take (--memory-budget)
     #: rank by rank: where the job's dependency graph comes from — the ranks' compact graphs, combined on first use
     #: (:class:`tracekit.scale.graphs.RankGraphs`); None where there is none
@@ -509,6 +512,9 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     breakdown = links.window_links(breakdown, colls, rate)
     instances = links.instance_links(matching.instances, rate)
     ranks = collectives.apply_clocks(traces.ranks, matching.clocks)
+    gone = missing.missing_ranks(traces.ranks, groups)
+    gone_note = [n for n in [missing.note(gone, traces.ranks, groups, instances)] if n is not None]
+    gone_note += missing.truncated(traces.ranks, iters)
     notes = []
     sizes_note = collectives.transfer_sizes(colls)["note"]
     if sizes_note:
@@ -530,9 +536,9 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
                       collectives=colls, instances=instances, members=matching.members, line_rate_bps=rate,
                       line_rate_source=rate_source, line_rates=dict(line_rates or {}), matched=matching.matched,
                       notes=notes,
-                      diagnostics=[*traces.diagnostics, *join_notes, *matching.diagnostics,
+                      diagnostics=[*traces.diagnostics, *gone_note, *join_notes, *matching.diagnostics,
                                    *(hvd.diagnostics if hvd is not None else [])],
-                      horovod=hvd_result)
+                      horovod=hvd_result, missing_ranks=gone)
     if attr_events is events:  # the top ops, idle split and timeline use these same intervals
         result.__dict__["activity"] = act
     return result

@@ -179,12 +179,18 @@ def exposed_sentence(breakdown: pa.Table) -> str | None:
     if exposed <= 0:
         return "No communication is exposed: compute hides all of it."
     s = f"Exposed communication is {_pct(exposed / wall)} of the iteration time"
+    known = pc.is_valid(breakdown.column("wait_ns"))
+    split = pc.sum(pc.filter(breakdown.column("exposed_comm_ns"), known)).as_py() or 0
+    wait = pc.sum(breakdown.column("wait_ns")).as_py() or 0
     if breakdown.column("wait_ns").null_count == 0:
-        wait = pc.sum(breakdown.column("wait_ns")).as_py() or 0
         s += (f": {_pct(wait / exposed)} of it waiting for other ranks to arrive, {_pct(1 - wait / exposed)} "
               "moving data.")
+    elif split > 0:  # the same story as the links paragraph (tracekit.views.verdict): the split where it is known
+        s += (f": where its collectives were matched on all their ranks ({_pct(split / exposed)} of it), "
+              f"{_pct(wait / split)} is waiting for other ranks to arrive, the rest moving data; elsewhere waiting "
+              "and transfer cannot be told apart.")
     else:
-        s += " (waiting and transfer cannot be told apart: the collectives were not matched across ranks)."
+        s += " (waiting and transfer cannot be told apart: no collective was matched on all of its ranks)."
     return s
 
 

@@ -248,6 +248,7 @@ def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.Pa
     jobs = jobs or (os.cpu_count() or 1)
     parsed: list[ParsedFile | None] = [None] * len(files)
     cache_notes: list[Diagnostic] = []
+    failed: list[TraceError] = []  # inputs that cannot be read: the others are analysed without them
     done = 0
     if cache_root is not None:  # cache hits reopen here: no worker process is started for them
         for i, f in enumerate(files):
@@ -274,6 +275,9 @@ def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.Pa
                         entry, reason = fut.result()
                     except OSError as exc:  # not even the scratch directory could take it: parse it here
                         entry, reason = None, cache.os_error(exc)[1]
+                    except TraceError as exc:
+                        failed.append(exc)
+                        continue
                     if reason and cache_root is not None and not cache_notes:
                         cache_notes.append(_cache_note(cache_root, OSError(reason)))
                     parsed[i] = cache.load(Path(entry)) if entry else None
@@ -290,14 +294,28 @@ def load(paths: Iterable[str], *, use_cache: bool = True, cache_dir: str | os.Pa
         split = jobs if len(todo) == 1 else 1
         for i in todo:
             f = files[i]
-            parsed[i] = _parse_cached(f, cache_root, cache_notes, split)
+            try:
+                parsed[i] = _parse_cached(f, cache_root, cache_notes, split)
+            except TraceError as exc:
+                failed.append(exc)
+                continue
             done += sizes[i]
             if progress:
                 progress(done, total, f)
-    traces = assemble([p for p in parsed if p is not None], notes + cache_notes, rank_regex=rank_regex)
+    traces = assemble([p for p in parsed if p is not None], notes + cache_notes + unread(failed, len(files)),
+                      rank_regex=rank_regex)
     if todo:  # what the parse and the joining of the files' tables freed goes back (kept in glibc's heap for the
         release_memory()  # analysis to reuse: 100-200 MB more at an 8 x 300 MB job's peak, and no faster)
     return traces
+
+
+def unread(failed: list[TraceError], inputs: int) -> list[Diagnostic]:
+    """The warnings for inputs that could not be read among ``inputs`` (one damaged file never takes the others
+    down); when none could be read, the first one's error is raised."""
+    if failed and len(failed) >= inputs:
+        raise failed[0]
+    return [Diagnostic(e.path or "", f"left out, the other inputs analysed without it: {e.message}",
+                       offset=e.offset, line=e.line) for e in failed]
 
 
 def assign_ranks(claims: list[tuple[str, int | None]], rank_regex: str | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import attribution, collectives, links, nccl_join, pipeline
+from tracekit.analysis import attribution, collectives, links, missing, nccl_join, pipeline
 from tracekit.analysis.pipeline import Analysis, _ranks_text
 from tracekit.loading.traceset import TraceSet
 from tracekit.model import schema
@@ -43,6 +43,9 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
         (ds.table("breakdown"), [])
     breakdown = links.window_links(breakdown, colls, rate)
     instances = links.instance_links(matching.instances, rate)
+    gone = missing.missing_ranks(ranks, groups)
+    gone_note = [n for n in [missing.note(gone, ranks, groups, instances)] if n is not None]
+    gone_note += missing.truncated(ranks, ds.table("iterations"))
     ranks = collectives.apply_clocks(ranks, matching.clocks)
     logs = ds.log_files()  # the NCCL logs' communicators, network and problems
     extra: dict[str, list[pa.Table]] = {}
@@ -56,7 +59,8 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
                     ranks=ranks, collectives=colls, instances=instances, members=matching.members,
                     line_rate_bps=rate, line_rate_source=rate_source, matched=matching.matched,
                     line_rates=dict(line_rates or {}), notes=[*ds.notes, DATASET_NOTE, *unsplit],
-                    diagnostics=[*ds.diagnostics, *join_notes, *matching.diagnostics], dataset=ds,
+                    diagnostics=[*ds.diagnostics, *gone_note, *join_notes, *matching.diagnostics], dataset=ds,
+                    missing_ranks=gone,
                     memory_budget=memory_budget,
                     rank_graphs=rank_graphs if rank_graphs is not None else RankGraphs(ds, budget=memory_budget))
 

@@ -2,58 +2,58 @@
 cluster, :mod:`tracekit.scale.engine`), into per-rank Parquet files plus a small JSON summary, then combined
 lazily with polars.
 
-The unit of work is :func:`run_unit`: one file → its events (iteration filled), collectives, iterations
-and breakdown — attribution is per rank, so it is computed where the rank is parsed — written under a
-staging directory, and a summary (rank claim, meta, diagnostics, file checksums). A file larger than the
-memory budget is parsed and analysed in bounded memory (:mod:`tracekit.scale.bounded`). The combine step,
-:func:`build`, only reads the summaries: it assigns ranks exactly like :func:`tracekit.loading.traceset.assemble`,
-renames each part to ``rank=R`` and writes the ``ranks`` table. Analyses then read the small tables
-(breakdown, iterations, collectives) and :meth:`Dataset.scan` the events lazily — no step ever holds every
-rank's events. Cross-rank analyses need only the collectives of all ranks.
+The unit of work is :func:`tracekit.scale.unit.run_unit`: one file → its events (iteration filled), collectives,
+iterations and breakdown — attribution is per rank, so it is computed where the rank is parsed — written under a
+staging directory, and a summary (rank claim, meta, diagnostics, file checksums). The combine step, :func:`build`,
+only reads the summaries: it assigns ranks exactly like :func:`tracekit.loading.traceset.assemble`, renames each part
+to ``rank=R`` and writes the ``ranks`` table. Analyses then read the small tables (breakdown, iterations,
+collectives) and :meth:`Dataset.scan` the events lazily — no step ever holds every rank's events. Cross-rank analyses
+need only the collectives of all ranks.
 
-Layout (a Hive-partitioned Parquet dataset; polars, pyarrow.dataset and DuckDB read it as is)::
+Layout: one directory, all of it inside (``rm -rf DATASET`` removes it), each build a version published atomically
+(:mod:`tracekit.loading.versioned`); a version is a Hive-partitioned Parquet dataset that polars, pyarrow.dataset
+and DuckDB read as is (``DATASET/current/rank=*/events.parquet``)::
 
     DATASET/
-      manifest.json             version, key of the inputs, ranks, files with sizes and CRC-32 (sealed)
-      ranks.parquet             one row per rank (schema.RANKS)
-      rank=R/events.parquet     that rank's events, iteration filled (schema.EVENTS without rank)
-      rank=R/collectives.parquet, iterations.parquet, breakdown.parquet   (likewise without rank)
-      rank=R/summary.json       the unit's summary: source file, meta, diagnostics, timings
-      shared/part-N/...         files of formats that hold several ranks (tables keep their rank column)
+      current -> .version-XXXX  the published version
+      .version-XXXX/
+        manifest.json           version, key of the inputs, ranks, files with sizes and CRC-32 (sealed)
+        ranks.parquet           one row per rank (schema.RANKS)
+        rank=R/events.parquet   that rank's events, iteration filled (schema.EVENTS without rank)
+        rank=R/collectives.parquet, iterations.parquet, breakdown.parquet   (likewise without rank)
+        rank=R/summary.json     the unit's summary: source file, meta, diagnostics
+        shared/part-N/...       files of formats that hold several ranks (tables keep their rank column)
 
-A dataset is written into a hidden directory beside its name and published atomically
-(:mod:`tracekit.loading.atomic`); it is reused as long as its inputs (path, size, mtime), the parser versions, the
-step marker and the layout version are unchanged and its files verify.
+It is reused as long as its inputs (path, size, mtime), the parser versions, the step marker and the layout version
+are unchanged and its files verify; where some do not, the units of the damaged parts run again (the others' files
+are carried over as they are) and the result is published as a new version.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import shutil
-import socket
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import attribution, idle, iterations, top_ops
-from tracekit.loading.atomic import apply_modes, data_dir, new_data_dir, publish_dir, real_dir, remove_dir, sweep_stale
+from tracekit.loading import versioned
+from tracekit.loading.atomic import data_dir, real_dir, remove_dir
 from tracekit.loading.cache import file_crc32, os_error, read_text, seal, unseal, verify_files
-from tracekit.loading.traceset import PER_RANK_FORMATS, RankFacts, assign_ranks, discover
+from tracekit.loading.traceset import assign_ranks, discover, unread
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
 from tracekit.model.schema import ParsedFile
 from tracekit.model.units import DEFAULT_BUDGET, memory_budget, parse_size  # noqa: F401 (re-exported)
-from tracekit.scale import bounded
 from tracekit.scale.memory import (  # noqa: F401 (read from here by the API, the TUI and the tests)
     IN_MEMORY_BASE,
     IN_MEMORY_FACTOR,
@@ -62,262 +62,24 @@ from tracekit.scale.memory import (  # noqa: F401 (read from here by the API, th
     json_bytes,
     peak_rss_mb,
 )
+from tracekit.scale.unit import (  # noqa: F401 (the unit's names, read from here too)
+    ACTIVITY,
+    DATASET_VERSION,
+    RUN_FACTS,
+    SCHEMAS,
+    SMALL_TABLES,
+    TEMP_PREFIX,
+    UNIT_TABLES,
+    Unit,
+    _add_rank,
+    _write,
+    run_unit,
+)
 
-if TYPE_CHECKING:  # imported where used: Parquet and the file systems it loads are ~10 ms of every command's
-    import pyarrow.parquet as pq  # start, and only the rank-by-rank path needs them
-
-DATASET_VERSION = "2"
-#: the per-rank tables of a part (besides events), in write order
-SMALL_TABLES = ("collectives", "iterations", "breakdown", "topology")
-#: attribution's intervals of a rank (:func:`tracekit.analysis.attribution.activity`; a communication interval's
-#: collective): what splitting its exposed communication into waiting and transfer reads, once the collectives are
-#: matched across ranks, instead of every event again
-ACTIVITY = pa.schema([("rank", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("cls", pa.int64()),
-                      ("collective_id", pa.int64())])
-SCHEMAS = {"events": schema.EVENTS, "collectives": schema.COLLECTIVES, "iterations": schema.ITERATIONS,
-           "breakdown": schema.BREAKDOWN, "topology": schema.TOPOLOGY, "activity": ACTIVITY,
-           "top_ops": schema.TOP_OPS, "op_totals": top_ops.TOTALS_SCHEMA, "idle_breakdown": schema.IDLE_BREAKDOWN}
-#: per-rank tables a unit computes where it holds the rank's events (not for a rank read in bounded memory), so that
-#: no later step reads every event again; a rank without them gets them computed from its events
-UNIT_TABLES = ("activity", "top_ops", "op_totals", "idle_breakdown")
 Progress = Callable[[int, int, str], None]
 
-
-# how much memory a job needs and the machine has: tracekit.scale.memory (its names are read from here too)
-
-
-# --- the unit --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One file's work: parse ``path``, analyse it, write the part ``staging/part-{index}``."""
-
-    index: int
-    path: str
-    staging: str
-    step_marker: str | None = None
-    memory_budget: int = DEFAULT_BUDGET
-    #: also build the rank's compact dependency graph (:mod:`tracekit.scale.rank_graph`: critical path, what-if)
-    graph: bool = False
-
-
-class _ParquetSink:
-    """Streams batches into one Parquet file (zstd, page checksums), dropping the rank column; small
-    batches are gathered into row groups of about :data:`ROW_GROUP` rows (bounded buffering)."""
-
-    ROW_GROUP = 1 << 17
-
-    def __init__(self, path: Path, sch: pa.Schema) -> None:
-        self.path = path
-        self.schema = _without_rank(sch)
-        self.writer: pq.ParquetWriter | None = None
-        self.pending: list[pa.Table] = []
-        self.rows = 0
-
-    def write(self, data: pa.Table | pa.RecordBatch) -> None:
-        t = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-        self.pending.append(_drop_rank(t).cast(self.schema))
-        self.rows += t.num_rows
-        if self.rows >= self.ROW_GROUP:
-            self._flush()
-
-    def _flush(self) -> None:
-        import pyarrow.parquet as pq
-        if self.writer is None:
-            self.writer = pq.ParquetWriter(str(self.path), self.schema, compression="zstd",
-                                           write_page_checksum=True)
-        t = pa.concat_tables(self.pending) if self.pending else self.schema.empty_table()
-        self.writer.write_table(t, row_group_size=1 << 20)
-        self.pending, self.rows = [], 0
-
-    def close(self) -> None:
-        if self.pending or self.writer is None:
-            self._flush()
-        assert self.writer is not None
-        self.writer.close()
-
-
-def _without_rank(sch: pa.Schema) -> pa.Schema:
-    i = sch.get_field_index("rank")
-    return sch.remove(i) if i >= 0 else sch
-
-
-def _drop_rank(t: pa.Table) -> pa.Table:
-    return t.drop_columns(["rank"]) if "rank" in t.column_names else t
-
-
-def _add_rank(t: pa.Table, rank: int) -> pa.Table:
-    """A per-rank part's table (stored without its rank: the partition key says it) with ``rank`` added."""
-    return t.append_column(schema.EVENTS.field("rank"), pa.array(np.full(t.num_rows, rank, np.int32)))
-
-
-def _with_rank(t: pa.Table, rank: int) -> pa.Table:
-    i = t.schema.get_field_index("rank")
-    return t.set_column(i, t.schema.field(i), pa.array(np.full(t.num_rows, rank, dtype=np.int32)))
-
-
-def _write(table: pa.Table, path: Path, keep_rank: bool = False) -> None:
-    import pyarrow.parquet as pq
-    pq.write_table(table if keep_rank else _drop_rank(table), str(path), compression="zstd",
-                   write_page_checksum=True)
-
-
-def run_unit(u: Unit) -> dict[str, Any]:
-    """The per-rank unit: parse one file and analyse it, write its part, return its summary.
-
-    Pure in the sense that matters for distribution: its only effects are the files under
-    ``staging/part-{index}`` (written to a temporary directory and renamed), and the same input gives
-    the same part wherever it runs.
-    """
-    from tracekit.parsers import detect, kineto, parse
-
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    staging = Path(u.staging)
-    part = staging / f"part-{u.index:06d}"
-    if not staging.is_dir():
-        raise TraceError(str(staging), f"the dataset directory is not visible on worker {socket.gethostname()}: "
-                         "give --dataset a path on a filesystem every worker shares")
-    if not os.path.exists(u.path):
-        raise TraceError(u.path, f"no such file on worker {socket.gethostname()} (workers must see the inputs "
-                         "at the same paths)")
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=staging))
-    try:
-        fmt = detect(u.path) if os.path.getsize(u.path) else None
-        spilled = fmt is not None and fmt.name == "kineto" and 1.5 * json_bytes(u.path) > u.memory_budget
-        before = os.stat(u.path)
-        if spilled:
-            (tmp / "spill").mkdir()
-            parsed = kineto.parse(u.path, spill_dir=str(tmp / "spill"))
-        else:
-            parsed = parse(u.path)
-        after = os.stat(u.path)
-        if (before.st_size, before.st_mtime_ns, before.st_ino) != (after.st_size, after.st_mtime_ns, after.st_ino):
-            # the dataset's key holds the file's stat from before: the next run sees the change and rebuilds
-            parsed.diagnostics.append(Diagnostic(u.path, "the file changed while it was read: what was read may mix "
-                                                 "its versions; read it again once it is written"))
-        per_rank = parsed.format in PER_RANK_FORMATS
-        facts = RankFacts()
-        extent = _Extent()
-        unit_tables: dict[str, pa.Table] = {}
-        graph_files: dict[str, Any] = {}
-        graph_skipped = False
-        has_steps = True
-        if per_rank:
-            # attribution is per rank: analyse with a stand-in rank (0); the real one is the partition key
-            colls = _with_rank(parsed.collectives, 0)
-            sink = _ParquetSink(tmp / "events.parquet", schema.EVENTS)
-            if parsed.events_file:
-                def take(b: pa.RecordBatch) -> None:
-                    facts.add(b)
-                    extent.add(b)
-                    sink.write(b)
-
-                iters, bd = bounded.analyse(parsed.events_file, 0, colls, u.step_marker, take, require_steps=False)
-            else:
-                ev, iters = iterations.assign(_with_rank(parsed.events, 0), u.step_marker, require_steps=False)
-                act = attribution.activity(ev)
-                bd = attribution.breakdown(ev, iters, colls, act=act)
-                facts.add(ev)
-                extent.add(ev)
-                sink.write(ev)
-                unit_tables = _unit_tables(ev, iters, bd, act)
-            sink.close()
-            if u.graph:
-                from tracekit.scale import rank_graph as graphs
-
-                if not graphs.fits(facts.events, u.memory_budget):
-                    graph_skipped = True
-                elif parsed.events_file:  # read back what was written batch by batch: it fits the budget
-                    graph_files = graphs.write_rank_graph(_read_events(tmp / "events.parquet"), tmp)
-                else:
-                    graph_files = graphs.write_rank_graph(ev, tmp)
-            has_steps = iters.num_rows > 0 and "whole-trace" not in iters.column("method").to_pylist()
-            tables = {"collectives": colls, "iterations": iters, "breakdown": bd, "topology": parsed.topology,
-                      **unit_tables}
-        else:  # a format that holds several ranks: its tables carry their ranks
-            ev, iters = iterations.assign(parsed.events, u.step_marker, require_steps=False)
-            bd = attribution.breakdown(ev, iters, parsed.collectives)
-            _write(ev, tmp / "events.parquet", keep_rank=True)
-            facts.add(ev)
-            tables = {"collectives": parsed.collectives, "iterations": iters, "breakdown": bd,
-                      "topology": parsed.topology}
-        for name, t in tables.items():
-            _write(t, tmp / f"{name}.parquet", keep_rank=not per_rank)
-        for name, t in parsed.tables.items():
-            _write(t, tmp / f"extra.{name}.parquet", keep_rank=True)
-        shutil.rmtree(tmp / "spill", ignore_errors=True)
-        files = {p.name: {"size": p.stat().st_size, "crc32": file_crc32(p)} for p in sorted(tmp.iterdir())}
-        st = os.stat(u.path)
-        summary = {
-            "version": DATASET_VERSION, "index": u.index, "path": u.path, "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns, "format": parsed.format, "parser_version": fmt.version if fmt else None,
-            "per_rank": per_rank, "claimed_rank": parsed.meta.get("rank"), "meta": parsed.meta,
-            "diagnostics": [d.__dict__ for d in parsed.diagnostics], "bytes_lost": parsed.bytes_lost,
-            "complete": parsed.complete, "events": facts.events, "has_steps": has_steps,
-            "collectives": parsed.collectives.num_rows,
-            "methods": sorted(set(iters.column("method").to_pylist())) if iters.num_rows else [],
-            "rank_row": facts.row(parsed, 0, "") if per_rank else None,
-            "ranks_seen": sorted({int(r) for r in ev.column("rank").to_pylist() if r is not None})
-            if not per_rank else [],
-            "spilled": spilled, "files": files, "host": socket.gethostname(), "pid": os.getpid(),
-            "graph": bool(graph_files), "graph_skipped": graph_skipped, **extent.summary(),
-            "activity_rows": unit_tables["activity"].num_rows if "activity" in unit_tables else None,
-            "wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0,
-            "peak_rss_mb": peak_rss_mb(),
-        }
-        (tmp / "summary.json").write_text(json.dumps(summary, default=str))
-        if part.exists():
-            shutil.rmtree(part)
-        os.replace(tmp, part)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return summary
-
-
-def _unit_tables(ev: pa.Table, iters: pa.Table, bd: pa.Table, act: pl.DataFrame) -> dict[str, pa.Table]:
-    """The :data:`UNIT_TABLES` of one rank held in memory (its attribution intervals computed once for all)."""
-    coll = pl.from_arrow(ev.select(["collective_id"]))
-    assert isinstance(coll, pl.DataFrame)
-    activity = act.select("rank", "start_ns", "end_ns", "cls", coll.get_column("collective_id").gather(
-        act.get_column("row")).alias("collective_id"))
-    return {"activity": schema.conform(activity.to_arrow(), ACTIVITY), "top_ops": top_ops.table(ev, iters, act),
-            "op_totals": top_ops.totals(ev, iters, act), "idle_breakdown": idle.breakdown(ev, iters, bd, act)}
-
-
-class _Extent:
-    """A rank's lanes (events per lane, annotations left out) and the span of its events (own clock), gathered batch
-    by batch: what a timeline needs to lay the rank out before reading it."""
-
-    def __init__(self) -> None:
-        self.lanes: dict[str, int] = {}
-        self.first: int | None = None
-        self.last: int | None = None
-
-    def add(self, ev: pa.Table | pa.RecordBatch) -> None:
-        if not ev.num_rows:
-            return
-        import pyarrow.compute as pc
-
-        drawn = ~schema.dict_match(ev.column("kind"), "^annotation$") & pc.is_valid(ev.column("kind")).to_numpy(
-            zero_copy_only=False)  # a lane of annotations only is drawn by no timeline
-        counts = pc.value_counts(ev.column("lane").filter(pa.array(drawn)))
-        for v, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True):
-            if v is not None:
-                self.lanes[str(v)] = self.lanes.get(str(v), 0) + int(n)
-        keep = pa.array(drawn)
-        start = ev.column("start_ns").filter(keep)
-        lo = pc.min(start).as_py()
-        hi = pc.max(pc.add(start, pc.fill_null(ev.column("dur_ns").filter(keep), 0))).as_py()
-        if lo is not None:
-            self.first = lo if self.first is None else min(self.first, lo)
-        if hi is not None:
-            self.last = hi if self.last is None else max(self.last, hi)
-
-    def summary(self) -> dict[str, Any]:
-        return {"lanes": sorted(self.lanes.items()), "t_first": self.first, "t_last": self.last}
-
+# pyarrow.parquet is imported where used: it and the file systems it loads are ~10 ms of every command's start, and
+# only the rank-by-rank path needs them
 
 #: the per-rank tables also written for the whole job at once (``job/NAME.parquet``, every rank's rows with their
 #: rank, in the parts' order): reopening a dataset of a thousand ranks then reads one file per table, not a thousand
@@ -360,13 +122,6 @@ def _read_ranked(root: Path, files: list[str], sch: pa.Schema) -> pa.Table | Non
         return None
 
 
-def _read_events(path: Path) -> pa.Table:
-    """A part's events.parquet as an EVENTS table (rank 0: the stand-in the unit analyses with)."""
-    import pyarrow.parquet as pq
-
-    return schema.conform(_add_rank(pq.read_table(str(path)), 0), schema.EVENTS)
-
-
 # --- the dataset -----------------------------------------------------------------------------------
 
 
@@ -384,6 +139,8 @@ def inputs_key(files: list[str], step_marker: str | None, rank_regex: str | None
     return hashlib.sha256(text.encode()).hexdigest()[:32], ident
 
 
+#: where a dataset made without graphs records the ones added later (:mod:`tracekit.scale.graphs`)
+GRAPHS_MANIFEST = "graphs.json"
 #: a dataset's small files are checked this many at a time, on this many threads
 VERIFY_CHUNK = 256
 VERIFY_THREADS = 8
@@ -391,7 +148,8 @@ VERIFY_THREADS = 8
 
 @dataclass
 class Dataset:
-    """A per-rank dataset on disk: small tables read whole, events scanned lazily."""
+    """A per-rank dataset on disk: small tables read whole, events scanned lazily. ``root`` is the version read (the
+    files are under it), ``home`` the dataset's directory."""
 
     root: Path
     manifest: dict[str, Any]
@@ -400,13 +158,24 @@ class Dataset:
     _cache: dict[str, pa.Table] = field(default_factory=dict)
     #: warnings about how the dataset was made (e.g. not kept in the cache), beside its inputs'
     extra_diagnostics: list[Diagnostic] = field(default_factory=list)
+    home: Path | None = None
+    #: the version held while it is read
+    held: versioned.Reading | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def open(cls, root: str | os.PathLike, *, follow: bool = True) -> Dataset | None:
-        """The dataset at ``root``, or None if there is none (or its manifest is damaged). Without
-        ``follow`` (a dataset in the cache), a link at ``root`` that is not one of ours is not followed."""
-        root = Path(root)
-        if not follow and data_dir(root) is None:
+    def open(cls, home: str | os.PathLike, *, follow: bool = True) -> Dataset | None:
+        """The dataset in the directory ``home``, or None if there is none (or its manifest is damaged); the version
+        read is held (:class:`tracekit.loading.versioned.Reading`) so that a newer one published meanwhile leaves it
+        in place. Without ``follow`` (a dataset in the cache), a link at ``home`` is not followed. Datasets of
+        earlier layouts (``home`` a link to a hidden ``.data-…`` sibling, or the files in ``home`` itself) open too."""
+        home = Path(home)
+        held = versioned.Reading.of(home, follow=follow)
+        root: Path | None
+        if held is not None:
+            root, reading = held
+        else:
+            root, reading = (home if follow else data_dir(home)), None
+        if root is None:
             return None
         try:
             manifest = unseal(read_text(root / "manifest.json"))
@@ -414,27 +183,48 @@ class Dataset:
             return None
         if manifest is None or manifest.get("version") != DATASET_VERSION:
             return None
-        return cls(root, manifest)
+        return cls(root, manifest, home=home, held=reading)
 
-    def verify(self) -> bool:
-        """Every file is there with its size and CRC-32 (events: size only — reading gigabytes on every
-        reuse would defeat the reuse; they are written with Parquet page checksums, which a reader can
-        verify with ``page_checksum_verification=True``, and their CRC-32 is in the manifest)."""
-        files = self.manifest.get("files", {})
-        small = {k: v for k, v in files.items() if not k.endswith("events.parquet")}
-        big = {k: {**v} for k, v in files.items() if k.endswith("events.parquet")}
-        if not verify_files(self.root, big, mode="size"):
-            return False
-        if len(small) < VERIFY_CHUNK:
-            return verify_files(self.root, small)
+    def recorded_files(self) -> dict[str, Any]:
+        """Size and CRC-32 of every file: the manifest's, and those of the graphs built later (:data:`GRAPHS_MANIFEST`,
+        which wins for a graph built again)."""
+        files = dict(self.manifest.get("files", {}))
+        try:
+            extra = unseal(read_text(self.root / GRAPHS_MANIFEST))
+        except OSError:
+            extra = None
+        if extra is not None and extra.get("key") == self.manifest.get("key"):
+            files.update(extra.get("files", {}))
+        return files
+
+    def damaged(self) -> list[str]:
+        """The files that are not there with their size and CRC-32 (none: the dataset is whole). Events: size only
+        — reading gigabytes on every reuse would defeat the reuse; they are written with Parquet page checksums,
+        which a reader can verify with ``page_checksum_verification=True``, and their CRC-32 is in the manifest."""
+        items = list(self.recorded_files().items())
+
+        def bad(chunk: list[tuple[str, Any]]) -> list[str]:
+            return [k for k, v in chunk if not verify_files(self.root, {k: v}, mode="size" if k.endswith(
+                "events.parquet") else None)]
+
+        if len(items) < VERIFY_CHUNK:
+            return bad(items)
         # a job of a thousand ranks has ten thousand small files: read and checked on threads (the reads and the
         # CRC wait without the GIL)
         from concurrent.futures import ThreadPoolExecutor
 
-        items = list(small.items())
-        chunks = [dict(items[i:i + VERIFY_CHUNK]) for i in range(0, len(items), VERIFY_CHUNK)]
+        chunks = [items[i:i + VERIFY_CHUNK] for i in range(0, len(items), VERIFY_CHUNK)]
         with ThreadPoolExecutor(VERIFY_THREADS) as pool:
-            return all(pool.map(lambda c: verify_files(self.root, c), chunks))
+            return [k for c in pool.map(bad, chunks) for k in c]
+
+    def verify(self) -> bool:
+        """Whether every file is whole (:meth:`damaged`)."""
+        return not self.damaged()
+
+    @property
+    def name(self) -> str:
+        """The dataset's directory as the user knows it (a temporary one is not named: it is gone after the run)."""
+        return "the temporary per-rank dataset" if self.temporary else str(self.home or self.root)
 
     @property
     def parts(self) -> list[tuple[str, int | None]]:
@@ -593,10 +383,11 @@ class Dataset:
 
     def cleanup(self) -> None:
         """Remove a temporary dataset (``--no-cache``)."""
+        if self.held is not None:
+            self.held.close()
         if self.temporary:
-            remove_dir(self.root)
-            if self.root.parent.name.startswith("tracekit-dataset-"):
-                shutil.rmtree(self.root.parent, ignore_errors=True)
+            home = self.home or self.root
+            shutil.rmtree(home.parent if home.parent.name.startswith(TEMP_PREFIX) else home, ignore_errors=True)
 
 
 def default_root(cache_dir: str | os.PathLike | None) -> Path:
@@ -651,74 +442,152 @@ def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any
                 raise
             notes = [*notes, Diagnostic(str(default_root(cache_dir)), "the per-rank dataset could not be kept in the "
                                         f"cache ({why}): built in a temporary directory instead")]
-    target = Path(tempfile.mkdtemp(prefix="tracekit-dataset-")) / "dataset"
+    target = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX)) / "dataset"
     try:
         return _build(files, notes, key, ident, target, temporary=True, explicit=False, **kw)
-    except OSError as exc:
+    except BaseException as exc:
         shutil.rmtree(target.parent, ignore_errors=True)
+        if not isinstance(exc, OSError):
+            raise
         code, why = os_error(exc)
         if code not in _UNWRITABLE:
             raise
-        raise TraceError(str(target.parent), f"cannot write the per-rank dataset: {why} (free some space, or give "
-                         "--dataset DIR on another disk)") from None
+        raise TraceError(None, f"cannot write the temporary per-rank dataset in {target.parent.parent}: {why} (free "
+                         "some space, or give --dataset DIR on another disk)") from None
 
 
-def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list[Any]], target: Path, *,
+def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list[Any]], home: Path, *,
            temporary: bool, explicit: bool, engine: Any, step_marker: str | None, budget: str | int | None,
            force: bool, jobs: int | None, progress: Progress | None, graphs: bool = False,
            rank_regex: str | None = None) -> Dataset:
     from tracekit.scale import engine as engines
 
-    out = target if explicit else None
-    # --dataset DIR is the user's own path (a link they made is theirs); in the cache, a link is trusted only
-    # if it is one of ours
-    existing = Dataset.open(target, follow=explicit) if target.exists() else None
-    if existing is not None and existing.manifest.get("key") == key and existing.verify():
-        existing.reused = True
-        known = existing.manifest.get("diagnostics", [])  # the notes of its own build are there already
-        existing.extra_diagnostics = [n for n in notes if n.__dict__ not in known]
-        return existing
-    if target.exists() and out is not None and not force and existing is None and any(Path(target).iterdir()):
-        raise TraceError(str(target), "exists and is not a tracekit dataset (use --force to replace it)")
-    if target.exists() and out is not None and not force and existing is not None:
-        raise TraceError(str(target), "holds a dataset of other inputs (use --force to replace it)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale(target.parent)
-    data = new_data_dir(target)
+    # --dataset DIR is the user's own path (a link they made is theirs); in the cache, a link is never followed
+    existing = Dataset.open(home, follow=explicit) if os.path.lexists(home) else None
+    carried: dict[str, tuple[Path, dict[str, Any]]] = {}  # input -> its whole part in a damaged dataset of them
+    repaired: list[str] = []
+    if existing is not None and existing.manifest.get("key") == key:
+        bad = existing.damaged()
+        if not bad:
+            existing.reused = True
+            known = existing.manifest.get("diagnostics", [])  # the notes of its own build are there already
+            existing.extra_diagnostics = [n for n in notes if n.__dict__ not in known]
+            return existing
+        # the same inputs, some files damaged: the units of the damaged parts run again, the others are carried over
+        whole = {p["dir"] for p in existing.manifest.get("parts", [])
+                 if not any(k.startswith(f"{p['dir']}/") for k in bad)}
+        old = {s["path"]: s for s in existing.summaries}
+        carried = {p["path"]: (existing.root / p["dir"], old[p["path"]]) for p in existing.manifest["parts"]
+                   if p["dir"] in whole and p.get("path") in old}
+        repaired = bad
+    elif existing is not None and explicit and not force:
+        raise TraceError(str(home), "holds a dataset of other inputs (--rebuild replaces it)")
+    elif explicit and not force and _foreign(home):
+        raise TraceError(str(home), "exists and is not a tracekit dataset (give another --dataset DIR, or --rebuild "
+                         "to put the dataset in it beside what it holds)")
+    if existing is not None and existing.held is None:
+        _migrate(home, existing)  # an earlier layout: its files go, the new version goes in
+    if existing is not None and existing.held is not None:
+        existing.held.close()
+    if not explicit and os.path.islink(home):
+        home.unlink()  # a link planted in the cache under a dataset's name: replaced, never followed
+    version = versioned.Version.start(home)
+    data = version.path
     try:
         staging = data / ".staging"
         staging.mkdir()
         b = memory_budget(budget)
         units = [Unit(i, f, str(staging), step_marker, b, graphs) for i, f in enumerate(files)]
-        total = sum(os.path.getsize(f) for f in files)
-        eng = engine or engines.LocalEngine(jobs, total)
         summaries: list[dict[str, Any] | None] = [None] * len(units)
+        todo = []
+        for u in units:
+            part = carried.get(u.path)
+            if part is not None and _carry(part[0], staging / f"part-{u.index:06d}", part[1]):
+                summaries[u.index] = {**part[1], "index": u.index}
+            else:
+                todo.append(u)
+        total = sum(os.path.getsize(u.path) for u in todo)
+        eng = engine or engines.LocalEngine(jobs, total)
         done = 0
         with eng:
-            for i, summary in eng.map(run_unit, units):
-                summaries[i] = summary
-                done += os.path.getsize(files[i])
+            for i, summary in eng.map(run_unit, todo):
+                summaries[todo[i].index] = summary
+                done += os.path.getsize(todo[i].path)
                 if progress:
-                    progress(done, total, files[i])
-        manifest = _combine(data, [s for s in summaries if s is not None], notes, step_marker, rank_regex)
+                    progress(done, total, todo[i].path)
+        failed = [TraceError(**s["failed"]) for s in summaries if s is not None and s.get("failed")]
+        manifest = _combine(data, [s for s in summaries if s is not None and not s.get("failed")],
+                            [*notes, *unread(failed, len(units))], step_marker, rank_regex)
         manifest.update(key=key, inputs=ident, step_marker=step_marker, engine=getattr(eng, "name", "?"))
         (data / "manifest.json").write_text(seal(manifest))
         shutil.rmtree(staging, ignore_errors=True)
-        if target.exists() or target.is_symlink():
-            publish_dir(data, target)
-        elif temporary or out is not None:
-            apply_modes(data, target.parent)
-            os.replace(data, target)
-        else:
-            publish_dir(data, target)
+        _, held = version.publish(lambda v: _holds(v, key))
     except BaseException:
-        shutil.rmtree(data, ignore_errors=True)
+        version.abort()
         raise
-    ds = Dataset.open(target)
+    ds = Dataset.open(home, follow=explicit)
+    held.close()
     if ds is None:
-        raise TraceError(str(target), "the dataset just written cannot be read back")
+        raise TraceError(str(home), "the dataset just written cannot be read back")
     ds.temporary = temporary
+    if repaired:
+        ds.extra_diagnostics.append(Diagnostic(ds.name, f"{len(repaired)} file{'s' if len(repaired) > 1 else ''} of "
+                                               f"the dataset damaged ({', '.join(repaired[:3])}"
+                                               f"{', …' if len(repaired) > 3 else ''}): "
+                                               f"{len(todo)} of {len(units)} units run again"))
     return ds
+
+
+def _holds(version: Path, key: str) -> bool:
+    """Whether the published ``version`` is a whole dataset of the inputs ``key`` (another writer's, published while
+    this one was building: it serves, and this one is dropped)."""
+    try:
+        manifest = unseal(read_text(version / "manifest.json"))
+    except OSError:
+        return False
+    return bool(manifest and manifest.get("key") == key and Dataset(version, manifest).verify())
+
+
+def _carry(src: Path, dst: Path, summary: dict[str, Any]) -> bool:
+    """Bring a whole part of the dataset's previous version into ``dst`` (hard links: published files are never
+    modified in place; copies where links cannot be made); False when it cannot be."""
+    try:
+        dst.mkdir()
+        for name in [*summary["files"], "summary.json"]:
+            try:
+                os.link(src / name, dst / name)
+            except OSError:
+                shutil.copyfile(src / name, dst / name)
+    except (OSError, KeyError):
+        shutil.rmtree(dst, ignore_errors=True)
+        return False
+    return True
+
+
+def _foreign(home: Path) -> bool:
+    """Whether ``home`` is a directory (or file) with something in it that is not a dataset's."""
+    if not os.path.lexists(home):
+        return False
+    if not os.path.isdir(home):
+        return True
+    return not versioned.is_home(home) and any(home.iterdir())
+
+
+def _migrate(home: Path, old: Dataset) -> None:
+    """Remove a dataset of an earlier layout from ``home``: a link to a hidden ``.data-`` sibling (both go), or the
+    files in ``home`` itself (its manifest first, so that nothing half-removed reads as a dataset)."""
+    if os.path.islink(home):
+        remove_dir(home)
+        return
+    (home / "manifest.json").unlink(missing_ok=True)
+    names = {"ranks.parquet", "graphs.json", "job", "shared", ".staging", *(d.split("/")[0] for d, _ in old.parts)}
+    for name in names:
+        p = home / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
 
 
 def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic], step_marker: str | None,
@@ -747,6 +616,7 @@ def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic
             for name in ("iterations", "breakdown", "top_ops", "op_totals", "idle_breakdown"):
                 p = data / d / f"{name}.parquet"
                 if name in ("iterations", "breakdown") or p.exists():
+                    p.unlink(missing_ok=True)  # a part carried over holds links to the previous version's files
                     _write(schema.empty(SCHEMAS[name]), p)
                     part_files[p.name] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
         else:

@@ -6,11 +6,12 @@ its file, usually) is raised by the iteration. The function must be pure — its
 writes — so that where it runs never changes what it produces:
 
 - :class:`LocalEngine` — in this process for one task or a small input, else a pool of ``jobs`` spawned
-  processes.
+  processes (started again for the tasks not done when one of them is killed).
 - :class:`DaskEngine` — ``client.map`` on a cluster: an existing scheduler (``tcp://HOST:PORT``, e.g.
   started by ``dask scheduler`` + ``srun dask worker`` on SLURM, or by dask-kubernetes) or a
   ``LocalCluster`` started for the run. Workers must see the input files and the output directory at
-  the same paths (a shared filesystem).
+  the same paths (a shared filesystem). A worker lost mid-run costs time: the scheduler runs its tasks again
+  elsewhere, and as the units write the same bytes however often they run, the answer is the same.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any
 
@@ -25,6 +27,8 @@ from tracekit.model.diagnostics import TraceError
 
 #: below this much input, worker processes cost more than they save
 PARALLEL_MIN_BYTES = 64 << 20
+#: how many times a pool whose worker process died is started again for the tasks not done yet
+POOL_RETRIES = 2
 #: how long to wait for a Dask scheduler to answer
 CONNECT_TIMEOUT = "20s"
 
@@ -44,11 +48,26 @@ class LocalEngine:
             for i, t in enumerate(tasks):
                 yield i, fn(t)
             return
-        with ProcessPoolExecutor(max_workers=min(self.jobs, len(tasks)), mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(fn, t): i for i, t in enumerate(tasks)}
+        left = dict(enumerate(tasks))
+        for attempt in range(POOL_RETRIES + 1):
+            try:
+                yield from self._pool(fn, left)
+                return
+            except BrokenProcessPool:  # a worker process killed (by a user, the OOM killer): the rest run again
+                if attempt == POOL_RETRIES:
+                    raise TraceError(None, f"worker processes died {POOL_RETRIES + 1} times (killed, or out of memory? "
+                                     "lower --jobs or --memory-budget)") from None
+
+    def _pool(self, fn: Callable[[Any], Any], left: dict[int, Any]) -> Iterator[tuple[int, Any]]:
+        """The tasks of ``left`` on a fresh pool; each one done is taken out of ``left``."""
+        with ProcessPoolExecutor(max_workers=min(self.jobs, len(left)), mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(fn, t): i for i, t in left.items()}
             try:
                 for fut in as_completed(futures):
-                    yield futures[fut], fut.result()
+                    i = futures[fut]
+                    result = fut.result()
+                    del left[i]
+                    yield i, result
             except BaseException:
                 for fut in futures:
                     fut.cancel()
@@ -107,7 +126,11 @@ class DaskEngine:
         index = {f.key: i for i, f in enumerate(futures)}
         try:
             for fut in dask_completed(futures):
-                yield index[fut.key], fut.result()
+                result = fut.result()
+                # forgotten by the scheduler once here: a worker lost later that held it does not make it run again
+                # (a task lost while running does run again elsewhere: units are pure and give the same bytes)
+                fut.release()
+                yield index[fut.key], result
         except BaseException:
             self.client.cancel(futures)
             raise

@@ -30,8 +30,10 @@ import pyarrow as pa
 from tracekit.analysis import compact, dag, whatif
 from tracekit.loading.cache import read_text, seal, unseal, verify_files
 from tracekit.model import schema
-from tracekit.model.diagnostics import TraceError
+from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.scale.dataset import GRAPHS_MANIFEST
 from tracekit.scale.rank_graph import FILES, GRAPH_BYTES_PER_EVENT, fits, rank_graph, write_rank_graph  # noqa: F401
+from tracekit.scale.unit import where
 
 if TYPE_CHECKING:
     from tracekit.scale.dataset import Dataset
@@ -46,8 +48,6 @@ class JobTables(Protocol):
     instances: pa.Table
     collectives: pa.Table
 
-#: where a dataset made without graphs records the ones added later
-GRAPHS_MANIFEST = "graphs.json"
 #: threads reading the ranks' graph files
 READ_THREADS = 8
 
@@ -68,7 +68,7 @@ def run_graph_unit(u: GraphUnit) -> dict[str, Any]:
     d = Path(u.root) / u.part
     p = d / "events.parquet"
     if not p.exists():
-        raise TraceError(str(d), "the dataset's events are not visible here (workers must see --dataset at the same "
+        raise TraceError(where(d), "the dataset's events are not visible here (workers must see --dataset at the same "
                          "path)")
     n = pq.ParquetFile(str(p)).metadata.num_rows
     if not fits(n, u.budget):
@@ -109,13 +109,20 @@ def _skipped(ds: Dataset) -> list[str]:
     return out
 
 
-def ensure(ds: Dataset, engine: Any = None, budget: int | None = None) -> None:
-    """Give every rank of ``ds`` its graph (built from its events where the dataset was made without them), on
-    ``engine`` (default: local processes)."""
+def damaged(ds: Dataset) -> list[str]:
+    """The per-rank parts whose graph files are not there with their recorded size and CRC-32."""
+    have = available(ds)
+    bad = {k.rsplit("/", 1)[0] for k, v in have.items() if not verify_files(ds.root, {k: v})}
+    return [d for d, r in ds.parts if d in bad]
+
+
+def ensure(ds: Dataset, engine: Any = None, budget: int | None = None, parts: list[str] | None = None) -> None:
+    """Give every rank of ``ds`` its graph (built from its events where the dataset was made without them; ``parts``:
+    built again for these), on ``engine`` (default: local processes)."""
     from tracekit.model.units import memory_budget
     from tracekit.scale import engine as engines
 
-    todo = missing(ds)
+    todo = missing(ds) if parts is None else parts
     if not todo:
         return
     b = memory_budget(budget)
@@ -147,16 +154,18 @@ def combined(ds: Dataset, analysis: JobTables) -> tuple[dag.Graph, pl.DataFrame 
     rank's stored compact graph; raises a one-line TraceError when a rank has none."""
     import pyarrow.parquet as pq
 
-    have = available(ds)
     skipped = _skipped(ds)
     if skipped:
         ranks = ", ".join(s.split("=", 1)[-1] for s in skipped[:8])
         raise TraceError(None, f"the dependency graph of rank{'s' if len(skipped) > 1 else ''} {ranks} was not built: "
                          "its events exceed the memory budget (raise --memory-budget for the critical path and "
                          "what-if)")
-    if not verify_files(ds.root, {k: v for k, v in have.items()}):
-        raise TraceError(str(ds.root), "the dataset's dependency graphs are damaged: build it again (--rebuild, or "
-                         "remove the dataset)")
+    if damaged(ds):
+        raise TraceError(None, f"{ds.name}: the dependency graphs of "
+                         f"{', '.join(damaged(ds)[:4])} do not verify, even built again from the rank's events "
+                         "(is the disk failing? " + ("--rebuild builds the dataset anew)" if not ds.temporary else
+                                                     "run the command again)"))
+    have = available(ds)
     offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
                                                    analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
                if r is not None}
@@ -207,7 +216,15 @@ class RankGraphs:
     def graph(self, analysis: JobTables) -> dag.Graph:
         from tracekit.model.units import memory_budget
 
-        if missing(self.dataset):
+        todo = missing(self.dataset)
+        if todo:
             ensure(self.dataset, self.engine() if self.engine is not None else None, memory_budget(self.budget))
+        bad = damaged(self.dataset)
+        if bad:  # files damaged since they were written: built again from the rank's events (the same bytes)
+            ensure(self.dataset, self.engine() if self.engine is not None else None, memory_budget(self.budget),
+                   parts=bad)
+            self.dataset.extra_diagnostics.append(Diagnostic(
+                self.dataset.name, f"the dependency graph{'s' if len(bad) > 1 else ''} of {', '.join(bad[:4])}"
+                f"{', …' if len(bad) > 4 else ''} did not verify: built again from the rank's events"))
         graph, self.leaves = combined(self.dataset, analysis)
         return graph

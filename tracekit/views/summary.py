@@ -143,6 +143,9 @@ def job(breakdown: pa.Table, ranks: pa.Table | None = None) -> dict[str, Any]:
               "link_utilisation"):
         out[k] = links[k]
     out["wait_share_of_exposed"] = links["wait_share_of_exposed"] if "wait_ns" in out else None
+    # the share of exposed communication that wait_share_of_exposed covers (collectives matched on all their ranks)
+    out["exposed_split_share"] = links["_exposed_split"] / links["exposed_comm_ns"] \
+        if "wait_ns" in out and links["exposed_comm_ns"] else None
     return out
 
 

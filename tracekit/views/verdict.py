@@ -73,7 +73,13 @@ def paragraph(job: dict[str, Any], stragglers: pl.DataFrame, overview: dict[str,
     s = f"Exposed communication (not hidden under compute) is {_pct(exposed)} of the iteration time"
     if split_known:
         wait_share = job["wait_share_of_exposed"]
-        s += f"; {_pct(wait_share)} of it is waiting for other ranks to arrive, the rest is transfer."
+        covered = job.get("exposed_split_share")
+        if covered is not None and covered < 0.995:  # the verdict says the same (tracekit.analysis.verdict)
+            s += (f"; where its collectives were matched on all their ranks ({_pct(covered)} of it), "
+                  f"{_pct(wait_share)} is waiting for other ranks to arrive, the rest is transfer; elsewhere "
+                  f"{_why_unsplit(overview, n_ranks)}.")
+        else:
+            s += f"; {_pct(wait_share)} of it is waiting for other ranks to arrive, the rest is transfer."
         if stragglers.height:
             top = stragglers.row(0, named=True)
             judged = overview.get("judged", 0)
