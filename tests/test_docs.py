@@ -122,3 +122,42 @@ def test_the_readme_links_lead_somewhere() -> None:
             if anchor not in slugs:
                 broken.append(target)
     assert not broken, f"README.md links to what is not there: {broken}"
+
+
+#: a Sphinx cross-reference role (``:class:`Verdict```), which mkdocstrings prints as it is; the pages' docstrings
+#: link with autorefs instead (``[Verdict][tracekit.api.Verdict]``) or name the object in code
+RAW_ROLE = re.compile(r":(?:py:)?(?:class|mod|func|meth|attr|data|exc|obj|ref|const):`[^`]+`")
+
+
+def _rendered_docstrings() -> dict[str, str]:
+    """The docstrings the site's API pages render: every ``::: name`` of docs/*.md, and its public members (those
+    the page's ``filters: ["!^_"]`` keep), by their dotted names."""
+    import importlib
+    import inspect
+
+    out: dict[str, str] = {}
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for name in re.findall(r"^::: *([\w.]+)", page.read_text(encoding="utf-8"), re.M):
+            module, _, attr = name.rpartition(".")
+            obj = getattr(importlib.import_module(module), attr)
+            out[name] = inspect.getdoc(obj) or ""
+            if inspect.isclass(obj):
+                for member, value in vars(obj).items():
+                    inner = getattr(value, "fget", None) or getattr(value, "func", None) or value
+                    doc = getattr(inner, "__doc__", None)
+                    if not member.startswith("_") and isinstance(doc, str) and not isinstance(value, str | int):
+                        out[f"{name}.{member}"] = doc
+    return out
+
+
+def test_api_pages_render_no_raw_sphinx_role() -> None:
+    """mkdocstrings does not resolve Sphinx roles: a docstring the API pages render must not carry one."""
+    docs = _rendered_docstrings()
+    assert {"tracekit.api.Job", "tracekit.api.Job.verdict", "tracekit.analysis.compare.Diff.regression"} <= set(docs)
+    raw = {name: RAW_ROLE.findall(doc) for name, doc in docs.items() if RAW_ROLE.search(doc)}
+    assert not raw, f"raw Sphinx roles in docstrings the site renders (write [Name][dotted.path]): {raw}"
+
+
+def test_the_role_check_finds_a_role() -> None:
+    assert RAW_ROLE.findall("see :class:`Verdict` and :mod:`tracekit.analysis.compact`, not [Job][tracekit.api.Job]") \
+        == [":class:`Verdict`", ":mod:`tracekit.analysis.compact`"]

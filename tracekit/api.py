@@ -88,7 +88,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     By default a job is analysed in memory unless it would not fit, in which case — or with ``by_rank=True``,
     ``engine`` (``"local"``/``"dask"``), ``scheduler``, ``dataset`` or ``memory_budget`` — it is analysed rank by
     rank through a per-rank Parquet dataset; ``by_rank=False`` forces memory. Rank by rank, the critical path and
-    the what-if run on the ranks' compact dependency graphs (:mod:`tracekit.analysis.compact`): ``graphs=True``
+    the what-if run on the ranks' compact dependency graphs (`tracekit.analysis.compact`): ``graphs=True``
     builds them with the dataset (what ``tracekit whatif`` and ``critical-path`` ask for), otherwise they are built
     from the dataset's events on first use. ``on_start(files, total_bytes)`` is
     called once the inputs are found, ``progress(done_bytes, total_bytes, path)`` while they are read, and
@@ -96,7 +96,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     ``iterations`` (``"3-8"``, ``"2,4,6-9"`` or numbers, e.g. ``range(3, 9)``) analyses those iterations alone:
     applied once they are found, before matching, attribution and the dependency graph (in memory only).
 
-    Raises :class:`~tracekit.model.diagnostics.TraceError` (one line) for a bad input or option."""
+    Raises `tracekit.model.diagnostics.TraceError` (one line) for a bad input or option."""
     from tracekit.analysis.pipeline import analyse
     from tracekit.loading import traceset
     from tracekit.scale import dataset as dataset_mod
@@ -179,7 +179,7 @@ class Verdict:
 
     ``kind`` is the one classification (``link-bound``, ``straggler-bound``, ``host-bound``, ``compute-bound``,
     ``mixed``, or ``none`` without iterations), derived from the replays and the critical path
-    (:mod:`tracekit.analysis.verdict`); ``headline`` is its first sentence and ``text`` the whole answer (the
+    (`tracekit.analysis.verdict`); ``headline`` is its first sentence and ``text`` the whole answer (the
     replays behind it, the stragglers named, exposed communication split into waiting and transfer, and a caveat
     where it rests on unexplained gaps). ``answer`` holds its figures; ``links`` is the measurement paragraph of
     ``tracekit summary``; ``bottleneck`` the link replays' figures (None without communication or a replay)."""
@@ -283,8 +283,8 @@ def _positive(value: Any, kind: type, option: str) -> Any:
 
 
 class Job:
-    """One analysed job (from :func:`load`). Tables are polars DataFrames with the public schema; the critical
-    path and the what-if replay are computed on first use (they build the job's dependency graph)."""
+    """One analysed job (from [load][tracekit.api.load]). Tables are polars DataFrames with the public schema; the
+    critical path and the what-if replay are computed on first use (they build the job's dependency graph)."""
 
     def __init__(self, analysis: Analysis, paths: Sequence[str] = ()) -> None:
         self.analysis = analysis
@@ -341,8 +341,8 @@ class Job:
     @property
     def events(self) -> pl.DataFrame | pl.LazyFrame:
         """Every timed activity (iteration filled): a DataFrame in memory, a ``LazyFrame`` over the per-rank
-        Parquet dataset for a job analysed rank by rank (``collect()`` what you need). :meth:`scan_events` is
-        lazy either way."""
+        Parquet dataset for a job analysed rank by rank (``collect()`` what you need).
+        [scan_events][tracekit.api.Job.scan_events] is lazy either way."""
         if self.analysis.dataset is not None:
             return self.analysis.dataset.scan("events")
         return self._events_df
@@ -417,7 +417,7 @@ class Job:
 
     @cached_property
     def top_ops(self) -> pl.DataFrame:
-        """Per rank, attribution class and op: calls and time (:mod:`tracekit.analysis.top_ops`)."""
+        """Per rank, attribution class and op: calls and time (`tracekit.analysis.top_ops`)."""
         return _frame(self.analysis.top_ops)
 
     def top_ops_job(self, n: int | None = 10) -> pl.DataFrame:
@@ -429,7 +429,7 @@ class Job:
     @cached_property
     def idle_breakdown(self) -> pl.DataFrame:
         """Per window: idle time split into host-bound, synchronisation and other (null on CPU-only ranks;
-        :mod:`tracekit.analysis.idle`)."""
+        `tracekit.analysis.idle`)."""
         return _frame(self.analysis.idle_breakdown)
 
     def critical_path(self, iteration: int | None = None) -> pl.DataFrame:
@@ -469,7 +469,7 @@ class Job:
 
     @property
     def verdict(self) -> Verdict:
-        """What sets the job's pace (replays the job's graph on first use; see :class:`Verdict`)."""
+        """What sets the job's pace (replays the job's graph on first use; see [Verdict][tracekit.api.Verdict])."""
         from tracekit.views import summary, verdict
         from tracekit.views.report import horovod_paragraph
 
@@ -494,10 +494,10 @@ class Job:
                codec_cost: float | None = None, stragglers_removed: bool = False) -> pl.DataFrame:
         """Replay the job with re-costed transfers for every combination of ``bandwidth`` (line rates),
         ``compression`` (ratios) and ``workers``: one row per scenario with ``bandwidth_bps, compression, workers,
-        efficiency, links, stragglers_removed, iteration_ns, speedup, scaling_factor`` (see :func:`scenarios` for the
-        arguments; ``latency`` is the fixed cost per call, ns or ``"20us"``; ``stragglers_removed`` adds the row of
-        the job as it ran with every rank's excess over the median rank's work removed). The rows ``tracekit whatif``
-        prints."""
+        efficiency, links, stragglers_removed, iteration_ns, speedup, scaling_factor`` (see `tracekit.api.scenarios`
+        for the arguments; ``latency`` is the fixed cost per call, ns or ``"20us"``; ``stragglers_removed`` adds the
+        row of the job as it ran with every rank's excess over the median rank's work removed). The rows ``tracekit
+        whatif`` prints."""
         from tracekit.analysis.whatif import Scenario
 
         sc = scenarios(bandwidth, compression, workers, efficiency, codec_cost,
@@ -508,7 +508,7 @@ class Job:
 
     def replay(self, scenarios: Sequence[Scenario], *, latency: str | int | None = None
                ) -> tuple[pl.DataFrame, Bottleneck | None]:
-        """The rows of :func:`tracekit.analysis.whatif.sweep` for ``scenarios``, and the bottleneck verdict under
+        """The rows of `tracekit.analysis.whatif.sweep` for ``scenarios``, and the bottleneck verdict under
         the same per-call latency (the job's own unless ``latency`` is given)."""
         from tracekit.analysis import whatif
         from tracekit.model.units import parse_duration
@@ -535,7 +535,8 @@ class Job:
         return summary_payload(self.analysis)
 
     def diff(self, other: Job) -> Diff:
-        """This job (the base) against ``other`` (the new run): :func:`compare`."""
+        """This job (the base) against ``other`` (the new run): their [Diff][tracekit.analysis.compare.Diff]
+        (`tracekit.api.compare`)."""
         return compare(self, other)
 
     # ----------------------------------------------------------------- output
