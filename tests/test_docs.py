@@ -161,3 +161,17 @@ def test_api_pages_render_no_raw_sphinx_role() -> None:
 def test_the_role_check_finds_a_role() -> None:
     assert RAW_ROLE.findall("see :class:`Verdict` and :mod:`tracekit.analysis.compact`, not [Job][tracekit.api.Job]") \
         == [":class:`Verdict`", ":mod:`tracekit.analysis.compact`"]
+
+
+def test_the_run_directories_the_pages_record_into_are_ignored_by_git() -> None:
+    """``tracekit record --out runs/demo`` (README) must not leave traces for ``git add .`` to pick up."""
+    import shutil
+    import subprocess
+
+    outs = sorted({m for page in build.pages() for m in re.findall(r"--out (runs/[\w.-]+)", page.read_text("utf-8"))})
+    assert "runs/demo" in outs
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = [f"{d}/rank0.pt.trace.json.gz" for d in outs]
+    r = subprocess.run(["git", "check-ignore", "--no-index", *files], cwd=ROOT, capture_output=True, text=True)
+    assert sorted(r.stdout.split()) == sorted(files), f"not ignored: {set(files) - set(r.stdout.split())}"
