@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.units import count
 
 if TYPE_CHECKING:
     from tracekit.analysis.bottleneck import Bottleneck
@@ -115,8 +116,8 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
         need, have = dataset_mod.in_memory_need(files), dataset_mod.available_memory()
         if need > have:
             rank_by_rank = True
-            (on_note or log.info)(f"analysing {len(files)} files rank by rank: in memory they would need about "
-                                  f"{need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB is available")
+            (on_note or log.info)(f"analysing {count(len(files), 'file')} rank by rank: in memory they would need "
+                                  f"about {need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB is available")
     if on_start is not None:
         on_start(files, total)
     cache_root = None if cache_dir is None else os.fspath(cache_dir)
@@ -583,7 +584,7 @@ class Job:
         from tracekit.views.report import SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share
 
         a = self.analysis
-        title = f"tracekit.Job {self.name}: {self.n_ranks} ranks · {self.n_iterations} iterations"
+        title = f"tracekit.Job {self.name}: {count(self.n_ranks, 'rank')} · {count(self.n_iterations, 'iteration')}"
         if a.dataset is not None:
             title += " · rank by rank"
         header = ["rank", "iters", "median", *[SHORT_LABELS[c] for c in schema.CLASSES], "comm/it"]

@@ -303,6 +303,7 @@ class InspectApp(App[int]):
             items = list(cls.BINDINGS)
             if cls is TimelineView:
                 items = list(TimelineCanvas.BINDINGS) + items
+            items += [Binding(key, "", what) for key, what in cls.HELP_KEYS]
             sections.append((cls.TITLE, items))
         self.push_screen(HelpScreen(sections, MOUSE_HELP))
 

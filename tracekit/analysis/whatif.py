@@ -34,7 +34,7 @@ from tracekit.analysis import background, balance, contention, dag, replay
 from tracekit.analysis.dag import EDGE_TYPES, Graph, lane_codes, sort_by_lane
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
-from tracekit.model.units import format_rate
+from tracekit.model.units import count, format_rate
 
 _OWN = EDGE_TYPES.index("own")
 _COLLECTIVE = EDGE_TYPES.index("collective")
@@ -131,13 +131,13 @@ class Model:
         note = None
         if n[SIZE_ESTIMATED]:
             host = HOST_NS_PER_BYTE.get(self.backend, 0.0)
-            note = (f"transfer sizes of {n[SIZE_ESTIMATED]} of {self.comm.height} calls are not in the traces: they "
-                    "were estimated from the transfer times at the line rate the job ran on, assuming the link carried "
-                    f"payload at {100 * WIRE_EFFICIENCY:.0f} % of it" + (f" plus {host:g} ns of host work per byte "
-                                                                          f"({self.backend})" if host else ""))
+            note = (f"transfer sizes of {n[SIZE_ESTIMATED]} of {count(self.comm.height, 'call')} are not in the "
+                    "traces: they were estimated from the transfer times at the line rate the job ran on, assuming the "
+                    f"link carried payload at {100 * WIRE_EFFICIENCY:.0f} % of it"
+                    + (f" plus {host:g} ns of host work per byte ({self.backend})" if host else ""))
         elif n[SIZE_UNKNOWN]:
-            note = (f"transfer sizes of {n[SIZE_UNKNOWN]} of {self.comm.height} calls are not in the traces and no "
-                    "line rate was given to estimate them from transfer times")
+            note = (f"transfer sizes of {n[SIZE_UNKNOWN]} of {count(self.comm.height, 'call')} are not in the "
+                    "traces and no line rate was given to estimate them from transfer times")
         return {**n, "calls": self.comm.height, "note": note}
 
     @property

@@ -91,6 +91,14 @@ def parse_link_rates(text: str, *, option: str = "--link-bw") -> tuple[float | N
     return default, named
 
 
+def count(n: int, noun: str, plural: str | None = None, *, grouped: bool = False) -> str:
+    """``1 rank``, ``3 ranks`` (``1,024 ranks`` with ``grouped``): a count and its noun in the number it takes;
+    ``plural`` where that is not the noun + s."""
+    word = noun if n == 1 else plural or noun + "s"
+    return f"{n:,} {word}" if grouped else f"{n} {word}"
+
+
+
 def format_rate(bps: float | None) -> str:
     """``1e11`` → ``100 Gbit/s``; ``3e8`` → ``300 Mbit/s`` (three significant digits)."""
     if bps is None:
