@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.options import naming
 from tracekit.model.units import count
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def _link_rates(link_bw: RateArg | None) -> tuple[float | None, dict[str, float]
         return None, {}
     if isinstance(link_bw, int | float):
         if not link_bw > 0 or not math.isfinite(link_bw):
-            raise TraceError(None, f"--link-bw: {link_bw!r} is not a positive line rate")
+            raise TraceError(None, f"link_bw={link_bw!r} is not a positive line rate")
         return float(link_bw), {}
     return parse_link_rates(str(link_bw))
 
@@ -107,7 +108,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     link_bw_bps, line_rates = _link_rates(link_bw)
     only = _iterations(iterations)
     if jobs is not None and jobs < 1:
-        raise TraceError(None, "--jobs must be at least 1")
+        raise TraceError(None, f"jobs={jobs}: must be at least 1")
     files, _ = traceset.discover(names)
     total = sum(os.path.getsize(f) for f in files)
     wants = any(x is not None for x in (engine, scheduler, dataset, memory_budget))
@@ -122,8 +123,8 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
         on_start(files, total)
     cache_root = None if cache_dir is None else os.fspath(cache_dir)
     if rank_by_rank and only is not None:
-        raise TraceError(None, "--iterations needs the job in memory: run without --engine, --scheduler, --dataset "
-                               "and --memory-budget")
+        raise TraceError(None, "iterations= needs the job in memory: run without engine=, scheduler=, dataset= "
+                               "and memory_budget=")
     if rank_by_rank:
         from tracekit.scale import engine as engine_mod
         from tracekit.scale.graphs import RankGraphs
@@ -241,16 +242,16 @@ def scenarios(bandwidth: RateArg | Mapping[str, RateArg] | Sequence[RateArg | Ma
             bands.append((None, ()))
         elif isinstance(item, Mapping):
             bands.append((None, tuple((str(k), v if isinstance(v, int | float) else
-                                       parse_rate(str(v), option="--bandwidth")) for k, v in item.items())))
+                                       parse_rate(str(v), option="bandwidth=")) for k, v in item.items())))
         elif isinstance(item, int | float):
             if not item > 0:
-                raise TraceError(None, f"--bandwidth: {item!r} must be positive")
+                raise TraceError(None, f"bandwidth={item!r}: must be positive")
             bands.append((float(item), ()))
         else:
-            default, named = parse_link_rates(str(item).replace("+", ","), option="--bandwidth")
+            default, named = parse_link_rates(str(item).replace("+", ","), option="bandwidth=")
             bands.append((default, tuple(named.items())))
-    comps = [_positive(c, float, "--compression") for c in _as_list(compression)]
-    workers_l = [None if w is None else _positive(w, int, "--workers") for w in _as_list(workers)]
+    comps = [_positive(c, float, "compression=") for c in _as_list(compression)]
+    workers_l = [None if w is None else _positive(w, int, "workers=") for w in _as_list(workers)]
     eff: str | float
     if efficiency is None:
         eff = "measured" if link_bw_known else "full"
@@ -258,13 +259,13 @@ def scenarios(bandwidth: RateArg | Mapping[str, RateArg] | Sequence[RateArg | Ma
         eff = str(efficiency)
     else:
         text = efficiency.split(",")[0] if isinstance(efficiency, str) else efficiency
-        eff = _positive(text, float, "--efficiency")
+        eff = _positive(text, float, "efficiency=")
         if eff > 1:
-            raise TraceError(None, "--efficiency: a share of the line rate is at most 1")
+            raise TraceError(None, f"efficiency={eff!r}: a share of the line rate is at most 1")
     if eff == "measured" and not link_bw_known and any(r is not None or named for r, named in bands):
-        raise TraceError(None, "--efficiency measured needs --link-bw (the line rate the job ran on)")
+        raise TraceError(None, "efficiency='measured' needs link_bw= (the line rate the job ran on)")
     if eff != "measured" and not link_bw_known and bands == [(None, ())]:
-        raise TraceError(None, "give --bandwidth (the line rates to predict for) or --link-bw")
+        raise TraceError(None, "give bandwidth= (the line rates to predict for) or link_bw=")
     codec = whatif.DEFAULT_CODEC_NS_PER_BYTE if codec_cost is None else float(codec_cost)
     return [whatif.Scenario(bandwidth_bps=r, links=named, compression=c or 1.0, workers=w, efficiency=eff,
                             codec_ns_per_byte=codec)
@@ -277,9 +278,9 @@ def _positive(value: Any, kind: type, option: str) -> Any:
     try:
         out = kind(str(value).strip()) if isinstance(value, str) else kind(value)
     except (TypeError, ValueError):
-        raise TraceError(None, f"{option}: {str(value).strip()!r} is not a number") from None
+        raise TraceError(None, f"{naming(option, str(value).strip())}: not a number") from None
     if out <= 0:
-        raise TraceError(None, f"{option}: {str(value).strip()!r} must be positive")
+        raise TraceError(None, f"{naming(option, str(value).strip())}: must be positive")
     return out
 
 
@@ -519,7 +520,7 @@ class Job:
             raise TraceError(None, "the traces contain no communication: there is nothing to re-cost")
         saved = model.latency_ns
         if latency is not None:
-            model.latency_ns = latency if isinstance(latency, int) else parse_duration(str(latency), option="--latency")
+            model.latency_ns = latency if isinstance(latency, int) else parse_duration(str(latency))
         try:
             try:
                 rows = whatif.sweep(model, list(scenarios))
@@ -560,8 +561,8 @@ class Job:
         from tracekit.views.chrome import critical_path_flows, write_chrome_trace
 
         if not self.in_memory:
-            raise TraceError(os.fspath(path), "a Chrome trace needs every event in memory: run without --engine, "
-                             "--scheduler, --dataset and --memory-budget")
+            raise TraceError(os.fspath(path), "a Chrome trace needs every event in memory: load without engine=, "
+                             "scheduler=, dataset= and memory_budget=")
         return write_chrome_trace(self.analysis, path, force=force, flows=critical_path_flows(self.analysis))
 
     def close(self) -> None:

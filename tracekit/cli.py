@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from tracekit import __version__, allocators
 from tracekit.model.diagnostics import Diagnostic, TraceError, printable
+from tracekit.model.options import as_flags
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
@@ -654,8 +655,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with contextlib.ExitStack() as args.exit_stack:  # what a command leaves to clean up (temporary datasets)
             return int(args.func(args) or 0)
-    except TraceError as exc:
-        print(f"tracekit: {exc}", file=sys.stderr)
+    except TraceError as exc:  # the library names its options as Python keywords (link_bw=): here, as flags
+        print(f"tracekit: {as_flags(str(exc))}", file=sys.stderr)
         return EXIT_INPUT
     except UsageError as exc:
         print(f"tracekit: {exc}", file=sys.stderr)

@@ -582,7 +582,7 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
     if sc.efficiency == "measured":
         need = changed & ~np.isnan(r_new) & np.isnan(r_line)
         if need.any():
-            raise ValueError("--efficiency measured needs the line rate the job ran on (--link-bw)")
+            raise ValueError("efficiency='measured' needs the line rate the job ran on (link_bw=)")
         speed = comm.get_column("speed").to_numpy()
         wire = 8e9 / (WIRE_EFFICIENCY * r_line)  # ns per byte on the wire
         per_byte = 1.0 / np.maximum(speed, 1e-12)
@@ -598,12 +598,12 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
     else:
         eta = 1.0 if sc.efficiency == "full" else float(sc.efficiency)
         if np.isnan(r_new).any():
-            raise ValueError("efficiency 'full' needs a line rate (--bandwidth or --link-bw)")
+            raise ValueError("efficiency='full' needs a line rate (bandwidth= or link_bw=)")
         speed = eta * r_new / 8e9  # bytes per ns
     unknown = np.isnan(new_bus) | np.isnan(speed)
     if (unknown & changed).any():
         raise UnknownSizes("the transfer sizes are not in the traces, so another link cannot be costed: pass "
-                           "--link-bw (the line rate the job ran on) to estimate them from transfer times, or "
+                           "link_bw= (the line rate the job ran on) to estimate them from transfer times, or "
                            + RECORD_SHAPES_HINT)
     new = model.latency_ns + new_bus / (c * np.maximum(np.nan_to_num(speed, nan=1.0), 1e-12)) + codec
     # the send of a pair takes what it measured, changed by how much longer or shorter its data now is on the

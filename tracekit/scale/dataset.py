@@ -657,7 +657,7 @@ def build(paths: list[str], *, out: str | os.PathLike | None = None, engine: Any
         if code not in _UNWRITABLE:
             raise
         raise TraceError(str(target.parent), f"cannot write the per-rank dataset: {why} (free some space, or give "
-                         "--dataset DIR on another disk)") from None
+                         "dataset= a directory on another disk)") from None
 
 
 def _build(files: list[str], notes: list[Diagnostic], key: str, ident: list[list[Any]], target: Path, *,
@@ -727,7 +727,7 @@ def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic
     ranks, sources, rank_diags = assign_ranks([(s["path"], s["claimed_rank"]) for s in per_rank])
     diags.extend(rank_diags)
     if step_marker and not any(s["has_steps"] for s in summaries):
-        raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
+        raise TraceError(None, f"step_marker={step_marker!r} matches no annotation in the traces")
     any_steps = any(s["has_steps"] for s in per_rank)
     staging = data / ".staging"
     parts: list[dict[str, Any]] = []
