@@ -175,3 +175,16 @@ def test_the_run_directories_the_pages_record_into_are_ignored_by_git() -> None:
     files = [f"{d}/rank0.pt.trace.json.gz" for d in outs]
     r = subprocess.run(["git", "check-ignore", "--no-index", *files], cwd=ROOT, capture_output=True, text=True)
     assert sorted(r.stdout.split()) == sorted(files), f"not ignored: {set(files) - set(r.stdout.split())}"
+
+
+def test_the_pages_say_one_figure_for_the_parser_without_its_extension() -> None:
+    """README.md, setup.py and DEVELOPERS.md each say how much slower the Kineto parser is without its C extension:
+    the same measured figure (they said 2.3x and 2.5x)."""
+    said = {}
+    for name, pattern in (("README.md", r"same tables, about ([\d.]+)× slower"),
+                          ("setup.py", r"about ([\d.]+)x slower"),
+                          ("DEVELOPERS.md", r"same tables, about ([\d.]+)× the parse CPU")):
+        m = re.search(pattern, (ROOT / name).read_text(encoding="utf-8"))
+        assert m, f"{name} no longer says it as {pattern!r}"
+        said[name] = float(m.group(1))
+    assert len(set(said.values())) == 1, said
