@@ -188,3 +188,25 @@ def test_the_pages_say_one_figure_for_the_parser_without_its_extension() -> None
         assert m, f"{name} no longer says it as {pattern!r}"
         said[name] = float(m.group(1))
     assert len(set(said.values())) == 1, said
+
+
+#: pages about how tracekit was measured and built, where its history belongs; every other page is about use
+HISTORY_PAGES = {"speed.md", "accuracy.md", "development.md"}
+#: a commit hash (hex with letters and digits, not an ``0x`` id) or words that narrate how a figure came about
+NARRATION = re.compile(r"(?<![0-9a-zA-Z_])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![0-9a-zA-Z_])|"
+                       r"\b(?:this tree|alternating with|stop \d+|issue \d+|earlier versions|re-measured|this stop|"
+                       r"last stop|the commit|in this run)\b", re.I)
+
+
+def test_user_pages_are_about_use() -> None:
+    """Benchmark history ("alternating with 702cbef's tree") lives in docs/speed.md; the README and the user pages of
+    the site carry no commit hash and no narration of how a figure was measured."""
+    nav = re.findall(r":\s*(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"), re.M)
+    assert set(nav) >= HISTORY_PAGES and "inspect.md" in nav
+    pages = [ROOT / "README.md", *(ROOT / "docs" / p for p in nav if p not in HISTORY_PAGES)]
+    found = [f"{page.relative_to(ROOT)}:{i}: {m.group()!r}" for page in pages
+             for i, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+             for m in NARRATION.finditer(line)]
+    assert not found, "history on a user page (move it to docs/speed.md): " + "; ".join(found)
+    assert NARRATION.search("13 more pairs of cold launches, alternating with 702cbef's tree")
+    assert not NARRATION.search("ncclCommInitRank comm 0x55b07c1e9f30 rank 0")
