@@ -3,7 +3,7 @@
 ``pip install -e .`` (or any install) compiles ``parsers/kineto/scan.c`` (with the two headers it includes,
 ``scan_json.h`` and ``scan_records.h``) into ``tracekit.parsers.kineto.scan`` with the platform's C compiler and
 Python headers. Where there are none, the install goes on without it (setuptools warns): the parser gives the
-same tables without the module (``TRACEKIT_NO_EXTENSION=1`` shows how), 2.5x slower. CI sets
+same tables without the module (``TRACEKIT_NO_EXTENSION=1`` shows how), about 2.4x slower. CI sets
 ``TRACEKIT_REQUIRE_EXTENSION=1``, under which the tests fail when it was not built.
 """
 

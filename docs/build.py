@@ -60,6 +60,8 @@ class Example:
     #: ``benchmarks/jobgen.py`` arguments of a generated job (of known truth) the command reads: written to
     #: :data:`GENERATED` ``/<the first of them>`` first, and ``{job}`` in ``argv`` names it
     generate: tuple[str, ...] = ()
+    #: the exit status the command must end with (``diff --fail-on-regression`` exits 3 on a regression)
+    rc: int = 0
 
     @property
     def job(self) -> str:
@@ -75,6 +77,8 @@ EXAMPLES: dict[str, Example] = {
                        "--compression", "1,4")),
     "diff-comm": Example(("diff", "tests/data/jobs/ddp-bucket1mb", "tests/data/jobs/ddp-bucket4mb"),
                          parts=("communication per op",), after=1),
+    "diff-gate": Example(("diff", "tests/data/jobs/ddp-bucket1mb", "tests/data/jobs/ddp-bucket4mb", "--no-verdict",
+                          "--fail-on-regression", "5%"), parts=("regression gate",), rc=3),
     "noshapes": Example(("summary", "tests/data/jobs/ddp-noshapes-1gbit"),
                         parts=("Links were busy", "verdict:"),
                         comment="# torch.profiler's defaults: no record_shapes"),
@@ -112,9 +116,9 @@ def blocks(text: str) -> Iterator[tuple[str, str]]:
         yield m.group(2), m.group(3)
 
 
-def run(argv: tuple[str, ...]) -> str:
+def run(argv: tuple[str, ...], want_rc: int = 0) -> str:
     """What ``tracekit ARGV`` prints into a pipe, run in this process from the repository root (lines stripped of
-    trailing blanks)."""
+    trailing blanks); an exit status other than ``want_rc`` is an error."""
     from tracekit import cli
 
     out, err = io.StringIO(), io.StringIO()
@@ -125,7 +129,7 @@ def run(argv: tuple[str, ...]) -> str:
             rc = cli.main(list(argv))
     finally:
         os.chdir(cwd)
-    if rc != 0:
+    if rc != want_rc:
         raise RuntimeError(f"tracekit {' '.join(argv)} exited {rc}: {err.getvalue().strip()}")
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n")
 
@@ -180,7 +184,7 @@ def expected(names: set[str] | None = None) -> dict[str, str]:
         for name, ex in EXAMPLES.items():
             if names is None or name in names:
                 generate(ex)
-                out[name] = render(ex, run(argv(ex)))
+                out[name] = render(ex, run(argv(ex), ex.rc))
         return out
 
 

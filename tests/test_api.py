@@ -94,7 +94,7 @@ def test_whatif_and_verdict_are_the_cli_s(job: tracekit.Job, capsys: pytest.Capt
     assert job.whatif(bandwidth={"default": "1gbit"}).height == 1
     assert job.whatif(bandwidth="1gbit", latency="1ms")["iteration_ns"][0] > \
         job.whatif(bandwidth="1gbit")["iteration_ns"][0]
-    with pytest.raises(TraceError, match="--compression: '-1' must be positive"):
+    with pytest.raises(TraceError, match="compression='-1': must be positive"):
         job.whatif(compression=[-1])
     with pytest.raises(TraceError, match="at most 1"):
         job.whatif(efficiency=2)
@@ -148,9 +148,9 @@ def test_gpu_job_and_errors(gpu: Path, tmp_path: Path) -> None:
     assert j.verdict.bottleneck is not None
     with pytest.raises(TraceError, match="no such file"):
         tracekit.load(tmp_path / "nope")
-    with pytest.raises(TraceError, match="--link-bw"):
+    with pytest.raises(TraceError, match="link_bw='fast'"):
         tracekit.load(gpu, link_bw="fast")
-    with pytest.raises(TraceError, match="--jobs"):
+    with pytest.raises(TraceError, match="jobs=0"):
         tracekit.load(gpu, jobs=0)
 
 

@@ -122,3 +122,91 @@ def test_the_readme_links_lead_somewhere() -> None:
             if anchor not in slugs:
                 broken.append(target)
     assert not broken, f"README.md links to what is not there: {broken}"
+
+
+#: a Sphinx cross-reference role (``:class:`Verdict```), which mkdocstrings prints as it is; the pages' docstrings
+#: link with autorefs instead (``[Verdict][tracekit.api.Verdict]``) or name the object in code
+RAW_ROLE = re.compile(r":(?:py:)?(?:class|mod|func|meth|attr|data|exc|obj|ref|const):`[^`]+`")
+
+
+def _rendered_docstrings() -> dict[str, str]:
+    """The docstrings the site's API pages render: every ``::: name`` of docs/*.md, and its public members (those
+    the page's ``filters: ["!^_"]`` keep), by their dotted names."""
+    import importlib
+    import inspect
+
+    out: dict[str, str] = {}
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for name in re.findall(r"^::: *([\w.]+)", page.read_text(encoding="utf-8"), re.M):
+            module, _, attr = name.rpartition(".")
+            obj = getattr(importlib.import_module(module), attr)
+            out[name] = inspect.getdoc(obj) or ""
+            if inspect.isclass(obj):
+                for member, value in vars(obj).items():
+                    inner = getattr(value, "fget", None) or getattr(value, "func", None) or value
+                    doc = getattr(inner, "__doc__", None)
+                    if not member.startswith("_") and isinstance(doc, str) and not isinstance(value, str | int):
+                        out[f"{name}.{member}"] = doc
+    return out
+
+
+def test_api_pages_render_no_raw_sphinx_role() -> None:
+    """mkdocstrings does not resolve Sphinx roles: a docstring the API pages render must not carry one."""
+    docs = _rendered_docstrings()
+    assert {"tracekit.api.Job", "tracekit.api.Job.verdict", "tracekit.analysis.compare.Diff.regression"} <= set(docs)
+    raw = {name: RAW_ROLE.findall(doc) for name, doc in docs.items() if RAW_ROLE.search(doc)}
+    assert not raw, f"raw Sphinx roles in docstrings the site renders (write [Name][dotted.path]): {raw}"
+
+
+def test_the_role_check_finds_a_role() -> None:
+    assert RAW_ROLE.findall("see :class:`Verdict` and :mod:`tracekit.analysis.compact`, not [Job][tracekit.api.Job]") \
+        == [":class:`Verdict`", ":mod:`tracekit.analysis.compact`"]
+
+
+def test_the_run_directories_the_pages_record_into_are_ignored_by_git() -> None:
+    """``tracekit record --out runs/demo`` (README) must not leave traces for ``git add .`` to pick up."""
+    import shutil
+    import subprocess
+
+    outs = sorted({m for page in build.pages() for m in re.findall(r"--out (runs/[\w.-]+)", page.read_text("utf-8"))})
+    assert "runs/demo" in outs
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = [f"{d}/rank0.pt.trace.json.gz" for d in outs]
+    r = subprocess.run(["git", "check-ignore", "--no-index", *files], cwd=ROOT, capture_output=True, text=True)
+    assert sorted(r.stdout.split()) == sorted(files), f"not ignored: {set(files) - set(r.stdout.split())}"
+
+
+def test_the_pages_say_one_figure_for_the_parser_without_its_extension() -> None:
+    """README.md, setup.py and DEVELOPERS.md each say how much slower the Kineto parser is without its C extension:
+    the same measured figure (they said 2.3x and 2.5x)."""
+    said = {}
+    for name, pattern in (("README.md", r"same tables, about ([\d.]+)× slower"),
+                          ("setup.py", r"about ([\d.]+)x slower"),
+                          ("DEVELOPERS.md", r"same tables, about ([\d.]+)× the parse CPU")):
+        m = re.search(pattern, (ROOT / name).read_text(encoding="utf-8"))
+        assert m, f"{name} no longer says it as {pattern!r}"
+        said[name] = float(m.group(1))
+    assert len(set(said.values())) == 1, said
+
+
+#: pages about how tracekit was measured and built, where its history belongs; every other page is about use
+HISTORY_PAGES = {"speed.md", "accuracy.md", "development.md"}
+#: a commit hash (hex with letters and digits, not an ``0x`` id) or words that narrate how a figure came about
+NARRATION = re.compile(r"(?<![0-9a-zA-Z_])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![0-9a-zA-Z_])|"
+                       r"\b(?:this tree|alternating with|stop \d+|issue \d+|earlier versions|re-measured|this stop|"
+                       r"last stop|the commit|in this run)\b", re.I)
+
+
+def test_user_pages_are_about_use() -> None:
+    """Benchmark history ("alternating with 702cbef's tree") lives in docs/speed.md; the README and the user pages of
+    the site carry no commit hash and no narration of how a figure was measured."""
+    nav = re.findall(r":\s*(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"), re.M)
+    assert set(nav) >= HISTORY_PAGES and "inspect.md" in nav
+    pages = [ROOT / "README.md", *(ROOT / "docs" / p for p in nav if p not in HISTORY_PAGES)]
+    found = [f"{page.relative_to(ROOT)}:{i}: {m.group()!r}" for page in pages
+             for i, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+             for m in NARRATION.finditer(line)]
+    assert not found, "history on a user page (move it to docs/speed.md): " + "; ".join(found)
+    assert NARRATION.search("13 more pairs of cold launches, alternating with 702cbef's tree")
+    assert not NARRATION.search("ncclCommInitRank comm 0x55b07c1e9f30 rank 0")

@@ -108,10 +108,10 @@ async def test_timeline_zoom_pan_and_mouse(sample: JobData) -> None:
         assert c.model is not None
         fit = c.zoom
         assert cell_ns(fit) * c.track_width >= c.model.span
-        await pilot.press("plus")
-        assert c.zoom == fit - 2
-        await pilot.press("plus", "i")
-        assert c.zoom == fit - 6
+        await pilot.press("plus")  # a press zooms in ×2: half the time per cell
+        assert c.zoom == fit - 4 and cell_ns(c.zoom) * 2 == cell_ns(fit)
+        await pilot.press("plus", "i")  # two more: ×4
+        assert c.zoom == fit - 12 and cell_ns(c.zoom) * 8 == cell_ns(fit)
         first = c.first_cell
         await pilot.press("right_square_bracket")
         assert c.first_cell == first + c.track_width // 2
@@ -124,7 +124,7 @@ async def test_timeline_zoom_pan_and_mouse(sample: JobData) -> None:
         await pilot.press("down", "down")
         assert c.cursor_lane == 2
         await pilot.press("minus")
-        assert c.zoom == fit - 4
+        assert c.zoom == fit - 8
         await pilot.press("f")
         assert c.zoom == fit and c.first_cell == 0
         # mouse: wheel zooms around the pointer, click moves the cursor

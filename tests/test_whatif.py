@@ -64,7 +64,7 @@ def test_predictions_on_threads_are_the_ones_made_one_by_one(sample: whatif.Mode
 
 def test_efficiency_measured_needs_the_line_rate(tmp_path: Path) -> None:
     m = _model(ROOT / "samples" / "ddp-gloo", None)
-    with pytest.raises(ValueError, match="--link-bw"):
+    with pytest.raises(ValueError, match="link_bw="):
         whatif.predict(m, whatif.Scenario(bandwidth_bps=1e9))
     assert "--link-bw" in bottleneck.bottleneck(m).text
 

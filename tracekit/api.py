@@ -34,6 +34,8 @@ import pyarrow as pa
 
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.options import naming
+from tracekit.model.units import count
 
 if TYPE_CHECKING:
     from tracekit.analysis.bottleneck import Bottleneck
@@ -68,7 +70,7 @@ def _link_rates(link_bw: RateArg | None) -> tuple[float | None, dict[str, float]
         return None, {}
     if isinstance(link_bw, int | float):
         if not link_bw > 0 or not math.isfinite(link_bw):
-            raise TraceError(None, f"--link-bw: {link_bw!r} is not a positive line rate")
+            raise TraceError(None, f"link_bw={link_bw!r} is not a positive line rate")
         return float(link_bw), {}
     return parse_link_rates(str(link_bw))
 
@@ -90,7 +92,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     By default a job is analysed in memory unless it would not fit, in which case — or with ``by_rank=True``,
     ``engine`` (``"local"``/``"dask"``), ``scheduler``, ``dataset`` or ``memory_budget`` — it is analysed rank by
     rank through a per-rank Parquet dataset; ``by_rank=False`` forces memory. Rank by rank, the critical path and
-    the what-if run on the ranks' compact dependency graphs (:mod:`tracekit.analysis.compact`): ``graphs=True``
+    the what-if run on the ranks' compact dependency graphs (`tracekit.analysis.compact`): ``graphs=True``
     builds them with the dataset (what ``tracekit whatif`` and ``critical-path`` ask for), otherwise they are built
     from the dataset's events on first use. ``on_start(files, total_bytes)`` is
     called once the inputs are found, ``progress(done_bytes, total_bytes, path)`` while they are read, and
@@ -101,7 +103,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     group), over the ``distributedInfo`` in the file; without it, the rank is the file's ``distributedInfo``, else
     what its name says (the training tools' layouts: docs/integrations/layouts.md), else the order.
 
-    Raises :class:`~tracekit.model.diagnostics.TraceError` (one line) for a bad input or option."""
+    Raises `tracekit.model.diagnostics.TraceError` (one line) for a bad input or option."""
     from tracekit.analysis.pipeline import analyse
     from tracekit.loading import traceset
     from tracekit.scale import dataset as dataset_mod
@@ -115,7 +117,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     link_bw_bps, line_rates = _link_rates(link_bw)
     only = _iterations(iterations)
     if jobs is not None and jobs < 1:
-        raise TraceError(None, "--jobs must be at least 1")
+        raise TraceError(None, f"jobs={jobs}: must be at least 1")
     files, _ = traceset.discover(names)
     total = sum(os.path.getsize(f) for f in files)
     wants = any(x is not None for x in (engine, scheduler, dataset, memory_budget))
@@ -124,14 +126,14 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
         need, have = dataset_mod.in_memory_need(files), dataset_mod.available_memory()
         if need > have:
             rank_by_rank = True
-            (on_note or log.info)(f"analysing {len(files)} files rank by rank: in memory they would need about "
-                                  f"{need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB is available")
+            (on_note or log.info)(f"analysing {count(len(files), 'file')} rank by rank: in memory they would need "
+                                  f"about {need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB is available")
     if on_start is not None:
         on_start(files, total)
     cache_root = None if cache_dir is None else os.fspath(cache_dir)
     if rank_by_rank and only is not None:
-        raise TraceError(None, "--iterations needs the job in memory: run without --engine, --scheduler, --dataset "
-                               "and --memory-budget")
+        raise TraceError(None, "iterations= needs the job in memory: run without engine=, scheduler=, dataset= "
+                               "and memory_budget=")
     if rank_by_rank:
         from tracekit.scale import engine as engine_mod
         from tracekit.scale.graphs import RankGraphs
@@ -189,7 +191,7 @@ class Verdict:
 
     ``kind`` is the one classification (``link-bound``, ``straggler-bound``, ``host-bound``, ``compute-bound``,
     ``mixed``, or ``none`` without iterations), derived from the replays and the critical path
-    (:mod:`tracekit.analysis.verdict`); ``headline`` is its first sentence and ``text`` the whole answer (the
+    (`tracekit.analysis.verdict`); ``headline`` is its first sentence and ``text`` the whole answer (the
     replays behind it, the stragglers named, exposed communication split into waiting and transfer, and a caveat
     where it rests on unexplained gaps). ``answer`` holds its figures; ``links`` is the measurement paragraph of
     ``tracekit summary``; ``bottleneck`` the link replays' figures (None without communication or a replay)."""
@@ -256,16 +258,16 @@ def scenarios(bandwidth: RateArg | Mapping[str, RateArg] | Sequence[RateArg | Ma
             bands.append((None, ()))
         elif isinstance(item, Mapping):
             bands.append((None, tuple((str(k), v if isinstance(v, int | float) else
-                                       parse_rate(str(v), option="--bandwidth")) for k, v in item.items())))
+                                       parse_rate(str(v), option="bandwidth=")) for k, v in item.items())))
         elif isinstance(item, int | float):
             if not item > 0:
-                raise TraceError(None, f"--bandwidth: {item!r} must be positive")
+                raise TraceError(None, f"bandwidth={item!r}: must be positive")
             bands.append((float(item), ()))
         else:
-            default, named = parse_link_rates(str(item).replace("+", ","), option="--bandwidth")
+            default, named = parse_link_rates(str(item).replace("+", ","), option="bandwidth=")
             bands.append((default, tuple(named.items())))
-    comps = [_positive(c, float, "--compression") for c in _as_list(compression)]
-    workers_l = [None if w is None else _positive(w, int, "--workers") for w in _as_list(workers)]
+    comps = [_positive(c, float, "compression=") for c in _as_list(compression)]
+    workers_l = [None if w is None else _positive(w, int, "workers=") for w in _as_list(workers)]
     eff: str | float
     if efficiency is None:
         eff = "measured" if link_bw_known else "full"
@@ -273,13 +275,13 @@ def scenarios(bandwidth: RateArg | Mapping[str, RateArg] | Sequence[RateArg | Ma
         eff = str(efficiency)
     else:
         text = efficiency.split(",")[0] if isinstance(efficiency, str) else efficiency
-        eff = _positive(text, float, "--efficiency")
+        eff = _positive(text, float, "efficiency=")
         if eff > 1:
-            raise TraceError(None, "--efficiency: a share of the line rate is at most 1")
+            raise TraceError(None, f"efficiency={eff!r}: a share of the line rate is at most 1")
     if eff == "measured" and not link_bw_known and any(r is not None or named for r, named in bands):
-        raise TraceError(None, "--efficiency measured needs --link-bw (the line rate the job ran on)")
+        raise TraceError(None, "efficiency='measured' needs link_bw= (the line rate the job ran on)")
     if eff != "measured" and not link_bw_known and bands == [(None, ())]:
-        raise TraceError(None, "give --bandwidth (the line rates to predict for) or --link-bw")
+        raise TraceError(None, "give bandwidth= (the line rates to predict for) or link_bw=")
     codec = whatif.DEFAULT_CODEC_NS_PER_BYTE if codec_cost is None else float(codec_cost)
     return [whatif.Scenario(bandwidth_bps=r, links=named, compression=c or 1.0, workers=w, efficiency=eff,
                             codec_ns_per_byte=codec)
@@ -292,15 +294,15 @@ def _positive(value: Any, kind: type, option: str) -> Any:
     try:
         out = kind(str(value).strip()) if isinstance(value, str) else kind(value)
     except (TypeError, ValueError):
-        raise TraceError(None, f"{option}: {str(value).strip()!r} is not a number") from None
+        raise TraceError(None, f"{naming(option, str(value).strip())}: not a number") from None
     if out <= 0:
-        raise TraceError(None, f"{option}: {str(value).strip()!r} must be positive")
+        raise TraceError(None, f"{naming(option, str(value).strip())}: must be positive")
     return out
 
 
 class Job:
-    """One analysed job (from :func:`load`). Tables are polars DataFrames with the public schema; the critical
-    path and the what-if replay are computed on first use (they build the job's dependency graph)."""
+    """One analysed job (from [load][tracekit.api.load]). Tables are polars DataFrames with the public schema; the
+    critical path and the what-if replay are computed on first use (they build the job's dependency graph)."""
 
     def __init__(self, analysis: Analysis, paths: Sequence[str] = ()) -> None:
         self.analysis = analysis
@@ -374,8 +376,8 @@ class Job:
     @property
     def events(self) -> pl.DataFrame | pl.LazyFrame:
         """Every timed activity (iteration filled): a DataFrame in memory, a ``LazyFrame`` over the per-rank
-        Parquet dataset for a job analysed rank by rank (``collect()`` what you need). :meth:`scan_events` is
-        lazy either way."""
+        Parquet dataset for a job analysed rank by rank (``collect()`` what you need).
+        [scan_events][tracekit.api.Job.scan_events] is lazy either way."""
         if self.analysis.dataset is not None:
             return self.analysis.dataset.scan("events")
         return self._events_df
@@ -458,7 +460,7 @@ class Job:
 
     @cached_property
     def top_ops(self) -> pl.DataFrame:
-        """Per rank, attribution class and op: calls and time (:mod:`tracekit.analysis.top_ops`)."""
+        """Per rank, attribution class and op: calls and time (`tracekit.analysis.top_ops`)."""
         return _frame(self.analysis.top_ops)
 
     def top_ops_job(self, n: int | None = 10) -> pl.DataFrame:
@@ -470,7 +472,7 @@ class Job:
     @cached_property
     def idle_breakdown(self) -> pl.DataFrame:
         """Per window: idle time split into host-bound, synchronisation and other (null on CPU-only ranks;
-        :mod:`tracekit.analysis.idle`)."""
+        `tracekit.analysis.idle`)."""
         return _frame(self.analysis.idle_breakdown)
 
     def critical_path(self, iteration: int | None = None) -> pl.DataFrame:
@@ -510,7 +512,7 @@ class Job:
 
     @property
     def verdict(self) -> Verdict:
-        """What sets the job's pace (replays the job's graph on first use; see :class:`Verdict`)."""
+        """What sets the job's pace (replays the job's graph on first use; see [Verdict][tracekit.api.Verdict])."""
         from tracekit.views import summary, verdict
         from tracekit.views.report import horovod_paragraph
 
@@ -537,7 +539,7 @@ class Job:
         ``compression`` (ratios) and ``workers``: one row per scenario with ``bandwidth_bps, compression, workers,
         efficiency, links, stragglers_removed, iteration_ns, speedup, scaling_factor``, each prediction with its range
         (``iteration_ns_low/high``, ``speedup_low/high``, ``scaling_factor_low/high``: meant to hold the truth 9
-        times in 10) and ``range_sources``, what each range is made of (see :func:`scenarios` for the
+        times in 10) and ``range_sources``, what each range is made of (see `tracekit.api.scenarios` for the
         arguments; ``latency`` is the fixed cost per call, ns or ``"20us"``; ``stragglers_removed`` adds the row of
         the job as it ran with every rank's excess over the median rank's work removed). The rows ``tracekit whatif``
         prints."""
@@ -551,7 +553,7 @@ class Job:
 
     def replay(self, scenarios: Sequence[Scenario], *, latency: str | int | None = None
                ) -> tuple[pl.DataFrame, Bottleneck | None]:
-        """The rows of :func:`tracekit.analysis.ranges.sweep` for ``scenarios``, and the bottleneck verdict under
+        """The rows of `tracekit.analysis.ranges.sweep` for ``scenarios``, and the bottleneck verdict under
         the same per-call latency (the job's own unless ``latency`` is given)."""
         from tracekit.analysis import ranges
         from tracekit.model.units import parse_duration
@@ -562,7 +564,7 @@ class Job:
         unc = self.analysis.uncertainty
         saved = model.latency_ns
         if latency is not None:
-            model.latency_ns = latency if isinstance(latency, int) else parse_duration(str(latency), option="--latency")
+            model.latency_ns = latency if isinstance(latency, int) else parse_duration(str(latency))
         try:
             try:
                 rows = ranges.sweep(unc, list(scenarios))
@@ -579,7 +581,8 @@ class Job:
         return summary_payload(self.analysis)
 
     def diff(self, other: Job) -> Diff:
-        """This job (the base) against ``other`` (the new run): :func:`compare`."""
+        """This job (the base) against ``other`` (the new run): their [Diff][tracekit.analysis.compare.Diff]
+        (`tracekit.api.compare`)."""
         return compare(self, other)
 
     # ----------------------------------------------------------------- output
@@ -602,8 +605,8 @@ class Job:
         from tracekit.views.chrome import critical_path_flows, write_chrome_trace
 
         if not self.in_memory:
-            raise TraceError(os.fspath(path), "a Chrome trace needs every event in memory: run without --engine, "
-                             "--scheduler, --dataset and --memory-budget")
+            raise TraceError(os.fspath(path), "a Chrome trace needs every event in memory: load without engine=, "
+                             "scheduler=, dataset= and memory_budget=")
         return write_chrome_trace(self.analysis, path, force=force, flows=critical_path_flows(self.analysis))
 
     def close(self) -> None:
@@ -626,7 +629,7 @@ class Job:
         from tracekit.views.report import SHORT_LABELS, fmt_bytes, fmt_ns, fmt_share
 
         a = self.analysis
-        title = f"tracekit.Job {self.name}: {self.n_ranks} ranks · {self.n_iterations} iterations"
+        title = f"tracekit.Job {self.name}: {count(self.n_ranks, 'rank')} · {count(self.n_iterations, 'iteration')}"
         if a.dataset is not None:
             title += " · rank by rank"
         header = ["rank", "iters", "median", *[SHORT_LABELS[c] for c in schema.CLASSES], "comm/it"]

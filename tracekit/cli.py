@@ -21,9 +21,11 @@ from rich.markup import escape
 
 from tracekit import __version__, allocators
 from tracekit.model.diagnostics import Diagnostic, TraceError, printable
+from tracekit.model.options import as_flags
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
+EXIT_REGRESSION = 3  # tracekit diff --fail-on-regression: NEW is slower beyond the threshold and the runs' spread
 EXIT_INTERNAL = 70
 PROGRESS_MIN_BYTES = 16 << 20
 
@@ -226,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "kernels and CPU operators whose time changed most (matched by name), the critical "
                                    "path's composition and each run's verdict; per rank where the ranks match.",
                        epilog="examples:\n  tracekit diff runs/bucket25mb runs/bucket100mb --link-bw 100gbit"
-                              "\n  tracekit diff before/ after/ --json > diff.json",
+                              "\n  tracekit diff before/ after/ --json > diff.json"
+                              "\n  tracekit diff main-run/ pr-run/ --fail-on-regression 5%   # a CI gate: exit 3",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("base", metavar="BASE", help="the first run (a trace file or a directory)")
     p.add_argument("new", metavar="NEW", help="the run to compare with it")
@@ -234,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print every table and both verdicts as JSON")
     p.add_argument("--limit", type=int, default=10, metavar="N", help="show the N ops that changed most (default 10)")
     p.add_argument("--no-verdict", action="store_true", help="skip the what-if replays behind each run's verdict")
+    p.add_argument("--fail-on-regression", type=_threshold, metavar="PCT", help="exit 3 when NEW's median "
+                   "iteration is slower than BASE's by more than PCT (e.g. 5%%) and by more than the runs' own spread "
+                   "(a 90%% interval from their iterations), saying which classes grew; 0 otherwise")
     _big_jobs(p)
     p.set_defaults(func=cmd_diff, graphs=True)
 
@@ -566,15 +572,32 @@ def cmd_diff(args: argparse.Namespace) -> int:
     args.paths, args.dataset = [args.new], os.path.join(where, "new") if where else None
     new = _job(args, err)
     d = compare(base, new, top=max(args.limit, 1), verdicts=not args.no_verdict)
+    gate = None if args.fail_on_regression is None else d.regression(args.fail_on_regression)
     if args.json:
-        sys.stdout.write(json.dumps(d.to_dict(), indent=2, default=str) + "\n")
+        payload = d.to_dict() if gate is None else {**d.to_dict(), "gate": gate.to_dict()}
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
         from tracekit.views.report import render_diff
 
         out = _stdout(140)
         render_diff(out, d, limit=args.limit)
+        if gate is not None:
+            from tracekit.views.regression import render_gate
+
+            out.print()
+            render_gate(out, gate)
     _warn([*base.diagnostics, *new.diagnostics], err, args.quiet)
-    return 0
+    return EXIT_REGRESSION if gate is not None and gate.regressed else 0
+
+
+def _threshold(text: str) -> float:
+    """``--fail-on-regression``'s value as a share (a usage error when it is not one)."""
+    from tracekit.analysis.regression import parse_threshold
+
+    try:
+        return parse_threshold(text)
+    except TraceError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -675,8 +698,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with contextlib.ExitStack() as args.exit_stack:  # what a command leaves to clean up (temporary datasets)
             return int(args.func(args) or 0)
-    except TraceError as exc:
-        print(f"tracekit: {exc}", file=sys.stderr)
+    except TraceError as exc:  # the library names its options as Python keywords (link_bw=): here, as flags
+        print(f"tracekit: {as_flags(str(exc))}", file=sys.stderr)
         return EXIT_INPUT
     except UsageError as exc:
         print(f"tracekit: {exc}", file=sys.stderr)

@@ -22,8 +22,8 @@ __all__ = ["BREAKDOWN_ROWS", "Diff", "compare", "diff"]
 
 def diff(base: Job | PathArg | Iterable[PathArg], new: Job | PathArg | Iterable[PathArg], *, top: int = TOP,
          verdicts: bool = True, **load_options: Any) -> Diff:
-    """Compare two runs. ``base`` and ``new`` are :class:`~tracekit.api.Job` objects, or paths to load with
-    ``load_options`` (:func:`tracekit.api.load`'s: ``link_bw``, ``step_marker``, ``cache``, …)."""
+    """Compare two runs. ``base`` and ``new`` are [Job][tracekit.api.Job] objects, or paths to load with
+    ``load_options`` ([load][tracekit.api.load]'s: ``link_bw``, ``step_marker``, ``cache``, …)."""
     a = base if isinstance(base, Job) else load(base, **load_options)
     b = new if isinstance(new, Job) else load(new, **load_options)
     return compare(a, b, top=top, verdicts=verdicts)

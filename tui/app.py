@@ -25,6 +25,7 @@ from textual.widgets import Footer, Header, Label, ProgressBar, Static, TabbedCo
 from textual.worker import get_current_worker
 
 from tracekit.model.diagnostics import TraceError
+from tracekit.model.options import as_flags
 from tracekit.tui.data import JobData, LoadCallbacks, LoadOptions, cached_summary, complete, load_job
 from tracekit.tui.dialogs import ExportScreen, HelpScreen
 from tracekit.tui.tabs import view_classes
@@ -150,8 +151,8 @@ class InspectApp(App[int]):
         )
         try:
             load_job(self.paths, self.options, callbacks, start=self._start)
-        except TraceError as exc:
-            self._ui(self._failed, str(exc))
+        except TraceError as exc:  # named as the command line's flags, which the user typed
+            self._ui(self._failed, as_flags(str(exc)))
         except OSError as exc:
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
             self._ui(self._failed, f"{where}{exc.strerror or exc}")
@@ -303,6 +304,7 @@ class InspectApp(App[int]):
             items = list(cls.BINDINGS)
             if cls is TimelineView:
                 items = list(TimelineCanvas.BINDINGS) + items
+            items += [Binding(key, "", what) for key, what in cls.HELP_KEYS]
             sections.append((cls.TITLE, items))
         self.push_screen(HelpScreen(sections, MOUSE_HELP))
 

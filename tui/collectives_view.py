@@ -17,6 +17,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Input, Static
 
+from tracekit.model.units import count
 from tracekit.tui.data import JobData
 from tracekit.tui.iterations import Cell
 from tracekit.tui.table_view import MAX_ROWS, TableView
@@ -45,6 +46,7 @@ class CollectivesView(TableView):
         "util": "utilisation"}
     FILTER_ID = "coll-filter"
     DEFAULT_SORT = "time"
+    HELP_KEYS = (("enter", "Show the instance on the timeline"),)
 
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
@@ -121,8 +123,8 @@ class CollectivesView(TableView):
         assert data is not None and data.analysis is not None
         ov = summary.collectives_overview(data.analysis.instances)
         t = Text()
-        t.append(f"{ov['instances']} collectives · {ov['matched']} matched across ranks · {ov['partial']} partial · "
-                 f"{ov['inconsistent']} inconsistent", style="bold")
+        t.append(f"{count(ov['instances'], 'collective')} · {ov['matched']} matched across ranks · "
+                 f"{ov['partial']} partial · {ov['inconsistent']} inconsistent", style="bold")
         rate = data.analysis.line_rate_bps
         t.append(f" · line rate {format_rate(rate)}" if rate else " · no line rate (--link-bw) for utilisation")
         t.append(f" · sorted by {self.sort} {'↓' if self.descending else '↑'}")

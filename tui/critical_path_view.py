@@ -66,6 +66,7 @@ class CriticalPathView(DeferredView):
         Binding("s", "sort_runs", "Longest first / in order"),
         Binding("m", "short_runs", "All runs / 1 %+"),
     ]
+    HELP_KEYS = (("enter", "Show the run on the timeline"), ("tab", "Iterations ↔ runs"))
 
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)

@@ -36,6 +36,7 @@ import pyarrow as pa
 from tracekit import results_cache
 from tracekit.allocators import release_memory
 from tracekit.model.diagnostics import Diagnostic, TraceError
+from tracekit.model.units import count
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -124,7 +125,7 @@ class JobData:
         src = files if files is not None else [f.path for f in analysis.traces.files]
         return cls(files=src, ranks=analysis.traces.ranks, iterations=analysis.iterations,
                    breakdown=analysis.breakdown, notes=list(analysis.notes),
-                   diagnostics=list(analysis.traces.diagnostics), events=analysis.events.num_rows,
+                   diagnostics=list(analysis.diagnostics), events=analysis.events.num_rows,
                    analysis=analysis)
 
     def tables(self) -> dict[str, pa.Table]:
@@ -238,7 +239,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     total = sum(os.path.getsize(f) for f in files)
     if rank_by_rank(options, files, callbacks):
         return _load_by_rank(paths, options, callbacks, found, total)
-    callbacks.say(f"reading {len(files)} files", 0.0)
+    callbacks.say(f"reading {count(len(files), 'file')}", 0.0)
 
     def progress(done: int, _total: int, path: str) -> None:
         callbacks.say(f"read {os.path.basename(path)}", done / total if total else 1.0)
@@ -268,7 +269,7 @@ def load_job(paths: list[str], options: LoadOptions, callbacks: LoadCallbacks,
     else:
         data.analysis = analysis
         data.files = files
-        data.diagnostics = list(traces.diagnostics)
+        data.diagnostics = list(analysis.diagnostics)  # the inputs' and the analysis' (as the CLI prints them)
     data.results_entry = (_results_root(options), key) if key and key == key_before else None
     # the critical path and the what-if's replays side by side with the top ops and the timeline: numpy and
     # polars release the GIL, so the two cores both work
@@ -296,8 +297,8 @@ def rank_by_rank(options: LoadOptions, files: list[str], callbacks: LoadCallback
 
     need, have = dataset_mod.in_memory_need(files), dataset_mod.available_memory()
     if need > have and callbacks is not None:
-        callbacks.say(f"reading {len(files)} files rank by rank: in memory they would need about {need / 2**30:.1f} "
-                      f"GiB, {have / 2**30:.1f} GiB is available")
+        callbacks.say(f"reading {count(len(files), 'file')} rank by rank: in memory they would need about "
+                      f"{need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB is available")
     return need > have
 
 
@@ -322,7 +323,7 @@ def _load_by_rank(paths: list[str], options: LoadOptions, callbacks: LoadCallbac
     def progress(done: int, _total: int, path: str) -> None:
         callbacks.say(f"rank by rank: read {os.path.basename(path)}", done / total if total else 1.0)
 
-    callbacks.say(f"rank by rank: {len(files)} files into a per-rank dataset", 0.0)
+    callbacks.say(f"rank by rank: {count(len(files), 'file')} into a per-rank dataset", 0.0)
     ds = dataset_mod.build(paths, out=options.dataset, engine=make_engine(), step_marker=options.step_marker,
                            budget=options.memory_budget, use_cache=options.use_cache, cache_dir=options.cache_dir,
                            force=options.rebuild, progress=progress, found=found, graphs=True,
@@ -337,7 +338,8 @@ def _load_by_rank(paths: list[str], options: LoadOptions, callbacks: LoadCallbac
                    events=int(ds.manifest.get("events", 0)), figures=results_cache.figures(breakdown, ds.ranks))
     if callbacks.summary:
         callbacks.summary(data)
-    callbacks.say(f"rank by rank: collectives of {ds.ranks.num_rows} ranks matched, exposed communication split", None)
+    callbacks.say(f"rank by rank: collectives of {count(ds.ranks.num_rows, 'rank')} matched, exposed communication "
+                  "split", None)
     analysis = analyse_dataset(ds, link_bw_bps=options.link_bw_bps, memory_budget=options.memory_budget,
                                line_rates=dict(options.line_rates),
                                rank_graphs=RankGraphs(ds, make_engine, options.memory_budget))
@@ -381,10 +383,10 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
     if data.timeline is None and by_rank:  # lanes laid out now, each rank read when it is drawn
         from tracekit.views.ranked_timeline import RankedTimeline, RankSource
 
-        callbacks.say(f"laying out the timeline of {data.ranks.num_rows:,} ranks", None)
+        callbacks.say(f"laying out the timeline of {count(data.ranks.num_rows, 'rank', grouped=True)}", None)
         data.timeline = RankedTimeline(RankSource(analysis))
     elif data.timeline is None:
-        callbacks.say(f"building the timeline of {analysis.events.num_rows:,} events", None)
+        callbacks.say(f"building the timeline of {count(analysis.events.num_rows, 'event', grouped=True)}", None)
         data.timeline = TimelineModel.build(analysis)
     if callbacks.timeline:
         callbacks.timeline(data)

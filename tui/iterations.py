@@ -11,6 +11,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Static
 
 from tracekit.model.schema import CLASSES
+from tracekit.model.units import count
 from tracekit.tui.data import JobData
 from tracekit.tui.overview import split_cells
 from tracekit.tui.views import DeferredView, ShowInTimeline
@@ -52,6 +53,7 @@ class IterationsView(DeferredView):
         Binding("s", "sort_next", "Sort by next column"),
         Binding("S", "sort_reverse", "Reverse sort"),
     ]
+    HELP_KEYS = (("enter", "Show the window on the timeline"),)
 
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
@@ -112,7 +114,7 @@ class IterationsView(DeferredView):
             key, reverse = self._sorted
             by = f" · sorted by {key.removesuffix('_ns')} {'↓' if reverse else '↑'}"
         self.query_one("#iterations-help", Static).update(
-            Text(f"{self.table.row_count} windows (rank × iteration){by} · s: sort by the next column · "
+            Text(f"{count(self.table.row_count, 'window')} (rank × iteration){by} · s: sort by the next column · "
                  "S: reverse · click a header to sort by it · enter: show the window on the timeline", style="dim"))
 
     def sort_by(self, key: str, reverse: bool | None = None) -> None:

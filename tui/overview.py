@@ -6,7 +6,8 @@ stragglers the others waited for (:mod:`tracekit.views.many_ranks`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from rich import box
@@ -20,11 +21,15 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Static
 
 from tracekit.model.schema import CLASSES
+from tracekit.model.units import count
 from tracekit.tui.data import JobData
 from tracekit.tui.views import ShowInTimeline, View
 from tracekit.views import many_ranks
 from tracekit.views.many_ranks import MANY_RANKS
 from tracekit.views.report import CLASS_STYLES, SHORT_LABELS, VERDICT_STYLES, fmt_bytes, fmt_ns, fmt_share
+
+#: the input warnings the Inputs card lists (tracekit summary prints up to 20)
+SHOWN_WARNINGS = 5
 
 
 def _nb(text: str) -> str:
@@ -140,7 +145,7 @@ class OverviewView(View):
                           + (f" ({fmt_share(wait)} of it waiting for other ranks)" if wait is not None else ""),
                           style="bold")
             answer.append(" · the verdict follows once the replays are done", style="dim")
-        facts = [f"{job.get('ranks', 0)} ranks", f"{job.get('iterations', 0)} iterations"]
+        facts = [count(job.get("ranks", 0), "rank"), count(job.get("iterations", 0), "iteration")]
         if job.get("ranks"):
             facts.append(f"median iteration {fmt_ns(job['median_iteration_ns'])}")
             if job.get("comm_bytes_per_iteration") is not None:
@@ -291,12 +296,17 @@ class OverviewView(View):
 
     @staticmethod
     def _inputs(data: JobData) -> Text:
-        t = Text(f"{len(data.files)} files · {data.ranks.num_rows} ranks · {data.events:,} events", style="bold")
+        t = Text(f"{count(len(data.files), 'file')} · {count(data.ranks.num_rows, 'rank')} · "
+                 f"{count(data.events, 'event', grouped=True)}", style="bold")
         t.append("\nresults from the cache" if data.from_cache else "\nanalysed now")
         warnings = data.warnings
         if warnings:
-            t.append(f"\n{len(warnings)} warnings: ", style="yellow")
-            t.append(str(warnings[0]), style="yellow")
+            t.append(f"\n{count(len(warnings), 'warning')}:", style="yellow")
+            for d in warnings[:SHOWN_WARNINGS]:  # the file's name, not its path: the card is narrow
+                t.append(f"\n• {replace(d, path=os.path.basename(d.path))}", style="yellow")
+            if len(warnings) > SHOWN_WARNINGS:
+                t.append(f"\n… and {len(warnings) - SHOWN_WARNINGS} more (tracekit summary prints them all)",
+                         style="yellow")
         else:
             t.append("\nno warnings about the inputs", style="dim")
         return t

@@ -14,10 +14,11 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Input, Static
 
+from tracekit.model.units import count
 from tracekit.tui.data import JobData
 from tracekit.tui.iterations import Cell
 from tracekit.tui.table_view import MAX_ROWS, TableView
-from tracekit.views.report import TENSOR_SORTS, fmt_bytes, fmt_gbps, fmt_ns, fmt_share
+from tracekit.views.report import TENSOR_SORTS, fmt_bytes, fmt_gbps, fmt_ns, fmt_share, rank_count
 
 if TYPE_CHECKING:
     import polars as pl
@@ -77,8 +78,9 @@ class TensorsView(TableView):
         tot = data.analysis.horovod.totals
         t = Text()
         t.append("all: ", style="bold")
-        t.append(f"{fmt_bytes(tot['bytes_total'])} in {tot['instances']} instances; over {fmt_ns(tot['span_ns'])} of "
-                 f"timeline, transfer {fmt_ns(tot['transfer_ns'])} and negotiation {fmt_ns(tot['negotiation_ns'])} "
+        t.append(f"{fmt_bytes(tot['bytes_total'])} in {count(tot['instances'], 'instance')}; over "
+                 f"{fmt_ns(tot['span_ns'])} of timeline, transfer {fmt_ns(tot['transfer_ns'])} and negotiation "
+                 f"{fmt_ns(tot['negotiation_ns'])} "
                  "(unions: fused tensors and concurrent negotiations once)")
         if tot.get("busbw_gbps") is not None:
             t.append(f"; busbw {fmt_gbps(tot['busbw_gbps'])}")
@@ -138,8 +140,8 @@ class TensorsView(TableView):
         res = data.analysis.horovod
         tot = res.totals
         t = Text()
-        t.append(f"{tot['tensors']} tensors · {tot['instances']} op instances in {tot['responses']} responses · "
-                 f"{res.world_size or '?'} ranks", style="bold")
+        t.append(f"{count(tot['tensors'], 'tensor')} · {count(tot['instances'], 'op instance')} in "
+                 f"{count(tot['responses'], 'response')} · {rank_count(res.world_size)}", style="bold")
         rate = data.analysis.line_rate_bps
         if rate:
             t.append(f" · line rate {format_rate(rate)}")

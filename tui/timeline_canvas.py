@@ -38,7 +38,9 @@ MARK_STYLES = {"search": Style(bgcolor="bright_white"), PATH_MARKS: Style(color=
 MARK_GLYPHS = {PATH_MARKS: "━"}
 #: what to call each overlay in messages
 MARK_NAMES = {"search": "search hit", PATH_MARKS: "critical-path segment"}
-ZOOM_KEY_STEPS = 2  # one key press: two of the four zoom steps per doubling (about ×1.4)
+#: one key press (+/-) zooms by 2: all four zoom steps of a doubling (two, ×1.4 a press, left two presses at ×2,
+#: which read as a key that did half its job); the wheel keeps one step (×1.19) for fine control
+ZOOM_KEY_STEPS = 4
 
 
 def fmt_time(t: int, step: int | None = None, *, unit_from_step: bool = False) -> str:

@@ -346,14 +346,25 @@ class TimelineView(View):
         ln = model.lanes[lane]
         cov = model.coverage(lane, canvas.zoom, canvas.cursor_cell, 1)[0]
         t = Text(f"rank {ln.rank}", style="bold")
-        it = model.iteration_at(ln.rank, c0)
-        t.append(f" · iteration #{it}" if it is not None else " · outside the iteration windows")
-        t.append(f" · cell {fmt_time(c0 - model.t0, canvas.cell)} (+{fmt_ns(canvas.cell)})\n")
-        window = int(cov[-1])
+        # the iterations the cell overlaps, not the one at its start: a cell can begin before the first window
+        its = model.iterations_in(ln.rank, c0, c0 + canvas.cell)
+        window = int(cov[-1])  # the part of the cell inside iteration windows: the classes cover that part only
+        if not its or not window:
+            t.append(" · outside the iteration windows")
+        else:
+            t.append(f" · iteration #{its[0]}" if len(its) == 1 else f" · iterations #{its[0]}–#{its[-1]}")
+        t.append(f" · cell {fmt_time(c0 - model.t0, canvas.cell)} (+{fmt_ns(canvas.cell)})")
+        if its and window and window < canvas.cell:
+            t.append(f" · {100 * window / canvas.cell:.0f} % of it in iteration windows, shares of that part")
+        t.append("\n")
+        if not its or not window:
+            t.append("no attribution outside the iteration windows (every class is measured inside them)",
+                     style="dim")
+            return t
         for k, name in enumerate(ln.kinds):
-            share = cov[k] / window if window else 0.0
             t.append("■ ", style=CLASS_STYLES[name])
-            t.append(f"{CLASS_LABELS[name]} {100 * share:.0f} %   ")
+            t.append(f"{CLASS_LABELS[name]} {100 * cov[k] / window:.0f} %   ")
+        it = its[0] if len(its) == 1 else None
         if it is not None and self._data is not None:
             t.append("\n")
             t.append_text(self._window_line(ln.rank, it))

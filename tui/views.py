@@ -40,6 +40,8 @@ class View(Widget):
     REQUIRES: ClassVar[tuple[str, ...]] = ()
     #: whether the view needs the timeline model (phase 3) to show anything but a progress line
     NEEDS_TIMELINE: ClassVar[bool] = False
+    #: keys the view's widgets handle themselves (a table's enter), for the key list (``?``) only
+    HELP_KEYS: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __init__(self, data: JobData | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -32,6 +32,7 @@ from textual.worker import get_current_worker
 from textual_plotext import PlotextPlot
 
 from tracekit.model.diagnostics import TraceError
+from tracekit.model.options import as_flags
 from tracekit.tui.data import JobData
 from tracekit.tui.views import View
 from tracekit.views.report import VERDICT_STYLES, fmt_ns
@@ -284,7 +285,7 @@ class WhatIfView(View, can_focus=True):
         try:
             sc = scenario(self.inputs(), data.analysis.line_rate_bps)
         except ValueError as exc:
-            self._say_error(str(exc))
+            self._say_error(as_flags(str(exc)))
             self._show(None)
             self._answered = self._asked
             return
@@ -311,7 +312,7 @@ class WhatIfView(View, can_focus=True):
             result = predict_all(model, sc, free, data.analysis.line_rate_bps,
                                  cancelled=lambda: worker.is_cancelled or asked != self._asked, uncertainty=unc)
         except ValueError as exc:  # a scenario tracekit.analysis.whatif refuses
-            self.app.call_from_thread(self._refused, str(exc), asked)
+            self.app.call_from_thread(self._refused, as_flags(str(exc)), asked)
             return
         if result is not None and not worker.is_cancelled:
             self.app.call_from_thread(self._answer, result, asked)

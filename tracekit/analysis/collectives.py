@@ -56,6 +56,7 @@ from tracekit.analysis.attribution import TRANSFER, UNSPLIT, WAIT
 from tracekit.analysis.links import bus_bytes_expr
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic
+from tracekit.model.units import count
 
 #: ops whose per-rank sizes differ legitimately (splits), so bytes are not part of their key
 VARIABLE_SIZE_OPS = ("all_to_all",)
@@ -641,9 +642,9 @@ def _diagnose(agg: pl.DataFrame, c: pl.DataFrame, dom: pl.DataFrame) -> list[Dia
         traced = dom.height
         expected = int(partial.get_column("nranks").max())  # type: ignore[arg-type]
         level = "info" if traced < expected else "warning"
-        out.append(Diagnostic("", f"{partial.height} of {agg.height} collectives were seen on fewer ranks than "
-                                  f"their group has ({traced} ranks traced, groups of up to {expected}); they "
-                                  "are kept, flagged partial, and not split into wait and transfer",
+        out.append(Diagnostic("", f"{partial.height} of {count(agg.height, 'collective')} were seen on fewer "
+                                  f"ranks than their group has ({count(traced, 'rank')} traced, groups of up to "
+                                  f"{expected}); they are kept, flagged partial, and not split into wait and transfer",
                               level=level))
     shared = c.with_columns(pl.len().over("tmp").alias("_n")).group_by("rank").agg(
         ((pl.col("_n") >= 2) & pl.col("i_ok")).any().alias("any"))

@@ -21,8 +21,14 @@ both runs):
                    (the ops :mod:`tracekit.analysis.top_ops` lists; largest change first, ``top`` of them per scope)
 ``critical_path``  the critical path's composition per iteration: time and share per label in each run
                    (job only; empty when a run was analysed rank by rank)
+``waited_on``      per rank that others waited for (the straggler of the matched collectives): the waiting per
+                   rank-iteration it caused in each run
 
-plus each run's verdict (a :class:`tracekit.Verdict`, set by the API) and notes on what could not be compared.
+plus each run's job iteration times (``base_iteration_ns``, ``new_iteration_ns``: one per iteration, the slowest
+rank's window), from which ``Diff.regression`` decides whether NEW is slower beyond a threshold and beyond the
+runs' own spread (:mod:`tracekit.analysis.regression`, the CI gate of ``tracekit diff --fail-on-regression``),
+
+and each run's verdict (a :class:`tracekit.Verdict`, set by the API) and notes on what could not be compared.
 Every figure here comes from the analysis' tables (the breakdown, the collectives, :mod:`tracekit.analysis.top_ops`,
 :mod:`tracekit.analysis.idle` and :mod:`tracekit.analysis.critical_path`): the diff only lines them up.
 """
@@ -39,6 +45,7 @@ from tracekit.analysis.critical_path import LABELS
 
 if TYPE_CHECKING:
     from tracekit.analysis.pipeline import Analysis
+    from tracekit.analysis.regression import Regression
 
 __all__ = ["BREAKDOWN_ROWS", "TOP", "Diff", "Verdict", "compare"]
 
@@ -77,6 +84,10 @@ class Diff:
     #: ranks present in both runs (per-rank rows exist for these)
     ranks: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    waited_on: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: each run's job iteration times, in iteration order (the slowest rank's window of each iteration)
+    base_iteration_ns: list[int] = field(default_factory=list)
+    new_iteration_ns: list[int] = field(default_factory=list)
 
     def job(self, name: str) -> pl.DataFrame:
         """The whole-job rows (``rank`` null) of table ``name``."""
@@ -90,7 +101,16 @@ class Diff:
 
     def tables(self) -> dict[str, pl.DataFrame]:
         return {"iterations": self.iterations, "breakdown": self.breakdown, "comm": self.comm, "ops": self.ops,
-                "critical_path": self.critical_path}
+                "critical_path": self.critical_path, "waited_on": self.waited_on}
+
+    def regression(self, threshold: float | str = 0.05) -> Regression:
+        """Is the new run slower than the base by more than ``threshold`` (a share of the base's median iteration,
+        ``0.05`` or ``"5%"``) and by more than the two runs' own spread? The answer of ``tracekit diff
+        --fail-on-regression``, with which classes grew (``tracekit.analysis.regression`` says the rule)."""
+        from tracekit.analysis import regression
+
+        return regression.gate(self.base_iteration_ns, self.new_iteration_ns, regression.parse_threshold(threshold),
+                               self.job("breakdown"), self.waited_on, base_name=self.base, new_name=self.new)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain Python (what ``tracekit diff --json`` prints)."""
@@ -140,7 +160,9 @@ def compare(base: Analysis, new: Analysis, *, base_name: str = "base", new_name:
         comm=_pair(comm_rows(a), comm_rows(b), ["rank", "op"], both, fill={"calls_per_iteration": 0.0}),
         ops=changed_ops(op_rows(a.op_totals, a.breakdown), op_rows(b.op_totals, b.breakdown), both, top),
         critical_path=paths, base_verdict=None, new_verdict=None,
-        base_ranks=len(ra), new_ranks=len(rb), ranks=both, notes=notes)
+        base_ranks=len(ra), new_ranks=len(rb), ranks=both, notes=notes,
+        waited_on=waited_on_rows(waits(a), waits(b)),
+        base_iteration_ns=iteration_times(a.breakdown), new_iteration_ns=iteration_times(b.breakdown))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -172,6 +194,41 @@ def iteration_rows(breakdown: pa.Table) -> pl.DataFrame:
                         "mean_ns": [round(float(its.get_column("wall_ns").mean() or 0))]})
     return pl.concat([_job_scope(job), per.with_columns(pl.col("rank").cast(_SCOPE))], how="diagonal_relaxed") \
         .select(list(cols)).cast(cols)  # type: ignore[arg-type]
+
+
+def iteration_times(breakdown: pa.Table) -> list[int]:
+    """The job's time of each iteration, in iteration order: the slowest rank's window (the times whose median
+    ``iteration_rows`` reports for the job)."""
+    b = _frame(breakdown)
+    if b.height == 0:
+        return []
+    return b.group_by("iteration").agg(pl.col("wall_ns").max()).sort("iteration").get_column("wall_ns").to_list()
+
+
+def waits(analysis: Any) -> pl.DataFrame:
+    """``straggler_rank, ns``: per rank that others waited for (the last to arrive at a matched collective), the
+    waiting it caused per rank-iteration (the members' ``wait_ns`` inside the iteration windows)."""
+    b = _frame(analysis.breakdown)
+    cols = {"straggler_rank": pl.Int32, "ns": pl.Int64}
+    if b.height == 0:
+        return pl.DataFrame(schema=cols)
+    win = b.select(pl.col("rank").cast(pl.Int32), "iteration")
+    inst = _frame(analysis.instances).select("instance", "iteration", "straggler_rank") \
+        .filter(pl.col("straggler_rank").is_not_null())
+    m = _frame(analysis.members).select("instance", pl.col("rank").cast(pl.Int32), "wait_ns") \
+        .join(inst, on="instance", how="inner").join(win, on=["rank", "iteration"], how="semi") \
+        .filter(pl.col("rank") != pl.col("straggler_rank"))
+    return m.group_by("straggler_rank").agg((pl.col("wait_ns").sum() / b.height).round().alias("ns")) \
+        .cast(cols).sort("straggler_rank")  # type: ignore[arg-type]
+
+
+def waited_on_rows(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
+    """``straggler_rank, base_ns, new_ns, delta_ns``: :func:`waits` of both runs side by side (0 where a rank
+    made no one wait)."""
+    out = a.rename({"ns": "base_ns"}).join(b.rename({"ns": "new_ns"}), on="straggler_rank", how="full",
+                                           coalesce=True)
+    out = out.with_columns(pl.col("base_ns").fill_null(0), pl.col("new_ns").fill_null(0))
+    return out.with_columns((pl.col("new_ns") - pl.col("base_ns")).alias("delta_ns")).sort("straggler_rank")
 
 
 def breakdown_rows(breakdown: pa.Table, idle: pa.Table) -> pl.DataFrame:

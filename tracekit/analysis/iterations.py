@@ -59,7 +59,7 @@ def step_annotations(events: pa.Table, df: pl.DataFrame, step_marker: str | None
     try:
         regex = re.compile(pattern)
     except re.error as exc:
-        raise TraceError(None, f"--step-marker {pattern!r} is not a valid regular expression: {exc}") from exc
+        raise TraceError(None, f"step_marker={pattern!r} is not a valid regular expression: {exc}") from exc
     matches = _dict_flags(events.column("name"), lambda v: v is not None and regex.search(v) is not None)
     rows = np.flatnonzero(matches & df.get_column("is_step_kind").to_numpy())
     empty = pl.DataFrame(schema={"rank": pl.Int32, "iteration": pl.Int64, "s_start": pl.Int64, "s_end": pl.Int64})
@@ -95,7 +95,7 @@ def assign(events: pa.Table, step_marker: str | None = None, *, require_steps: b
     steps = step_annotations(events, df, step_marker)
     method = "step-marker" if step_marker else "ProfilerStep"
     if step_marker and steps.height == 0 and require_steps:
-        raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
+        raise TraceError(None, f"step_marker={step_marker!r} matches no annotation in the traces")
     it, ok = step_of(df.get_column("rank").to_numpy(), df.get_column("start_ns").to_numpy(), steps)
     if steps.height:
         # device activity: through the launching CPU call (External id first, then the CUPTI
@@ -265,14 +265,14 @@ def parse_selection(text: str) -> frozenset[int]:
         part = part.strip()
         m = re.fullmatch(r"(\d{1,18})(?:\s*-\s*(\d{1,18}))?", part)
         if not m:
-            raise TraceError(None, f"--iterations {text!r}: expected iteration numbers and ranges, e.g. 3-8 or "
+            raise TraceError(None, f"iterations={text!r}: expected iteration numbers and ranges, e.g. 3-8 or "
                                    "2,4,6-9")
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
         if hi < lo:
-            raise TraceError(None, f"--iterations {text!r}: the range {part} is empty")
+            raise TraceError(None, f"iterations={text!r}: the range {part} is empty")
         if hi - lo > 10_000_000:
-            raise TraceError(None, f"--iterations {text!r}: the range {part} is too long")
+            raise TraceError(None, f"iterations={text!r}: the range {part} is too long")
         out.update(range(lo, hi + 1))
     return frozenset(out)
 
@@ -291,7 +291,7 @@ def select(events: pa.Table, iters: pa.Table, collectives: pa.Table, only: froze
     if iters.num_rows == 0:
         have = pc.unique(dropped.column("iteration").drop_null()).to_pylist()
         span = f"{min(have)}..{max(have)}" if have else "none"
-        raise TraceError(None, f"--iterations matches no iteration of the job (its iterations: {span})")
+        raise TraceError(None, f"iterations= matches no iteration of the job (its iterations: {span})")
     if collectives.num_rows == 0:
         return events, iters, collectives
     ref = pl.from_arrow(events.select(["rank", "collective_id"]))

@@ -22,6 +22,7 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit.model import schema
+from tracekit.model.units import count
 
 #: transport families that stay inside a host, and those that cross hosts
 INTRA_FAMILIES = ("P2P", "SHM", "NVLS")
@@ -314,12 +315,12 @@ def _text(o: dict[str, Any], procs: list[dict[str, Any]]) -> str:
     parts = []
     if o.get("nodes") and o.get("gpus_per_node"):
         gpus = o["gpus_per_node"]
-        parts.append(f"{o['nodes']} node{'s' if o['nodes'] != 1 else ''} × {gpus} GPU{'s' if gpus != 1 else ''}")
+        parts.append(f"{count(o['nodes'], 'node')} × {count(gpus, 'GPU')}")
     elif o.get("nodes"):
-        parts.append(f"{o['nodes']} node{'s' if o['nodes'] != 1 else ''}, {o['world_size']} ranks")
+        parts.append(f"{count(o['nodes'], 'node')}, {count(o['world_size'] or 0, 'rank')}")
     elif o.get("world_size"):
-        parts.append(f"{o['world_size']} ranks (nodes not known: the log names no host of some ranks and has no "
-                     "nNodes line)")
+        parts.append(f"{count(o['world_size'], 'rank')} (nodes not known: the log names no host of some ranks and "
+                     "has no nNodes line)")
     links = []
     if o.get("intra"):
         links.append("intra-node " + ", ".join(o["intra"]))

@@ -485,7 +485,7 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
     after the iterations are found, the graph and its replays included, sees only them)."""
     hvd = horovod.prepare(traces, step_marker)  # None without a Horovod timeline
     if only_iterations is not None and hvd is not None:
-        raise TraceError(None, "--iterations does not apply to Horovod timelines (their cycles are not the "
+        raise TraceError(None, "iterations= does not apply to Horovod timelines (their cycles are not the "
                                "profiler's steps)")
     if hvd is not None:  # Horovod's collectives on the clock its timeline was aligned to
         traces = replace(traces, collectives=hvd.collectives)

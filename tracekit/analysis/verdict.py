@@ -40,7 +40,7 @@ from tracekit.analysis.bottleneck import Bottleneck
 from tracekit.analysis.link_classes import sentence as link_sentence
 from tracekit.analysis.waited import WaitedOn
 from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule, self_check
-from tracekit.model.units import format_duration, format_rate
+from tracekit.model.units import count, format_duration, format_rate
 
 KINDS = ("link-bound", "straggler-bound", "input-bound", "host-bound", "compute-bound", "mixed", "none", "hung",
          "desync")
@@ -322,7 +322,7 @@ def _who(stragglers: tuple[Straggler, ...]) -> str:
     ranks = sorted(s.rank for s in stragglers)
     host = _one_host(stragglers)
     if host is not None:
-        return f"host {host} ({len(ranks)} ranks: {_rank_list(ranks)})"
+        return f"host {host} ({count(len(ranks), 'rank')}: {_rank_list(ranks)})"
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     return "ranks " + _rank_list(ranks)
@@ -348,7 +348,7 @@ def _detail(stragglers: tuple[Straggler, ...]) -> str:
         lo, hi = min(x.excess_ns for x in stragglers), max(x.excess_ns for x in stragglers)
         amount = _ms(lo) if _ms(lo) == _ms(hi) else f"{_ms(lo)}–{_ms(hi)}"
         return (f"Stragglers: on host {host}, {s.what} {amount} more per iteration than the median rank's on each "
-                f"of its {len(stragglers)} ranks" + (f"; most in {_short(s.top)}" if s.top else "") + ".")
+                f"of its {count(len(stragglers), 'rank')}" + (f"; most in {_short(s.top)}" if s.top else "") + ".")
     return "Stragglers: " + "; ".join(s.describe() for s in stragglers[:NAMED_MOST]) + \
         (f"; and {len(stragglers) - NAMED_MOST} more ranks" if len(stragglers) > NAMED_MOST else "") + "."
 

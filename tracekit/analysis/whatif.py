@@ -34,7 +34,7 @@ from tracekit.analysis import background, balance, contention, dag, iterations, 
 from tracekit.analysis.dag import EDGE_TYPES, Graph, lane_codes, sort_by_lane
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
-from tracekit.model.units import format_duration, format_rate
+from tracekit.model.units import count, format_duration, format_rate
 
 _OWN = EDGE_TYPES.index("own")
 _COLLECTIVE = EDGE_TYPES.index("collective")
@@ -134,13 +134,13 @@ class Model:
         note = None
         if n[SIZE_ESTIMATED]:
             host = HOST_NS_PER_BYTE.get(self.backend, 0.0)
-            note = (f"transfer sizes of {n[SIZE_ESTIMATED]} of {self.comm.height} calls are not in the traces: they "
-                    "were estimated from the transfer times at the line rate the job ran on, assuming the link carried "
-                    f"payload at {100 * WIRE_EFFICIENCY:.0f} % of it" + (f" plus {host:g} ns of host work per byte "
-                                                                          f"({self.backend})" if host else ""))
+            note = (f"transfer sizes of {n[SIZE_ESTIMATED]} of {count(self.comm.height, 'call')} are not in the "
+                    "traces: they were estimated from the transfer times at the line rate the job ran on, assuming the "
+                    f"link carried payload at {100 * WIRE_EFFICIENCY:.0f} % of it"
+                    + (f" plus {host:g} ns of host work per byte ({self.backend})" if host else ""))
         elif n[SIZE_UNKNOWN]:
-            note = (f"transfer sizes of {n[SIZE_UNKNOWN]} of {self.comm.height} calls are not in the traces and no "
-                    "line rate was given to estimate them from transfer times")
+            note = (f"transfer sizes of {n[SIZE_UNKNOWN]} of {count(self.comm.height, 'call')} are not in the "
+                    "traces and no line rate was given to estimate them from transfer times")
         return {**n, "calls": self.comm.height, "note": note}
 
     @property
@@ -628,7 +628,7 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
     if sc.efficiency == "measured":
         need = changed & ~np.isnan(r_new) & np.isnan(r_line)
         if need.any():
-            raise ValueError("--efficiency measured needs the line rate the job ran on (--link-bw)")
+            raise ValueError("efficiency='measured' needs the line rate the job ran on (link_bw=)")
         speed = comm.get_column("speed").to_numpy()
         wire = 8e9 / (WIRE_EFFICIENCY * r_line)  # ns per byte on the wire
         per_byte = 1.0 / np.maximum(speed, 1e-12)
@@ -645,12 +645,12 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
     else:
         eta = 1.0 if sc.efficiency == "full" else float(sc.efficiency)
         if np.isnan(r_new).any():
-            raise ValueError("efficiency 'full' needs a line rate (--bandwidth or --link-bw)")
+            raise ValueError("efficiency='full' needs a line rate (bandwidth= or link_bw=)")
         speed = eta * r_new / 8e9  # bytes per ns
     unknown = np.isnan(new_bus) | np.isnan(speed)
     if (unknown & changed).any():
         raise UnknownSizes("the transfer sizes are not in the traces, so another link cannot be costed: pass "
-                           "--link-bw (the line rate the job ran on) to estimate them from transfer times, or "
+                           "link_bw= (the line rate the job ran on) to estimate them from transfer times, or "
                            + RECORD_SHAPES_HINT)
     new = model.latency_ns + new_bus / (c * np.maximum(np.nan_to_num(speed, nan=1.0), 1e-12)) + codec
     # the send of a pair takes what it measured, changed by how much longer or shorter its data now is on the

@@ -27,6 +27,7 @@ from tracekit.loading import cache, layouts
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError, printable
 from tracekit.model.schema import ParsedFile
+from tracekit.model.units import count
 from tracekit.parsers import Format, detect, parse
 
 #: formats worth a summary without any event or call: NCCL logs (topology, problems), Flight Recorder dumps (a hang)
@@ -118,7 +119,8 @@ def discover(paths: Iterable[str]) -> tuple[list[str], list[Diagnostic]]:
             if not any(f.startswith(os.path.join(p, "")) or f == p for f in found):
                 raise TraceError(p, "no traces found in this directory")
             if skipped:
-                notes.append(Diagnostic(p, f"skipped {skipped} files that are not traces", level="info"))
+                notes.append(Diagnostic(p, f"skipped {count(skipped, 'file')} that "
+                                           f"{'is' if skipped == 1 else 'are'} not traces", level="info"))
         elif os.path.exists(p):
             found.append(p)
         elif os.path.islink(p):

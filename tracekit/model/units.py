@@ -15,6 +15,7 @@ import os
 import re
 
 from tracekit.model.diagnostics import TraceError
+from tracekit.model.options import naming
 
 _NUMBER = r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?"
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
@@ -26,7 +27,7 @@ MAX_BPS = 1e14
 _UNIT = re.compile(r"^(?P<prefix>[kmgtKMGT]i?)?(?P<unit>bits?(?:/s)?|b/s|B/s|Bps|bytes?/s|bps)?$")
 
 
-def parse_rate(text: str, *, option: str = "--link-bw") -> float:
+def parse_rate(text: str, *, option: str = "link_bw=") -> float:
     """Parse a line rate into bits per second.
 
     Accepted: ``100Gbit``, ``100gbit``, ``100 Gbit/s``, ``100Gb/s``, ``200mbit``, ``25GB/s``,
@@ -36,30 +37,30 @@ def parse_rate(text: str, *, option: str = "--link-bw") -> float:
     s = text.strip()
     m = re.fullmatch(rf"(?P<num>{_NUMBER})\s*(?P<rest>.*)", s)
     if not m:
-        raise TraceError(None, f"{option} {text!r}: expected a number and a unit, e.g. 100Gbit or 25GB/s")
+        raise TraceError(None, f"{naming(option, text)}: expected a number and a unit, e.g. 100Gbit or 25GB/s")
     value = float(m.group("num"))
     rest = m.group("rest").strip()
     u = _UNIT.fullmatch(rest)
     if not u and re.fullmatch(r"[kmgtKMGT]?i?[bB](?:ytes?|its?)?", rest):
-        raise TraceError(None, f"{option} {text!r} is a size, not a rate: did you mean {m.group('num')}{rest}/s?")
+        raise TraceError(None, f"{naming(option, text)} is a size, not a rate: did you mean {m.group('num')}{rest}/s?")
     if not u:
-        raise TraceError(None, f"{option} {text!r}: unknown unit {rest!r}; write bits as 100Gbit (or 100Gb/s) "
+        raise TraceError(None, f"{naming(option, text)}: unknown unit {rest!r}; write bits as 100Gbit (or 100Gb/s) "
                                "and bytes as 12.5GB/s")
     prefix = (u.group("prefix") or "").lower()
     unit = u.group("unit") or ""
     if unit == "bps":
-        raise TraceError(None, f"{option} {text!r} is ambiguous: tc reads '{rest}' as bytes per second, most "
+        raise TraceError(None, f"{naming(option, text)} is ambiguous: tc reads '{rest}' as bytes per second, most "
                                f"people as bits; write {m.group('num')}{prefix.upper()}bit or "
                                f"{m.group('num')}{prefix.upper()}B/s")
     if unit == "" and prefix:
-        raise TraceError(None, f"{option} {text!r}: say bits or bytes, e.g. {m.group('num')}{prefix.upper()}bit "
+        raise TraceError(None, f"{naming(option, text)}: say bits or bytes, e.g. {m.group('num')}{prefix.upper()}bit "
                                f"or {m.group('num')}{prefix.upper()}B/s")
     is_bytes = unit.startswith(("B", "byte"))
     bps = value * _PREFIX[prefix] * (8.0 if is_bytes else 1.0)
     if not math.isfinite(bps) or bps <= 0:
-        raise TraceError(None, f"{option} {text!r}: a line rate must be a positive number")
+        raise TraceError(None, f"{naming(option, text)}: a line rate must be a positive number")
     if bps < MIN_BPS or bps > MAX_BPS:
-        raise TraceError(None, f"{option} {text!r} = {format_rate(bps)} is outside "
+        raise TraceError(None, f"{naming(option, text)} = {format_rate(bps)} is outside "
                                f"{format_rate(MIN_BPS)}..{format_rate(MAX_BPS)}; is the unit right?")
     return bps
 
@@ -67,7 +68,7 @@ def parse_rate(text: str, *, option: str = "--link-bw") -> float:
 _SELECTOR = re.compile(r"^[A-Za-z0-9_.:/\-]+$")
 
 
-def parse_link_rates(text: str, *, option: str = "--link-bw") -> tuple[float | None, dict[str, float]]:
+def parse_link_rates(text: str, *, option: str = "link_bw=") -> tuple[float | None, dict[str, float]]:
     """``100Gbit`` (every link), ``dp=25Gbit,tp=900GB/s`` (the links of process groups, link classes or transports
     by name: ``inter=400gbit``, ``net=100gbit``, ``nvlink=900GB/s``) or both, comma-separated: returns (the rate of
     every link not named, ``{selector: rate}``)."""
@@ -75,20 +76,28 @@ def parse_link_rates(text: str, *, option: str = "--link-bw") -> tuple[float | N
     named: dict[str, float] = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
-            raise TraceError(None, f"{option} {text!r}: an empty item")
+            raise TraceError(None, f"{naming(option, text)}: an empty item")
         sel, eq, rate = part.partition("=")
         if not eq:
             if default is not None:
-                raise TraceError(None, f"{option} {text!r}: two rates for every link; name the links of the "
+                raise TraceError(None, f"{naming(option, text)}: two rates for every link; name the links of the "
                                        "others, e.g. dp=25Gbit")
             default = parse_rate(part, option=option)
             continue
         sel = sel.strip()
         if not _SELECTOR.match(sel):
-            raise TraceError(None, f"{option} {part!r}: {sel!r} is not a process group name, description, "
+            raise TraceError(None, f"{naming(option, part)}: {sel!r} is not a process group name, description, "
                                    "intra, inter or a transport (net, ib, socket, nvlink, p2p, shm)")
         named[sel] = parse_rate(rate, option=option)
     return default, named
+
+
+def count(n: int, noun: str, plural: str | None = None, *, grouped: bool = False) -> str:
+    """``1 rank``, ``3 ranks`` (``1,024 ranks`` with ``grouped``): a count and its noun in the number it takes;
+    ``plural`` where that is not the noun + s."""
+    word = noun if n == 1 else plural or noun + "s"
+    return f"{n:,} {word}" if grouped else f"{n} {word}"
+
 
 
 def format_rate(bps: float | None) -> str:
@@ -115,11 +124,11 @@ def format_duration(ns: float | int) -> str:
     return f"{ns:.0f} ns"
 
 
-def parse_duration(text: str, *, option: str = "--latency") -> int:
+def parse_duration(text: str, *, option: str = "latency=") -> int:
     """``20us``, ``1.5ms``, ``300ns`` → nanoseconds; a unit is required (one-line error otherwise)."""
     m = _DURATION.match(text)
     if not m:
-        raise TraceError(None, f"{option}: {text!r} is not a duration (write e.g. 20us, 1.5ms or 300ns)")
+        raise TraceError(None, f"{naming(option, text)} is not a duration (write e.g. 20us, 1.5ms or 300ns)")
     return round(float(m.group(1)) * _DURATION_NS[m.group(2)])
 
 

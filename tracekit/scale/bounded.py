@@ -143,7 +143,7 @@ def analyse(events_file: str, rank: int, collectives: pa.Table, step_marker: str
     try:
         regex = re.compile(regex_text)
     except re.error as exc:
-        raise TraceError(None, f"--step-marker {regex_text!r} is not a valid regular expression: {exc}") from exc
+        raise TraceError(None, f"step_marker={regex_text!r} is not a valid regular expression: {exc}") from exc
     method = "step-marker" if step_marker else "ProfilerStep"
     flags: _Flags | None = None
     # pass 1: step candidates and whether the rank has device activity
@@ -163,7 +163,7 @@ def analyse(events_file: str, rank: int, collectives: pa.Table, step_marker: str
         iterations.step_annotations(schema.empty(schema.EVENTS), iterations._frame(schema.empty(schema.EVENTS)),
                                     step_marker)
     if step_marker and steps.height == 0 and require_steps:
-        raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
+        raise TraceError(None, f"step_marker={step_marker!r} matches no annotation in the traces")
     # pass 2: the iteration of every launching CPU call (External id, correlation)
     by_ext, by_corr = _Map(), _Map()
     if steps.height:

@@ -600,7 +600,7 @@ def _combine(data: Path, summaries: list[dict[str, Any]], notes: list[Diagnostic
     ranks, sources, rank_diags = assign_ranks([(s["path"], s["claimed_rank"]) for s in per_rank], rank_regex)
     diags.extend(rank_diags)
     if step_marker and not any(s["has_steps"] for s in summaries):
-        raise TraceError(None, f"--step-marker {step_marker!r} matches no annotation in the traces")
+        raise TraceError(None, f"step_marker={step_marker!r} matches no annotation in the traces")
     any_steps = any(s["has_steps"] for s in per_rank)
     staging = data / ".staging"
     parts: list[dict[str, Any]] = []

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tracekit.model.units import count
 from tracekit.views import nccl_report
 from tracekit.views.formats import fmt_bytes, fmt_change, fmt_delta_ns, fmt_gbps, fmt_ns, fmt_share, text
 
@@ -84,8 +85,8 @@ def render_summary(console: Console, result: Analysis) -> None:
     if answer.source != "hang" or not one.one:
         console.print()
     missing = summary.without_iterations(result.breakdown, result.ranks)
-    title = f"{result.ranks.num_rows} ranks · {job['iterations']} iterations" + (
-        f" · {len(missing)} rank{'s' if len(missing) > 1 else ''} without iterations" if missing else "")
+    title = f"{count(result.ranks.num_rows, 'rank')} · {count(job['iterations'], 'iteration')}" + (
+        f" · {count(len(missing), 'rank')} without iterations" if missing else "")
     if result.notes:
         title += " · " + text("; ".join(result.notes))
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
@@ -220,8 +221,9 @@ def render_collectives(console: Console, result: Analysis, *, sort: str = "time"
     inst = inst.sort(col, descending=desc, nulls_last=True)
     shown = inst if limit <= 0 else inst.head(limit)
     rate = result.line_rate_bps
-    title = (f"{ov['instances']} collectives · {ov['matched']} matched across ranks · {ov['partial']} partial · "
-             f"{ov['inconsistent']} inconsistent" + (f" · line rate {format_rate(rate)}" if rate else ""))
+    title = (f"{count(ov['instances'], 'collective')} · {ov['matched']} matched across ranks · "
+             f"{ov['partial']} partial · {ov['inconsistent']} inconsistent"
+             + (f" · line rate {format_rate(rate)}" if rate else ""))
     t0 = int(inst.get_column("first_start_ns").min())  # type: ignore[arg-type]
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
                   caption="times in the job clock; skew = last arrival - first; wait = summed over members; "
@@ -389,7 +391,7 @@ def horovod_paragraph(res: object) -> str:
     if not s.get("windows"):
         return "The Horovod timeline has no window with activity."
     over = res.method if res.only or not res.merged else "rank 0's iterations"
-    parts = [f"Over {s['windows']} windows ({over}), "
+    parts = [f"Over {count(s['windows'], 'window')} ({over}), "
              f"Horovod moved data {fmt_share(s['transfer_share'])} of the time (the union of every tensor's "
              "transfer phases: fused tensors count once)"]
     if s.get("busbw_gbps") is not None:
@@ -408,7 +410,8 @@ def horovod_paragraph(res: object) -> str:
     judged = res.totals.get("judged") or 0
     if judged and len(last) > 0:
         rank, n = max(last.items(), key=lambda kv: (kv[1], -kv[0]))
-        parts.append(f"Rank {rank} asked last for {n} of {judged} tensors whose negotiation logged every rank.")
+        parts.append(f"Rank {rank} asked last for {n} of {count(judged, 'tensor')} whose negotiation logged every "
+                     "rank.")
     if res.only:
         parts.append(f"No Horovod data moved {fmt_share(s['link_idle_share'])} of the time; the timeline cannot "
                      "say what the job did then (it holds no compute): add rank 0's profiler trace for the "
@@ -432,9 +435,9 @@ def render_horovod(console: Console, res: object, *, line_rate_bps: float | None
     assert isinstance(b, pl.DataFrame)
     s = horovod.summary(res)
     where = "timeline only" if res.only else ("merged into rank 0" if res.merged else "not merged")
-    windows = f"{b.height} iterations ({res.method})" if res.only or not res.merged else \
-        f"{b.height} windows (rank 0's iterations)"
-    title = f"horovod timeline · {windows} · {res.world_size or '?'} ranks · {where}"
+    windows = f"{count(b.height, 'iteration')} ({res.method})" if res.only or not res.merged else \
+        f"{count(b.height, 'window')} (rank 0's iterations)"
+    title = f"horovod timeline · {windows} · {rank_count(res.world_size)} · {where}"
     if line_rate_bps:
         title += f" · line rate {format_rate(line_rate_bps)}"
     show_wfd = bool(b.height) and int(b.get_column("wait_for_data_ns").sum()) > 0
@@ -510,9 +513,9 @@ def render_tensors(console: Console, res: object, *, sort: str = "transfer", lim
     col, desc = TENSOR_SORTS[sort]
     t = t.sort(col, descending=desc, nulls_last=True)
     shown = t if limit <= 0 else t.head(limit)
-    title = (f"{tot['tensors']} tensors · {tot['instances']} op instances in {tot['responses']} responses · "
-             f"{res.world_size or '?'} ranks" + (f" · line rate {format_rate(line_rate_bps)}" if line_rate_bps
-                                                 else ""))
+    title = (f"{count(tot['tensors'], 'tensor')} · {count(tot['instances'], 'op instance')} in "
+             f"{count(tot['responses'], 'response')} · {rank_count(res.world_size)}"
+             + (f" · line rate {format_rate(line_rate_bps)}" if line_rate_bps else ""))
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
                   caption="bytes = dtype x shape of one instance; negotiation = NEGOTIATE phases (waiting for the "
                           "other ranks), total and median; transfer = the whole transfer of the fused response(s) the "
@@ -549,7 +552,7 @@ def render_tensors(console: Console, res: object, *, sort: str = "transfer", lim
         console.print(f"showing {limit} of {t.height} tensors (sorted by {sort}); --limit 0 shows all")
     last = tot.get("last_ticks") or {}
     strag = ", ".join(f"rank {r} {n}" for r, n in sorted(last.items())) if last else "no negotiation logged every rank"
-    line = (f"[bold]all[/]: {fmt_bytes(tot['bytes_total'])} in {tot['instances']} instances; over "
+    line = (f"[bold]all[/]: {fmt_bytes(tot['bytes_total'])} in {count(tot['instances'], 'instance')}; over "
             f"{fmt_ns(tot['span_ns'])} of timeline, transfer {fmt_ns(tot['transfer_ns'])} and negotiation "
             f"{fmt_ns(tot['negotiation_ns'])} (unions: fused tensors and concurrent negotiations once)")
     if tot.get("busbw_gbps") is not None:
@@ -566,31 +569,46 @@ def render_tensors(console: Console, res: object, *, sort: str = "transfer", lim
 
 
 def top_ops_table(top: object, limit: int = 5) -> Table:
-    """The job's top ops per attribution class (rows of :func:`tracekit.analysis.top_ops.job_level`)."""
+    """The job's top ops per attribution class (rows of :func:`tracekit.analysis.top_ops.job_level`). In the
+    overlapped class compute and communication run at once, so every instant counts on both sides: its ops are
+    listed side by side (compute, then communication), each side's shares adding up to the class (not twice it)."""
     import polars as pl
 
     assert isinstance(top, pl.DataFrame)
     table = Table(title="top ops per class (all ranks; time per rank-iteration)", title_justify="left",
                   header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="of class = how much of the class's time the op ran (different ops at once each count); "
-                          "CPU operators: each thread's top-level ones", caption_justify="left")
+                  caption="of class = how much of the class's time the op ran (ops running at once each count); "
+                          "overlapped: compute and communication at once, each side's ops listed apart; CPU "
+                          "operators: each thread's top-level ones", caption_justify="left")
     for col, just in (("class", "left"), ("#", "right"), ("kind", "left"), ("name", "left"), ("calls", "right"),
                       ("time/it", "right"), ("of class", "right")):
         if col == "name":
             table.add_column(col, justify="left", overflow="ellipsis", max_width=60, no_wrap=True)
         else:
             table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
-    shown = top.filter(pl.col("rank_in_class") <= limit) if top.height else top
+    if top.height:
+        side = pl.when(pl.col("class") != "overlapped").then(pl.col("class")) \
+            .when(pl.col("kind") == "comm").then(pl.lit("overlapped (communication)")) \
+            .otherwise(pl.lit("overlapped (compute)"))
+        comm_side = (pl.col("class") == "overlapped") & (pl.col("kind") == "comm")
+        order = {c: 2 * i for i, c in enumerate(dict.fromkeys(top.get_column("class").to_list()))}
+        top = top.with_columns(side.alias("_section"),
+                               (pl.col("class").replace_strict(order, return_dtype=pl.Int64) + comm_side)
+                               .alias("_o")).sort("_o", maintain_order=True) \
+            .with_columns(pl.int_range(1, pl.len() + 1).over("_section").alias("_n"))  # rows are ranked already
+    shown = top.filter(pl.col("_n") <= limit) if top.height else top
     last = None
     for row in shown.iter_rows(named=True):
-        cls = row["class"]
-        if last is not None and cls != last:
+        section = row["_section"]
+        if last is not None and section != last:
             table.add_section()
-        table.add_row(CLASS_LABELS.get(cls, cls) if cls != last else "", str(row["rank_in_class"]), row["kind"],
+        cls = row["class"]
+        label = CLASS_LABELS.get(cls, cls) + section.removeprefix(cls)
+        table.add_row(label if section != last else "", str(row["_n"]), row["kind"],
                       row["name"] or "?", f"{row['calls']:,}", fmt_ns(row["per_iteration_ns"]),
                       fmt_share(row["class_share"]),
-                      style=CLASS_STYLES.get(cls, "") if cls != last else "")
-        last = cls
+                      style=CLASS_STYLES.get(cls, "") if section != last else "")
+        last = section
     return table
 
 
@@ -624,6 +642,11 @@ def idle_table(per_rank: object, job: dict[str, Any]) -> Table:
 # tracekit diff
 
 
+def rank_count(n: int | None) -> str:
+    """``1 rank``, ``8 ranks``, ``? ranks`` when the world size is not known."""
+    return count(n, "rank") if n else "? ranks"
+
+
 def _arrow(a: str, b: str) -> str:
     return a if a == b else f"{a} → {b}"
 
@@ -647,7 +670,9 @@ def diff_renderables(d: object, limit: int = 10) -> list[Any]:
     head.append(f"{d.base}", style="cyan")
     head.append(" (base) → ")
     head.append(f"{d.new}", style="magenta")
-    head.append(f" (new) · ranks {_arrow(str(d.base_ranks), str(d.new_ranks))}")
+    same = d.base_ranks == d.new_ranks
+    head.append(f" (new) · {count(d.base_ranks, 'rank')} each" if same else
+                f" (new) · {count(d.base_ranks, 'rank')} → {count(d.new_ranks, 'rank')}")
     out.append(head)
     # iteration time
     t = Table(title="iteration time (median)", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,

@@ -721,6 +721,13 @@ class TimelineModel:
             return None
         return int(w[0][i])
 
+    def iterations_in(self, rank: int, start: int, end: int) -> list[int]:
+        """The iterations of ``rank`` whose windows overlap job-clock ``start .. end``, in time order."""
+        w = self.iterations.get(rank)
+        if w is None or not w[0].size:
+            return []
+        return [int(x) for x in w[0][(w[1] < end) & (w[2] > start)]]
+
     def window(self, rank: int, iteration: int) -> tuple[int, int] | None:
         """Job-clock window of one iteration on one rank."""
         w = self.iterations.get(rank)

@@ -12,6 +12,7 @@ import polars as pl
 
 from tracekit.analysis import waited
 from tracekit.analysis.link_classes import sentence as link_sentence
+from tracekit.model.units import count
 from tracekit.model.units import format_rate as _rate
 from tracekit.views.formats import fmt_bytes as _bytes
 from tracekit.views.formats import fmt_ns as _ns
@@ -52,8 +53,9 @@ def paragraph(job: dict[str, Any], stragglers: pl.DataFrame, overview: dict[str,
                 s += f", {_pct(busbw * 1e9 / line_rate_bps)} of the {_rate(line_rate_bps)} line rate{src}"
         s += "."
         if sizes and sizes.get("unknown"):
-            s += (f" How much data moved is not known: the sizes of {sizes['unknown']} of {sizes['calls']} calls are "
-                  "not in the traces (record_shapes was off), so bus traffic, bandwidth and utilisation are not given.")
+            s += (f" How much data moved is not known: the sizes of {sizes['unknown']} of "
+                  f"{count(sizes['calls'], 'call')} are not in the traces (record_shapes was off), so bus traffic, "
+                  "bandwidth and utilisation are not given.")
         if line_rate_bps and busbw is not None and busbw * 1e9 > 1.05 * line_rate_bps:
             s += (" That is faster than the line rate: some of the traffic did not cross that link (NVLink or "
                   "shared memory inside a host?), or the rate given is too low.")
@@ -90,7 +92,8 @@ def paragraph(job: dict[str, Any], stragglers: pl.DataFrame, overview: dict[str,
                       "hidden under other work) was for it.")
             else:
                 s += (f" No rank stands out as the straggler: the most waited-for, rank {top['rank']}, arrived last "
-                      f"at {top['last_arrivals']} of {judged} collectives and caused {_pct(share)} of all waiting.")
+                      f"at {top['last_arrivals']} of {count(judged, 'collective')} and caused {_pct(share)} of all "
+                      "waiting.")
     else:
         s += "; " + _why_unsplit(overview, n_ranks) + "."
     parts.append(s)
@@ -108,6 +111,6 @@ def _why_unsplit(overview: dict[str, Any], n_ranks: int) -> str:
     if not overview.get("matched"):
         return "no collective matched across ranks, so waiting cannot be told apart from transfer"
     if overview.get("partial"):
-        return (f"{overview['partial']} of {overview['instances']} collectives were seen on only some of their "
-                "ranks (not every rank was traced), so waiting cannot be told apart from transfer")
+        return (f"{overview['partial']} of {count(overview['instances'], 'collective')} were seen on only some of "
+                "their ranks (not every rank was traced), so waiting cannot be told apart from transfer")
     return "some communication could not be matched across ranks, so waiting cannot be told apart from transfer"
