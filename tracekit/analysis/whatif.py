@@ -95,7 +95,6 @@ class Model:
     """
 
     graph: Graph
-    chains: replay.Chains
     comm: pl.DataFrame
     own_edge: np.ndarray  # per comm row: its own edge index
     coll_edges: np.ndarray  # collective edges, and the comm row of their destination
@@ -283,7 +282,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
                        .get_column("rank").unique().to_numpy())
     it = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
     it = np.where(dev_rank & ~on_dev, -(1 << 62), it)
-    model = Model(graph=g, chains=replay.chains(g), comm=comm, own_edge=own_edge, coll_edges=coll_edges,
+    model = Model(graph=g, comm=comm, own_edge=own_edge, coll_edges=coll_edges,
                   coll_edge_row=coll_edge_row, iteration_of=it, fifo=_fifo(comm, g.node_time),
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=latency,
@@ -648,31 +647,58 @@ def predict(model: Model, sc: Scenario) -> int:
     return iteration_time(model, schedule(model, sc).times)
 
 
+def _changes(model: Model, sc: Scenario) -> tuple[np.ndarray, np.ndarray, tuple | None, np.ndarray]:
+    """What ``sc`` changes of the measured schedule: the graph's edges it re-weights and their weights, its extra
+    edges (``src, dst, weight``: transfers queued on their link; None with free communication) and every
+    communication activity's new transfer time."""
+    g = model.graph
+    new_t = np.rint(transfers(model, sc)).astype(np.int64)
+    # the receiver of a send/recv pair: the data's time is on the edge from the send; its own edge is local work
+    valid = (model.own_edge >= 0) & ~model.receiver
+    ok = model.coll_edge_row >= 0
+    edges = [model.own_edge[valid], model.coll_edges[ok]]
+    weights = [new_t[valid] + g.slack[edges[0]], new_t[model.coll_edge_row[ok]] + g.slack[edges[1]]]
+    if sc.balanced:
+        edges.append(_balanced(model)[0])
+        weights.append(_balanced(model)[1])
+    extra = None
+    if not sc.free:
+        prev, cur, dst = _queued(model)
+        extra = (2 * model.comm.get_column("a").to_numpy()[prev] + 1, dst, new_t[cur])
+    return np.concatenate(edges), np.concatenate(weights), extra, new_t
+
+
+def _queued(model: Model) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The transfers queued on their link in a replay (:attr:`Model.fifo`): a transfer of unknown size keeps its
+    measured time, which already includes sharing the link with concurrent transfers, so it is not queued (that
+    would count it twice)."""
+    prev, cur, dst = model.fifo
+    sized = model.comm.get_column("size").to_numpy() != SIZE_UNKNOWN
+    q = sized[prev] & sized[cur]
+    return prev[q], cur[q], dst[q]
+
+
+def _balanced(model: Model) -> tuple[np.ndarray, np.ndarray]:
+    """The edges "stragglers removed" re-weights (:func:`tracekit.analysis.balance.apply`) and their weights
+    (computed once per model)."""
+    if "_balanced" not in model.__dict__:
+        w = model.graph.weight()
+        balance.apply(model.graph, model.balance, w)
+        e = np.flatnonzero(w != model.graph.weight())
+        model.__dict__["_balanced"] = (e, w[e])
+    return model.__dict__["_balanced"]
+
+
 def schedule(model: Model, sc: Scenario) -> Schedule:
     """The replayed schedule under ``sc`` (see :func:`predict`)."""
     g = model.graph
     w = g.weight()  # a new array: this prediction's own
-    new_t = np.rint(transfers(model, sc)).astype(np.int64)
-    # the receiver of a send/recv pair: the data's time is on the edge from the send; its own edge is local work
-    valid = (model.own_edge >= 0) & ~model.receiver
-    w[model.own_edge[valid]] = new_t[valid] + g.slack[model.own_edge[valid]]
-    ok = model.coll_edge_row >= 0
-    w[model.coll_edges[ok]] = new_t[model.coll_edge_row[ok]] + g.slack[model.coll_edges[ok]]
+    edges, weights, extra, new_t = _changes(model, sc)
+    w[edges] = weights
     base = model.compute_base
-    if sc.balanced:
-        balance.apply(g, model.balance, w)
-        base = base * model.balance.act_factor[model.compute_act] if base.size else base
-    extra = None
-    if not sc.free:
-        prev, cur, dst = model.fifo
-        # a transfer of unknown size keeps its measured time, which already includes sharing the link with
-        # concurrent transfers: queueing it behind them would count that twice
-        sized = model.comm.get_column("size").to_numpy() != SIZE_UNKNOWN
-        q = sized[prev] & sized[cur]
-        prev, cur, dst = prev[q], cur[q], dst[q]
-        a = model.comm.get_column("a").to_numpy()
-        extra = (2 * a[prev] + 1, dst, new_t[cur])
-    times, _ = replay.replay(g, w, model.chains, extra=extra)
+    if sc.balanced and base.size:
+        base = base * model.balance.act_factor[model.compute_act]
+    times, _ = replay.replay(g, w, extra=extra)
     if model.compute_act.size:  # compute slowed by transfers in flight: re-cost it by the new overlap
         rank = g.act.get_column("rank").to_numpy()
         crank = model.comm.get_column("rank").to_numpy()
@@ -682,43 +708,60 @@ def schedule(model: Model, sc: Scenario) -> Schedule:
             f = contention.coverage(times[2 * a], times[2 * a + 1], rank[a], cs, ce, crank[:cs.size])
             w[model.compute_edge] = np.rint(contention.recost(base, f, model.contention.slowdown)
                                             ).astype(np.int64) + g.slack[model.compute_edge]
-            times, _ = replay.replay(g, w, model.chains, extra=extra)
+            times, _ = replay.replay(g, w, extra=extra)
     return Schedule(times, w, extra)
 
 
 #: replays run at once by :func:`predict_many` (each holds a few arrays of the graph's nodes and edges)
 PARALLEL_REPLAYS = 4
+#: scenarios of one plan that :func:`predict_many` answers by the compiled grid (:func:`tracekit.engine.grid`:
+#: its layout costs about two replays, each scenario then a sweep without an array of the graph's size)
+GRID_SCENARIOS = 4
 
 
 def predict_many(model: Model, scenarios: list[Scenario]) -> list[int]:
-    """:func:`predict` of each scenario, in that order; on as many threads as there are cores (up to
-    :data:`PARALLEL_REPLAYS`): a replay is numpy passes over whole arrays, which run without the GIL, and the
-    scenarios are independent (the same predictions as one after the other)."""
-    workers = min(len(scenarios), os.cpu_count() or 1, PARALLEL_REPLAYS)
+    """:func:`predict` of each scenario, in that order (the same predictions as one after the other). On a graph
+    the engine takes (:func:`tracekit.analysis.dag.engine`) and without contention to re-cost, the scenarios of one
+    plan (free communication, or links with queues) run as one compiled grid when there are enough of them
+    (:data:`GRID_SCENARIOS`); the rest replay on as many threads as there are cores (up to
+    :data:`PARALLEL_REPLAYS`): the replays run without the GIL, and the scenarios are independent."""
+    out: dict[int, int] = {}
+    compiled = dag.engine(model.graph.n_nodes) is not None
+    if compiled and not model.compute_act.size:
+        for free in (True, False):
+            idx = [i for i, sc in enumerate(scenarios) if sc.free == free]
+            if len(idx) >= GRID_SCENARIOS:
+                out.update(zip(idx, _grid_times(model, [scenarios[i] for i in idx]) or [], strict=False))
+    rest = [i for i in range(len(scenarios)) if i not in out]
+    first = {scenarios[i].free: scenarios[i] for i in reversed(rest)}  # of each plan, its first scenario
+    for free in sorted(first) if compiled else ():  # each plan made once, before threads share it (queues' first:
+        try:                                         # free communication's replays take the same plan)
+            replay.plan(model.graph, _changes(model, first[free])[2])
+        except ValueError:  # a scenario nobody can cost: its prediction raises, in its turn
+            continue
+    workers = min(len(rest), os.cpu_count() or 1, PARALLEL_REPLAYS)
     if workers < 2:
-        return [predict(model, sc) for sc in scenarios]
-    from concurrent.futures import ThreadPoolExecutor
+        out.update((i, predict(model, scenarios[i])) for i in rest)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(workers, thread_name_prefix="tracekit-replay") as pool:
-        return list(pool.map(lambda sc: predict(model, sc), scenarios))
+        with ThreadPoolExecutor(workers, thread_name_prefix="tracekit-replay") as pool:
+            out.update(zip(rest, pool.map(lambda i: predict(model, scenarios[i]), rest), strict=True))
+    return [out[i] for i in range(len(scenarios))]
+
+
+def _grid_times(model: Model, scenarios: list[Scenario]) -> list[int] | None:
+    """The iteration times of scenarios of one plan (all free, or none) by the compiled grid
+    (:func:`tracekit.analysis.replay.iteration_times`), or None where it cannot give them."""
+    changes = [_changes(model, sc)[:3] for sc in scenarios]
+    return replay.iteration_times(model.graph, changes, model.iteration_of, min(os.cpu_count() or 1,
+                                                                                  PARALLEL_REPLAYS))
 
 
 def iteration_time(model: Model, times: np.ndarray) -> int:
-    """Median time between consecutive iteration starts (one iteration: its span)."""
-    it = model.iteration_of
-    valid = it > -(1 << 61)
-    if times.size == 0:
-        return 0
-    if not valid.any():
-        return int(times.max() - times.min())
-    starts = pl.DataFrame({"it": it[valid], "s": times[0::2][valid], "e": times[1::2][valid]}).group_by("it").agg(
-        pl.col("s").min(), pl.col("e").max()).sort("it")
-    s = starts.get_column("s").to_numpy()
-    gaps = np.diff(s)
-    gaps = gaps[gaps > 0]  # ranks from unrelated runs can put iteration k+1 no later than k: not a period
-    if gaps.size == 0:
-        return int(np.median(starts.get_column("e").to_numpy() - s))
-    return int(np.median(gaps))
+    """Median time between consecutive iteration starts (one iteration: its span): :func:`tracekit.analysis.replay.
+    period` of the model's iterations."""
+    return replay.period(model.graph, times, model.iteration_of)
 
 
 def sweep(model: Model, scenarios: list[Scenario]) -> pl.DataFrame:
