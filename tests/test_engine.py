@@ -4,6 +4,7 @@ scenario and for a grid of them — and, on recorded jobs, the same summary and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -156,6 +157,20 @@ def test_a_recorded_jobs_answers_are_the_same_with_the_engine(name: str, monkeyp
     without = _summary(path, monkeypatch, False)
     assert with_engine[1] == without[1] and len(set(without[1])) > 2
     assert with_engine[0] == without[0]
+
+
+@pytest.mark.parametrize("name", ["pipeline-1gbit", "class-straggler-bound", "dp-tp-300mbit"])
+def test_critical_paths_are_the_numpy_ones(name: str, monkeypatch) -> None:
+    """Every iteration's path (chain, segments, labels, waiting on other ranks) by the engine and without it."""
+    import tracekit
+
+    job = tracekit.load([str(ROOT / "tests" / "data" / "jobs" / name)], cache=False)
+    a = job.analysis
+    compiled = critical_path.paths(a.graph, a.iterations, a.ranks)
+    assert (compiled["label"] == "waiting").any() or name != "class-straggler-bound"
+    monkeypatch.setattr(dag, "engine", lambda n_nodes=None: None)
+    g = dataclasses.replace(a.graph)  # nothing the engine's paths kept on the graph
+    assert compiled.equals(critical_path.paths(g, a.iterations, a.ranks))
 
 
 def test_paths_of_a_replayed_schedule_share_what_they_read_of_the_activities() -> None:

@@ -164,7 +164,12 @@ def _by_iteration(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     cache = _cache(graph)
     if "_by_iter" not in cache:
         a_iter = graph.act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
-        by_iter = np.argsort(a_iter, kind="stable")
+        counted = a_iter > -(1 << 61)
+        lo, hi = (int(a_iter[counted].min()), int(a_iter[counted].max())) if counted.any() else (0, 0)
+        if hi - lo < (1 << 16) - 2:  # a few thousand iterations: their 16-bit ranks sort in one radix pass
+            by_iter = np.argsort(np.where(counted, a_iter - lo + 1, 0).astype(np.uint16), kind="stable")
+        else:
+            by_iter = np.argsort(a_iter, kind="stable")
         cache["_by_iter"] = (by_iter, a_iter[by_iter])
     return cache["_by_iter"]
 
@@ -254,12 +259,18 @@ def _chase(graph: Graph, sink: int, s0: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(nodes, dtype=np.int64), np.asarray(edges, dtype=np.int64)
 
 
+_WALK_CODES = (_ET["own"], _ET["launch"], _ET["enqueue"], _CODE["idle"], _EDGE_CODE["program"], _EDGE_CODE["source"])
+
+
 def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
-    """Follow binding edges back from ``sink`` to time ``s0``: the segments of the path (latest first)."""
+    """Follow binding edges back from ``sink`` to time ``s0``: the segments of the path (latest first), by the engine
+    (:func:`tracekit.engine.walk`), else by numpy as below."""
     times = graph.node_time
-    # the chain itself is pointer chasing (a scalar loop), compiled on a big graph; everything about its steps is
-    # vectorised
     nd, ed = _chase(graph, sink, s0)
+    compiled = dag.engine(graph.n_nodes)
+    if compiled is not None:
+        return _Segments(*compiled.walk(nd, ed, graph.src, graph.etype, graph.lag, graph.gap, times,
+                                        _activity_labels(graph), _LAG_CODE, _SLACK_CODE, s0, _WALK_CODES))
     source = ed < 0
     ok = ~source
     e = ed[ok]

@@ -184,7 +184,9 @@ def iteration_times(graph: Graph, changes: list[tuple[np.ndarray, np.ndarray, tu
     not there, the edges close a cycle or a time could leave int64 (replay them one by one then)."""
     extra = changes[0][2] if changes else None
     t = graph.node_time
-    reach = float(np.abs(graph.weight()).sum()) + sum(
+    if "_reach" not in graph.__dict__:  # how far the measured weights can move a time
+        graph.__dict__["_reach"] = float(np.abs(graph.weight()).sum())
+    reach = graph.__dict__["_reach"] + sum(
         float(np.abs(w).sum()) + (float(np.abs(x[2]).sum()) if x is not None else 0.0) for _, w, x in changes)
     if not changes or not t.size or int(t.max()) - int(t.min()) + reach >= 1 << 62:
         return None

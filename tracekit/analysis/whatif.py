@@ -31,7 +31,8 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit.analysis import background, balance, contention, dag, replay
-from tracekit.analysis.dag import EDGE_TYPES, Graph, lane_codes, sort_by_lane
+from tracekit.analysis.compute_leaves import compute_leaves
+from tracekit.analysis.dag import EDGE_TYPES, Graph
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
 from tracekit.model.units import format_rate
@@ -248,7 +249,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     compute = _compute_mask(g)
     found_leaves = None
     if events is not None and compute.any() and comm.height and leaves is None:
-        found_leaves = background.start(_compute_leaves, events, g, name="tracekit-leaves")
+        found_leaves = background.start(compute_leaves, events, g, name="tracekit-leaves")
     a = comm.get_column("a").to_numpy()
     # each comm activity's own edge (start -> end) carries its transfer
     own_mask = g.etype == _OWN
@@ -312,7 +313,7 @@ def _transfer_spans(model: Model, times: np.ndarray, new_t: np.ndarray) -> tuple
 def _measure_contention(model: Model, own_of_node: np.ndarray, compute: np.ndarray,
                         leaves: pl.DataFrame | None) -> None:
     """Fill the model's contention fields: fitted on the innermost compute operations of the trace (``leaves``,
-    :func:`_compute_leaves`; an operator with calls inside may hide a wait, which grows with communication in
+    :func:`compute_leaves`; an operator with calls inside may hide a wait, which grows with communication in
     flight for another reason), applied to the graph's compute activities (``compute``, :func:`_compute_mask`).
     Without the trace's events (``leaves`` None), fitted on those activities."""
     g = model.graph
@@ -340,42 +341,6 @@ def _measure_contention(model: Model, own_of_node: np.ndarray, compute: np.ndarr
     model.compute_act = idx[ok]
     model.compute_edge = edge[ok]
     model.compute_base = contention.base(g.lag[edge[ok]].astype(np.float64), f[ok], found.slowdown)
-
-
-def compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
-    """``rank, iteration, name, start, end`` (job clock) of the innermost compute operations of ``events`` (what the
-    contention fit reads; see :func:`_compute_leaves`)."""
-    return _compute_leaves(events, g)
-
-
-def _compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
-    """``rank, iteration, name, start, end`` (job clock) of the innermost compute operations: device kernels
-    on ranks with devices, CPU operators with nothing nested inside on CPU-only ranks."""
-    ev = pl.from_arrow(events.select(["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "iteration"]))
-    assert isinstance(ev, pl.DataFrame)
-    codes = lane_codes(events.column("lane"))
-    if codes is not None:  # the lanes' order from their dictionary: no lane text per row
-        ev = ev.with_columns(pl.Series("lane", codes))
-    gpu = sorted(g.gpu_ranks)
-    ev = ev.filter(pl.when(pl.col("rank").is_in(gpu)).then(pl.col("kind") == "compute")
-                   .otherwise((pl.col("kind") == "cpu_op") & pl.col("device").is_null())
-                   & pl.col("iteration").is_not_null())
-    # only what the fit reads is sorted; the lane's text for the rows kept where its codes do not order it; names
-    # stay categorical (the fit groups by them)
-    lane_col = pl.col("lane") if codes is not None else pl.col("lane").cast(pl.String)
-    ev = ev.select("rank", lane_col, "iteration", "name", "start_ns",
-                   (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
-    ev, lane = sort_by_lane(ev, "start_ns", "end_ns")
-    start = ev.get_column("start_ns").to_numpy()
-    end = ev.get_column("end_ns").to_numpy()
-    leaf = np.ones(ev.height, dtype=bool)
-    leaf[:-1] = ~((lane[1:] == lane[:-1]) & (start[1:] < end[:-1]))
-    # the graph's clock offset of each rank (its activities' start minus their own-clock start)
-    off = g.act.group_by("rank").agg((pl.col("start") - pl.col("start_ns")).first().alias("_off"))
-    ev = ev.join(off, on="rank", how="left").with_columns(pl.col("_off").fill_null(0))
-    shift = ev.get_column("_off").to_numpy()
-    return ev.select(["rank", "iteration", "name"]).with_columns(
-        pl.Series("start", start + shift), pl.Series("end", end + shift)).filter(pl.Series(leaf))
 
 
 def _link_class(comm: pl.DataFrame, members: pa.Table | None, ranks: pa.Table | None) -> pl.Expr:
@@ -552,16 +517,14 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
 
     Raises :class:`UnknownSizes` when the scenario changes a transfer whose size is unknown (no size in the
     traces and no line rate to estimate it from), and ``ValueError`` when it needs a line rate nobody gave."""
-    comm = model.comm
-    t = comm.get_column("transfer_ns").to_numpy().astype(np.float64)
+    t = _column(model, "transfer_ns").astype(np.float64)
     if sc.free:
         return np.zeros_like(t)
-    r_line = comm.get_column("line_rate_bps").to_numpy()
+    r_line = _column(model, "line_rate_bps")
     r_new = np.full(t.size, float(sc.bandwidth_bps) if sc.bandwidth_bps else np.nan)
     r_new = np.where(np.isnan(r_new), r_line, r_new)
     for sel, r in sc.links:
-        hit = np.array([selects(sel, pg, model.pg_desc.get(pg), cls, tr) for pg, cls, tr in
-                        comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
+        hit = _selected(model, sel)
         if not hit.any():
             raise ValueError(f"no link matches {sel!r}: give a process group's name or description "
                              f"({', '.join(_link_names(model)) or 'none named'}), intra or inter, or a transport of "
@@ -570,9 +533,9 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
         r_new[hit] = r
     r_new = r_new * sc.bandwidth_scale
     c = max(sc.compression, 1.0)
-    job_factor = _bus_factor(comm, None)
-    new_factor = _bus_factor(comm, sc.workers)
-    bus = comm.get_column("bus").to_numpy()
+    job_factor = _factor(model, None)
+    new_factor = _factor(model, sc.workers)
+    bus = _column(model, "bus")
     new_bus = bus * np.where(job_factor > 0, new_factor / np.where(job_factor > 0, job_factor, 1.0), 0.0)
     payload = bus / np.where(job_factor > 0, job_factor, np.nan)
     codec = sc.codec_ns_per_byte * np.nan_to_num(payload) if c > 1 else 0.0
@@ -582,7 +545,7 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
         need = changed & ~np.isnan(r_new) & np.isnan(r_line)
         if need.any():
             raise ValueError("--efficiency measured needs the line rate the job ran on (--link-bw)")
-        speed = comm.get_column("speed").to_numpy()
+        speed = _column(model, "speed")
         wire = 8e9 / (WIRE_EFFICIENCY * r_line)  # ns per byte on the wire
         per_byte = 1.0 / np.maximum(speed, 1e-12)
         # what the link lost beyond the wire: host work per byte up to what the backend's hosts plausibly
@@ -607,14 +570,40 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
     new = model.latency_ns + new_bus / (c * np.maximum(np.nan_to_num(speed, nan=1.0), 1e-12)) + codec
     # the send of a pair takes what it measured, changed by how much longer or shorter its data now is on the
     # wire: what it spent on a late receiver stays
-    sender = (comm.get_column("send") == True).fill_null(False).to_numpy() if "send" in comm.columns \
-        else np.zeros(t.size, dtype=bool)  # noqa: E712
+    sender = _column(model, "sender")
     if sender.any():
-        before = model.latency_ns + bus / np.maximum(np.nan_to_num(comm.get_column("speed").to_numpy(), nan=1.0),
-                                                     1e-12)
+        before = model.latency_ns + bus / np.maximum(np.nan_to_num(_column(model, "speed"), nan=1.0), 1e-12)
         new = np.where(sender, np.maximum(t + new - before, model.latency_ns), new)
     # calls the scenario leaves alone and whose size is unknown keep their measured cost
     return np.where(unknown, t, new)
+
+
+def _column(model: Model, name: str) -> np.ndarray:
+    """A column of the model's communication rows as numpy (``sender``: the sending side of a pair), read once per
+    model: every scenario of a grid reads the same ones."""
+    cols = model.__dict__.setdefault("_columns", {})
+    if name not in cols:
+        comm = model.comm
+        cols[name] = ((comm.get_column("send") == True).fill_null(False).to_numpy() if "send" in comm.columns  # noqa: E712
+                      else np.zeros(comm.height, dtype=bool)) if name == "sender" else comm.get_column(name).to_numpy()
+    return cols[name]
+
+
+def _factor(model: Model, workers: int | None) -> np.ndarray:
+    """:func:`_bus_factor` of the model's communication rows for ``workers`` (computed once per model and count)."""
+    factors = model.__dict__.setdefault("_factors", {})
+    if workers not in factors:
+        factors[workers] = _bus_factor(model.comm, workers)
+    return factors[workers]
+
+
+def _selected(model: Model, selector: str) -> np.ndarray:
+    """Which of the model's communication rows ``selector`` names (:func:`selects`; once per model and selector)."""
+    hits = model.__dict__.setdefault("_selected", {})
+    if selector not in hits:
+        hits[selector] = np.array([selects(selector, pg, model.pg_desc.get(pg), cls, tr) for pg, cls, tr in
+                                   model.comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
+    return hits[selector]
 
 
 def _transport_names(model: Model) -> list[str]:

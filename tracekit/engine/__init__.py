@@ -6,7 +6,8 @@ A graph here is nodes ``0..n-1`` and edges ``src -> dst`` with a weight each (in
   of edges (None where the edges close a cycle); :func:`asap` — the ASAP schedule under new weights in one pass:
   every node at the max over its incoming edges of (source time + weight), sources at their given times.
 - :func:`bind` — per node its binding edge (the one attaining its time) and the slack left on it; :func:`chase` —
-  the chain back along binding edges from a node: a critical path.
+  the chain back along binding edges from a node: a critical path; :func:`walk` — that chain's segments, each
+  labelled by what its time was spent on.
 - :func:`grid` / :func:`iteration_times` — many scenarios of one plan, each a few edges re-weighted, answered by
   their iteration times (:func:`period`: the median time between iteration starts) without an array of the graph's
   size per scenario.
@@ -16,9 +17,9 @@ the answers (:func:`tracekit.analysis.dag.engine`); where the extension is not b
 ``TRACEKIT_NO_EXTENSION=1``, its numpy paths give the same answers, slower.
 """
 
-from tracekit.engine.paths import bind, chase
+from tracekit.engine.paths import bind, chase, walk
 from tracekit.engine.scenarios import Grid, Iterations, grid, iteration_times, iterations, period
 from tracekit.engine.schedule import MAX_SIZE, Plan, asap, plan
 
 __all__ = ["MAX_SIZE", "Grid", "Iterations", "Plan", "asap", "bind", "chase", "grid", "iteration_times", "iterations",
-           "period", "plan"]
+           "period", "plan", "walk"]

@@ -161,6 +161,103 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(walk_doc,
+"walk(nodes, edges, src, etype, lag, gap, times, act_label, lag_label, slack_label, s0, codes, start, end, label,\n"
+"     owner, edge) -> int\n\n"
+"The segments of a critical path from its chain (chase's nodes and edges, latest first), latest first: per step the\n"
+"slack beyond the binding edge's bound (slack_label[etype]), the untraced gaps inside a merged run's lag (idle, on\n"
+"program order) and the lag itself (its activity's act_label on an own edge, else lag_label[etype]; owned by the\n"
+"source activity on a launch or enqueue edge), each cut at s0; then, where the chain ends at a node nothing binds,\n"
+"idle from s0 (edge 'source'). Only segments that last are kept. codes: int64 (own, launch, enqueue edge types;\n"
+"the idle label; the program and source edge codes). src, lag, gap (empty: none), times, nodes, edges, start, end,\n"
+"owner: int64; etype, act_label, lag_label, slack_label, label, edge: int8. Returns how many segments.");
+
+static PyObject *k_walk(PyObject *self, PyObject *a) {
+    PyObject *o[17];
+    long long s0;
+    Args args = {.n = 0};
+    if (!PyArg_ParseTuple(a, "OOOOOOOOOOLOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                          &o[9], &s0, &o[11], &o[12], &o[13], &o[14], &o[15], &o[16]))
+        return NULL;
+    I64(o[0], nodes, 0) I64(o[1], edges, 0) I64(o[2], src, 0) I64(o[4], lag, 0) I64(o[5], gap, 0)
+    I64(o[6], times, 0) I64(o[11], codes, 0) I64(o[12], start, 1) I64(o[13], end, 1) I64(o[15], owner, 1)
+    int8_t *etype, *act_label, *lag_label, *slack_label, *label, *edge;
+    Py_ssize_t n_etype, n_act_label, n_lag_label, n_slack_label, n_label, n_edge;
+    if (get(&args, o[3], 1, 0, (void **)&etype, &n_etype) < 0 ||
+        get(&args, o[7], 1, 0, (void **)&act_label, &n_act_label) < 0 ||
+        get(&args, o[8], 1, 0, (void **)&lag_label, &n_lag_label) < 0 ||
+        get(&args, o[9], 1, 0, (void **)&slack_label, &n_slack_label) < 0 ||
+        get(&args, o[14], 1, 1, (void **)&label, &n_label) < 0 || get(&args, o[16], 1, 1, (void **)&edge, &n_edge) < 0)
+        goto fail;
+    Py_ssize_t k = n_nodes, cap = 3 * k + 1, m = n_src, n = n_times;
+    if (n_edges != k || n_codes < 6 || n_start < cap || n_end < cap || n_owner < cap || n_label < cap ||
+        n_edge < cap || n_etype != m || n_lag != m || (n_gap != 0 && n_gap != m)) {
+        release(&args);
+        return too_short("walk");
+    }
+    int64_t own = codes[0], launch = codes[1], enqueue = codes[2], idle = codes[3], program = codes[4],
+            source = codes[5];
+    Py_ssize_t out = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+#define EMIT(s_, e_, l_, o_, g_)                                                                                      \
+    do {                                                                                                              \
+        int64_t s__ = (s_), e__ = (e_);                                                                               \
+        if (e__ > s__) {                                                                                              \
+            start[out] = s__;                                                                                         \
+            end[out] = e__;                                                                                           \
+            label[out] = (int8_t)(l_);                                                                                \
+            owner[out] = (o_);                                                                                        \
+            edge[out] = (int8_t)(g_);                                                                                 \
+            out++;                                                                                                    \
+        }                                                                                                             \
+    } while (0)
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int64_t nd = nodes[i], e = edges[i];
+        if (nd < 0 || nd >= n) {
+            bad = 1;
+            break;
+        }
+        if (e < 0) { /* the chain ends at a node nothing binds: idle from the iteration's start */
+            EMIT(s0, times[nd], idle, nd / 2, source);
+            break;
+        }
+        if (e >= m || src[e] < 0 || src[e] >= n || etype[e] < 0 || etype[e] >= n_lag_label ||
+            etype[e] >= n_slack_label) {
+            bad = 1;
+            break;
+        }
+        int64_t p = src[e], et = etype[e], lg = lag[e], g = n_gap ? gap[e] : 0;
+        int64_t t_node = times[nd], t_struct = times[p] + lg, t_work = t_struct - g;
+        int64_t a_dst = nd / 2, a_src = p / 2;
+        if (a_dst >= n_act_label) {
+            bad = 1;
+            break;
+        }
+        if (t_node > t_struct) /* slack: from the structural bound to the node */
+            EMIT(t_struct > s0 ? t_struct : s0, t_node, slack_label[et], a_dst, et);
+        if (g > 0 && t_struct > s0) /* a merged run's untraced gaps: idle on program order, at the end of its lag */
+            EMIT(t_work > s0 ? t_work : s0, t_struct < t_node ? t_struct : t_node, idle, a_dst, program);
+        if (lg - g > 0 && t_work > s0) { /* the structural lag: the activity's own work, or the edge's */
+            int is_own = et == own;
+            EMIT(times[p] > s0 ? times[p] : s0, t_work < t_node ? t_work : t_node,
+                 is_own ? act_label[a_dst] : lag_label[et],
+                 (!is_own && (et == launch || et == enqueue)) ? a_src : a_dst, et);
+        }
+    }
+#undef EMIT
+    Py_END_ALLOW_THREADS
+    release(&args);
+    if (bad) {
+        PyErr_SetString(PyExc_IndexError, "walk: a node, edge or edge type is out of range");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(out);
+fail:
+    release(&args);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------------------------ plans and sweeps */
 
 PyDoc_STRVAR(kahn_doc,
@@ -332,36 +429,54 @@ fail:
 
 /* ------------------------------------------------------------------------------------------ grids of scenarios */
 
-PyDoc_STRVAR(by_position_doc,
-"by_position(order, in_ptr, in_src, in_edge, ptr, src, edge)\n\n"
-"A plan's incoming edges laid out in its order's positions: ptr (n + 1 int32), src (positions, m int32), edge\n"
-"(indices in the edge list, m int32); a sweep then reads every array front to back but the times it wrote.");
+PyDoc_STRVAR(layout_doc,
+"layout(order, in_ptr, in_src, in_edge, weight, start, ptr, src, slot, base, first, pos)\n\n"
+"A plan (kahn's outputs) laid out for sweeps by position: its incoming edges in the order's positions (ptr: n + 1\n"
+"int32, src: their sources as positions, m int32), each edge's slot there (slot, m int64), the weights by slot\n"
+"(base: weight[edge] of each slot, m int64), each position's start (first: start[order[i]], n int64) and each\n"
+"node's position (pos, n int64). A sweep then reads every array front to back but the times it wrote.");
 
-static PyObject *k_by_position(PyObject *self, PyObject *a) {
-    PyObject *o[7];
+static PyObject *k_layout(PyObject *self, PyObject *a) {
+    PyObject *o[12];
     Args args = {.n = 0};
-    if (!PyArg_ParseTuple(a, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6])) return NULL;
-    I32(o[0], order, 0) I32(o[1], in_ptr, 0) I32(o[2], in_src, 0) I32(o[3], in_edge, 0) I32(o[4], ptr, 1)
-    I32(o[5], src, 1) I32(o[6], edge, 1)
-    Py_ssize_t n = n_order;
-    if (n_in_ptr != n + 1 || n_ptr != n + 1 || n_src != n_in_src || n_edge != n_in_edge || n_in_src != n_in_edge ||
-        (n && in_ptr[n] > n_in_src)) {
+    if (!PyArg_ParseTuple(a, "OOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9],
+                          &o[10], &o[11]))
+        return NULL;
+    I32(o[0], order, 0) I32(o[1], in_ptr, 0) I32(o[2], in_src, 0) I32(o[3], in_edge, 0) I64(o[4], weight, 0)
+    I64(o[5], start, 0) I32(o[6], ptr, 1) I32(o[7], src, 1) I64(o[8], slot, 1) I64(o[9], base, 1)
+    I64(o[10], first, 1) I64(o[11], pos, 1)
+    Py_ssize_t n = n_order, m = n_in_edge;
+    if (n_in_ptr != n + 1 || n_ptr != n + 1 || n_in_src != m || n_src != m || n_slot != m || n_base != m ||
+        n_weight != m || n_start != n || n_first != n || n_pos != n || (n && in_ptr[n] != m)) {
         release(&args);
-        return too_short("by_position");
+        return too_short("layout");
     }
+    int bad = 0;
     Py_BEGIN_ALLOW_THREADS
     ptr[0] = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n && !bad; i++) {
         int32_t v = order[i];
         int32_t k = ptr[i];
         for (int32_t j = in_ptr[v]; j < in_ptr[v + 1]; j++, k++) {
+            int32_t e = in_edge[j];
+            if (e < 0 || e >= m) {
+                bad = 1;
+                break;
+            }
             src[k] = in_src[j];
-            edge[k] = in_edge[j];
+            slot[e] = k;
+            base[k] = weight[e];
         }
         ptr[i + 1] = k;
+        first[i] = start[v];
+        pos[v] = i;
     }
     Py_END_ALLOW_THREADS
     release(&args);
+    if (bad) {
+        PyErr_SetString(PyExc_IndexError, "layout: an edge index is out of range");
+        return NULL;
+    }
     Py_RETURN_NONE;
 fail:
     release(&args);
@@ -444,7 +559,7 @@ fail:
 
 PyDoc_STRVAR(run_doc,
 "run(ptr, src, base, first, ch_ptr, ch_slot, ch_w, lo, hi, s_idx, s_code, e_idx, e_code, count, out)\n\n"
-"Scenarios lo:hi of a plan laid out by position (by_position: ptr, src, int32; base: the weights by slot, int64; first:\n"
+"Scenarios lo:hi of a plan laid out by position (layout: ptr, src, int32; base: the weights by slot, int64; first:\n"
 "each position's time where no edge comes in, int64): scenario s writes ch_w[ch_ptr[s]:ch_ptr[s+1]] over the\n"
 "slots ch_slot[...] (int64 each), sweeps, and puts its iteration time (period; without iterations, the schedule's\n"
 "span) into out[s] (int64); the slots are restored after each, so the weights are copied once per call.");
@@ -530,9 +645,10 @@ fail:
 static PyMethodDef methods[] = {
     {"bind", k_bind, METH_VARARGS, bind_doc},
     {"chase", k_chase, METH_VARARGS, chase_doc},
+    {"walk", k_walk, METH_VARARGS, walk_doc},
     {"kahn", k_kahn, METH_VARARGS, kahn_doc},
     {"asap", k_asap, METH_VARARGS, asap_doc},
-    {"by_position", k_by_position, METH_VARARGS, by_position_doc},
+    {"layout", k_layout, METH_VARARGS, layout_doc},
     {"period", k_period, METH_VARARGS, period_doc},
     {"run", k_run, METH_VARARGS, run_doc},
     {NULL, NULL, 0, NULL},

@@ -38,3 +38,25 @@ def chase(binding: np.ndarray, src: np.ndarray, times: np.ndarray, sink: int, s0
         if k >= 0:
             return nodes[:k], edges[:k]
         cap = times.size  # a chain visits a node once
+
+
+def walk(nodes: np.ndarray, edges: np.ndarray, src: np.ndarray, etype: np.ndarray, lag: np.ndarray,
+         gap: np.ndarray | None, times: np.ndarray, act_label: np.ndarray, lag_label: np.ndarray,
+         slack_label: np.ndarray, s0: int, codes: tuple[int, int, int, int, int, int]
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The segments of a critical path from its chain (:func:`chase`: ``nodes``, ``edges``), latest first:
+    ``start, end, label, owner, edge``. Per step, the slack beyond the binding edge's bound (labelled
+    ``slack_label[etype]``), the untraced gaps inside its lag (``gap``, per edge, or None: labelled idle, on program
+    order) and the lag itself (``act_label`` of its activity on an own edge, else ``lag_label[etype]``; owned by the
+    source activity on a launch or enqueue edge), each cut at ``s0``; where the chain ends at a node nothing binds,
+    idle from ``s0``. Only segments that last are kept. ``codes``: the own, launch and enqueue edge types, the idle
+    label, and the edge codes of program order and of the chain's source."""
+    k = nodes.size
+    start, end, owner = (np.empty(3 * k + 1, np.int64) for _ in range(3))
+    label, edge = np.empty(3 * k + 1, np.int8), np.empty(3 * k + 1, np.int8)
+    n = _kernels.walk(_i64(nodes), _i64(edges), _i64(src), np.ascontiguousarray(etype, np.int8), _i64(lag),
+                      np.zeros(0, np.int64) if gap is None else _i64(gap), _i64(times),
+                      np.ascontiguousarray(act_label, np.int8), np.ascontiguousarray(lag_label, np.int8),
+                      np.ascontiguousarray(slack_label, np.int8), int(s0), np.asarray(codes, np.int64), start, end,
+                      label, owner, edge)
+    return start[:n], end[:n], label[:n], owner[:n], edge[:n]

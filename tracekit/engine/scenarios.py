@@ -85,12 +85,11 @@ def grid(p: Plan, weight: np.ndarray, start: np.ndarray, its: Iterations) -> Gri
     """Lay out plan ``p`` for scenarios that change some of the base ``weight`` (per edge of the plan's list); nodes
     without incoming edges keep ``start``; iteration times are read from ``its``."""
     n, m = p.order.size, p.in_edge.size
-    ptr, src, edge = np.empty(n + 1, np.int32), np.empty(m, np.int32), np.empty(m, np.int32)
-    _kernels.by_position(p.order, p.in_ptr, p.in_src, p.in_edge, ptr, src, edge)
-    slot = np.empty(m, np.int64)
-    slot[edge] = np.arange(m)
-    return Grid(ptr, src, np.ascontiguousarray(np.asarray(weight, np.int64)[edge]),
-                np.ascontiguousarray(np.asarray(start, np.int64)[p.order]), slot, its.at(p.positions()))
+    ptr, src = np.empty(n + 1, np.int32), np.empty(m, np.int32)
+    slot, base, first, pos = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    _kernels.layout(p.order, p.in_ptr, p.in_src, p.in_edge, np.ascontiguousarray(weight, np.int64),
+                    np.ascontiguousarray(start, np.int64), ptr, src, slot, base, first, pos)
+    return Grid(ptr, src, base, first, slot, its.at(pos))
 
 
 def iteration_times(g: Grid, changes: list[tuple[np.ndarray, np.ndarray]], threads: int | None = None

@@ -28,12 +28,6 @@ class Plan:
     in_src: np.ndarray  # their sources, as positions (int32)
     in_edge: np.ndarray  # their indices into the edge list the plan was made from (int32)
 
-    def positions(self) -> np.ndarray:
-        """Per node, its position in the order."""
-        pos = np.empty(self.order.size, np.int64)
-        pos[self.order] = np.arange(self.order.size)
-        return pos
-
 
 def _i64(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, np.int64)
