@@ -82,6 +82,9 @@ UNEXPLAINED_EDGES = ("program", "source")
 _CODE = {label: i for i, label in enumerate(LABELS)}
 _EDGE_CODE = {name: i for i, name in enumerate((*EDGE_TYPES, "source", "tail"))}
 _LABEL_SERIES = pl.Series(LABELS, dtype=pl.String)
+#: an activity's label by its kind (then a CPU-only rank's operators are compute, a launch call is a launch)
+_KINDS = ("compute", "memory", "comm", "cpu_op", "runtime")
+_KIND_LABEL = np.asarray([_CODE[x] for x in ("compute", "memory", "transfer", "CPU", "CPU", "CPU")], dtype=np.int8)
 _EDGE_SERIES = pl.Series(list(_EDGE_CODE), dtype=pl.String)
 _LAG_CODE = np.asarray([_CODE[_lag_label(i)] for i in range(len(EDGE_TYPES))], dtype=np.int8)
 _SLACK_CODE = np.asarray([_CODE[_slack_label(i)] for i in range(len(EDGE_TYPES))], dtype=np.int8)
@@ -225,16 +228,15 @@ def _activity_labels(graph: Graph) -> np.ndarray:
     cache = _cache(graph)
     if "_label" not in cache:
         act = graph.act
-        kind = act.get_column("kind").cast(pl.String)
+        # one pass over the kinds (an unknown one is CPU work, as any kind but those below)
+        kind = act.get_column("kind").cast(pl.Enum(_KINDS), strict=False).to_physical().fill_null(len(_KINDS))
+        kind = kind.to_numpy()
+        code = _KIND_LABEL[kind]
         cpu_only = (~act.get_column("rank").is_in(sorted(graph.gpu_ranks))).fill_null(False).to_numpy()
-        code = np.full(act.height, _CODE["CPU"], dtype=np.int8)
-        runtime = np.flatnonzero((kind == "runtime").fill_null(False).to_numpy())
+        code[(kind == _KINDS.index("cpu_op")) & cpu_only] = _CODE["compute"]  # CPU jobs compute on the CPU
+        runtime = np.flatnonzero(kind == _KINDS.index("runtime"))
         launch = act.get_column("name").gather(runtime).cast(pl.String).str.contains("Launch", literal=True)
         code[runtime[launch.fill_null(False).to_numpy()]] = _CODE["launch"]
-        code[(kind == "comm").fill_null(False).to_numpy()] = _CODE["transfer"]
-        code[(kind == "memory").fill_null(False).to_numpy()] = _CODE["memory"]
-        code[((kind == "compute").fill_null(False).to_numpy())
-             | (cpu_only & (kind == "cpu_op").fill_null(False).to_numpy())] = _CODE["compute"]
         cache["_label"] = code
     return cache["_label"]
 

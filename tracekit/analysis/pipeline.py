@@ -178,13 +178,21 @@ class Analysis:
         if self.breakdown.num_rows == 0:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
         # what the path is made of, from a few iterations spread over the job (the same whatever else was computed;
-        # read off the whole path where it exists already)
+        # read off the whole path where it exists already, else followed on a thread of its own meanwhile)
         its = critical_path.sample(critical_path.iteration_spans(self.iterations, self.ranks)["iteration"].to_list())
-        segs = (self.critical_path.filter(pl.col("iteration").is_in(its)) if "critical_path" in self.__dict__
-                else critical_path.paths(self.graph, self.iterations, self.ranks, iteration=its))
+        graph = self.graph  # built before the threads below read it
+        path_soon = None if "critical_path" in self.__dict__ else background.start(
+            critical_path.paths, graph, self.iterations, self.ranks, its, name="tracekit-paths")
+        # the ranks' balance (the stragglers' replay needs it) beside the replays of free and measured communication
+        model = self.whatif
+        balance_soon = background.start(lambda: model.balance, name="tracekit-balance")
+        b = self.bottleneck
+        balance_soon.result()
+        segs = path_soon.result() if path_soon is not None else \
+            self.critical_path.filter(pl.col("iteration").is_in(its))
         summ = critical_path.summary(segs, self.iterations, self.ranks)
-        return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
-                                segs, self.link_busy.to_pylist(), verdict.input_time(self.events))
+        return verdict.classify(model, b, summ, self.breakdown, self.iterations, self.ranks, segs,
+                                self.link_busy.to_pylist(), verdict.input_time(self.events))
 
     @property
     def summary_verdict(self) -> verdict.Answer:
