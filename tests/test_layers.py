@@ -19,6 +19,7 @@ SOURCES = {"tracekit": ROOT / "tracekit", "tracekit.parsers": ROOT / "parsers", 
 #: layers, lowest first: a module may import its own layer and those below it
 LAYERS = [
     ("process", ("tracekit.allocators",)),  # how the process allocates: below everything, imports nothing of ours
+    ("engine", ("tracekit.engine",)),  # the graph engine in C: arrays in, arrays out (numpy only)
     ("model", ("tracekit.model",)),
     ("parsers", ("tracekit.parsers",)),
     ("loading", ("tracekit.loading",)),

@@ -1,6 +1,7 @@
-"""The two replays of a dependency graph — vectorised lane rounds and the compiled topological sweep — give
-the same schedule on any graph, with or without extra edges; the sweep hands cycles and int64 overflow risks
-to the rounds; "auto" turns to the sweep only when the rounds do not settle within their budget."""
+"""The two replays of a dependency graph — vectorised lane rounds and the compiled topological sweep
+(:mod:`tracekit.engine`) — give the same schedule on any graph, with or without extra edges; the sweep hands cycles
+and int64 overflow risks to the rounds; "auto" sweeps a graph the engine takes at once, and turns to the sweep on
+another only when the rounds do not settle within their budget."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ import dataclasses
 
 import numpy as np
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.analysis import replay, topological
+from tracekit.analysis import dag, replay
 from tracekit.analysis.dag import EDGE_TYPES, Graph
+
+#: the tests of the sweep itself need the engine's extension (elsewhere the numpy rounds stand in for it)
+needs_engine = pytest.mark.skipif(dag.engine() is None, reason="the engine's extension is not built")
 
 OWN, PROGRAM, LAUNCH = (EDGE_TYPES.index(k) for k in ("own", "program", "launch"))
 
@@ -45,6 +50,7 @@ def random_graph(seed: int, lanes: int, per_lane: int, cross: int) -> tuple[Grap
     return g, rng.integers(0, 5_000_000, src.size)
 
 
+@needs_engine
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), lanes=st.integers(1, 6), per_lane=st.integers(1, 40),
        cross=st.integers(0, 200), extra=st.integers(0, 30))
@@ -76,6 +82,7 @@ def test_every_node_is_at_least_each_predecessor_plus_its_weight() -> None:
     assert np.array_equal(t[best["d"].to_numpy()], best["v"].to_numpy())
 
 
+@needs_engine
 def test_plans_are_kept_per_graph_and_extra_edges() -> None:
     g, w = random_graph(3, 4, 50, 100)
     e = (np.array([0]), np.array([g.n_nodes - 1]), np.array([10**9]))
@@ -86,17 +93,19 @@ def test_plans_are_kept_per_graph_and_extra_edges() -> None:
     assert t[-1] >= t[0] + 10**9
 
 
+@needs_engine
 def test_a_cycle_is_settled_by_the_rounds() -> None:
     """A zero-weight loop (zero-length activities in damaged traces) has no topological order."""
     g, w = random_graph(5, 3, 20, 30)
     own = np.flatnonzero(g.etype == OWN)[4]
     loop = (g.dst[own:own + 1], g.src[own:own + 1], -w[own:own + 1])  # end -> start, cancelling the own edge
-    assert topological.plan(g.n_nodes, np.append(g.src, loop[0]), np.append(g.dst, loop[1])) is None
+    assert dag.engine().plan(g.n_nodes, np.append(g.src, loop[0]), np.append(g.dst, loop[1])) is None
     rounds, _ = replay.replay(g, w, extra=loop, method="rounds")
     swept, n = replay.replay(g, w, extra=loop, method="sweep")
     assert n > 1 and np.array_equal(swept, rounds)
 
 
+@needs_engine
 def test_spans_beyond_int64_go_to_the_rounds() -> None:
     g, w = random_graph(9, 3, 20, 30)
     huge = dataclasses.replace(g, node_time=g.node_time.copy())
@@ -106,10 +115,12 @@ def test_spans_beyond_int64_go_to_the_rounds() -> None:
     assert np.array_equal(swept, replay.replay(huge, w, method="rounds")[0])
 
 
+@needs_engine
 def test_auto_turns_to_the_sweep_when_the_rounds_run_out(monkeypatch) -> None:
     g, w = random_graph(11, 6, 200, 3000)
     expected, needed = replay.replay(g, w, method="rounds")
     assert needed > 3
+    monkeypatch.setattr(replay, "_sweep_first", lambda graph: False)  # as without the engine
     monkeypatch.setattr(replay, "AUTO_NODE_ROUNDS", 0)
     monkeypatch.setattr(replay, "AUTO_MIN_ROUNDS", 2)
     t, n = replay.replay(g, w)
@@ -122,16 +133,30 @@ def test_auto_turns_to_the_sweep_when_the_rounds_run_out(monkeypatch) -> None:
     assert n == needed and np.array_equal(t, expected) and not small.__dict__.get("_sweeps")
 
 
-def test_without_numba_the_rounds_answer(monkeypatch) -> None:
-    """An interpreter numba has no build for yet still replays every graph (by the rounds)."""
+@needs_engine
+def test_auto_sweeps_at_once_where_the_engine_is_built() -> None:
+    g, w = random_graph(12, 6, 200, 3000)
+    expected, needed = replay.replay(g, w, method="rounds")
+    assert needed > 1
+    t, n = replay.replay(g, w)
+    assert n == 1 and np.array_equal(t, expected)
+
+
+@pytest.mark.parametrize("how", ["env", "not built"])
+def test_without_the_engine_the_rounds_answer(monkeypatch, how: str) -> None:
+    """Without the engine's C extension (no compiler at install, or ``TRACEKIT_NO_EXTENSION=1``) every graph still
+    replays, by the rounds."""
     import sys
 
     g, w = random_graph(13, 4, 100, 800)
     expected, _ = replay.replay(g, w, method="rounds")
-    import tracekit.analysis
-
-    monkeypatch.setitem(sys.modules, "numba", None)
-    monkeypatch.delitem(sys.modules, "tracekit.analysis.topological", raising=False)
-    monkeypatch.delattr(tracekit.analysis, "topological", raising=False)
+    if how == "env":
+        monkeypatch.setenv("TRACEKIT_NO_EXTENSION", "1")
+    else:
+        monkeypatch.setitem(sys.modules, "tracekit.engine._kernels", None)  # an import of it fails
+        for name in ("tracekit.engine", "tracekit.engine.schedule", "tracekit.engine.paths",
+                     "tracekit.engine.scenarios"):
+            monkeypatch.delitem(sys.modules, name, raising=False)
+    assert dag.engine() is None
     t, n = replay.replay(g, w, method="sweep")
     assert n > 1 and np.array_equal(t, expected)

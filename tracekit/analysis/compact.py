@@ -282,8 +282,8 @@ def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
 
 
 def leaves_table(leaves: pl.DataFrame) -> pa.Table:
-    """The innermost compute operations of one rank (:func:`tracekit.analysis.whatif._compute_leaves` on its graph,
-    rank clock) as stored beside its compact graph."""
+    """The innermost compute operations of one rank (:func:`tracekit.analysis.compute_leaves.compute_leaves` on its
+    graph, rank clock) as stored beside its compact graph."""
     return leaves.select(pl.col("rank").cast(pl.Int32), pl.col("iteration").cast(pl.Int64),
                          pl.col("name").cast(pl.String), pl.col("start").cast(pl.Int64),
                          pl.col("end").cast(pl.Int64)).to_arrow()

@@ -21,14 +21,14 @@ Overlapped communication never appears on the path: it never binds what follows 
 
 from __future__ import annotations
 
-import sys
 from typing import NamedTuple
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis.dag import EDGE_TYPES, Graph
+from tracekit.analysis import dag
+from tracekit.analysis.dag import EDGE_TYPES, Graph, bind
 
 _ET = {name: i for i, name in enumerate(EDGE_TYPES)}
 LABELS = ("compute", "memory", "transfer", "CPU", "launch", "idle", "waiting")
@@ -51,18 +51,6 @@ def iteration_spans(iterations: pa.Table, ranks: pa.Table | None) -> pl.DataFram
     it = it.join(off, on="rank", how="left").with_columns(pl.col("off").fill_null(0))
     return it.group_by("iteration").agg((pl.col("start_ns") + pl.col("off")).min().alias("start_ns"),
                                         (pl.col("end_ns") + pl.col("off")).max().alias("end_ns")).sort("iteration")
-
-
-def _activity_label(kind: str, name: str, cpu_only: bool) -> str:
-    if kind == "compute" or (cpu_only and kind == "cpu_op"):  # CPU jobs compute on the CPU
-        return "compute"
-    if kind == "memory":
-        return "memory"
-    if kind == "comm":
-        return "transfer"
-    if kind == "runtime" and "Launch" in name:
-        return "launch"
-    return "CPU"
 
 
 def _lag_label(etype: int) -> str:
@@ -89,8 +77,17 @@ def _slack_label(etype: int) -> str:
 #: before the first activity nothing binds (the ``tail`` after an iteration's last activity is the next
 #: iteration's own chain up to its first counted activity, not a gap)
 UNEXPLAINED_EDGES = ("program", "source")
-_LAG_LABEL = [_lag_label(i) for i in range(len(EDGE_TYPES))]
-_SLACK_LABEL = [_slack_label(i) for i in range(len(EDGE_TYPES))]
+#: a path's labels and edge names as codes while it is followed (strings only in its frame): :data:`LABELS`, and the
+#: edge types with "source" (the chain's first node, bound by nothing) and "tail" (after the iteration's last end)
+_CODE = {label: i for i, label in enumerate(LABELS)}
+_EDGE_CODE = {name: i for i, name in enumerate((*EDGE_TYPES, "source", "tail"))}
+_LABEL_SERIES = pl.Series(LABELS, dtype=pl.String)
+#: an activity's label by its kind (then a CPU-only rank's operators are compute, a launch call is a launch)
+_KINDS = ("compute", "memory", "comm", "cpu_op", "runtime")
+_KIND_LABEL = np.asarray([_CODE[x] for x in ("compute", "memory", "transfer", "CPU", "CPU", "CPU")], dtype=np.int8)
+_EDGE_SERIES = pl.Series(list(_EDGE_CODE), dtype=pl.String)
+_LAG_CODE = np.asarray([_CODE[_lag_label(i)] for i in range(len(EDGE_TYPES))], dtype=np.int8)
+_SLACK_CODE = np.asarray([_CODE[_slack_label(i)] for i in range(len(EDGE_TYPES))], dtype=np.int8)
 
 
 def of_schedule(graph: Graph, times: np.ndarray, weight: np.ndarray,
@@ -115,11 +112,13 @@ def of_schedule(graph: Graph, times: np.ndarray, weight: np.ndarray,
         etype = np.concatenate([etype, np.full(extra[0].size, _ET["collective"], dtype=etype.dtype)])
         if gap is not None:
             gap = np.concatenate([gap, np.zeros(extra[0].size, dtype=gap.dtype)])
-    from tracekit.analysis.dag import bind
-
     binding, _ = bind(src, dst, w, times)
-    return Graph(act=graph.act, src=src, dst=dst, lag=w - slack, etype=etype, node_time=times, binding=binding,
-                 slack=slack, violated=graph.violated, gap=gap)
+    out = Graph(act=graph.act, src=src, dst=dst, lag=w - slack, etype=etype, node_time=times, binding=binding,
+                slack=slack, violated=graph.violated, gap=gap)
+    out.__dict__["_lists"] = _cache(graph)  # the same activities: what the paths read of them is the same
+    if "gpu_ranks" in graph.__dict__:
+        out.__dict__["gpu_ranks"] = graph.gpu_ranks
+    return out
 
 
 def schedule_spans(iteration_of: np.ndarray, times: np.ndarray) -> pl.DataFrame:
@@ -139,14 +138,12 @@ def paths(graph: Graph, iterations: pa.Table, ranks: pa.Table | None = None,
     spans = iteration_spans(iterations, ranks) if spans is None else spans
     if iteration is not None:
         spans = spans.filter(pl.col("iteration").is_in(iteration if isinstance(iteration, list) else [iteration]))
-    act = graph.act
-    a_iter = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
     # the graph's times: a gloo work recorded as ending after its consumer woke up ends earlier there
     a_end = graph.node_time[1::2]
-    out: list[pl.DataFrame] = []
+    out: list[_Segments] = []
+    its: list[int] = []
     # each iteration's activities, found by binary search in one stable sort (not a mask over all per iteration)
-    by_iter = np.argsort(a_iter, kind="stable")
-    sorted_iter = a_iter[by_iter]
+    by_iter, sorted_iter = _by_iteration(graph)
     for it_no, s0, s1 in spans.iter_rows():
         mine = by_iter[np.searchsorted(sorted_iter, it_no, "left"):np.searchsorted(sorted_iter, it_no, "right")]
         mask = mine[(a_end[mine] <= s1) & (a_end[mine] > s0)]
@@ -155,19 +152,34 @@ def paths(graph: Graph, iterations: pa.Table, ranks: pa.Table | None = None,
         sink_act = int(mask[np.argmax(a_end[mask])])
         seg = _walk(graph, 2 * sink_act + 1, s0)
         if a_end[sink_act] < s1:  # the iteration ends after its last activity: idle until then
-            tail = _Segments(np.array([a_end[sink_act]]), np.array([s1]), np.array(["idle"], dtype=object),
-                             np.array([sink_act]), np.array(["tail"], dtype=object))
+            tail = _Segments(np.array([a_end[sink_act]]), np.array([s1]), np.array([_CODE["idle"]], np.int8),
+                             np.array([sink_act]), np.array([_EDGE_CODE["tail"]], np.int8))
             seg = _Segments(*(np.concatenate([x, y]) for x, y in zip(tail, seg, strict=True)))
-        df = _frame(graph, it_no, seg)
-        df = _waiting_labels(df, graph, seg)
-        out.append(df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("step")))
+        out.append(_waiting_labels(graph, seg))
+        its.append(it_no)
     if not out:
         return pl.DataFrame(schema=SEGMENT_SCHEMA)
-    return pl.concat(out).select(list(SEGMENT_SCHEMA))
+    return _frame(graph, its, out)
+
+
+def _by_iteration(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """The activities in a stable sort by iteration, and their iterations so sorted (cached on the graph)."""
+    cache = _cache(graph)
+    if "_by_iter" not in cache:
+        a_iter = graph.act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
+        counted = a_iter > -(1 << 61)
+        lo, hi = (int(a_iter[counted].min()), int(a_iter[counted].max())) if counted.any() else (0, 0)
+        if hi - lo < (1 << 16) - 2:  # a few thousand iterations: their 16-bit ranks sort in one radix pass
+            by_iter = np.argsort(np.where(counted, a_iter - lo + 1, 0).astype(np.uint16), kind="stable")
+        else:
+            by_iter = np.argsort(a_iter, kind="stable")
+        cache["_by_iter"] = (by_iter, a_iter[by_iter])
+    return cache["_by_iter"]
 
 
 class _Segments(NamedTuple):
-    """Segments of one path, as arrays: start, end, label, activity, edge type name."""
+    """Segments of one path, as arrays: start, end, label (its index in :data:`LABELS`), activity, edge (its code in
+    ``_EDGE_CODE``)."""
 
     start: np.ndarray
     end: np.ndarray
@@ -176,60 +188,65 @@ class _Segments(NamedTuple):
     edge: np.ndarray
 
 
-def _frame(graph: Graph, it_no: int, seg: _Segments) -> pl.DataFrame:
-    """The SEGMENT_SCHEMA rows of one iteration's segments, in time order."""
-    act = graph.act
-    # a walk's segments come latest first: reversed they are in time order (a stable sort where they are not), put
-    # in order on the arrays before any frame is built (a polars sort moves every column, strings included)
+def _in_time_order(seg: _Segments) -> np.ndarray:
+    """The order that puts a walk's segments (latest first) in time order: reversed, or a stable sort by start where
+    reversing does not."""
     order = np.arange(seg.start.size)[::-1]
-    if seg.start.size > 1 and (np.diff(seg.start[order]) <= 0).any():  # ties: their order as a stable sort gives
+    if seg.start.size > 1 and (np.diff(seg.start[order]) <= 0).any():
         order = np.argsort(seg.start, kind="stable")
-    seg = _Segments(*(x[order] for x in seg))
-    idx = pl.Series(seg.act)
-    idle = pl.Series(seg.label == "idle")
+    return order
+
+
+def _frame(graph: Graph, its: list[int], paths: list[_Labelled]) -> pl.DataFrame:
+    """The SEGMENT_SCHEMA rows of the iterations' paths (each in time order), one frame built once for them all."""
+    seg = _Labelled(*(np.concatenate(x) for x in zip(*paths, strict=True)))
+    sizes = np.array([p.start.size for p in paths])
+    bounds = np.cumsum(sizes) - sizes
+    step = np.arange(seg.start.size, dtype=np.int64) - np.repeat(bounds, sizes)
+    of = graph.act.select("rank", "lane", "name", "event_row")[seg.act]  # one gather for every path's activities
+    waiting = pl.Series(np.where(seg.waiting_on >= 0, seg.waiting_on, 0), dtype=pl.Int32)
     return pl.DataFrame({
-        "iteration": np.full(seg.act.size, it_no, dtype=np.int64), "step": np.zeros(seg.act.size, dtype=np.int64),
-        "rank": act.get_column("rank").gather(idx), "lane": act.get_column("lane").gather(idx),
+        "iteration": np.repeat(np.asarray(its, dtype=np.int64), sizes), "step": step,
+        "rank": of.get_column("rank"), "lane": of.get_column("lane"),
         "start_ns": seg.start, "end_ns": seg.end, "dur_ns": seg.end - seg.start,
-        # strings as lists (a path has thousands of segments): polars reads object arrays as Object
-        "label": seg.label.tolist(), "waiting_on": pl.Series([None] * seg.act.size, dtype=pl.Int32),
-        "name": act.get_column("name").gather(idx).cast(pl.String).set(idle, None),
-        "event_row": act.get_column("event_row").gather(idx).set(pl.Series(seg.edge == "tail"), None),
-        "edge": seg.edge.tolist(),
+        "label": _LABEL_SERIES.gather(seg.label),
+        "waiting_on": waiting.set(pl.Series(seg.waiting_on < 0), None),
+        "name": of.get_column("name").cast(pl.String).set(pl.Series(seg.unnamed), None),
+        "event_row": of.get_column("event_row").set(pl.Series(seg.edge == _EDGE_CODE["tail"]), None),
+        "edge": _EDGE_SERIES.gather(seg.edge),
     }, schema=SEGMENT_SCHEMA)
 
 
+def _cache(graph: Graph) -> dict:
+    """What the paths read of a graph's activities, kept on it (and shared with the graphs of its replays, which
+    have the same activities: :func:`of_schedule`)."""
+    return graph.__dict__.setdefault("_lists", {})
+
+
 def _activity_labels(graph: Graph) -> np.ndarray:
-    """What each activity's own work is on a path (cached on the graph)."""
-    cache = graph.__dict__.setdefault("_lists", {})
+    """What each activity's own work is on a path, as its index in :data:`LABELS` (cached on the graph)."""
+    cache = _cache(graph)
     if "_label" not in cache:
         act = graph.act
-        cpu_only = ~act.get_column("rank").is_in(sorted(graph.gpu_ranks))
-        kind = pl.col("kind")
-        name = pl.col("name").cast(pl.String)
-        label = (pl.when((kind == "compute") | (pl.Series(cpu_only) & (kind == "cpu_op"))).then(pl.lit("compute"))
-                 .when(kind == "memory").then(pl.lit("memory"))
-                 .when(kind == "comm").then(pl.lit("transfer"))
-                 .when((kind == "runtime") & name.str.contains("Launch", literal=True)).then(pl.lit("launch"))
-                 .otherwise(pl.lit("CPU")))
-        cache["_label"] = act.select(label.alias("l")).get_column("l").to_numpy().astype(object)
+        # one pass over the kinds (an unknown one is CPU work, as any kind but those below)
+        kind = act.get_column("kind").cast(pl.Enum(_KINDS), strict=False).to_physical().fill_null(len(_KINDS))
+        kind = kind.to_numpy()
+        code = _KIND_LABEL[kind]
+        cpu_only = (~act.get_column("rank").is_in(sorted(graph.gpu_ranks))).fill_null(False).to_numpy()
+        code[(kind == _KINDS.index("cpu_op")) & cpu_only] = _CODE["compute"]  # CPU jobs compute on the CPU
+        runtime = np.flatnonzero(kind == _KINDS.index("runtime"))
+        launch = act.get_column("name").gather(runtime).cast(pl.String).str.contains("Launch", literal=True)
+        code[runtime[launch.fill_null(False).to_numpy()]] = _CODE["launch"]
+        cache["_label"] = code
     return cache["_label"]
 
 
-#: graphs of at least this many nodes follow their chains compiled (numba's import and cached code cost ~0.4 s once,
-#: a Python step ~0.5 µs: a big job's paths are millions of steps); a smaller graph only when numba is loaded already
-COMPILED_CHASE_NODES = 1_000_000
-
-
 def _chase(graph: Graph, sink: int, s0: int) -> tuple[np.ndarray, np.ndarray]:
-    """The nodes back from ``sink`` along binding edges while after ``s0``, and each one's binding edge."""
-    if graph.n_nodes >= COMPILED_CHASE_NODES or "tracekit.analysis.topological" in sys.modules:
-        try:
-            from tracekit.analysis import topological
-        except ImportError:  # numba has no build for this interpreter: the loop below gives the same chain
-            pass
-        else:
-            return topological.chase(graph.binding, graph.src, graph.node_time, sink, s0)
+    """The nodes back from ``sink`` along binding edges while after ``s0``, and each one's binding edge: compiled on a
+    big graph (:func:`tracekit.engine.chase`), else the loop below, which gives the same chain."""
+    compiled = dag.engine(graph.n_nodes)
+    if compiled is not None:
+        return compiled.chase(graph.binding, graph.src, graph.node_time, sink, s0)
     b_item, s_item, t_item = graph.binding.item, graph.src.item, graph.node_time.item
     nodes: list[int] = []
     edges: list[int] = []
@@ -244,12 +261,18 @@ def _chase(graph: Graph, sink: int, s0: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(nodes, dtype=np.int64), np.asarray(edges, dtype=np.int64)
 
 
+_WALK_CODES = (_ET["own"], _ET["launch"], _ET["enqueue"], _CODE["idle"], _EDGE_CODE["program"], _EDGE_CODE["source"])
+
+
 def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
-    """Follow binding edges back from ``sink`` to time ``s0``: the segments of the path (latest first)."""
+    """Follow binding edges back from ``sink`` to time ``s0``: the segments of the path (latest first), by the engine
+    (:func:`tracekit.engine.walk`), else by numpy as below."""
     times = graph.node_time
-    # the chain itself is pointer chasing (a scalar loop), compiled on a big graph; everything about its steps is
-    # vectorised
     nd, ed = _chase(graph, sink, s0)
+    compiled = dag.engine(graph.n_nodes)
+    if compiled is not None:
+        return _Segments(*compiled.walk(nd, ed, graph.src, graph.etype, graph.lag, graph.gap, times,
+                                        _activity_labels(graph), _LAG_CODE, _SLACK_CODE, s0, _WALK_CODES))
     source = ed < 0
     ok = ~source
     e = ed[ok]
@@ -260,12 +283,11 @@ def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
     t_node = times[n]
     t_struct = times[p] + lag
     a_dst, a_src = n // 2, p // 2
-    names = np.asarray(EDGE_TYPES, dtype=object)
     # slack: from the structural bound to the node
-    slack_label = np.asarray(_SLACK_LABEL, dtype=object)[et]
+    slack_label = _SLACK_CODE[et]
     # structural lag: the activity's own work, or what the edge's lag is spent on
     own = et == _ET["own"]
-    lag_label = np.where(own, _activity_labels(graph)[a_dst], np.asarray(_LAG_LABEL, dtype=object)[et])
+    lag_label = np.where(own, _activity_labels(graph)[a_dst], _LAG_CODE[et])
     lag_owner = np.where(np.isin(et, [_ET["launch"], _ET["enqueue"]]) & ~own, a_src, a_dst)
     # the untraced gaps inside a merged run's own work (:mod:`tracekit.analysis.compact`): idle on program order, at
     # the end of its lag
@@ -279,38 +301,53 @@ def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
     start[0::3], end[0::3] = np.maximum(t_struct, s0), t_node
     start[1::3], end[1::3] = np.maximum(t_work, s0), np.minimum(t_struct, t_node)
     start[2::3], end[2::3] = np.maximum(times[p], s0), np.minimum(t_work, t_node)
-    label = np.empty(3 * k, dtype=object)
-    label[0::3], label[1::3], label[2::3] = slack_label, "idle", lag_label
+    label = np.empty(3 * k, dtype=np.int8)
+    label[0::3], label[1::3], label[2::3] = slack_label, _CODE["idle"], lag_label
     owner = np.empty(3 * k, dtype=np.int64)
     owner[0::3], owner[1::3], owner[2::3] = a_dst, a_dst, lag_owner
-    edge = np.empty(3 * k, dtype=object)
-    edge[0::3] = edge[2::3] = names[et]
-    edge[1::3] = "program"
+    edge = np.empty(3 * k, dtype=np.int8)
+    edge[0::3] = edge[2::3] = et
+    edge[1::3] = _EDGE_CODE["program"]
     keep = np.empty(3 * k, dtype=bool)
     keep[0::3], keep[1::3], keep[2::3] = t_node > t_struct, (gap > 0) & (t_struct > s0), has_lag
     if source.any():  # the chain ends at a node nothing binds: idle from the iteration's start
         last = nd[source][0]
         start = np.append(start[keep], s0)
         end = np.append(end[keep], times[last])
-        label = np.append(label[keep], "idle")
+        label = np.append(label[keep], np.int8(_CODE["idle"]))
         owner = np.append(owner[keep], last // 2)
-        edge = np.append(edge[keep], "source")
+        edge = np.append(edge[keep], np.int8(_EDGE_CODE["source"]))
     else:
         start, end, label, owner, edge = start[keep], end[keep], label[keep], owner[keep], edge[keep]
     pos = end > start
-    return _Segments(start[pos], end[pos], label[pos].astype(object), owner[pos], edge[pos].astype(object))
+    return _Segments(start[pos], end[pos], label[pos], owner[pos], edge[pos])
 
 
-def _waiting_labels(df: pl.DataFrame, graph: Graph, seg: _Segments) -> pl.DataFrame:
-    """Where the path crosses ranks at a collective, the time the other members had already arrived
-    and waited (first arrival → the straggler's arrival) is "waiting on rank <straggler>"."""
-    if graph.etype.size == 0 or df.height == 0:
-        return df
+class _Labelled(NamedTuple):
+    """A path's segments in time order, labelled: :class:`_Segments` with the rank each waited on (-1: none) and
+    whether it names no activity (idle)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    label: np.ndarray
+    act: np.ndarray
+    edge: np.ndarray
+    waiting_on: np.ndarray
+    unnamed: np.ndarray
+
+
+def _waiting_labels(graph: Graph, seg: _Segments) -> _Labelled:
+    """The path's segments in time order, where it crosses ranks at a collective the time the other members had
+    already arrived and waited (first arrival → the straggler's arrival) labelled "waiting on rank <straggler>"."""
+    order = _in_time_order(seg)
+    out = _Labelled(*(x[order] for x in seg), np.full(order.size, -1, np.int64), seg.label[order] == _CODE["idle"])
+    if graph.etype.size == 0 or order.size == 0:
+        return out
     coll = _ET["collective"]
-    # for every collective edge on the path: its instance's first arrival
-    dst_act = seg.act[seg.edge == "collective"]
+    # for every collective edge on the path (in the walk's order, latest first): its instance's first arrival
+    dst_act = seg.act[seg.edge == _EDGE_CODE["collective"]]
     if dst_act.size == 0:
-        return df
+        return out
     a_start = graph.node_time[0::2]
     a_rank = graph.act.get_column("rank").to_numpy()
     ce = np.flatnonzero(graph.etype == coll)
@@ -330,23 +367,23 @@ def _waiting_labels(df: pl.DataFrame, graph: Graph, seg: _Segments) -> pl.DataFr
         if last > first:
             windows.append((first, last, int(a_rank[k])))
     if not windows:
-        return df
-    out = df
+        return out
     for first, last, k in windows:
-        inside = (pl.col("start_ns") < last) & (pl.col("end_ns") > first) & (pl.col("rank") == k) & (
-            pl.col("label") != "transfer")
-        # split segments that straddle the window's start
-        straddle = out.filter(inside & (pl.col("start_ns") < first))
-        if straddle.height:
-            before = straddle.with_columns(pl.lit(first).alias("end_ns"))
-            after = straddle.with_columns(pl.lit(first).alias("start_ns"))
-            out = pl.concat([out.filter(~(inside & (pl.col("start_ns") < first))), before, after])
-        inside = (pl.col("start_ns") >= first) & (pl.col("start_ns") < last) & (pl.col("rank") == k) & (
-            pl.col("label") != "transfer")
-        out = out.with_columns(
-            pl.when(inside).then(pl.lit("waiting")).otherwise(pl.col("label")).alias("label"),
-            pl.when(inside).then(pl.lit(k, dtype=pl.Int32)).otherwise(pl.col("waiting_on")).alias("waiting_on"))
-    return out.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).sort("start_ns")
+        rank = a_rank[out.act]
+        inside = (out.start < last) & (out.end > first) & (rank == k) & (out.label != _CODE["transfer"])
+        # split segments that straddle the window's start: the part before it stays, the part after may wait
+        cut = np.flatnonzero(inside & (out.start < first))
+        if cut.size:
+            before = out._replace(end=out.end.copy())
+            before.end[cut] = first
+            after = _Labelled(*(x[cut] for x in out))._replace(start=np.full(cut.size, first, np.int64))
+            out = _Labelled(*(np.concatenate([x, y]) for x, y in zip(before, after, strict=True)))
+            rank = a_rank[out.act]
+        inside = (out.start >= first) & (out.start < last) & (rank == k) & (out.label != _CODE["transfer"])
+        out.label[inside] = _CODE["waiting"]
+        out.waiting_on[inside] = k
+    # in time order again (every segment starts where no other does: the path covers its span once)
+    return _Labelled(*(x[np.argsort(out.start, kind="stable")] for x in out))
 
 
 def runs(segments: pl.DataFrame) -> pl.DataFrame:

@@ -30,8 +30,10 @@ durations reproduces the trace exactly and the critical path accounts for every 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
+from types import ModuleType
 
 import numpy as np
 import polars as pl
@@ -462,10 +464,27 @@ def correlation_key(*frames: pl.DataFrame) -> pl.Expr | None:
     return (pl.col("rank").cast(pl.Int64) * (1 << PACK_SHIFT) + pl.col("correlation")).alias("_k")
 
 
+def engine(n_nodes: int = 0) -> ModuleType | None:
+    """:mod:`tracekit.engine` (the graph's loops in C) where it is built and takes a graph of ``n_nodes`` nodes, else
+    None: the numpy paths give the same answers, slower (``TRACEKIT_NO_EXTENSION=1`` asks for them, as for the
+    parser's scanner)."""
+    if os.environ.get("TRACEKIT_NO_EXTENSION", "0") not in ("", "0"):
+        return None
+    try:
+        import tracekit.engine as compiled
+    except ImportError:
+        return None
+    return compiled if n_nodes <= compiled.MAX_SIZE else None
+
+
 def bind(src: np.ndarray, dst: np.ndarray, lag: np.ndarray, node_time: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
-    """Per node, the edge attaining max(source time + lag), and the slack left on it. Each temporary (an edge
+    """Per node, the edge attaining max(source time + lag) (the last such edge on a tie), and the slack left on it:
+    by the engine (:func:`tracekit.engine.bind`), else by numpy, which gives the same. Each numpy temporary (an edge
     list's size: ~9 MB per million edges) is dropped as soon as it is used: this is the graph build's peak."""
+    compiled = engine(node_time.size)
+    if compiled is not None:
+        return compiled.bind(src, dst, lag, node_time)
     val = node_time[src]
     val += lag  # in place: the gather is a new array
     lo = np.iinfo(np.int64).min

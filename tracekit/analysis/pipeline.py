@@ -209,8 +209,17 @@ class Analysis:
             return verdict.Answer("none", "No iterations found: nothing to attribute.")
         if not self.one_job.one:  # unrelated traces: no cross-rank verdict
             return verdict.Answer("none", self.one_job.headline(), source="check")
-        segs, summ = self.verdict_path
-        return verdict.classify(self.whatif, self.bottleneck, summ, self.breakdown, self.iterations, self.ranks,
+        # the path's sample on a thread of its own (verdict_path), the ranks' balance (the stragglers' replay needs
+        # it) on another, beside the replays of free and measured communication
+        model = self.whatif
+        self.graph  # noqa: B018 (built before the threads below read it)
+        path_soon = None if "verdict_path" in self.__dict__ else background.start(
+            lambda: self.verdict_path, name="tracekit-paths")
+        balance_soon = background.start(lambda: model.balance, name="tracekit-balance")
+        b = self.bottleneck
+        balance_soon.result()
+        segs, summ = path_soon.result() if path_soon is not None else self.verdict_path
+        return verdict.classify(model, b, summ, self.breakdown, self.iterations, self.ranks,
                                 segs, self.link_busy.to_pylist(), verdict.input_time(self.loader_events),
                                 loader.spans(self.loader_events, self.ranks),
                                 waited.most_waited_on(self.instances, collectives.stragglers(self.instances),
@@ -228,7 +237,7 @@ class Analysis:
 
     @cached_property
     def uncertainty(self) -> ranges.Uncertainty:
-        """What is uncertain in this job's trace, behind every prediction's range (:mod:`tracekit.analysis.ranges`)."""
+        """What is uncertain in this job's trace, behind every prediction's range (`tracekit.analysis.ranges`)."""
         return ranges.measure(self.whatif, self.breakdown, self.verdict_path[0],
                               replay_ns=self.whatif.replayed_iteration_ns)
 

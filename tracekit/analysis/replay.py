@@ -11,18 +11,21 @@ dependency chain, not one per node. Replaying the measured weights reproduces th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from tracekit.analysis.dag import EDGE_TYPES, Graph
 
+if TYPE_CHECKING:
+    from tracekit.engine import Iterations, Plan
+
 _OWN = EDGE_TYPES.index("own")
 _PROGRAM = EDGE_TYPES.index("program")
 MAX_ROUNDS = 100_000
-#: "auto" gives the rounds this many node-rounds (nodes x rounds, ~12 ns each) before it turns to the compiled
-#: sweep: about what numba's import and loading its compiled code cost (~0.4 s). Most traces settle in a few
-#: rounds; a small graph settles in thousands before the sweep would have paid for itself
+#: where the engine is not there to sweep at once, "auto" gives the rounds this many node-rounds (nodes x rounds, ~12
+#: ns each) before it turns to the sweep (which then has the rounds answer too: without the engine, no sweep)
 AUTO_NODE_ROUNDS = 30_000_000
 #: ... and at least this many rounds, however big the graph
 AUTO_MIN_ROUNDS = 8
@@ -73,15 +76,6 @@ def _with_extra(graph: Graph, ch: Chains, extra_dst: np.ndarray) -> Chains:
                   cross_dsts=dst[starts], sources=np.setdiff1d(ch.sources, extra_dst))
 
 
-def _edges(graph: Graph, weight: np.ndarray, extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``src, dst, weight`` of the graph's edges followed by the replay's extra ones (numbered after them)."""
-    if extra is None:
-        return graph.src, graph.dst, weight
-    return (np.concatenate([graph.src, extra[0]]), np.concatenate([graph.dst, extra[1]]),
-            np.concatenate([weight, extra[2]]))
-
-
 def _pick(base: np.ndarray, more: np.ndarray | None, idx: np.ndarray) -> np.ndarray:
     """``concatenate([base, more])[idx]`` without the concatenation (a graph's edges are 1 M per column; the
     cross edges a replay reads are a fifth of them)."""
@@ -101,30 +95,55 @@ def _plan_key(extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> tuple[
     return np.asarray(extra[0], np.int64).tobytes(), np.asarray(extra[1], np.int64).tobytes()
 
 
+def plan(graph: Graph, extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None, exact: bool = False
+         ) -> Plan | None:
+    """The graph's :class:`tracekit.engine.Plan` with the ``extra`` edges (numbered after its own), kept on the graph
+    per set of extra edges; None where the edges close a cycle or the engine is not there. Without extra edges, a plan
+    made with some serves (:func:`tracekit.engine.asap` leaves out edges it is given no weight for), unless
+    ``exact``."""
+    from tracekit.analysis.dag import engine
+
+    compiled = engine()
+    if compiled is None:
+        return None
+    if graph.n_nodes > compiled.MAX_SIZE or graph.src.size + (0 if extra is None else extra[0].size) > \
+            compiled.MAX_SIZE:
+        return None
+    key = _plan_key(extra)
+    plans = graph.__dict__.setdefault("_plans", {})
+    if key is None and not exact and key not in plans:
+        with_more = [p for k, p in plans.items() if k is not None and p is not None]
+        if with_more:
+            return with_more[0]
+    if key not in plans:
+        plans[key] = compiled.plan(graph.n_nodes, graph.src, graph.dst, None if extra is None else extra[:2])
+    return plans[key]
+
+
 def _sweep(graph: Graph, weight: np.ndarray, extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None
            ) -> np.ndarray | None:
     """The compiled sweep's times, or None when it cannot give them exactly (a cycle; int64 overflow risk on
-    damaged timestamps spanning centuries). The graph keeps its plan for each set of extra edges."""
+    damaged timestamps spanning centuries; the engine not there). The graph keeps its plan for each set of extra
+    edges."""
     n = graph.n_nodes
     if n == 0:
         return graph.node_time.copy()
     t_meas = graph.node_time
-    t0 = int(t_meas.min())
-    src, dst, w = _edges(graph, weight, extra)
-    bound = int(t_meas.max()) - t0 + (int(np.abs(w).sum(dtype=np.float64)) if w.size else 0)
-    if bound >= 1 << 62:
+    t0, t1 = int(t_meas.min()), int(t_meas.max())
+    more = None if extra is None else extra[2]
+    reach = sum(int(np.abs(x).sum(dtype=np.float64)) for x in (weight, more) if x is not None and x.size)
+    if t1 - t0 + reach >= 1 << 62:
         return None
-    try:
-        from tracekit.analysis import topological
-    except ImportError:  # numba has no build for this interpreter yet: the rounds give the same times
+    p = plan(graph, extra)
+    if p is None:
         return None
+    from tracekit.engine import asap
 
-    key = _plan_key(extra)
-    plans = graph.__dict__.setdefault("_plans", {})
-    if key not in plans:
-        plans[key] = topological.plan(n, src, dst)
-    p = plans[key]
-    return None if p is None else topological.asap(p, w, t_meas - t0) + t0
+    if t0 - reach > -(1 << 62) and t1 + reach < 1 << 62:  # every time within int64 as it is
+        return asap(p, weight, t_meas, more)
+    out = asap(p, weight, t_meas - t0, more)
+    out += t0
+    return out
 
 
 def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_rounds: int = MAX_ROUNDS,
@@ -134,19 +153,21 @@ def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_round
 
     ``extra`` adds edges ``(src, dst, weight)`` that only this replay has (e.g. transfers sharing a
     link one after the other, which the measured schedule overlapped). ``method``: ``"rounds"`` (the
-    vectorised lane scans below), ``"sweep"`` (one compiled topological pass,
-    :mod:`tracekit.analysis.topological`; reported as 1 round) or ``"auto"``: rounds up to a budget
-    (:data:`AUTO_NODE_ROUNDS`), then the sweep (and only the sweep for the graph's later replays). All give
-    the same times; a graph with a zero-weight cycle (no topological order) is always settled by the rounds.
+    vectorised lane scans below), ``"sweep"`` (one compiled topological pass, :mod:`tracekit.engine`;
+    reported as 1 round) or ``"auto"``: the sweep on a graph the engine takes (:func:`tracekit.analysis.dag.engine`),
+    else rounds up to a budget (:data:`AUTO_NODE_ROUNDS`), then the sweep (and only the sweep for the graph's later
+    replays). All give the same times; a graph with a zero-weight cycle (no topological order) is always settled by
+    the rounds.
     """
     if method == "rounds":
         times, rounds, _ = _rounds(graph, weight, ch, max_rounds, extra)
         return times, rounds
     if method == "auto" and not graph.__dict__.get("_sweeps"):
-        budget = max(AUTO_MIN_ROUNDS, AUTO_NODE_ROUNDS // max(graph.n_nodes, 1))
-        times, rounds, settled = _rounds(graph, weight, ch, min(max_rounds, budget), extra)
-        if settled:
-            return times, rounds
+        if not _sweep_first(graph):
+            budget = max(AUTO_MIN_ROUNDS, AUTO_NODE_ROUNDS // max(graph.n_nodes, 1))
+            times, rounds, settled = _rounds(graph, weight, ch, min(max_rounds, budget), extra)
+            if settled:
+                return times, rounds
         graph.__dict__["_sweeps"] = True  # its other replays will not settle in a few rounds either
     swept = _sweep(graph, weight, extra)
     if swept is not None:
@@ -155,10 +176,85 @@ def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_round
     return times, rounds
 
 
+def iteration_times(graph: Graph, changes: list[tuple[np.ndarray, np.ndarray, tuple | None]],
+                    iteration_of: np.ndarray, threads: int = 1) -> list[int] | None:
+    """The iteration time (:func:`period`) of each scenario of ``graph`` — ``(edges, weights, extra)``: the edges it
+    re-weights from the measured weights, and its extra edges, the same ones in every scenario (or None in all) —
+    by the compiled grid (:func:`tracekit.engine.iteration_times`, on ``threads`` threads); None where the engine is
+    not there, the edges close a cycle or a time could leave int64 (replay them one by one then)."""
+    extra = changes[0][2] if changes else None
+    t = graph.node_time
+    if "_reach" not in graph.__dict__:  # how far the measured weights can move a time
+        graph.__dict__["_reach"] = float(np.abs(graph.weight()).sum())
+    reach = graph.__dict__["_reach"] + sum(
+        float(np.abs(w).sum()) + (float(np.abs(x[2]).sum()) if x is not None else 0.0) for _, w, x in changes)
+    if not changes or not t.size or int(t.max()) - int(t.min()) + reach >= 1 << 62:
+        return None
+    p = plan(graph, extra, exact=True)
+    if p is None:
+        return None
+    from tracekit import engine
+
+    grids = graph.__dict__.setdefault("_grids", {})
+    key = _plan_key(extra)
+    if key not in grids:  # the measured weights (the extra edges' are each scenario's own), times from the earliest
+        more = np.zeros(0 if extra is None else extra[0].size, np.int64)
+        grids[key] = engine.grid(p, np.concatenate([graph.weight(), more]), t - t.min(), _iterations(graph,
+                                                                                                   iteration_of))
+    m = graph.src.size
+    scen = [(np.concatenate([e, m + np.arange(x[0].size)]), np.concatenate([w, x[2]])) if x is not None else (e, w)
+            for e, w, x in changes]
+    return engine.iteration_times(grids[key], scen, threads).tolist()
+
+
+def _iterations(graph: Graph, iteration_of: np.ndarray) -> Iterations:
+    """The engine's view of which activities an iteration time is read from (kept on the graph with the
+    ``iteration_of`` it was made from: every what-if of a graph counts the same activities)."""
+    kept = graph.__dict__.get("_iterations")
+    if kept is None or not (kept[0] is iteration_of or np.array_equal(kept[0], iteration_of)):
+        from tracekit import engine
+
+        kept = graph.__dict__["_iterations"] = (iteration_of, engine.iterations(iteration_of,
+                                                                                iteration_of > -(1 << 61)))
+    return kept[1]
+
+
+def period(graph: Graph, times: np.ndarray, iteration_of: np.ndarray) -> int:
+    """The iteration time of the schedule ``times`` of ``graph``: the median time between consecutive iteration
+    starts, each iteration from its earliest activity that counts (``iteration_of``: per activity its iteration, or
+    a huge negative number where it does not count); where no iteration starts after another, the median iteration
+    span. Compiled on a graph the engine takes (:func:`tracekit.engine.period`, the same figure)."""
+    valid = iteration_of > -(1 << 61)
+    if times.size == 0:
+        return 0
+    if not valid.any():
+        return int(times.max() - times.min())
+    if _sweep_first(graph):
+        from tracekit import engine
+
+        return engine.period(times, _iterations(graph, iteration_of))
+    starts = pl.DataFrame({"it": iteration_of[valid], "s": times[0::2][valid], "e": times[1::2][valid]}).group_by(
+        "it").agg(pl.col("s").min(), pl.col("e").max()).sort("it")
+    s = starts.get_column("s").to_numpy()
+    gaps = np.diff(s)
+    gaps = gaps[gaps > 0]  # ranks from unrelated runs can put iteration k+1 no later than k: not a period
+    if gaps.size == 0:
+        return int(np.median(starts.get_column("e").to_numpy() - s))
+    return int(np.median(gaps))
+
+
+def _sweep_first(graph: Graph) -> bool:
+    """Whether "auto" sweeps ``graph`` at once: when the engine takes it (:func:`tracekit.analysis.dag.engine`)."""
+    from tracekit.analysis.dag import engine
+
+    return engine(graph.n_nodes) is not None
+
+
 def _rounds(graph: Graph, weight: np.ndarray, ch: Chains | None, max_rounds: int,
             extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, int, bool]:
     """The replay by alternating lane scans and cross edges: ``(times, rounds, settled)``."""
-    ch = ch or chains(graph)
+    if ch is None:  # kept on the graph: every replay of it splits it the same way
+        ch = graph.__dict__.get("_chains") or graph.__dict__.setdefault("_chains", chains(graph))
     if extra is not None and extra[0].size:
         ch = _with_extra(graph, ch, extra[1])
     n = graph.n_nodes

@@ -30,8 +30,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import background, balance, contention, dag, iterations, replay
-from tracekit.analysis.dag import EDGE_TYPES, Graph, lane_codes, sort_by_lane
+from tracekit.analysis import background, balance, contention, dag, replay
+from tracekit.analysis.compute_leaves import compute_leaves
+from tracekit.analysis.dag import EDGE_TYPES, Graph
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
 from tracekit.model.units import count, format_duration, format_rate
@@ -95,7 +96,6 @@ class Model:
     """
 
     graph: Graph
-    chains: replay.Chains
     comm: pl.DataFrame
     own_edge: np.ndarray  # per comm row: its own edge index
     coll_edges: np.ndarray  # collective edges, and the comm row of their destination
@@ -266,7 +266,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     compute = _compute_mask(g)
     found_leaves = None
     if events is not None and compute.any() and comm.height and leaves is None:
-        found_leaves = background.start(_compute_leaves, events, g, name="tracekit-leaves")
+        found_leaves = background.start(compute_leaves, events, g, name="tracekit-leaves")
     a = comm.get_column("a").to_numpy()
     # each comm activity's own edge (start -> end) carries its transfer
     own_mask = g.etype == _OWN
@@ -300,7 +300,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
                        .get_column("rank").unique().to_numpy())
     it = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
     it = np.where(dev_rank & ~on_dev, -(1 << 62), it)
-    model = Model(graph=g, chains=replay.chains(g), comm=comm, own_edge=own_edge, coll_edges=coll_edges,
+    model = Model(graph=g, comm=comm, own_edge=own_edge, coll_edges=coll_edges,
                   coll_edge_row=coll_edge_row, iteration_of=it, fifo=_fifo(comm, g.node_time),
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=latency,
@@ -330,7 +330,7 @@ def _transfer_spans(model: Model, times: np.ndarray, new_t: np.ndarray) -> tuple
 def _measure_contention(model: Model, own_of_node: np.ndarray, compute: np.ndarray,
                         leaves: pl.DataFrame | None) -> None:
     """Fill the model's contention fields: fitted on the innermost compute operations of the trace (``leaves``,
-    :func:`_compute_leaves`; an operator with calls inside may hide a wait, which grows with communication in
+    :func:`compute_leaves`; an operator with calls inside may hide a wait, which grows with communication in
     flight for another reason), applied to the graph's compute activities (``compute``, :func:`_compute_mask`).
     Without the trace's events (``leaves`` None), fitted on those activities."""
     g = model.graph
@@ -385,42 +385,6 @@ def with_host_share(model: Model, host_ns_per_byte: float) -> Model:
     comm = _sizes_and_speeds(model.comm.drop("bus", "size", "speed"), model.backend, model.latency_ns,
                              host_ns_per_byte=host_ns_per_byte)
     return replace(model, comm=comm)
-
-
-def compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
-    """``rank, iteration, name, start, end`` (job clock) of the innermost compute operations of ``events`` (what the
-    contention fit reads; see :func:`_compute_leaves`)."""
-    return _compute_leaves(events, g)
-
-
-def _compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:
-    """``rank, iteration, name, start, end`` (job clock) of the innermost compute operations: device kernels
-    on ranks with devices, CPU operators with nothing nested inside on CPU-only ranks."""
-    ev = pl.from_arrow(events.select(["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "iteration"]))
-    assert isinstance(ev, pl.DataFrame)
-    codes = lane_codes(events.column("lane"))
-    if codes is not None:  # the lanes' order from their dictionary: no lane text per row
-        ev = ev.with_columns(pl.Series("lane", codes))
-    gpu = sorted(g.gpu_ranks)
-    ev = ev.filter(pl.when(pl.col("rank").is_in(gpu)).then(pl.col("kind") == "compute")
-                   .otherwise((pl.col("kind") == "cpu_op") & pl.col("device").is_null())
-                   & pl.col("iteration").is_not_null())
-    # only what the fit reads is sorted; the lane's text for the rows kept where its codes do not order it; names
-    # stay categorical (the fit groups by them)
-    lane_col = pl.col("lane") if codes is not None else pl.col("lane").cast(pl.String)
-    ev = ev.select("rank", lane_col, "iteration", "name", "start_ns",
-                   (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
-    ev, lane = sort_by_lane(ev, "start_ns", "end_ns")
-    start = ev.get_column("start_ns").to_numpy()
-    end = ev.get_column("end_ns").to_numpy()
-    leaf = np.ones(ev.height, dtype=bool)
-    leaf[:-1] = ~((lane[1:] == lane[:-1]) & (start[1:] < end[:-1]))
-    # the graph's clock offset of each rank (its activities' start minus their own-clock start)
-    off = g.act.group_by("rank").agg((pl.col("start") - pl.col("start_ns")).first().alias("_off"))
-    ev = ev.join(off, on="rank", how="left").with_columns(pl.col("_off").fill_null(0))
-    shift = ev.get_column("_off").to_numpy()
-    return ev.select(["rank", "iteration", "name"]).with_columns(
-        pl.Series("start", start + shift), pl.Series("end", end + shift)).filter(pl.Series(leaf))
 
 
 def _link_class(comm: pl.DataFrame, members: pa.Table | None, ranks: pa.Table | None) -> pl.Expr:
@@ -599,16 +563,14 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
 
     Raises :class:`UnknownSizes` when the scenario changes a transfer whose size is unknown (no size in the
     traces and no line rate to estimate it from), and ``ValueError`` when it needs a line rate nobody gave."""
-    comm = model.comm
-    t = comm.get_column("transfer_ns").to_numpy().astype(np.float64)
+    t = _column(model, "transfer_ns").astype(np.float64)
     if sc.free:
         return np.zeros_like(t)
-    r_line = comm.get_column("line_rate_bps").to_numpy()
+    r_line = _column(model, "line_rate_bps")
     r_new = np.full(t.size, float(sc.bandwidth_bps) if sc.bandwidth_bps else np.nan)
     r_new = np.where(np.isnan(r_new), r_line, r_new)
     for sel, r in sc.links:
-        hit = np.array([selects(sel, pg, model.pg_desc.get(pg), cls, tr) for pg, cls, tr in
-                        comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
+        hit = _selected(model, sel)
         if not hit.any():
             raise ValueError(f"no link matches {sel!r}: give a process group's name or description "
                              f"({', '.join(_link_names(model)) or 'none named'}), intra or inter, or a transport of "
@@ -617,9 +579,9 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
         r_new[hit] = r
     r_new = r_new * sc.bandwidth_scale
     c = max(sc.compression, 1.0)
-    job_factor = _bus_factor(comm, None)
-    new_factor = _bus_factor(comm, sc.workers)
-    bus = comm.get_column("bus").to_numpy()
+    job_factor = _factor(model, None)
+    new_factor = _factor(model, sc.workers)
+    bus = _column(model, "bus")
     new_bus = bus * np.where(job_factor > 0, new_factor / np.where(job_factor > 0, job_factor, 1.0), 0.0)
     payload = bus / np.where(job_factor > 0, job_factor, np.nan)
     codec = sc.codec_ns_per_byte * np.nan_to_num(payload) if c > 1 else 0.0
@@ -629,7 +591,7 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
         need = changed & ~np.isnan(r_new) & np.isnan(r_line)
         if need.any():
             raise ValueError("efficiency='measured' needs the line rate the job ran on (link_bw=)")
-        speed = comm.get_column("speed").to_numpy()
+        speed = _column(model, "speed")
         wire = 8e9 / (WIRE_EFFICIENCY * r_line)  # ns per byte on the wire
         per_byte = 1.0 / np.maximum(speed, 1e-12)
         # what the link lost beyond the wire: host work per byte up to what the backend's hosts plausibly
@@ -655,14 +617,40 @@ def transfers(model: Model, sc: Scenario) -> np.ndarray:
     new = model.latency_ns + new_bus / (c * np.maximum(np.nan_to_num(speed, nan=1.0), 1e-12)) + codec
     # the send of a pair takes what it measured, changed by how much longer or shorter its data now is on the
     # wire: what it spent on a late receiver stays
-    sender = (comm.get_column("send") == True).fill_null(False).to_numpy() if "send" in comm.columns \
-        else np.zeros(t.size, dtype=bool)  # noqa: E712
+    sender = _column(model, "sender")
     if sender.any():
-        before = model.latency_ns + bus / np.maximum(np.nan_to_num(comm.get_column("speed").to_numpy(), nan=1.0),
-                                                     1e-12)
+        before = model.latency_ns + bus / np.maximum(np.nan_to_num(_column(model, "speed"), nan=1.0), 1e-12)
         new = np.where(sender, np.maximum(t + new - before, model.latency_ns), new)
     # calls the scenario leaves alone and whose size is unknown keep their measured cost
     return np.where(unknown, t, new)
+
+
+def _column(model: Model, name: str) -> np.ndarray:
+    """A column of the model's communication rows as numpy (``sender``: the sending side of a pair), read once per
+    model: every scenario of a grid reads the same ones."""
+    cols = model.__dict__.setdefault("_columns", {})
+    if name not in cols:
+        comm = model.comm
+        cols[name] = ((comm.get_column("send") == True).fill_null(False).to_numpy() if "send" in comm.columns  # noqa: E712
+                      else np.zeros(comm.height, dtype=bool)) if name == "sender" else comm.get_column(name).to_numpy()
+    return cols[name]
+
+
+def _factor(model: Model, workers: int | None) -> np.ndarray:
+    """:func:`_bus_factor` of the model's communication rows for ``workers`` (computed once per model and count)."""
+    factors = model.__dict__.setdefault("_factors", {})
+    if workers not in factors:
+        factors[workers] = _bus_factor(model.comm, workers)
+    return factors[workers]
+
+
+def _selected(model: Model, selector: str) -> np.ndarray:
+    """Which of the model's communication rows ``selector`` names (:func:`selects`; once per model and selector)."""
+    hits = model.__dict__.setdefault("_selected", {})
+    if selector not in hits:
+        hits[selector] = np.array([selects(selector, pg, model.pg_desc.get(pg), cls, tr) for pg, cls, tr in
+                                   model.comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
+    return hits[selector]
 
 
 def _transport_names(model: Model) -> list[str]:
@@ -695,31 +683,58 @@ def predict(model: Model, sc: Scenario) -> int:
     return iteration_time(model, schedule(model, sc).times)
 
 
+def _changes(model: Model, sc: Scenario) -> tuple[np.ndarray, np.ndarray, tuple | None, np.ndarray]:
+    """What ``sc`` changes of the measured schedule: the graph's edges it re-weights and their weights, its extra
+    edges (``src, dst, weight``: transfers queued on their link; None with free communication) and every
+    communication activity's new transfer time."""
+    g = model.graph
+    new_t = np.rint(transfers(model, sc)).astype(np.int64)
+    # the receiver of a send/recv pair: the data's time is on the edge from the send; its own edge is local work
+    valid = (model.own_edge >= 0) & ~model.receiver
+    ok = model.coll_edge_row >= 0
+    edges = [model.own_edge[valid], model.coll_edges[ok]]
+    weights = [new_t[valid] + g.slack[edges[0]], new_t[model.coll_edge_row[ok]] + g.slack[edges[1]]]
+    if sc.balanced:
+        edges.append(_balanced(model)[0])
+        weights.append(_balanced(model)[1])
+    extra = None
+    if not sc.free:
+        prev, cur, dst = _queued(model)
+        extra = (2 * model.comm.get_column("a").to_numpy()[prev] + 1, dst, new_t[cur])
+    return np.concatenate(edges), np.concatenate(weights), extra, new_t
+
+
+def _queued(model: Model) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The transfers queued on their link in a replay (:attr:`Model.fifo`): a transfer of unknown size keeps its
+    measured time, which already includes sharing the link with concurrent transfers, so it is not queued (that
+    would count it twice)."""
+    prev, cur, dst = model.fifo
+    sized = model.comm.get_column("size").to_numpy() != SIZE_UNKNOWN
+    q = sized[prev] & sized[cur]
+    return prev[q], cur[q], dst[q]
+
+
+def _balanced(model: Model) -> tuple[np.ndarray, np.ndarray]:
+    """The edges "stragglers removed" re-weights (:func:`tracekit.analysis.balance.apply`) and their weights
+    (computed once per model)."""
+    if "_balanced" not in model.__dict__:
+        w = model.graph.weight()
+        balance.apply(model.graph, model.balance, w)
+        e = np.flatnonzero(w != model.graph.weight())
+        model.__dict__["_balanced"] = (e, w[e])
+    return model.__dict__["_balanced"]
+
+
 def schedule(model: Model, sc: Scenario) -> Schedule:
     """The replayed schedule under ``sc`` (see :func:`predict`)."""
     g = model.graph
     w = g.weight()  # a new array: this prediction's own
-    new_t = np.rint(transfers(model, sc)).astype(np.int64)
-    # the receiver of a send/recv pair: the data's time is on the edge from the send; its own edge is local work
-    valid = (model.own_edge >= 0) & ~model.receiver
-    w[model.own_edge[valid]] = new_t[valid] + g.slack[model.own_edge[valid]]
-    ok = model.coll_edge_row >= 0
-    w[model.coll_edges[ok]] = new_t[model.coll_edge_row[ok]] + g.slack[model.coll_edges[ok]]
+    edges, weights, extra, new_t = _changes(model, sc)
+    w[edges] = weights
     base = model.compute_base
-    if sc.balanced:
-        balance.apply(g, model.balance, w)
-        base = base * model.balance.act_factor[model.compute_act] if base.size else base
-    extra = None
-    if not sc.free:
-        prev, cur, dst = model.fifo
-        # a transfer of unknown size keeps its measured time, which already includes sharing the link with
-        # concurrent transfers: queueing it behind them would count that twice
-        sized = model.comm.get_column("size").to_numpy() != SIZE_UNKNOWN
-        q = sized[prev] & sized[cur]
-        prev, cur, dst = prev[q], cur[q], dst[q]
-        a = model.comm.get_column("a").to_numpy()
-        extra = (2 * a[prev] + 1, dst, new_t[cur])
-    times, _ = replay.replay(g, w, model.chains, extra=extra)
+    if sc.balanced and base.size:
+        base = base * model.balance.act_factor[model.compute_act]
+    times, _ = replay.replay(g, w, extra=extra)
     if model.compute_act.size:  # compute slowed by transfers in flight: re-cost it by the new overlap
         rank = g.act.get_column("rank").to_numpy()
         crank = model.comm.get_column("rank").to_numpy()
@@ -729,37 +744,60 @@ def schedule(model: Model, sc: Scenario) -> Schedule:
             f = contention.coverage(times[2 * a], times[2 * a + 1], rank[a], cs, ce, crank[:cs.size])
             w[model.compute_edge] = np.rint(contention.recost(base, f, model.contention.slowdown)
                                             ).astype(np.int64) + g.slack[model.compute_edge]
-            times, _ = replay.replay(g, w, model.chains, extra=extra)
+            times, _ = replay.replay(g, w, extra=extra)
     return Schedule(times, w, extra)
 
 
 #: replays run at once by :func:`predict_many` (each holds a few arrays of the graph's nodes and edges)
 PARALLEL_REPLAYS = 4
+#: scenarios of one plan that :func:`predict_many` answers by the compiled grid (:func:`tracekit.engine.grid`:
+#: its layout costs about two replays, each scenario then a sweep without an array of the graph's size)
+GRID_SCENARIOS = 4
 
 
 def predict_many(model: Model, scenarios: list[Scenario]) -> list[int]:
-    """:func:`predict` of each scenario, in that order; on as many threads as there are cores (up to
-    :data:`PARALLEL_REPLAYS`): a replay is numpy passes over whole arrays, which run without the GIL, and the
-    scenarios are independent (the same predictions as one after the other)."""
-    workers = min(len(scenarios), os.cpu_count() or 1, PARALLEL_REPLAYS)
+    """:func:`predict` of each scenario, in that order (the same predictions as one after the other). On a graph
+    the engine takes (:func:`tracekit.analysis.dag.engine`) and without contention to re-cost, the scenarios of one
+    plan (free communication, or links with queues) run as one compiled grid when there are enough of them
+    (:data:`GRID_SCENARIOS`); the rest replay on as many threads as there are cores (up to
+    :data:`PARALLEL_REPLAYS`): the replays run without the GIL, and the scenarios are independent."""
+    out: dict[int, int] = {}
+    compiled = dag.engine(model.graph.n_nodes) is not None
+    if compiled and not model.compute_act.size:
+        for free in (True, False):
+            idx = [i for i, sc in enumerate(scenarios) if sc.free == free]
+            if len(idx) >= GRID_SCENARIOS:
+                out.update(zip(idx, _grid_times(model, [scenarios[i] for i in idx]) or [], strict=False))
+    rest = [i for i in range(len(scenarios)) if i not in out]
+    first = {scenarios[i].free: scenarios[i] for i in reversed(rest)}  # of each plan, its first scenario
+    for free in sorted(first) if compiled else ():  # each plan made once, before threads share it (queues' first:
+        try:                                         # free communication's replays take the same plan)
+            replay.plan(model.graph, _changes(model, first[free])[2])
+        except ValueError:  # a scenario nobody can cost: its prediction raises, in its turn
+            continue
+    workers = min(len(rest), os.cpu_count() or 1, PARALLEL_REPLAYS)
     if workers < 2:
-        return [predict(model, sc) for sc in scenarios]
-    from concurrent.futures import ThreadPoolExecutor
+        out.update((i, predict(model, scenarios[i])) for i in rest)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(workers, thread_name_prefix="tracekit-replay") as pool:
-        return list(pool.map(lambda sc: predict(model, sc), scenarios))
+        with ThreadPoolExecutor(workers, thread_name_prefix="tracekit-replay") as pool:
+            out.update(zip(rest, pool.map(lambda i: predict(model, scenarios[i]), rest), strict=True))
+    return [out[i] for i in range(len(scenarios))]
+
+
+def _grid_times(model: Model, scenarios: list[Scenario]) -> list[int] | None:
+    """The iteration times of scenarios of one plan (all free, or none) by the compiled grid
+    (:func:`tracekit.analysis.replay.iteration_times`), or None where it cannot give them."""
+    changes = [_changes(model, sc)[:3] for sc in scenarios]
+    return replay.iteration_times(model.graph, changes, model.iteration_of, min(os.cpu_count() or 1,
+                                                                                  PARALLEL_REPLAYS))
 
 
 def iteration_time(model: Model, times: np.ndarray) -> int:
-    """Median time between consecutive iteration starts (one iteration: its span): :func:`tracekit.analysis.
-    iterations.period` of the schedule ``times``."""
-    it = model.iteration_of
-    valid = it > -(1 << 61)
-    if times.size == 0:
-        return 0
-    if not valid.any():
-        return int(times.max() - times.min())
-    return iterations.period(it[valid], times[0::2][valid], times[1::2][valid])
+    """Median time between consecutive iteration starts (one iteration: its span): `tracekit.analysis.replay.period`
+    of the model's iterations, the figure `tracekit.analysis.iterations.period` gives of the measured job."""
+    return replay.period(model.graph, times, model.iteration_of)
 
 
 def self_check(measured_ns: int | None, replayed_ns: int | None) -> str:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from tracekit.analysis import compact, dag, whatif
+from tracekit.analysis import compact, dag
+from tracekit.analysis.compute_leaves import compute_leaves
 from tracekit.loading.cache import file_crc32
 
 #: the files of a rank's graph, in its partition
@@ -21,7 +22,7 @@ def rank_graph(events: pa.Table) -> dict[str, pa.Table]:
     """One rank's graph tables (:data:`FILES`) from its events (iteration filled; any rank number, its own clock)."""
     g = dag.build(events)
     act, edges = compact.to_tables(compact.compact(g))
-    leaves = whatif.compute_leaves(events, g) if g.act.height else None
+    leaves = compute_leaves(events, g) if g.act.height else None
     lv = compact.leaves_table(leaves) if leaves is not None and leaves.height else \
         pa.schema([("rank", pa.int32()), ("iteration", pa.int64()), ("name", pa.string()), ("start", pa.int64()),
                    ("end", pa.int64())]).empty_table()
