@@ -26,7 +26,12 @@ def job() -> tracekit.Job:
 def _expected(job: tracekit.Job) -> tuple[dict[int, float], list[dict]]:
     """Each iteration's time in ms, and the what-if rows the trackers log by default — from the API."""
     times = {r["iteration"]: r["iteration_ns"] / 1e6 for r in job.summary()["iterations"]}
-    return times, job.whatif(**trackers.default_whatif(job)).to_dicts()
+    from tracekit.analysis.ranges import sources_of, sources_text
+
+    rows = job.whatif(**trackers.default_whatif(job)).to_dicts()
+    for r in rows:  # logged as text: "variation ±7 %, contention −1/+3 %, …"
+        r["range_sources"] = sources_text(sources_of(r["range_sources"]))
+    return times, rows
 
 
 def test_values_are_the_apis(job: tracekit.Job) -> None:

@@ -331,7 +331,7 @@ class Job:
     @property
     def one_job(self) -> OneJob:
         """Whether the traces are one job's (``one``; ``reasons`` why not) and every rank's files: traces that are not
-        one job get no cross-rank verdict (:mod:`tracekit.analysis.one_job`)."""
+        one job get no cross-rank verdict (`tracekit.analysis.one_job`)."""
         return self.analysis.one_job
 
     @property
@@ -443,7 +443,7 @@ class Job:
     def hang(self) -> Hang | None:
         """Where every rank stands in every process group and who the job waits for, from its Flight Recorder dumps
         (else NCCL's watchdog lines): ``kind`` (``hung``, ``desync``, ``none``), ``headline``, ``cause_ranks``,
-        ``causes``, ``stuck``, ``desyncs``, ``positions`` (:class:`tracekit.analysis.hang.Hang`); None without
+        ``causes``, ``stuck``, ``desyncs``, ``positions`` (`tracekit.analysis.hang.Hang`); None without
         either (``docs/hangs.md``)."""
         return self.analysis.hang
 

@@ -115,3 +115,54 @@ def sentence(rows: list[dict]) -> str | None:
     if rest:
         text += "; " + "; ".join(f"{name(r)} {pct(r['busy_share'])}" for r in rest)
     return text[0].upper() + text[1:]
+
+
+#: selectors that name a transport (from the job's NCCL logs), and the transport families each matches; a whole
+#: family name (``net/ib``, ``net/socket``) selects itself. NCCL's P2P runs over NVLink where the GPUs have it,
+#: else over PCIe, and its lines do not say which: ``nvlink`` selects P2P and NVLS links alike.
+TRANSPORT_SELECTORS = {"net": ("NET/",), "ib": ("NET/IB",), "socket": ("NET/Socket",), "p2p": ("P2P",),
+                       "nvlink": ("P2P", "NVLS"), "shm": ("SHM",), "nvls": ("NVLS",), "collnet": ("COLLNET",)}
+
+
+def selects(selector: str, pg: str | None, desc: str | None, link_class: str | None,
+            transport: str | None = None) -> bool:
+    """Whether ``selector`` names this link: its process group's name or description (``dp`` also matches
+    DeviceMesh's ``mesh_dp``), its class (``intra``/``inter``), or its transport (:data:`TRANSPORT_SELECTORS`,
+    or a family such as ``net/ib``)."""
+    s = selector.strip().lower()
+    if link_class is not None and s == link_class:
+        return True
+    if transport is not None and (s == transport.lower() or any(
+            transport.lower().startswith(p.lower()) for p in TRANSPORT_SELECTORS.get(s, ()))):
+        return True
+    if pg is not None and s == pg.lower():
+        return True
+    d = (desc or "").lower()
+    return bool(d) and (s == d or d.endswith("_" + s))
+
+
+def call_link_class(comm: pl.DataFrame, members: pa.Table | None, ranks: pa.Table | None) -> pl.Expr:
+    """``intra`` when every member of the call's instance is on one named host, ``inter`` when they span
+    hosts, null when unknown (unmatched, or hosts not named)."""
+    if members is None or members.num_rows == 0 or ranks is None or ranks.num_rows == 0:
+        return pl.lit(None, dtype=pl.String).alias("link_class")
+    hosts = pl.from_arrow(ranks.select(["rank", "host"]))
+    m = pl.from_arrow(members.select(["instance", "rank"]))
+    assert isinstance(hosts, pl.DataFrame) and isinstance(m, pl.DataFrame)
+    per = m.join(hosts, on="rank", how="left").group_by("instance").agg(
+        pl.col("host").null_count().alias("_nul"), pl.col("host").n_unique().alias("_nh"))
+    cls = dict(per.select(["instance", pl.when(pl.col("_nul") > 0).then(None).when(pl.col("_nh") == 1)
+                           .then(pl.lit("intra")).otherwise(pl.lit("inter"))]).iter_rows())
+    return pl.col("instance").replace_strict(cls, default=None, return_dtype=pl.String).alias("link_class")
+
+
+def with_group_links(comm: pl.DataFrame, group_links: pa.Table | None) -> pl.DataFrame:
+    """``link_class`` from the NCCL logs where they say it (else the hosts' as before) and ``transport`` (null
+    where unknown), by the call's process group (GROUP_LINKS)."""
+    if group_links is None or group_links.num_rows == 0:
+        return comm.with_columns(pl.lit(None, dtype=pl.String).alias("transport"))
+    g = pl.from_arrow(group_links.select(["pg", "link_class", "transport"]))
+    assert isinstance(g, pl.DataFrame)
+    g = g.rename({"pg": "link", "link_class": "_cls"})
+    return comm.join(g, on="link", how="left").with_columns(
+        pl.coalesce("_cls", "link_class").alias("link_class")).drop("_cls")

@@ -489,7 +489,7 @@ def analyse(traces: TraceSet, *, step_marker: str | None = None, link_bw_bps: fl
             only_iterations: Collection[int] | None = None) -> Analysis:
     """Iterations, cross-rank matching and clocks, attribution (with wait/transfer where matched) and link
     figures for every rank of ``traces``. ``link_bw_bps`` is the line rate (bits/s) to compare with;
-    ``line_rates`` that of some links only (the what-if's, by selector: :func:`tracekit.analysis.whatif.selects`);
+    ``line_rates`` that of some links only (the what-if's, by selector: :func:`tracekit.analysis.link_classes.selects`);
     ``only_iterations`` analyses those iterations alone (:func:`tracekit.analysis.iterations.select`: everything
     after the iterations are found, the graph and its replays included, sees only them)."""
     hvd = horovod.prepare(traces, step_marker)  # None without a Horovod timeline

@@ -446,8 +446,9 @@ def _decider(kind: str, others: tuple[str, ...], rng: dict[str, ranges.Range]) -
             weight[src] = max(weight.get(src, 0.0), -lo, hi)
     how: list[str] = []
     for src in sorted(weight, key=lambda k: -weight[k]):
-        if ranges.NARROWS[src] not in how:
-            how.append(ranges.NARROWS[src])
+        narrow = ranges.NARROWS[src]
+        if narrow is not None and narrow not in how:
+            how.append(narrow)
     return "; ".join(how[:2]) or "trace more steps"
 
 

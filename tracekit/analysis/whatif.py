@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import background, balance, contention, dag, replay
+from tracekit.analysis import background, balance, contention, dag, link_classes, replay
 from tracekit.analysis.compute_leaves import compute_leaves
 from tracekit.analysis.dag import EDGE_TYPES, Graph
 from tracekit.analysis.intervals import union_length
@@ -215,30 +215,6 @@ def consistent_members(members: pa.Table | None, instances: pa.Table | None,
     return m
 
 
-#: selectors that name a transport (from the job's NCCL logs), and the transport families each matches; a whole
-#: family name (``net/ib``, ``net/socket``) selects itself. NCCL's P2P runs over NVLink where the GPUs have it,
-#: else over PCIe, and its lines do not say which: ``nvlink`` selects P2P and NVLS links alike.
-TRANSPORT_SELECTORS = {"net": ("NET/",), "ib": ("NET/IB",), "socket": ("NET/Socket",), "p2p": ("P2P",),
-                       "nvlink": ("P2P", "NVLS"), "shm": ("SHM",), "nvls": ("NVLS",), "collnet": ("COLLNET",)}
-
-
-def selects(selector: str, pg: str | None, desc: str | None, link_class: str | None,
-            transport: str | None = None) -> bool:
-    """Whether ``selector`` names this link: its process group's name or description (``dp`` also matches
-    DeviceMesh's ``mesh_dp``), its class (``intra``/``inter``), or its transport (:data:`TRANSPORT_SELECTORS`,
-    or a family such as ``net/ib``)."""
-    s = selector.strip().lower()
-    if link_class is not None and s == link_class:
-        return True
-    if transport is not None and (s == transport.lower() or any(
-            transport.lower().startswith(p.lower()) for p in TRANSPORT_SELECTORS.get(s, ()))):
-        return True
-    if pg is not None and s == pg.lower():
-        return True
-    d = (desc or "").lower()
-    return bool(d) and (s == d or d.endswith("_" + s))
-
-
 def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None,
           members: pa.Table | None = None, instances: pa.Table | None = None,
           line_rate_bps: float | None = None, latency_ns: int | None = None, graph: Graph | None = None,
@@ -246,11 +222,12 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
           group_links: pa.Table | None = None, leaves: pl.DataFrame | None = None) -> Model:
     """The dependency graph of the job (built here unless given) plus what re-costing transfers needs.
 
-    ``line_rate_bps`` is the rate every link ran at; ``line_rates`` maps selectors (:func:`selects`) to the rate
-    of some links only, and wins where both apply. ``pg_desc`` names process groups' descriptions;
-    ``group_links`` (GROUP_LINKS, from the job's NCCL logs) each group's link class and transport. ``leaves`` are the
-    innermost compute operations the contention fit reads (:func:`compute_leaves`, job clock) where ``events`` are not
-    at hand (a job analysed rank by rank, :mod:`tracekit.analysis.compact`)."""
+    ``line_rate_bps`` is the rate every link ran at; ``line_rates`` maps selectors
+    (`tracekit.analysis.link_classes.selects`) to the rate of some links only, and wins where both apply.
+    ``pg_desc`` names process groups' descriptions; ``group_links`` (GROUP_LINKS, from the job's NCCL logs) each
+    group's link class and transport. ``leaves`` are the innermost compute operations the contention fit reads
+    (:func:`compute_leaves`, job clock) where ``events`` are not at hand (a job analysed rank by rank,
+    :mod:`tracekit.analysis.compact`)."""
     inst = consistent_members(members, instances, collectives)
     g = graph if graph is not None else dag.build(events, ranks, inst)
     act = g.act
@@ -275,13 +252,13 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     own_edge = own_of_node[2 * a + 1]
     transfer = g.lag[own_edge]
     comm = comm.with_columns(pl.Series("transfer_ns", transfer), pl.coalesce("pg", pl.lit("default")).alias("link"),
-                             _link_class(comm, members, ranks))
-    comm = _group_links(comm, group_links)
+                             link_classes.call_link_class(comm, members, ranks))
+    comm = link_classes.with_group_links(comm, group_links)
     backend = "gloo" if (comm.get_column("source") == "gloo").any() else "nccl"
     descs = pg_desc or {}
     rate = np.full(comm.height, float(line_rate_bps) if line_rate_bps else np.nan)
     for sel, r in (line_rates or {}).items():
-        hit = np.array([selects(sel, pg, descs.get(pg), cls, tr) for pg, cls, tr in
+        hit = np.array([link_classes.selects(sel, pg, descs.get(pg), cls, tr) for pg, cls, tr in
                         comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
         rate[hit] = r
     comm = comm.with_columns(pl.Series("line_rate_bps", rate))
@@ -385,33 +362,6 @@ def with_host_share(model: Model, host_ns_per_byte: float) -> Model:
     comm = _sizes_and_speeds(model.comm.drop("bus", "size", "speed"), model.backend, model.latency_ns,
                              host_ns_per_byte=host_ns_per_byte)
     return replace(model, comm=comm)
-
-
-def _link_class(comm: pl.DataFrame, members: pa.Table | None, ranks: pa.Table | None) -> pl.Expr:
-    """``intra`` when every member of the call's instance is on one named host, ``inter`` when they span
-    hosts, null when unknown (unmatched, or hosts not named)."""
-    if members is None or members.num_rows == 0 or ranks is None or ranks.num_rows == 0:
-        return pl.lit(None, dtype=pl.String).alias("link_class")
-    hosts = pl.from_arrow(ranks.select(["rank", "host"]))
-    m = pl.from_arrow(members.select(["instance", "rank"]))
-    assert isinstance(hosts, pl.DataFrame) and isinstance(m, pl.DataFrame)
-    per = m.join(hosts, on="rank", how="left").group_by("instance").agg(
-        pl.col("host").null_count().alias("_nul"), pl.col("host").n_unique().alias("_nh"))
-    cls = dict(per.select(["instance", pl.when(pl.col("_nul") > 0).then(None).when(pl.col("_nh") == 1)
-                           .then(pl.lit("intra")).otherwise(pl.lit("inter"))]).iter_rows())
-    return pl.col("instance").replace_strict(cls, default=None, return_dtype=pl.String).alias("link_class")
-
-
-def _group_links(comm: pl.DataFrame, group_links: pa.Table | None) -> pl.DataFrame:
-    """``link_class`` from the NCCL logs where they say it (else the hosts' as before) and ``transport`` (null
-    where unknown), by the call's process group (GROUP_LINKS)."""
-    if group_links is None or group_links.num_rows == 0:
-        return comm.with_columns(pl.lit(None, dtype=pl.String).alias("transport"))
-    g = pl.from_arrow(group_links.select(["pg", "link_class", "transport"]))
-    assert isinstance(g, pl.DataFrame)
-    g = g.rename({"pg": "link", "link_class": "_cls"})
-    return comm.join(g, on="link", how="left").with_columns(
-        pl.coalesce("_cls", "link_class").alias("link_class")).drop("_cls")
 
 
 def _data_spans(comm: pl.DataFrame) -> pl.DataFrame:
@@ -645,10 +595,11 @@ def _factor(model: Model, workers: int | None) -> np.ndarray:
 
 
 def _selected(model: Model, selector: str) -> np.ndarray:
-    """Which of the model's communication rows ``selector`` names (:func:`selects`; once per model and selector)."""
+    """Which of the model's communication rows ``selector`` names (`tracekit.analysis.link_classes.selects`;
+    once per model and selector)."""
     hits = model.__dict__.setdefault("_selected", {})
     if selector not in hits:
-        hits[selector] = np.array([selects(selector, pg, model.pg_desc.get(pg), cls, tr) for pg, cls, tr in
+        hits[selector] = np.array([link_classes.selects(selector, pg, model.pg_desc.get(pg), cls, tr) for pg, cls, tr in
                                    model.comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
     return hits[selector]
 

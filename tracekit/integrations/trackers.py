@@ -108,11 +108,21 @@ def values(job: Job, *, whatif: Mapping[str, Any] | None = None, name: str | Non
     note = None
     try:
         table = job.whatif(**(default_whatif(job) if whatif is None else dict(whatif)))
-        rows = [{k: (v if not isinstance(v, list | tuple) else str(v)) for k, v in r.items()} for r in table.to_dicts()]
+        rows = [{k: _cell(k, v) for k, v in r.items()} for r in table.to_dicts()]
     except TraceError as exc:  # nothing to re-cost (no communication): the verdict says so already
         note = exc.message
     return Values(name=name or _job_name(job), kind=verdict.kind, headline=verdict.headline, text=verdict.text,
                   scalars=scalars, iterations=iterations, breakdown=breakdown, whatif=rows, whatif_note=note)
+
+
+def _cell(column: str, value: Any) -> Any:
+    """A what-if cell as the trackers' tables take it: a range's sources as their text (``variation ±7 %, …``),
+    other lists (the per-link rates) as their repr, scalars as they are."""
+    if column == "range_sources":
+        from tracekit.analysis.ranges import sources_of, sources_text
+
+        return sources_text(sources_of(value))
+    return str(value) if isinstance(value, list | tuple) else value
 
 
 def _ms(column: str) -> str:

@@ -373,7 +373,8 @@ def ranges_made_of(per_row: list[list[dict[str, Any]] | None]) -> str:
         for k, (lo, hi) in sources_of(row).items():
             a, b = most.get(k, (0.0, 0.0))
             most[k] = (min(a, lo), max(b, hi))
-    names = {"variation": "run-to-run variation", "model": "the model's self-check", "sizes": "estimated sizes",
+    names = {"variation": "run-to-run variation", "model": "the model's self-check",
+             "replay": "the replay's own error", "sizes": "estimated sizes",
              "link": "the link's split between wire and hosts", "unexplained": "gaps no dependency explains",
              "contention": "the contention fit"}
     text = sources_text(most)
