@@ -144,10 +144,22 @@ def generate(example: Example) -> None:
     if not example.generate:
         return
     sys.path.insert(0, str(ROOT))
+    import fcntl
+
     from benchmarks import jobgen
 
-    with contextlib.redirect_stdout(io.StringIO()):
-        jobgen.main([example.job, *example.generate[1:], "--workers", "1"])
+    # once per set of arguments, under a lock: test workers running side by side read the same fixed path
+    os.makedirs(GENERATED, exist_ok=True)
+    done = Path(f"{example.job}.args")
+    args = " ".join(example.generate)
+    with open(f"{example.job}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists() and done.read_text() == args and os.path.isdir(example.job):
+            return
+        done.unlink(missing_ok=True)
+        with contextlib.redirect_stdout(io.StringIO()):
+            jobgen.main([example.job, *example.generate[1:], "--workers", "1"])
+        done.write_text(args)
 
 
 def render(example: Example, output: str) -> str:
