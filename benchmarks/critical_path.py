@@ -29,7 +29,8 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from tracekit.analysis import critical_path, dag, iterations, replay, whatif  # noqa: E402
+from tracekit.analysis import iterations  # noqa: E402
+from tracekit.analysis.graph import critical_path, dag, replay, whatif  # noqa: E402
 from tracekit.model import schema  # noqa: E402
 
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"

@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--out", help="keep the generated jobs here (default: a temporary directory)")
     a = ap.parse_args()
     import tracekit
-    from tracekit.analysis.whatif import Scenario, predict_many
+    from tracekit.analysis.graph.whatif import Scenario, predict_many
 
     base = jobgen.JobSpec(ranks=a.ranks, steps=a.steps)
     root = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="tracekit-gpu-truth-"))

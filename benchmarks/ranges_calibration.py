@@ -66,8 +66,8 @@ class Check:
 def interleaved_checks(run_dir: Path, kind: str) -> list[Check]:
     """Every block of an interleaved recording predicted, with its range, from every block (itself excepted)."""
     from tracekit.analysis import ranges
+    from tracekit.analysis.graph.whatif import Scenario
     from tracekit.analysis.pipeline import analyse
-    from tracekit.analysis.whatif import Scenario
     from tracekit.loading import traceset
 
     ts = traceset.load([str(run_dir)], use_cache=False)
@@ -88,7 +88,7 @@ def generated_checks(ranks: int, steps: int, root: Path) -> list[Check]:
     """The cases of gpu_truth.py, each prediction against a new run (another seed) of its variant."""
     import tracekit
     from tracekit.analysis import ranges
-    from tracekit.analysis.whatif import Scenario
+    from tracekit.analysis.graph.whatif import Scenario
 
     out = []
     for name, _designed, spec in gpu_truth.cases(jobgen.JobSpec(ranks=ranks, steps=steps)):

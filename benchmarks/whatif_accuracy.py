@@ -188,7 +188,7 @@ class Pair:
 def block_pairs(run_dir: Path, drop_first: bool = False) -> list[Pair]:
     """Every block of an interleaved recording predicted from every other block: the model of block A is
     tracekit's analysis of A's iterations alone at A's line rate, replayed at B's rate."""
-    from tracekit.analysis import whatif
+    from tracekit.analysis.graph import whatif
     from tracekit.analysis.pipeline import analyse
     from tracekit.loading import traceset
 
@@ -361,7 +361,7 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1))
         return
-    from tracekit.analysis import whatif
+    from tracekit.analysis.graph import whatif
     from tracekit.model.units import parse_rate
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -10,8 +10,8 @@ import polars as pl
 import pytest
 
 from benchmarks import jobgen
-from tracekit.analysis import contention
-from tracekit.analysis.whatif import Scenario, predict_many
+from tracekit.analysis.graph import contention
+from tracekit.analysis.graph.whatif import Scenario, predict_many
 from tracekit.api import load
 
 

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import kineto_traces as kt
-from tracekit.analysis import critical_path, dag, iterations, replay
+from tracekit.analysis import iterations
+from tracekit.analysis.graph import critical_path, dag, replay
 from tracekit.loading.traceset import load
 
 MS = 1_000_000

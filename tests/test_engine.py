@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.test_replay import random_graph
-from tracekit.analysis import critical_path, dag, replay, whatif
+from tracekit.analysis.graph import critical_path, dag, replay, whatif
 
 engine = dag.engine()
 if engine is None:  # CI (TRACEKIT_REQUIRE_EXTENSION=1) fails here; elsewhere the numpy paths stand in for it

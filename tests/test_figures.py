@@ -10,8 +10,8 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from tracekit.analysis import whatif
-from tracekit.analysis.critical_path import LABELS
+from tracekit.analysis.graph import whatif
+from tracekit.analysis.graph.critical_path import LABELS
 from tracekit.analysis.pipeline import Analysis, analyse
 from tracekit.loading import traceset
 from tracekit.model.schema import CLASSES

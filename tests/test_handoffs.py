@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 
 from benchmarks import jobgen
-from tracekit.analysis import critical_path, dag, inferred
-from tracekit.analysis.whatif import Scenario, predict_many, schedule
+from tracekit.analysis.graph import critical_path, dag, inferred
+from tracekit.analysis.graph.whatif import Scenario, predict_many, schedule
 from tracekit.api import load
 
 #: a small job: 2 hosts x 2 GPUs, 4 steps, 8 layers; link-bound at 10 Gbit/s

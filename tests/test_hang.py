@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import tracekit
 from tests import flight_recorder_dumps as frd
-from tracekit.analysis import hang as hang_mod
+from tracekit.analysis.hang import stuck as hang_mod
 from tracekit.cli import main
 from tracekit.model.diagnostics import TraceError
 from tracekit.parsers import parse
@@ -219,7 +219,7 @@ def test_nccl_stuck_inside_a_collective(tmp_path: Path) -> None:
 
 
 def test_nccl_watchdog_lines_alone() -> None:
-    """No dump, NCCL's watchdog lines: the rank that stopped first is the cause (tracekit.analysis.nccl_problems)."""
+    """No dump, NCCL's watchdog lines: the rank that stopped first is the cause (tracekit.analysis.nccl.problems)."""
     job = load(NCCL / "pytorch_2.4_watchdog_rank_stopped.log")
     h = job.hang
     assert h is not None and (h.kind, h.source, h.cause_ranks) == ("hung", "nccl-log", [2])

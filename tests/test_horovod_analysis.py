@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit.analysis import horovod
+from tracekit.analysis.horovod import windows as horovod
 from tracekit.analysis.pipeline import Analysis, analyse
 from tracekit.cli import main
 from tracekit.loading import traceset

@@ -14,8 +14,9 @@ import pytest
 
 import tracekit
 from tests import kineto_traces as kt
-from tracekit.analysis import nccl_topology, whatif
+from tracekit.analysis.graph import whatif
 from tracekit.analysis.link_classes import sentence
+from tracekit.analysis.nccl import topology as nccl_topology
 from tracekit.cli import main
 from tracekit.model.diagnostics import TraceError
 from tracekit.model.units import parse_link_rates

@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tracekit.analysis import whatif
+from tracekit.analysis.graph import whatif
 from tracekit.analysis.pipeline import Analysis, analyse
 from tracekit.cli import main
 from tracekit.loading import traceset

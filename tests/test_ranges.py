@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import jobgen
 from tracekit.analysis import ranges, verdict
-from tracekit.analysis.whatif import Scenario, predict_many
+from tracekit.analysis.graph.whatif import Scenario, predict_many
 from tracekit.api import load
 from tracekit.cli import main
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.analysis import dag, replay
-from tracekit.analysis.dag import EDGE_TYPES, Graph
+from tracekit.analysis.graph import dag, replay
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
 
 #: the tests of the sweep itself need the engine's extension (elsewhere the numpy rounds stand in for it)
 needs_engine = pytest.mark.skipif(dag.engine() is None, reason="the engine's extension is not built")

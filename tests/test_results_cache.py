@@ -95,7 +95,7 @@ def test_critical_path_tables_join_the_entry(tmp_path: Path) -> None:
 def test_the_graph_joins_the_entry_and_replays_the_same(tmp_path: Path) -> None:
     import numpy as np
 
-    from tracekit.analysis import whatif
+    from tracekit.analysis.graph import whatif
 
     job = _job(tmp_path)
     analysis = analyse(load([str(job)], use_cache=False), link_bw_bps=500e6)

@@ -1,5 +1,5 @@
 """The critical path, what-if and verdict of a job analysed rank by rank (DESIGN.md "At scale"): every rank's unit
-compacts its dependency graph (:mod:`tracekit.analysis.compact`), the combine step replays the job on them
+compacts its dependency graph (:mod:`tracekit.analysis.graph.compact`), the combine step replays the job on them
 (:mod:`tracekit.scale.graphs`). On every job that also fits in memory both modes must agree: critical path lengths to
 the nanosecond, what-if iteration times within 0.5 % (they agree exactly: the compaction is exact), the same
 verdict."""
@@ -15,9 +15,9 @@ import pytest
 
 import tracekit
 from benchmarks import jobgen
-from tracekit.analysis import compact, critical_path, replay, whatif
+from tracekit.analysis.graph import compact, critical_path, replay, whatif
+from tracekit.analysis.graph.whatif import Scenario, predict_many
 from tracekit.analysis.pipeline import Analysis
-from tracekit.analysis.whatif import Scenario, predict_many
 from tracekit.cli import main
 from tracekit.model.diagnostics import TraceError
 from tracekit.scale import graphs

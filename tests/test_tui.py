@@ -346,7 +346,7 @@ def test_phases_and_results_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     phases = [s for s in seen if s != "progress"]
     assert phases == ["summary", "analysis", "timeline", "critical_path", "whatif"] and "progress" in seen
     assert not cold.from_cache
-    from tracekit.analysis import dag
+    from tracekit.analysis.graph import dag
 
     builds: list[int] = []
     build = dag.build
@@ -434,7 +434,7 @@ def test_critical_path_and_whatif_are_computed_beside_the_top_ops_and_timeline()
     load without it."""
     import threading
 
-    from tracekit.analysis import critical_path
+    from tracekit.analysis.graph import critical_path
 
     threads: set[str] = set()
     paths = critical_path.paths

@@ -11,7 +11,7 @@ from textual.widgets import Tab, TabbedContent
 from tests import tui_scenarios as sc
 from tests.test_nccl_topology import _job
 from tests.test_tui import SIZE, loaded, text_of
-from tracekit.analysis.nccl_topology import connection_summary
+from tracekit.analysis.nccl.topology import connection_summary
 from tracekit.tui.app import InspectApp
 from tracekit.tui.data import LoadCallbacks, LoadOptions, load_job
 from tracekit.tui.topology_view import TopologyView

@@ -1,7 +1,7 @@
 """The critical-path, collectives and what-if views of ``tracekit inspect`` and the critical path on the
 timeline, driven by Textual's Pilot on the bundled sample (recorded on a 500 Mbit/s link): keys move
 through each view, sort, filter, Enter lands on the timeline at the right place, the what-if numbers follow
-the inputs (and equal :func:`tracekit.analysis.whatif.predict`'s), a bad line rate is an inline error."""
+the inputs (and equal :func:`tracekit.analysis.graph.whatif.predict`'s), a bad line rate is an inline error."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from textual.widgets import Input, TabbedContent
 
 from tests import tui_scenarios as sc
 from tests.test_tui import SIZE, canvas, loaded, text_of
-from tracekit.analysis import whatif
-from tracekit.analysis.critical_path import runs as path_runs
+from tracekit.analysis.graph import whatif
+from tracekit.analysis.graph.critical_path import runs as path_runs
 from tracekit.tui.app import InspectApp
 from tracekit.tui.collectives_view import MAX_ROWS, CollectivesView
 from tracekit.tui.critical_path_view import CriticalPathView

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests import kineto_traces as kt
-from tracekit.analysis import bottleneck, whatif
+from tracekit.analysis import bottleneck
+from tracekit.analysis.graph import whatif
 from tracekit.analysis.pipeline import analyse
 from tracekit.loading import traceset
 

@@ -40,11 +40,11 @@ from tracekit.model.units import count
 if TYPE_CHECKING:
     from tracekit.analysis.bottleneck import Bottleneck
     from tracekit.analysis.compare import Diff
-    from tracekit.analysis.hang import Hang
+    from tracekit.analysis.graph.whatif import Scenario
+    from tracekit.analysis.hang.stuck import Hang
     from tracekit.analysis.one_job import OneJob
     from tracekit.analysis.pipeline import Analysis
     from tracekit.analysis.verdict import Answer
-    from tracekit.analysis.whatif import Scenario
 
 __all__ = ["Job", "Verdict", "compare", "load"]
 
@@ -92,7 +92,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     By default a job is analysed in memory unless it would not fit, in which case — or with ``by_rank=True``,
     ``engine`` (``"local"``/``"dask"``), ``scheduler``, ``dataset`` or ``memory_budget`` — it is analysed rank by
     rank through a per-rank Parquet dataset; ``by_rank=False`` forces memory. Rank by rank, the critical path and
-    the what-if run on the ranks' compact dependency graphs (`tracekit.analysis.compact`): ``graphs=True``
+    the what-if run on the ranks' compact dependency graphs (`tracekit.analysis.graph.compact`): ``graphs=True``
     builds them with the dataset (what ``tracekit whatif`` and ``critical-path`` ask for), otherwise they are built
     from the dataset's events on first use. ``on_start(files, total_bytes)`` is
     called once the inputs are found, ``progress(done_bytes, total_bytes, path)`` while they are read, and
@@ -249,7 +249,7 @@ def scenarios(bandwidth: RateArg | Mapping[str, RateArg] | Sequence[RateArg | Ma
     the rate the job ran on; ``efficiency`` is ``"measured"`` (as this job's links did; needs the job's line
     rate, ``link_bw_known``), ``"full"`` or a share of the line rate (default: measured when the line rate is
     known, else full); ``codec_cost`` the encode+decode cost of compression in ns per payload byte."""
-    from tracekit.analysis import whatif
+    from tracekit.analysis.graph import whatif
     from tracekit.model.units import parse_link_rates, parse_rate
 
     bands: list[tuple[float | None, tuple[tuple[str, float], ...]]] = []
@@ -443,7 +443,7 @@ class Job:
     def hang(self) -> Hang | None:
         """Where every rank stands in every process group and who the job waits for, from its Flight Recorder dumps
         (else NCCL's watchdog lines): ``kind`` (``hung``, ``desync``, ``none``), ``headline``, ``cause_ranks``,
-        ``causes``, ``stuck``, ``desyncs``, ``positions`` (`tracekit.analysis.hang.Hang`); None without
+        ``causes``, ``stuck``, ``desyncs``, ``positions`` (`tracekit.analysis.hang.stuck.Hang`); None without
         either (``docs/hangs.md``)."""
         return self.analysis.hang
 
@@ -543,7 +543,7 @@ class Job:
         arguments; ``latency`` is the fixed cost per call, ns or ``"20us"``; ``stragglers_removed`` adds the row of
         the job as it ran with every rank's excess over the median rank's work removed). The rows ``tracekit whatif``
         prints."""
-        from tracekit.analysis.whatif import Scenario
+        from tracekit.analysis.graph.whatif import Scenario
 
         sc = scenarios(bandwidth, compression, workers, efficiency, codec_cost,
                        link_bw_known=self.line_rate_bps is not None or bool(self.analysis.line_rates))
@@ -746,7 +746,7 @@ def _problem_text(p: dict[str, Any]) -> str:
 
 def horovod_payload(result: Analysis) -> dict[str, Any]:
     """The ``horovod`` part of ``summary --json`` (present only when a timeline is)."""
-    from tracekit.analysis import horovod
+    from tracekit.analysis.horovod import windows as horovod
     from tracekit.views.report import horovod_paragraph
 
     res = result.horovod

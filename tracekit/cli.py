@@ -512,7 +512,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     job = _job(args, err)
     if job.n_ranks > 1:  # the number behind "straggler-bound": the job as it ran with the stragglers' excess removed
-        from tracekit.analysis.whatif import Scenario
+        from tracekit.analysis.graph.whatif import Scenario
 
         scenarios = [*scenarios, Scenario(balanced=True)]
     rows, verdict = job.replay(scenarios, latency=args.latency)

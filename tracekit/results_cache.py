@@ -46,7 +46,7 @@ from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic
 
 if TYPE_CHECKING:
-    from tracekit.analysis.dag import Graph
+    from tracekit.analysis.graph.dag import Graph
     from tracekit.analysis.pipeline import Analysis
     from tracekit.loading.traceset import TraceSet
 
@@ -270,7 +270,7 @@ def _graph(d: Path) -> Graph | None:
     import numpy as np
     import polars as pl
 
-    from tracekit.analysis.dag import Graph
+    from tracekit.analysis.graph.dag import Graph
 
     try:
         act = pl.from_arrow(_read(d / "activities.arrow"))

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 MAX_RUNS = 2000
 #: with the short runs hidden (``m``), runs shorter than this share of the iteration are left out
 MIN_SHARE = 0.01
-#: the labels in the order of the summary's columns (tracekit.analysis.critical_path.LABELS)
+#: the labels in the order of the summary's columns (tracekit.analysis.graph.critical_path.LABELS)
 LABEL_TITLES = {"compute": "compute", "memory": "memory", "transfer": "transfer", "CPU": "CPU", "launch": "launch",
                 "idle": "idle", "waiting": "waiting"}
 
@@ -144,7 +144,7 @@ class CriticalPathView(DeferredView):
 
     def select(self, iteration: int) -> None:
         """List the path of ``iteration`` as runs."""
-        from tracekit.analysis.critical_path import runs as path_runs
+        from tracekit.analysis.graph.critical_path import runs as path_runs
 
         data = self._data
         if data is None or data.analysis is None:

@@ -1,6 +1,6 @@
 """Hang: where every rank stands in each process group when the job's Flight Recorder dumps were taken, as a picture
 per group with the ranks that hold the job up first, then who the job waits for and why — what ``tracekit summary``
-prints first for a hung job (:mod:`tracekit.views.hang_report`, :mod:`tracekit.analysis.hang`), with each cause's
+prints first for a hung job (:mod:`tracekit.views.hang_report`, :mod:`tracekit.analysis.hang.stuck`), with each cause's
 whole call stack.
 
 Shown only when the job has Flight Recorder dumps. Computes nothing: every figure comes from the analysis.

@@ -1,5 +1,5 @@
 """Topology: what the job's NCCL debug logs say about it, as ``tracekit summary`` prints it — nodes × GPUs and the
-transports inside and across nodes (:func:`tracekit.analysis.nccl_topology.overview`), NCCL versions, networks
+transports inside and across nodes (:func:`tracekit.analysis.nccl.topology.overview`), NCCL versions, networks
 and devices, each communicator's link class and the transport that binds it, each peer connection once per
 transport (rank → peer, hosts, channels), how busy each link class was (with the job's traces), and the problems
 of the logs with their file and line.
@@ -67,7 +67,7 @@ class TopologyView(View):
 
     def show_data(self, data: JobData) -> None:
         from tracekit.analysis.link_classes import sentence
-        from tracekit.analysis.nccl_topology import connection_summary
+        from tracekit.analysis.nccl.topology import connection_summary
 
         a = data.analysis
         if a is None or self._shown == id(a):

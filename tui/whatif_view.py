@@ -1,5 +1,5 @@
 """What-if: the job replayed with another line rate, compression ratio, number of workers or link
-efficiency (:mod:`tracekit.analysis.whatif`, as ``tracekit whatif`` does). The predicted iteration time, speed-up
+efficiency (:mod:`tracekit.analysis.graph.whatif`, as ``tracekit whatif`` does). The predicted iteration time, speed-up
 and scaling factor follow the inputs as they change, with a sweep of line rates around the chosen one
 and the bottleneck verdict.
 
@@ -8,7 +8,7 @@ the measured efficiency and at full utilisation, with the job as measured marked
 them: the points come from :func:`tracekit.views.figures.whatif_curves`, here only plotted (textual-plotext).
 
 The what-if model and the verdict were built by the loading worker (phase 5, ``tui/data.py``); each new
-prediction runs :func:`tracekit.analysis.whatif.predict` in a thread worker (exclusive, after a short pause in the
+prediction runs :func:`tracekit.analysis.graph.whatif.predict` in a thread worker (exclusive, after a short pause in the
 typing), because one replay takes milliseconds on a small job and up to a second on a big one; the curves
 (some forty replays) are computed once per job in a thread worker of their own.
 """
@@ -40,8 +40,8 @@ from tracekit.views.report import VERDICT_STYLES, fmt_ns
 if TYPE_CHECKING:
     import polars as pl
 
+    from tracekit.analysis.graph.whatif import Model, Scenario
     from tracekit.analysis.ranges import Range, Uncertainty
-    from tracekit.analysis.whatif import Model, Scenario
     from tracekit.views.figures import Curves
 
 #: line rates of the sweep, as multiples of the chosen one
@@ -67,9 +67,9 @@ class Inputs:
 
 
 def scenario(inputs: Inputs, line_rate_bps: float | None) -> Scenario:
-    """The :class:`tracekit.analysis.whatif.Scenario` of ``inputs`` for a job that ran on ``line_rate_bps`` (None
+    """The :class:`tracekit.analysis.graph.whatif.Scenario` of ``inputs`` for a job that ran on ``line_rate_bps`` (None
     if unknown); raises ValueError with the message to show under the inputs."""
-    from tracekit.analysis.whatif import Scenario
+    from tracekit.analysis.graph.whatif import Scenario
     from tracekit.model.units import parse_rate
 
     rate = None
@@ -129,7 +129,7 @@ def predict_all(model: Model, sc: Scenario, free_ns: int, line_rate_bps: float |
     """The prediction for ``sc`` (with its range, given the job's ``uncertainty``) and its sweep of line rates (None
     if ``cancelled()`` turned true)."""
     from tracekit.analysis import ranges
-    from tracekit.analysis.whatif import predict
+    from tracekit.analysis.graph.whatif import predict
 
     rng = ranges.predict(uncertainty, [sc])[0] if uncertainty is not None and uncertainty.model is model else None
     t = rng.point if rng is not None else predict(model, sc)
@@ -304,14 +304,14 @@ class WhatIfView(View, can_focus=True):
         model = data.analysis.whatif
         free = data.bottleneck.free_ns if data.bottleneck is not None else None
         if free is None:
-            from tracekit.analysis.whatif import Scenario, predict
+            from tracekit.analysis.graph.whatif import Scenario, predict
 
             free = predict(model, Scenario(free=True))
         try:
             unc = data.analysis.__dict__.get("uncertainty")  # found with the verdict, by the loading worker
             result = predict_all(model, sc, free, data.analysis.line_rate_bps,
                                  cancelled=lambda: worker.is_cancelled or asked != self._asked, uncertainty=unc)
-        except ValueError as exc:  # a scenario tracekit.analysis.whatif refuses
+        except ValueError as exc:  # a scenario tracekit.analysis.graph.whatif refuses
             self.app.call_from_thread(self._refused, as_flags(str(exc)), asked)
             return
         if result is not None and not worker.is_cancelled:

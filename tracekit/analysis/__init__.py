@@ -1,6 +1,7 @@
 """The analysis: pure functions over the loaded tables, run in order by ``pipeline.analyse`` into an
-``Analysis`` — iterations, attribution, collectives across ranks, links, the dependency graph, the critical
-path and the what-if replay (one module each).
+``Analysis`` — iterations, attribution, collectives across ranks, links, the verdict and its ranges (one module
+each, here); the dependency graph, its replays, the critical path and the what-if model in ``graph/``; what NCCL
+logs, Horovod timelines and Flight Recorder dumps add in ``nccl/``, ``horovod/`` and ``hang/``.
 
 ``Analysis`` and ``analyse`` are importable from here too (``from tracekit.analysis.pipeline import analyse``)."""
 

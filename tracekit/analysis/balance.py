@@ -1,6 +1,6 @@
 """Each rank's work and its excess over the median rank's: what "stragglers removed" replays (DESIGN.md "Verdict").
 
-A rank's work is counted in two parts, on the dependency graph (:mod:`tracekit.analysis.dag`):
+A rank's work is counted in two parts, on the dependency graph (:mod:`tracekit.analysis.graph.dag`):
 
 ``device``  the own time of its device kernels and copies (GPU ranks)
 ``host``    the own time of its CPU operators and runtime calls (blocking waits already cut out by the graph), plus
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from tracekit.analysis.dag import EDGE_TYPES, Graph
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
 
 _OWN = EDGE_TYPES.index("own")
 _PROGRAM = EDGE_TYPES.index("program")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tracekit.analysis.whatif import (
+from tracekit.analysis.graph.whatif import (
     RECORD_SHAPES_HINT,
     SIZE_ESTIMATED,
     SIZE_UNKNOWN,

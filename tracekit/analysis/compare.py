@@ -30,7 +30,7 @@ runs' own spread (:mod:`tracekit.analysis.regression`, the CI gate of ``tracekit
 
 and each run's verdict (a :class:`tracekit.Verdict`, set by the API) and notes on what could not be compared.
 Every figure here comes from the analysis' tables (the breakdown, the collectives, :mod:`tracekit.analysis.top_ops`,
-:mod:`tracekit.analysis.idle` and :mod:`tracekit.analysis.critical_path`): the diff only lines them up.
+:mod:`tracekit.analysis.idle` and :mod:`tracekit.analysis.graph.critical_path`): the diff only lines them up.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis.critical_path import LABELS
+from tracekit.analysis.graph.critical_path import LABELS
 
 if TYPE_CHECKING:
     from tracekit.analysis.pipeline import Analysis

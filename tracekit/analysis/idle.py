@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analysis import attribution
-from tracekit.analysis.dag import SYNC_CALL, correlation_key
+from tracekit.analysis.graph.dag import SYNC_CALL, correlation_key
 from tracekit.analysis.intervals import sweep
 from tracekit.model import schema
 from tracekit.model.schema import dict_in, dict_match

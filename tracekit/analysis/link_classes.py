@@ -3,7 +3,7 @@ over that class (``inter``-node over NET/IB, ``intra``-node over P2P, ...), over
 ranks — the same figure as a window's ``link_active_ns / wall_ns`` (:mod:`tracekit.analysis.links`), split by
 class, so that a verdict can say which class binds ("inter-node NET/IB is 81 % busy; intra-node P2P 9 %").
 
-A call's class and transport are its process group's (:func:`tracekit.analysis.nccl_topology.group_links`, from
+A call's class and transport are its process group's (:func:`tracekit.analysis.nccl.topology.group_links`, from
 the job's NCCL logs), else its matched instance's hosts (every member on one named host: intra, else inter;
 transport unknown). Its transfer time is ``[end - transfer_ns, end]`` where it was matched across ranks (the
 waiting for the last member left out), the whole call otherwise, clipped to the rank's iteration windows.

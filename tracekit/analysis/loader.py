@@ -8,7 +8,7 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis.contention import coverage
+from tracekit.analysis.graph.contention import coverage
 
 #: the profiler's annotation of a data loader's ``__next__``
 LOADER = "enumerate(DataLoader)"

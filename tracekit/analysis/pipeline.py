@@ -18,26 +18,24 @@ from tracekit.analysis import (
     background,
     bottleneck,
     collectives,
-    critical_path,
-    dag,
-    hang,
-    horovod,
     idle,
     iterations,
     link_classes,
     links,
     loader,
     missing,
-    nccl_join,
-    nccl_problems,
-    nccl_topology,
     one_job,
     ranges,
     top_ops,
     verdict,
     waited,
-    whatif,
 )
+from tracekit.analysis.graph import critical_path, dag, whatif
+from tracekit.analysis.hang import stuck as hang
+from tracekit.analysis.horovod import windows as horovod
+from tracekit.analysis.nccl import join as nccl_join
+from tracekit.analysis.nccl import problems as nccl_problems
+from tracekit.analysis.nccl import topology as nccl_topology
 from tracekit.loading.traceset import TraceSet
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
@@ -91,7 +89,8 @@ class Analysis:
     matched: bool = False  # whether collectives were matched across ranks (wait/transfer known)
     notes: list[str] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)  # the inputs' and the analysis' warnings
-    horovod: horovod.Result | None = None  # Horovod timelines' tables (tracekit/analysis/horovod.py), None without one
+    #: Horovod timelines' tables (tracekit/analysis/horovod/windows.py), None without one
+    horovod: horovod.Result | None = None
     dataset: Dataset | None = None  # set when analysed rank by rank: the events stay on disk (``events`` is empty)
     #: ranks the job had (stated world size, process groups' members) that no input holds (:mod:`.missing`)
     missing_ranks: list[int] = field(default_factory=list)
@@ -108,7 +107,7 @@ class Analysis:
     @cached_property
     def graph(self) -> dag.Graph:
         """The dependency graph of the whole job (built on first use; rank by rank, combined from the ranks'
-        compact graphs: :mod:`tracekit.analysis.compact`)."""
+        compact graphs: :mod:`tracekit.analysis.graph.compact`)."""
         if self.dataset is not None:
             if self.rank_graphs is None:
                 raise TraceError(None, "the critical path and what-if need the ranks' dependency graphs, which this "
@@ -125,7 +124,7 @@ class Analysis:
 
     @cached_property
     def critical_path(self) -> pl.DataFrame:
-        """Critical-path segments of every iteration (:mod:`tracekit.analysis.critical_path`)."""
+        """Critical-path segments of every iteration (:mod:`tracekit.analysis.graph.critical_path`)."""
         return critical_path.paths(self.graph, self.iterations, self.ranks)
 
     @cached_property
@@ -256,7 +255,7 @@ class Analysis:
     @cached_property
     def hang(self) -> hang.Hang | None:
         """Where every rank stands in every process group, and who the job waits for, from its Flight Recorder dumps
-        (else NCCL's watchdog lines): :mod:`tracekit.analysis.hang`. None with neither."""
+        (else NCCL's watchdog lines): :mod:`tracekit.analysis.hang.stuck`. None with neither."""
         tables = self.traces.tables
         logs = any(f.format == "nccl-log" for f in self.traces.files)
         if "fr_dumps" not in tables and not logs:
@@ -284,12 +283,12 @@ class Analysis:
     @cached_property
     def connections(self) -> pl.DataFrame:
         """The ``topology`` rows with each connection's transport name, peer host and link class
-        (:func:`~tracekit.analysis.nccl_topology.connections`)."""
+        (:func:`~tracekit.analysis.nccl.topology.connections`)."""
         return nccl_topology.connections(self.traces.topology, self.communicators)
 
     @cached_property
     def comm_links(self) -> pl.DataFrame:
-        """Per NCCL communicator: its link class and binding transport (:mod:`tracekit.analysis.nccl_topology`)."""
+        """Per NCCL communicator: its link class and binding transport (:mod:`tracekit.analysis.nccl.topology`)."""
         return nccl_topology.comm_links(self.connections, self.communicators)
 
     @cached_property
@@ -306,14 +305,14 @@ class Analysis:
     @cached_property
     def topology_overview(self) -> dict:
         """The NCCL topology summary prints: nodes × GPUs, transports inside and across nodes, networks
-        (:func:`~tracekit.analysis.nccl_topology.overview`); empty without an NCCL log."""
+        (:func:`~tracekit.analysis.nccl.topology.overview`); empty without an NCCL log."""
         return nccl_topology.overview(self.communicators, self.connections, self.comm_links,
                                       self.traces.tables.get("nccl_network"), self.nccl_processes)
 
     @cached_property
     def nccl_problems(self) -> pa.Table:
         """NCCL_PROBLEMS: WARN lines, socket fallbacks, GPU Direct RDMA off, NCCL versions that differ, watchdog
-        timeouts and which rank stopped first, each with its file and line (:mod:`tracekit.analysis.nccl_problems`)."""
+        timeouts and which rank stopped first, each with its file and line (:mod:`tracekit.analysis.nccl.problems`)."""
         conns, comms = self.connections, self.comm_links
         inter = (conns.height and (conns.get_column("link_class") == "inter").any()) or \
             (comms.height and (comms.get_column("link_class") == "inter").any())

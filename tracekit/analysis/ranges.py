@@ -10,7 +10,7 @@ Sources, each a relative deviation below and above the point, combined in quadra
                  (what the dependency graph does not capture; it moves every prediction alike)
 ``sizes``        transfer sizes estimated from time: replayed again with every estimated size at its two bounds —
                  all of a transfer's time on the wire, or as much of it host work as the backend's hosts plausibly
-                 spend (:data:`tracekit.analysis.whatif.HOST_NS_PER_BYTE_MAX`)
+                 spend (:data:`tracekit.analysis.graph.whatif.HOST_NS_PER_BYTE_MAX`)
 ``unexplained``  time no dependency explains, kept as measured by the replay: were it waiting on the link, it would
                  shrink with a faster one (one-sided, towards faster links and free communication)
 ``replay``       the replay's own error where a scenario changes the job: what the model leaves out shows only off
@@ -35,9 +35,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import contention
-from tracekit.analysis.critical_path import UNEXPLAINED_EDGES, schedule_spans
-from tracekit.analysis.whatif import (
+from tracekit.analysis.graph import contention
+from tracekit.analysis.graph.critical_path import UNEXPLAINED_EDGES, schedule_spans
+from tracekit.analysis.graph.whatif import (
     HOST_NS_PER_BYTE_MAX,
     PARALLEL_REPLAYS,
     SIZE_ESTIMATED,
@@ -316,8 +316,8 @@ def replay_all(unc: Uncertainty, scenarios: list[Scenario]) -> Replays:
 
 
 def _replay_jobs(jobs: list[tuple[Model, Scenario]]) -> list[tuple[int, np.ndarray]]:
-    """Each (model, scenario) replayed: its iteration time (:func:`tracekit.analysis.whatif.predict`) and its
-    iterations' times; on threads, as :func:`tracekit.analysis.whatif.predict_many` runs them."""
+    """Each (model, scenario) replayed: its iteration time (:func:`tracekit.analysis.graph.whatif.predict`) and its
+    iterations' times; on threads, as :func:`tracekit.analysis.graph.whatif.predict_many` runs them."""
     def one(job: tuple[Model, Scenario]) -> tuple[int, np.ndarray]:
         m, sc = job
         times = schedule(m, sc).times
@@ -427,7 +427,7 @@ SOURCES_DTYPE = pl.List(pl.Struct({"source": pl.String, "low": pl.Float64, "high
 
 
 def sweep(unc: Uncertainty, scenarios: list[Scenario]) -> pl.DataFrame:
-    """:func:`tracekit.analysis.whatif.sweep`'s rows with each prediction's range: ``iteration_ns_low/high``,
+    """:func:`tracekit.analysis.graph.whatif.sweep`'s rows with each prediction's range: ``iteration_ns_low/high``,
     ``speedup_low/high``, ``scaling_factor_low/high``, and ``range_sources`` (what the iteration's range is made of:
     each source's relative deviation, largest first)."""
     free_sc = Scenario(free=True)

@@ -1,7 +1,7 @@
 """One answer to "what sets this job's pace?" (DESIGN.md "Verdict"), derived from the replays and the critical path,
 so that no headline can contradict the what-if.
 
-Three replays of the job's dependency graph (:mod:`tracekit.analysis.whatif`) say what each suspect costs: with
+Three replays of the job's dependency graph (:mod:`tracekit.analysis.graph.whatif`) say what each suspect costs: with
 communication free, the link's cost; with every rank's work brought down to the median rank's
 (:mod:`tracekit.analysis.balance`), the stragglers' cost; and at full utilisation of the line rate, whether the link or
 its use is to blame. What is left when neither costs much is read off the measured critical path: device compute, or
@@ -17,7 +17,8 @@ the host (CPU operators, launches, input). The classes:
                      the path (of what is neither transfer nor waiting: by more than :data:`EVEN` of an even split)
 ``host-bound``       neither saves much, and CPU work, launches and the host's gaps outweigh compute on the path
 ``hung``, ``desync`` the job's Flight Recorder dumps (or NCCL's watchdog) show it stuck, or ranks calling different
-                     collectives at the same position: this comes first (:func:`from_hang`; tracekit/analysis/hang.py)
+                     collectives at the same position: this comes first (:func:`from_hang`;
+                     tracekit/analysis/hang/stuck.py)
 ``input-bound``      what sets the pace is a data loader the trace shows directly (its ``enumerate(DataLoader)``
                      spans): the stragglers whose excess removing saves the most are all waiting for their batches, or,
                      where neither replay names the class, ranks waiting for their data loader are at least
@@ -35,11 +36,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis import balance, critical_path, loader, ranges
+from tracekit.analysis import balance, loader, ranges
 from tracekit.analysis.bottleneck import Bottleneck
+from tracekit.analysis.graph import critical_path
+from tracekit.analysis.graph.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule, self_check
 from tracekit.analysis.link_classes import sentence as link_sentence
 from tracekit.analysis.waited import WaitedOn
-from tracekit.analysis.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule, self_check
 from tracekit.model.units import count, format_duration, format_rate
 
 KINDS = ("link-bound", "straggler-bound", "input-bound", "host-bound", "compute-bound", "mixed", "none", "hung",
@@ -711,5 +713,5 @@ def from_attribution(breakdown: pa.Table, stragglers: pl.DataFrame, why: str) ->
 
 def from_hang(hang: Any) -> Answer:
     """The verdict of a job that hangs or desyncs (or of Flight Recorder dumps alone): ``hung`` or ``desync`` naming
-    the ranks and the collective (:class:`tracekit.analysis.hang.Hang`), before anything a replay could say."""
+    the ranks and the collective (:class:`tracekit.analysis.hang.stuck.Hang`), before anything a replay could say."""
     return Answer(hang.kind, hang.headline, support=tuple(hang.support), source="hang")

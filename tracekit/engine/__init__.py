@@ -12,8 +12,8 @@ A graph here is nodes ``0..n-1`` and edges ``src -> dst`` with a weight each (in
   their iteration times (:func:`period`: the median time between iteration starts) without an array of the graph's
   size per scenario.
 
-The analysis (:mod:`tracekit.analysis.dag`, ``replay``, ``critical_path``, ``whatif``) builds the graphs and reads
-the answers (:func:`tracekit.analysis.dag.engine`); where the extension is not built (no C compiler at install) or
+The analysis (:mod:`tracekit.analysis.graph.dag`, ``replay``, ``critical_path``, ``whatif``) builds the graphs and reads
+the answers (:func:`tracekit.analysis.graph.dag.engine`); where the extension is not built (no C compiler at install) or
 ``TRACEKIT_NO_EXTENSION=1``, its numpy paths give the same answers, slower.
 """
 

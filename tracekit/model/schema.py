@@ -440,7 +440,7 @@ FR_PG_STATUS = pa.schema(
     ]
 )
 
-#: Where each rank stands in each process group when the dumps were taken (:mod:`tracekit.analysis.hang`).
+#: Where each rank stands in each process group when the dumps were taken (:mod:`tracekit.analysis.hang.stuck`).
 HANG_POSITIONS = pa.schema(
     [
         _col("pg", pa.string()),

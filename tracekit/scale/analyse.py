@@ -7,7 +7,8 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import attribution, collectives, links, missing, nccl_join, pipeline
+from tracekit.analysis import attribution, collectives, links, missing, pipeline
+from tracekit.analysis.nccl import join as nccl_join
 from tracekit.analysis.pipeline import Analysis, _ranks_text
 from tracekit.loading.traceset import TraceSet
 from tracekit.model import schema

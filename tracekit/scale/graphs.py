@@ -1,5 +1,5 @@
 """The dependency graph of a job analysed rank by rank: each rank's compact graph, made where its unit runs, and the
-job's graph combined from them (:mod:`tracekit.analysis.compact`; DESIGN.md "At scale").
+job's graph combined from them (:mod:`tracekit.analysis.graph.compact`; DESIGN.md "At scale").
 
 A rank's unit (:func:`tracekit.scale.dataset.run_unit`, in a local process or on a Dask worker) builds the rank's
 dependency graph from its events — on its own clock, without the collective edges, which need every rank — compacts
@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import compact, dag, whatif
+from tracekit.analysis.graph import compact, dag, whatif
 from tracekit.loading.cache import read_text, seal, unseal, verify_files
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
@@ -150,7 +150,7 @@ def ensure(ds: Dataset, engine: Any = None, budget: int | None = None, parts: li
 
 
 def combined(ds: Dataset, analysis: JobTables) -> tuple[dag.Graph, pl.DataFrame | None]:
-    """The job's graph (:func:`tracekit.analysis.compact.combine`) and its compute leaves (job clock) from every
+    """The job's graph (:func:`tracekit.analysis.graph.compact.combine`) and its compute leaves (job clock) from every
     rank's stored compact graph; raises a one-line TraceError when a rank has none."""
     import pyarrow.parquet as pq
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from tracekit.analysis import compact, dag
-from tracekit.analysis.compute_leaves import compute_leaves
+from tracekit.analysis.graph import compact, dag
+from tracekit.analysis.graph.compute_leaves import compute_leaves
 from tracekit.loading.cache import file_crc32
 
 #: the files of a rank's graph, in its partition

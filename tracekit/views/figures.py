@@ -29,14 +29,14 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis.critical_path import LABELS
+from tracekit.analysis.graph.critical_path import LABELS
 from tracekit.model.schema import CLASSES
 from tracekit.views.report import CLASS_LABELS, CLASS_STYLES, KIND_STYLES, PATH_STYLES
 
 if TYPE_CHECKING:
     from tracekit.analysis.bottleneck import Bottleneck
+    from tracekit.analysis.graph.whatif import Model
     from tracekit.analysis.pipeline import Analysis
-    from tracekit.analysis.whatif import Model
 
 #: line rates of the rate curve, as multiples of the rate the job ran on (1 is the measured point)
 RATE_MULTIPLES: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
@@ -181,8 +181,8 @@ def link_activity(events: pa.Table, iterations: pa.Table, ranks: pa.Table | None
 
 
 def path_composition(summary: pl.DataFrame) -> pl.DataFrame:
-    """Per iteration and critical-path label (in :data:`tracekit.analysis.critical_path.LABELS` order): ``iteration,
-    label, ns, share`` — the time of the iteration's critical path spent so (its shares of ``path_ns``)."""
+    """Per iteration and critical-path label (in :data:`tracekit.analysis.graph.critical_path.LABELS` order):
+    ``iteration, label, ns, share`` — the time of the iteration's critical path spent so (its shares of ``path_ns``)."""
     schema = {"iteration": pl.Int64, "label": pl.String, "ns": pl.Int64, "share": pl.Float64}
     if summary.height == 0:
         return pl.DataFrame(schema=schema)
@@ -252,13 +252,14 @@ def whatif_curves(model: Model, bottleneck: Bottleneck | None = None, *,
                   cancelled: Callable[[], bool] = lambda: False) -> Curves:
     """The scaling factor (iteration time with free communication / predicted) against the line rate and
     against the compression ratio, each at the measured efficiency and at full utilisation of the link
-    (:func:`tracekit.analysis.whatif.predict` for every point; ``bottleneck`` saves the two replays it already made).
+    (:func:`tracekit.analysis.graph.whatif.predict` for every point; ``bottleneck`` saves the two replays it already
+    made).
 
     With the job's line rate known the rate curve runs over ``rate_multiples`` of it; without, only at full
     utilisation over the absolute ``rate_grid_bps`` (a note says so) and the measured point has no place on that
     axis. A curve the model cannot cost (sizes unknown, no line rate) is left empty with a note. Raises
     :class:`Cancelled` as soon as ``cancelled()`` is true (checked before every replay)."""
-    from tracekit.analysis.whatif import Scenario, predict
+    from tracekit.analysis.graph.whatif import Scenario, predict
 
     def run(sc: Scenario) -> int:
         if cancelled():

@@ -1,5 +1,6 @@
 """A hang as people read it (``tracekit summary``'s first section, the TUI's Hang tab): every rank's position in each
-process group as a row of cells, stuck ranks first, then who the job waits for and why (:mod:`tracekit.analysis.hang`).
+process group as a row of cells, stuck ranks first, then who the job waits for and why
+(:mod:`tracekit.analysis.hang.stuck`).
 
 A row's cells are the group's last collectives, one per position: ``█`` finished (completed, or retired where the
 backend says no more; never past the collective the group is stuck in, which cannot have completed), ``▓`` entered
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tracekit.analysis.hang import Hang
+from tracekit.analysis.hang.stuck import Hang
 from tracekit.model.diagnostics import printable
 
 #: cells of a group's picture (its last positions)

@@ -1,5 +1,5 @@
 """The NCCL side of ``tracekit summary``: the communicators of NCCL debug logs, the job's topology and the problems the
-logs show (a view of :mod:`tracekit.analysis.nccl_topology` and :mod:`tracekit.analysis.nccl_problems`)."""
+logs show (a view of :mod:`tracekit.analysis.nccl.topology` and :mod:`tracekit.analysis.nccl.problems`)."""
 
 from __future__ import annotations
 

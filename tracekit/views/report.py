@@ -29,8 +29,8 @@ CLASS_STYLES = {"compute": "green", "overlapped": "cyan", "exposed_comm": "red",
 #: colours of event kinds on the timeline; kinds that are also classes keep the class colour
 KIND_STYLES = {"compute": "green", "comm": "magenta", "memory": "yellow", "cpu_op": "dodger_blue2",
                "runtime": "medium_purple1", "wait": "red", "queue": "dark_orange", "annotation": "grey50"}
-#: colours of the critical path's labels (tracekit.analysis.critical_path.LABELS), those of the event kinds they are
-#: spent in (transfer: comm, launch: runtime, CPU: cpu_op); waiting on a rank stands out in bold pure red
+#: colours of the critical path's labels (tracekit.analysis.graph.critical_path.LABELS), those of the event kinds they
+#: are spent in (transfer: comm, launch: runtime, CPU: cpu_op); waiting on a rank stands out in bold pure red
 PATH_STYLES = {"compute": "green", "transfer": "magenta", "memory": "yellow", "idle": "grey50",
                "launch": "medium_purple1", "CPU": "dodger_blue2", "waiting": "bold red1"}
 
@@ -271,7 +271,7 @@ def render_critical_path(console: Console, summ: object, segs: object, iteration
     consecutive segments with the same rank, label and activity."""
     import polars as pl
 
-    from tracekit.analysis.critical_path import LABELS
+    from tracekit.analysis.graph.critical_path import LABELS
 
     assert isinstance(summ, pl.DataFrame) and isinstance(segs, pl.DataFrame)
     table = Table(title="critical path per iteration (its length is the iteration time)", title_justify="left",
@@ -299,7 +299,7 @@ def render_critical_path(console: Console, summ: object, segs: object, iteration
     total = int(segs.get_column("dur_ns").sum()) if segs.height else 0
     if not total:
         return
-    from tracekit.analysis.critical_path import runs as path_runs
+    from tracekit.analysis.graph.critical_path import runs as path_runs
 
     runs = path_runs(segs)
     t0 = int(segs.get_column("start_ns").min())  # type: ignore[arg-type]
@@ -384,8 +384,8 @@ def ranges_made_of(per_row: list[list[dict[str, Any]] | None]) -> str:
 
 
 def horovod_paragraph(res: object) -> str:
-    """Plain-language account of a Horovod timeline's per-window table (:mod:`tracekit.analysis.horovod`)."""
-    from tracekit.analysis import horovod
+    """Plain-language account of a Horovod timeline's per-window table (:mod:`tracekit.analysis.horovod.windows`)."""
+    from tracekit.analysis.horovod import windows as horovod
 
     assert isinstance(res, horovod.Result)
     s = horovod.summary(res)
@@ -428,7 +428,7 @@ def render_horovod(console: Console, res: object, *, line_rate_bps: float | None
     and the paragraph."""
     import polars as pl
 
-    from tracekit.analysis import horovod
+    from tracekit.analysis.horovod import windows as horovod
     from tracekit.model.units import format_rate
 
     assert isinstance(res, horovod.Result)
@@ -501,7 +501,7 @@ def render_tensors(console: Console, res: object, *, sort: str = "transfer", lim
     """The ``tracekit tensors`` screen: one row per tensor of ``horovod_tensors``, then the job's totals."""
     import polars as pl
 
-    from tracekit.analysis import horovod
+    from tracekit.analysis.horovod import windows as horovod
     from tracekit.model.units import format_rate
 
     assert isinstance(res, horovod.Result)

@@ -1,7 +1,7 @@
 """The critical path of every iteration across all ranks (DESIGN.md "Critical path").
 
 From the last activity to end in an iteration, follow each node's binding edge (the dependency that
-actually set its time, :mod:`tracekit.analysis.dag`) back to the iteration's start. Every step is a segment of
+actually set its time, :mod:`tracekit.analysis.graph.dag`) back to the iteration's start. Every step is a segment of
 the path, labelled by what the time was spent on:
 
 ``compute``, ``memory``   device kernels and copies
@@ -27,8 +27,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import dag
-from tracekit.analysis.dag import EDGE_TYPES, Graph, bind
+from tracekit.analysis.graph import dag
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, bind
 
 _ET = {name: i for i, name in enumerate(EDGE_TYPES)}
 LABELS = ("compute", "memory", "transfer", "CPU", "launch", "idle", "waiting")
@@ -124,7 +124,7 @@ def of_schedule(graph: Graph, times: np.ndarray, weight: np.ndarray,
 def schedule_spans(iteration_of: np.ndarray, times: np.ndarray) -> pl.DataFrame:
     """``iteration, start_ns, end_ns`` of a replayed schedule: each iteration from its first counted activity's start
     (``iteration_of``: per activity, its iteration or a huge negative number where it does not count, as
-    :attr:`tracekit.analysis.whatif.Model.iteration_of`) to the next one's, the last to its last end."""
+    :attr:`tracekit.analysis.graph.whatif.Model.iteration_of`) to the next one's, the last to its last end."""
     ok = iteration_of > -(1 << 61)
     df = pl.DataFrame({"iteration": iteration_of[ok], "s": times[0::2][ok], "e": times[1::2][ok]}).group_by(
         "iteration").agg(pl.col("s").min().alias("start_ns"), pl.col("e").max().alias("_last")).sort("iteration")
@@ -289,8 +289,8 @@ def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
     own = et == _ET["own"]
     lag_label = np.where(own, _activity_labels(graph)[a_dst], _LAG_CODE[et])
     lag_owner = np.where(np.isin(et, [_ET["launch"], _ET["enqueue"]]) & ~own, a_src, a_dst)
-    # the untraced gaps inside a merged run's own work (:mod:`tracekit.analysis.compact`): idle on program order, at
-    # the end of its lag
+    # the untraced gaps inside a merged run's own work (:mod:`tracekit.analysis.graph.compact`): idle on program order,
+    # at the end of its lag
     gap = graph.gap[e] if graph.gap is not None else np.zeros(e.size, dtype=np.int64)
     t_work = t_struct - gap
     has_lag = (lag - gap > 0) & (t_work > s0)

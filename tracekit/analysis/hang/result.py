@@ -1,4 +1,4 @@
-"""What the hang analysis finds (:mod:`tracekit.analysis.hang`), as plain results: the stuck groups, the causes, a
+"""What the hang analysis finds (:mod:`tracekit.analysis.hang.stuck`), as plain results: the stuck groups, the causes, a
 late arrival, and the :class:`Hang` that holds them with its headline and every rank's position."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tracekit.analysis.desync import Desync
+from tracekit.analysis.hang.desync import Desync
 from tracekit.model import schema
 
 KINDS = ("hung", "desync", "none")

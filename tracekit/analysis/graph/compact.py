@@ -1,19 +1,20 @@
 """Compact dependency graphs of single ranks, and the job's graph combined from them (DESIGN.md "At scale").
 
 A job too big for one machine's memory is analysed rank by rank (:mod:`tracekit.scale.dataset`): each rank's unit
-builds that rank's dependency graph (:func:`tracekit.analysis.dag.build` without the collective edges, which need
+builds that rank's dependency graph (:func:`tracekit.analysis.graph.dag.build` without the collective edges, which need
 every rank) and compacts it (:func:`compact`); the combine step joins the compact graphs of every rank, puts them on
 the job clock and adds the collective edges (:func:`combine`). The result is an ordinary
-:class:`~tracekit.analysis.dag.Graph`, so the critical path (:mod:`tracekit.analysis.critical_path`), the what-if
-model and its replays (:mod:`tracekit.analysis.whatif`, :mod:`tracekit.analysis.replay`) and what builds on them run
-on it unchanged.
+:class:`~tracekit.analysis.graph.dag.Graph`, so the critical path
+(:mod:`tracekit.analysis.graph.critical_path`), the what-if model and its replays
+(:mod:`tracekit.analysis.graph.whatif`, :mod:`tracekit.analysis.graph.replay`) and what builds on them run on it
+unchanged.
 
 **The rule.** Consecutive activities on one lane (CPU thread or device stream) of one rank merge into one activity
 when every node between them has no edge but its lane's own chain (the previous activity's end → program order →
 the next one's start): no launch, sync, stream wait, hand-off, enqueue or consume edge leaves or enters there. They
 must also be of one kind and one iteration, and neither communication (every communication activity stays alone:
 its transfer is re-costed and the collective edges attach to it) nor compute in the sense of
-:func:`tracekit.analysis.whatif._compute_mask` (device kernels on GPU ranks, operators on CPU-only ranks: the
+:func:`tracekit.analysis.graph.whatif._compute_mask` (device kernels on GPU ranks, operators on CPU-only ranks: the
 contention model re-costs each by its own overlap with transfers). On a device stream, two activities merge only
 back to back (no gap between them); on a CPU thread the gaps between them (untraced host work: the slack on program
 order) become part of the merged activity's own work, and the edge records how much of it was such a gap
@@ -45,8 +46,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import replay
-from tracekit.analysis.dag import EDGE_TYPES, Graph, bind
+from tracekit.analysis.graph import replay
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, bind
 
 _OWN = EDGE_TYPES.index("own")
 _PROGRAM = EDGE_TYPES.index("program")
@@ -59,7 +60,7 @@ ACT_COLUMNS = ("rank", "lane", "kind", "name", "start", "end", "start_ns", "dur"
 
 
 def _compute_mask(graph: Graph) -> np.ndarray:
-    """Activities the contention model re-costs one by one (as :func:`tracekit.analysis.whatif._compute_mask`)."""
+    """Activities the contention model re-costs one by one (as :func:`tracekit.analysis.graph.whatif._compute_mask`)."""
     act = graph.act
     kind = act.get_column("kind").cast(pl.String)
     rank = act.get_column("rank").to_numpy()
@@ -201,11 +202,11 @@ def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
             instances: pl.DataFrame | None = None) -> Graph:
     """The job's graph from the stored compact graphs of its ranks (:func:`to_tables`): node times on the job clock
     (``offsets``: ns added to each rank's times), the collective edges of ``instances`` (``rank, collective_id,
-    instance, send``, as :func:`tracekit.analysis.whatif.consistent_members` gives them) added exactly as
-    :func:`tracekit.analysis.dag.build` adds them, edges the measured schedule violates dropped, and every node bound
-    anew. Edge order: every rank's edges but the own edges, the collective edges, then the own edges (as the full
+    instance, send``, as :func:`tracekit.analysis.graph.whatif.consistent_members` gives them) added exactly as
+    :func:`tracekit.analysis.graph.dag.build` adds them, edges the measured schedule violates dropped, and every node
+    bound anew. Edge order: every rank's edges but the own edges, the collective edges, then the own edges (as the full
     graph orders them)."""
-    from tracekit.analysis import dag
+    from tracekit.analysis.graph import dag
 
     acts: list[pa.Table] = []
     srcs, dsts, lags, types, gaps = [], [], [], [], []
@@ -282,8 +283,8 @@ def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
 
 
 def leaves_table(leaves: pl.DataFrame) -> pa.Table:
-    """The innermost compute operations of one rank (:func:`tracekit.analysis.compute_leaves.compute_leaves` on its
-    graph, rank clock) as stored beside its compact graph."""
+    """The innermost compute operations of one rank (:func:`tracekit.analysis.graph.compute_leaves.compute_leaves` on
+    its graph, rank clock) as stored beside its compact graph."""
     return leaves.select(pl.col("rank").cast(pl.Int32), pl.col("iteration").cast(pl.Int64),
                          pl.col("name").cast(pl.String), pl.col("start").cast(pl.Int64),
                          pl.col("end").cast(pl.Int64)).to_arrow()

@@ -80,8 +80,8 @@ element r = how often rank r ticked last), ``straggler_rank`` (the rank that tic
 with the clock offset applied, iterations renumbered across timelines, a ``timeline`` column (index of
 the file, in time order) and, on instances, ``payload_bytes`` (S), ``nranks`` and ``bus_bytes``.
 
-Modules: :mod:`tracekit.analysis.horovod_prep` (:func:`prepare` and :class:`Prep`: clocks, merging, iterations, rank 0's
-merged attribution), :mod:`tracekit.analysis.horovod_align` (:func:`align`) and this one (the tables, :func:`result`,
+Modules: :mod:`tracekit.analysis.horovod.prep` (:func:`prepare` and :class:`Prep`: clocks, merging, iterations, rank 0's
+merged attribution), :mod:`tracekit.analysis.horovod.align` (:func:`align`) and this one (the tables, :func:`result`,
 :func:`summary`); all of it is importable from here.
 """
 
@@ -95,8 +95,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis.horovod_align import ALIGN_MIN_SHARE, ALIGN_SLACK_NS, Alignment, align
-from tracekit.analysis.horovod_prep import CAT, FORMAT, Prep, Timeline, _flags, _window_index, prepare, without_timeline
+from tracekit.analysis.horovod.align import ALIGN_MIN_SHARE, ALIGN_SLACK_NS, Alignment, align
+from tracekit.analysis.horovod.prep import CAT, FORMAT, Prep, Timeline, _flags, _window_index, prepare, without_timeline
 from tracekit.analysis.intervals import sweep, union_length
 
 # classes of the timeline's own sweep

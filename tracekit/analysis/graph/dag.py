@@ -40,7 +40,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis import inferred
+from tracekit.analysis.graph import inferred
 from tracekit.analysis.intervals import PACK_SHIFT, first_match, lane_order, packs, prev_max_end, runs
 from tracekit.model.schema import normalise_op
 
@@ -78,7 +78,7 @@ class Graph:
     slack: np.ndarray  # per edge: measured slack added to the lag (nonzero only on binding edges)
     violated: dict[str, int]  # edges dropped because the measured schedule contradicts them, by type
     #: per edge, how much of its lag is untraced gaps on a thread (idle nothing explains), where activities were merged
-    #: into one (:mod:`tracekit.analysis.compact`); None when no edge has any
+    #: into one (:mod:`tracekit.analysis.graph.compact`); None when no edge has any
     gap: np.ndarray | None = None
 
     @property

@@ -1,7 +1,7 @@
 """Dependencies PyTorch guarantees that the trace does not draw, inferred from its shape (docs/dependencies.md):
 the hand-off between the thread that calls ``backward()`` and the autograd engine's thread, and whether a kernel was
-told to wait for a transfer. :mod:`tracekit.analysis.dag` adds them to the graph; each rule, what it rests on and in
-which PyTorch eras, is written down in docs/dependencies.md."""
+told to wait for a transfer. :mod:`tracekit.analysis.graph.dag` adds them to the graph; each rule, what it rests on and
+in which PyTorch eras, is written down in docs/dependencies.md."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def told_to_wait(waits: pl.DataFrame, rank: np.ndarray, comm_launch: np.ndarray,
                   comm_ranks: np.ndarray, comm_launches: np.ndarray) -> np.ndarray:
     """Per (communication, candidate consumer) pair of one rank: whether the rank's last stream-wait call before the
     consumer's launch came after the communication's launch with no communication launched since (see
-    :func:`tracekit.analysis.dag._stream_edges`). Ranks without any traced stream-wait call pass (the timing alone
+    :func:`tracekit.analysis.graph.dag._stream_edges`). Ranks without any traced stream-wait call pass (the timing alone
     decides there)."""
     waits = waits.drop_nulls()
     out = np.ones(rank.size, dtype=bool)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from tracekit.analysis.dag import EDGE_TYPES, Graph
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
 
 if TYPE_CHECKING:
     from tracekit.engine import Iterations, Plan
@@ -101,7 +101,7 @@ def plan(graph: Graph, extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None =
     per set of extra edges; None where the edges close a cycle or the engine is not there. Without extra edges, a plan
     made with some serves (:func:`tracekit.engine.asap` leaves out edges it is given no weight for), unless
     ``exact``."""
-    from tracekit.analysis.dag import engine
+    from tracekit.analysis.graph.dag import engine
 
     compiled = engine()
     if compiled is None:
@@ -154,10 +154,10 @@ def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_round
     ``extra`` adds edges ``(src, dst, weight)`` that only this replay has (e.g. transfers sharing a
     link one after the other, which the measured schedule overlapped). ``method``: ``"rounds"`` (the
     vectorised lane scans below), ``"sweep"`` (one compiled topological pass, :mod:`tracekit.engine`;
-    reported as 1 round) or ``"auto"``: the sweep on a graph the engine takes (:func:`tracekit.analysis.dag.engine`),
-    else rounds up to a budget (:data:`AUTO_NODE_ROUNDS`), then the sweep (and only the sweep for the graph's later
-    replays). All give the same times; a graph with a zero-weight cycle (no topological order) is always settled by
-    the rounds.
+    reported as 1 round) or ``"auto"``: the sweep on a graph the engine takes
+    (:func:`tracekit.analysis.graph.dag.engine`), else rounds up to a budget (:data:`AUTO_NODE_ROUNDS`), then the
+    sweep (and only the sweep for the graph's later replays). All give the same times; a graph with a zero-weight
+    cycle (no topological order) is always settled by the rounds.
     """
     if method == "rounds":
         times, rounds, _ = _rounds(graph, weight, ch, max_rounds, extra)
@@ -244,8 +244,9 @@ def period(graph: Graph, times: np.ndarray, iteration_of: np.ndarray) -> int:
 
 
 def _sweep_first(graph: Graph) -> bool:
-    """Whether "auto" sweeps ``graph`` at once: when the engine takes it (:func:`tracekit.analysis.dag.engine`)."""
-    from tracekit.analysis.dag import engine
+    """Whether "auto" sweeps ``graph`` at once: when the engine takes it
+    (:func:`tracekit.analysis.graph.dag.engine`)."""
+    from tracekit.analysis.graph.dag import engine
 
     return engine(graph.n_nodes) is not None
 

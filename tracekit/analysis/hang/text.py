@@ -1,5 +1,5 @@
-"""The words of a hang (:mod:`tracekit.analysis.hang`): its headline, which names the ranks and the collective, the
-sentences behind it, and what the backend's dumps cannot say (gloo records less than NCCL)."""
+"""The words of a hang (:mod:`tracekit.analysis.hang.stuck`): its headline, which names the ranks and the collective,
+the sentences behind it, and what the backend's dumps cannot say (gloo records less than NCCL)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from tracekit.model.units import format_duration
 
 if TYPE_CHECKING:
-    from tracekit.analysis.flight_recorder import Dumps
-    from tracekit.analysis.hang_result import Cause, Hang, Stuck
+    from tracekit.analysis.hang.dumps import Dumps
+    from tracekit.analysis.hang.result import Cause, Hang, Stuck
 
 
 def ranks_text(ranks: list[int] | tuple[int, ...]) -> str:

@@ -1,6 +1,6 @@
-"""Horovod timelines made ready for the analysis pipeline (:func:`prepare`; :mod:`tracekit.analysis.horovod` explains
-what and why): each timeline's clock set against rank 0's trace (same epoch clock, or aligned on its
-kernels: :mod:`tracekit.analysis.horovod_align`), whether it joins rank 0's attribution, its collectives and
+"""Horovod timelines made ready for the analysis pipeline (:func:`prepare`; :mod:`tracekit.analysis.horovod.windows`
+explains what and why): each timeline's clock set against rank 0's trace (same epoch clock, or aligned on its
+kernels: :mod:`tracekit.analysis.horovod.align`), whether it joins rank 0's attribution, its collectives and
 iterations renumbered after rank 0's own; then, in :class:`Prep`, Horovod's iterations where rank 0 has no
 steps and rank 0's breakdown recomputed with the merged timeline.
 """
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analysis import attribution
-from tracekit.analysis.horovod_align import align
+from tracekit.analysis.horovod.align import align
 from tracekit.analysis.links import bus_bytes_expr
 from tracekit.loading.traceset import TraceSet
 from tracekit.model import schema
@@ -90,7 +90,7 @@ class Prep:
         return _concat([others, mine])
 
     def use_iterations(self, events: pa.Table, iters: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """Horovod's iterations where rank 0 has no step markers (:mod:`tracekit.analysis.horovod`), and every
+        """Horovod's iterations where rank 0 has no step markers (:mod:`tracekit.analysis.horovod.windows`), and every
         Horovod row appended that :meth:`base_events` left out, so the events table holds them all."""
         steps_on_0 = iters.num_rows > 0 and bool(pc.any(pc.and_(
             pc.equal(iters.column("rank"), 0),
@@ -305,7 +305,8 @@ def _rank0_kernels(traces: TraceSet, step_marker: str | None) -> tuple[np.ndarra
 
 def prepare(traces: TraceSet, step_marker: str | None = None) -> Prep | None:
     """Collect every Horovod timeline of ``traces``, set its clock against rank 0's trace, and decide
-    whether it joins rank 0's attribution (:mod:`tracekit.analysis.horovod`). None when the job has no timeline."""
+    whether it joins rank 0's attribution (:mod:`tracekit.analysis.horovod.windows`). None when the job has no
+    timeline."""
     files = [f for f in traces.files if f.format == FORMAT]
     if not files:
         return None

@@ -1,6 +1,6 @@
 """Setting the clock of a Horovod <= 0.20.0 timeline (no absolute origin) against rank 0's trace: the offset
 that puts rank 0's communication kernels inside the timeline's transfer phases (:func:`align`, FORMATS.md
-§5.4; :mod:`tracekit.analysis.horovod` says when it is used and what is refused).
+§5.4; :mod:`tracekit.analysis.horovod.windows` says when it is used and what is refused).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The innermost compute operations of a job: what the what-if's contention fit reads
-(:mod:`tracekit.analysis.contention`, :func:`tracekit.analysis.whatif.build`): device kernels on ranks with devices,
-CPU operators with nothing nested inside on CPU-only ranks, on the job clock of the dependency graph."""
+(:mod:`tracekit.analysis.graph.contention`, :func:`tracekit.analysis.graph.whatif.build`): device kernels on ranks with
+devices, CPU operators with nothing nested inside on CPU-only ranks, on the job clock of the dependency graph."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis.dag import Graph, lane_codes, sort_by_lane
+from tracekit.analysis.graph.dag import Graph, lane_codes, sort_by_lane
 
 
 def compute_leaves(events: pa.Table, g: Graph) -> pl.DataFrame:

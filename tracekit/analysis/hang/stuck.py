@@ -1,7 +1,7 @@
 """The hang, named: where each rank stands in each process group, the collective the others wait in, the ranks
 that never entered it and what they did last, desync, and the cause told from its knock-on (DESIGN.md "Hangs").
 
-From the Flight Recorder dumps of a job (:mod:`tracekit.analysis.flight_recorder`), per process group and member:
+From the Flight Recorder dumps of a job (:mod:`tracekit.analysis.hang.dumps`), per process group and member:
 
 * **position** — the last collective it entered (``collective_seq_id``), the last started and completed (NCCL's
   ``state``; gloo leaves every entry ``scheduled``) and the last retired (completed, or failed or timed out: gloo
@@ -19,13 +19,13 @@ From the Flight Recorder dumps of a job (:mod:`tracekit.analysis.flight_recorder
   one call of X fewer than its pattern. Without that evidence, the earliest stuck collective's missing ranks are
   named;
 * **desync** — members that called different operations, sizes or dtypes at the same position
-  (:mod:`tracekit.analysis.desync`); their odd ones out are causes before any other;
+  (:mod:`tracekit.analysis.hang.desync`); their odd ones out are causes before any other;
 * **no dump** — members of a group (the default group: every rank of the job) that left no dump are named when
   nothing else explains the dumps: a process killed or aborted inside the backend writes none;
 * **late arrival** — where nothing hangs, the collective whose members arrived furthest apart (``time_created_ns``,
   the ranks' wall clocks) and who came last, when that is at least :data:`LATE_NS`.
 
-NCCL's watchdog lines (:mod:`tracekit.analysis.nccl_problems`: ``stopped-first``, ``hung-collective``) name the
+NCCL's watchdog lines (:mod:`tracekit.analysis.nccl.problems`: ``stopped-first``, ``hung-collective``) name the
 rank that stopped first without any dump; with dumps they are evidence beside the cause. The last events of a
 cause's profiler trace say what it was doing last before the traced window closed.
 """
@@ -39,10 +39,10 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import desync as desync_mod
-from tracekit.analysis import hang_text
-from tracekit.analysis.flight_recorder import Dumps, collect
-from tracekit.analysis.hang_result import KINDS, Cause, Hang, Late, Stuck
+from tracekit.analysis.hang import desync as desync_mod
+from tracekit.analysis.hang import text as hang_text
+from tracekit.analysis.hang.dumps import Dumps, collect
+from tracekit.analysis.hang.result import KINDS, Cause, Hang, Late, Stuck
 from tracekit.model import schema
 from tracekit.model.units import format_duration
 

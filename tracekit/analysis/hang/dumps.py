@@ -1,5 +1,5 @@
 """The Flight Recorder dumps of one job, put together: one dump per rank, every process group with its members,
-the world size (:func:`collect`). The hang analysis (:mod:`tracekit.analysis.hang`) reads what this gives.
+the world size (:func:`collect`). The hang analysis (:mod:`tracekit.analysis.hang.stuck`) reads what this gives.
 
 A dump knows its rank only from its file name (PyTorch names it ``<prefix><rank>``): a dump whose name ends in no
 number takes the lowest rank no other dump has, in the order given. Two dumps of one rank (the pickle and the JSON

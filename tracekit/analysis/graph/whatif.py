@@ -30,9 +30,10 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis import background, balance, contention, dag, link_classes, replay
-from tracekit.analysis.compute_leaves import compute_leaves
-from tracekit.analysis.dag import EDGE_TYPES, Graph
+from tracekit.analysis import background, balance, link_classes
+from tracekit.analysis.graph import contention, dag, replay
+from tracekit.analysis.graph.compute_leaves import compute_leaves
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
 from tracekit.model.units import count, format_duration, format_rate
@@ -108,8 +109,8 @@ class Model:
     measured_iteration_ns: int
     backend: str = "nccl"
     pg_desc: dict[str, str] = field(default_factory=dict)  # process group name -> description (pg_config)
-    #: compute slowed by communication in flight (:mod:`tracekit.analysis.contention`), and per compute activity its
-    #: own edge, the duration it would take alone, and its rank
+    #: compute slowed by communication in flight (:mod:`tracekit.analysis.graph.contention`), and per compute activity
+    #: its own edge, the duration it would take alone, and its rank
     contention: contention.Contention = contention.NONE
     compute_edge: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     compute_base: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -227,7 +228,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     ``pg_desc`` names process groups' descriptions; ``group_links`` (GROUP_LINKS, from the job's NCCL logs) each
     group's link class and transport. ``leaves`` are the innermost compute operations the contention fit reads
     (:func:`compute_leaves`, job clock) where ``events`` are not at hand (a job analysed rank by rank,
-    :mod:`tracekit.analysis.compact`)."""
+    :mod:`tracekit.analysis.graph.compact`)."""
     inst = consistent_members(members, instances, collectives)
     g = graph if graph is not None else dag.build(events, ranks, inst)
     act = g.act
@@ -621,7 +622,7 @@ def _link_names(model: Model) -> list[str]:
 class Schedule:
     """A replayed schedule: node times, the graph's edge weights it used and the replay's own extra edges
     (``src, dst, weight``: transfers queued on a link), enough to follow its critical path
-    (:func:`tracekit.analysis.critical_path.of_schedule`)."""
+    (:func:`tracekit.analysis.graph.critical_path.of_schedule`)."""
 
     times: np.ndarray
     weight: np.ndarray
@@ -708,8 +709,8 @@ GRID_SCENARIOS = 4
 
 def predict_many(model: Model, scenarios: list[Scenario]) -> list[int]:
     """:func:`predict` of each scenario, in that order (the same predictions as one after the other). On a graph
-    the engine takes (:func:`tracekit.analysis.dag.engine`) and without contention to re-cost, the scenarios of one
-    plan (free communication, or links with queues) run as one compiled grid when there are enough of them
+    the engine takes (:func:`tracekit.analysis.graph.dag.engine`) and without contention to re-cost, the scenarios of
+    one plan (free communication, or links with queues) run as one compiled grid when there are enough of them
     (:data:`GRID_SCENARIOS`); the rest replay on as many threads as there are cores (up to
     :data:`PARALLEL_REPLAYS`): the replays run without the GIL, and the scenarios are independent."""
     out: dict[int, int] = {}
@@ -739,14 +740,15 @@ def predict_many(model: Model, scenarios: list[Scenario]) -> list[int]:
 
 def _grid_times(model: Model, scenarios: list[Scenario]) -> list[int] | None:
     """The iteration times of scenarios of one plan (all free, or none) by the compiled grid
-    (:func:`tracekit.analysis.replay.iteration_times`), or None where it cannot give them."""
+    (:func:`tracekit.analysis.graph.replay.iteration_times`), or None where it cannot give them."""
     changes = [_changes(model, sc)[:3] for sc in scenarios]
     return replay.iteration_times(model.graph, changes, model.iteration_of, min(os.cpu_count() or 1,
                                                                                   PARALLEL_REPLAYS))
 
 
 def iteration_time(model: Model, times: np.ndarray) -> int:
-    """Median time between consecutive iteration starts (one iteration: its span): `tracekit.analysis.replay.period`
+    """Median time between consecutive iteration starts (one iteration: its span):
+    `tracekit.analysis.graph.replay.period`
     of the model's iterations, the figure `tracekit.analysis.iterations.period` gives of the measured job."""
     return replay.period(model.graph, times, model.iteration_of)
 
