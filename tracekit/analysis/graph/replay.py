@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from tracekit.analysis import iterations
 from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
 
 if TYPE_CHECKING:
@@ -233,14 +234,7 @@ def period(graph: Graph, times: np.ndarray, iteration_of: np.ndarray) -> int:
         from tracekit import engine
 
         return engine.period(times, _iterations(graph, iteration_of))
-    starts = pl.DataFrame({"it": iteration_of[valid], "s": times[0::2][valid], "e": times[1::2][valid]}).group_by(
-        "it").agg(pl.col("s").min(), pl.col("e").max()).sort("it")
-    s = starts.get_column("s").to_numpy()
-    gaps = np.diff(s)
-    gaps = gaps[gaps > 0]  # ranks from unrelated runs can put iteration k+1 no later than k: not a period
-    if gaps.size == 0:
-        return int(np.median(starts.get_column("e").to_numpy() - s))
-    return int(np.median(gaps))
+    return iterations.period(iteration_of[valid], times[0::2][valid], times[1::2][valid])
 
 
 def _sweep_first(graph: Graph) -> bool:
