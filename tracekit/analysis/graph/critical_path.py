@@ -117,6 +117,7 @@ def of_schedule(graph: Graph, times: np.ndarray, weight: np.ndarray,
     out = Graph(act=graph.act, src=src, dst=dst, lag=w - slack, etype=etype, node_time=times, binding=binding,
                 slack=slack, violated=graph.violated, gap=gap, hubs=graph.hubs)
     out.__dict__["_lists"] = _cache(graph)  # the same activities: what the paths read of them is the same
+    out.__dict__["_queued_after"] = graph.src.size  # edges from here on are the replay's queues, not members
     if "gpu_ranks" in graph.__dict__:
         out.__dict__["gpu_ranks"] = graph.gpu_ranks
     return out
@@ -352,6 +353,8 @@ def _waiting_labels(graph: Graph, seg: _Segments) -> _Labelled:
     a_start = graph.node_time[0::2]
     a_rank = graph.act.get_column("rank").to_numpy()
     ce = np.flatnonzero(graph.etype == coll)
+    # a replay's queued transfers (the previous one on the link) are not members of the instance
+    ce = ce[ce < graph.__dict__.get("_queued_after", graph.src.size)]
     ce = ce[np.argsort(graph.dst[ce], kind="stable")]
     ce_dst = graph.dst[ce]
     windows: list[tuple[int, int, int]] = []
