@@ -77,19 +77,19 @@ def expanded(graph: Graph) -> Graph:
     if kept is not None:
         return kept
     n = graph.n_nodes
-    src = graph.src.copy()
+    src = np.concatenate([graph.src, h.member])
     src[h.edge] = n + h.hub
     into = n + np.repeat(np.arange(h.count, dtype=np.int64), np.diff(h.ptr))
-    zeros = np.zeros(h.member.size, np.int64)
     start = graph.node_time[h.member]
-    hub_time = np.maximum.reduceat(start, h.ptr[:-1]) if start.size else zeros[:0]
-    binding = np.full(n + h.count, -1, np.int64)
-    binding[:n] = graph.binding
-    out = Graph(act=graph.act, src=np.concatenate([src, h.member]), dst=np.concatenate([graph.dst, into]),
-                lag=np.concatenate([graph.lag, zeros]), etype=np.concatenate(
+    hub_time = np.maximum.reduceat(start, h.ptr[:-1]) if start.size else start
+    m = src.size
+    # a replay reads the measured weights (lag + slack: all on lag here) and never a binding: the arrays it does not
+    # read are left unwritten (np.zeros maps no memory until written)
+    out = Graph(act=graph.act, src=src, dst=np.concatenate([graph.dst, into]),
+                lag=_expanded_weight(graph, graph.weight()), etype=np.concatenate(
                     [graph.etype, np.full(h.member.size, EDGE_TYPES.index("collective"), np.int8)]),
-                node_time=np.concatenate([graph.node_time, hub_time]), binding=binding,
-                slack=np.concatenate([graph.slack, zeros]), violated=graph.violated)
+                node_time=np.concatenate([graph.node_time, hub_time]), binding=np.zeros(n + h.count, np.int64),
+                slack=np.zeros(m, np.int64), violated=graph.violated)
     graph.__dict__["_expanded"] = out
     return out
 
