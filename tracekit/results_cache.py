@@ -253,6 +253,11 @@ def store_graph(root: str | os.PathLike, entry_key: str, graph: Graph) -> None:
         _write(pa.table({"src": graph.src, "dst": graph.dst, "lag": graph.lag, "etype": graph.etype,
                          "slack": graph.slack}), tmp / "edges.arrow", "zstd")
         _write(pa.table({"node_time": graph.node_time, "binding": graph.binding}), tmp / "nodes.arrow", "zstd")
+        if graph.hubs is not None:  # the collective edges that leave a hub, and each hub's members
+            h = graph.hubs
+            _write(pa.table({"edge": h.edge, "hub": h.hub}), tmp / "hub_edges.arrow", "zstd")
+            _write(pa.table({"member": h.member}), tmp / "hub_members.arrow", "zstd")
+            _write(pa.table({"ptr": h.ptr}), tmp / "hub_ptr.arrow", "zstd")
         (tmp / "violated.json").write_text(json.dumps(graph.violated))
         apply_modes(tmp, entry.parent)
         os.rename(tmp, entry / "graph")
@@ -270,7 +275,7 @@ def _graph(d: Path) -> Graph | None:
     import numpy as np
     import polars as pl
 
-    from tracekit.analysis.graph.dag import Graph
+    from tracekit.analysis.graph.dag import Graph, Hubs
 
     try:
         act = pl.from_arrow(_read(d / "activities.arrow"))
@@ -282,9 +287,14 @@ def _graph(d: Path) -> Graph | None:
         def col(t: pa.Table, name: str) -> np.ndarray:
             return np.array(t.column(name).to_numpy())  # writable, like a freshly built graph's
 
+        hubs = None
+        if (d / "hub_edges.arrow").exists():
+            he = _read(d / "hub_edges.arrow")
+            hubs = Hubs(edge=col(he, "edge"), hub=col(he, "hub"), member=col(_read(d / "hub_members.arrow"), "member"),
+                        ptr=col(_read(d / "hub_ptr.arrow"), "ptr"))
         return Graph(act=act, src=col(edges, "src"), dst=col(edges, "dst"), lag=col(edges, "lag"),
                      etype=col(edges, "etype"), node_time=col(nodes, "node_time"), binding=col(nodes, "binding"),
-                     slack=col(edges, "slack"), violated=violated)
+                     slack=col(edges, "slack"), violated=violated, hubs=hubs)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowInvalid):
         return None
 

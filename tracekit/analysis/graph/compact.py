@@ -47,7 +47,7 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit.analysis.graph import replay
-from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, bind
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, Hubs, bind
 
 _OWN = EDGE_TYPES.index("own")
 _PROGRAM = EDGE_TYPES.index("program")
@@ -145,8 +145,15 @@ def compact(graph: Graph) -> Graph:
     node_time[1::2] = graph.node_time[2 * last + 1]
     new_act = _run_activities(graph, run, first, last, m)
     binding, new_slack = bind(src, dst, lag, node_time)
+    hubs = None
+    if graph.hubs is not None:  # communication never merges: its edges and members keep, renumbered
+        h = graph.hubs
+        new_edge = np.full(graph.src.size, -1, np.int64)
+        new_edge[e] = np.arange(e.size)
+        hubs = Hubs(edge=new_edge[h.edge], hub=h.hub, member=node_map[h.member], ptr=h.ptr)
+        assert (hubs.edge >= 0).all() and (hubs.member >= 0).all(), "a collective edge was merged away"
     return Graph(act=new_act, src=src, dst=dst, lag=lag, etype=graph.etype[e], node_time=node_time, binding=binding,
-                 slack=new_slack, violated=dict(graph.violated), gap=gap if gap.any() else None)
+                 slack=new_slack, violated=dict(graph.violated), gap=gap if gap.any() else None, hubs=hubs)
 
 
 def _run_activities(graph: Graph, run: np.ndarray, first: np.ndarray, last: np.ndarray, m: int) -> pl.DataFrame:
@@ -260,8 +267,9 @@ def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
         s = np.asarray(s, dtype=np.int64)
         coll.append((s, np.asarray(d, dtype=np.int64), np.broadcast_to(np.asarray(lag, np.int64), s.shape).copy()))
 
+    hub_spec = None
     if instances is not None and instances.height:
-        dag._collective_edges(add, act, instances, start, end, own)
+        hub_spec = dag._collective_edges(add, act, instances, start, end, own)
     o_lag = own[o_dst // 2]
     c_src = np.concatenate([c[0] for c in coll]) if coll else np.zeros(0, np.int64)
     c_dst = np.concatenate([c[1] for c in coll]) if coll else np.zeros(0, np.int64)
@@ -279,7 +287,7 @@ def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
     gap = np.concatenate([*gaps, np.zeros(c_src.size, np.int64), o_gap])
     binding, slack = bind(src, dst, lag, node_time)
     return Graph(act=act, src=src, dst=dst, lag=lag, etype=etype, node_time=node_time, binding=binding, slack=slack,
-                 violated=violated, gap=gap if gap.any() else None)
+                 violated=violated, gap=gap if gap.any() else None, hubs=dag._hubs_of(dst, etype, hub_spec))
 
 
 def leaves_table(leaves: pl.DataFrame) -> pa.Table:

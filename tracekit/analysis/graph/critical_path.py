@@ -28,7 +28,7 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit.analysis.graph import dag
-from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, bind
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, bind, sources
 
 _ET = {name: i for i, name in enumerate(EDGE_TYPES)}
 LABELS = ("compute", "memory", "transfer", "CPU", "launch", "idle", "waiting")
@@ -97,7 +97,8 @@ def of_schedule(graph: Graph, times: np.ndarray, weight: np.ndarray,
     pace, and its idle on gaps nothing explains (the measured slack every replay keeps) shows where a prediction
     rests on unexplained time."""
     # a replay's weight is the edge's (re-costed) structural lag plus the measured slack it keeps
-    src, dst, etype, slack = graph.src, graph.dst, graph.etype, graph.slack
+    # an edge from a hub comes from the member latest in this schedule
+    src, dst, etype, slack = sources(graph, times), graph.dst, graph.etype, graph.slack
     w = weight
     gap = graph.gap
     if gap is not None:  # a merged run's untraced gaps scale with its lag where a replay scaled it
@@ -114,8 +115,9 @@ def of_schedule(graph: Graph, times: np.ndarray, weight: np.ndarray,
             gap = np.concatenate([gap, np.zeros(extra[0].size, dtype=gap.dtype)])
     binding, _ = bind(src, dst, w, times)
     out = Graph(act=graph.act, src=src, dst=dst, lag=w - slack, etype=etype, node_time=times, binding=binding,
-                slack=slack, violated=graph.violated, gap=gap)
+                slack=slack, violated=graph.violated, gap=gap, hubs=graph.hubs)
     out.__dict__["_lists"] = _cache(graph)  # the same activities: what the paths read of them is the same
+    out.__dict__["_queued_after"] = graph.src.size  # edges from here on are the replay's queues, not members
     if "gpu_ranks" in graph.__dict__:
         out.__dict__["gpu_ranks"] = graph.gpu_ranks
     return out
@@ -351,17 +353,25 @@ def _waiting_labels(graph: Graph, seg: _Segments) -> _Labelled:
     a_start = graph.node_time[0::2]
     a_rank = graph.act.get_column("rank").to_numpy()
     ce = np.flatnonzero(graph.etype == coll)
+    # a replay's queued transfers (the previous one on the link) are not members of the instance
+    ce = ce[ce < graph.__dict__.get("_queued_after", graph.src.size)]
     ce = ce[np.argsort(graph.dst[ce], kind="stable")]
     ce_dst = graph.dst[ce]
     windows: list[tuple[int, int, int]] = []
     # the straggler is the source of the binding collective edge into the member's end
+    hubs = graph.hubs
     for d in dst_act.tolist():
         e = graph.binding[2 * d + 1]
         if e < 0 or graph.etype[e] != coll:
             continue
         k = graph.src[e] // 2
-        lo, hi = np.searchsorted(ce_dst, [2 * d + 1, 2 * d + 2])
-        members = graph.src[ce[lo:hi]] // 2
+        at = np.searchsorted(hubs.edge, e) if hubs is not None else 0
+        if hubs is not None and at < hubs.edge.size and hubs.edge[at] == e:  # every member of the hub's instance
+            h = hubs.hub[at]
+            members = hubs.member[hubs.ptr[h]:hubs.ptr[h + 1]] // 2
+        else:
+            lo, hi = np.searchsorted(ce_dst, [2 * d + 1, 2 * d + 2])
+            members = graph.src[ce[lo:hi]] // 2
         first = int(min(a_start[members].min(), a_start[d]))
         last = int(a_start[k])
         if last > first:

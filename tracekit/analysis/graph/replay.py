@@ -65,6 +65,43 @@ def chains(graph: Graph) -> Chains:
                   cross_dsts=d[starts] if d.size else d, sources=np.flatnonzero(~has_in))
 
 
+def expanded(graph: Graph) -> Graph:
+    """``graph`` as a replay sees it: each hub of its collective edges (:class:`tracekit.analysis.graph.dag.Hubs`) a
+    node of its own after the graph's nodes, every member's start → the hub (weight 0) and the hub → each edge that
+    leaves it; the graph's own edges keep their numbers (the hubs' are after them). The graph itself where it has no
+    hubs; kept on the graph."""
+    h = graph.hubs
+    if h is None or h.edge.size == 0:
+        return graph
+    kept = graph.__dict__.get("_expanded")
+    if kept is not None:
+        return kept
+    n = graph.n_nodes
+    src = np.concatenate([graph.src, h.member])
+    src[h.edge] = n + h.hub
+    into = n + np.repeat(np.arange(h.count, dtype=np.int64), np.diff(h.ptr))
+    start = graph.node_time[h.member]
+    hub_time = np.maximum.reduceat(start, h.ptr[:-1]) if start.size else start
+    m = src.size
+    # a replay reads the measured weights (lag + slack: all on lag here) and never a binding: the arrays it does not
+    # read are left unwritten (np.zeros maps no memory until written)
+    out = Graph(act=graph.act, src=src, dst=np.concatenate([graph.dst, into]),
+                lag=_expanded_weight(graph, graph.weight()), etype=np.concatenate(
+                    [graph.etype, np.full(h.member.size, EDGE_TYPES.index("collective"), np.int8)]),
+                node_time=np.concatenate([graph.node_time, hub_time]), binding=np.zeros(n + h.count, np.int64),
+                slack=np.zeros(m, np.int64), violated=graph.violated)
+    graph.__dict__["_expanded"] = out
+    return out
+
+
+def _expanded_weight(graph: Graph, weight: np.ndarray) -> np.ndarray:
+    """Per edge of :func:`expanded` ``graph``: ``weight`` (the graph's own edges), then 0 on the edges into hubs."""
+    h = graph.hubs
+    if h is None or h.edge.size == 0:
+        return weight
+    return np.concatenate([weight, np.zeros(h.member.size, weight.dtype)])
+
+
 def _with_extra(graph: Graph, ch: Chains, extra_dst: np.ndarray) -> Chains:
     """``ch`` with extra cross edges (numbered after the graph's own) merged in, sorted by destination."""
     ids = np.arange(graph.src.size, graph.src.size + extra_dst.size)
@@ -107,6 +144,7 @@ def plan(graph: Graph, extra: tuple[np.ndarray, np.ndarray, np.ndarray] | None =
     compiled = engine()
     if compiled is None:
         return None
+    graph = expanded(graph)
     if graph.n_nodes > compiled.MAX_SIZE or graph.src.size + (0 if extra is None else extra[0].size) > \
             compiled.MAX_SIZE:
         return None
@@ -158,8 +196,13 @@ def replay(graph: Graph, weight: np.ndarray, ch: Chains | None = None, max_round
     reported as 1 round) or ``"auto"``: the sweep on a graph the engine takes
     (:func:`tracekit.analysis.graph.dag.engine`), else rounds up to a budget (:data:`AUTO_NODE_ROUNDS`), then the
     sweep (and only the sweep for the graph's later replays). All give the same times; a graph with a zero-weight
-    cycle (no topological order) is always settled by the rounds.
+    cycle (no topological order) is always settled by the rounds. A graph with hubs replays as :func:`expanded`
+    (``ch`` is then that graph's), its times returned for the graph's own nodes.
     """
+    if graph.hubs is not None and graph.hubs.edge.size:
+        n = graph.n_nodes
+        times, rounds = replay(expanded(graph), _expanded_weight(graph, weight), ch, max_rounds, extra, method)
+        return times[:n], rounds
     if method == "rounds":
         times, rounds, _ = _rounds(graph, weight, ch, max_rounds, extra)
         return times, rounds
@@ -184,6 +227,7 @@ def iteration_times(graph: Graph, changes: list[tuple[np.ndarray, np.ndarray, tu
     by the compiled grid (:func:`tracekit.engine.iteration_times`, on ``threads`` threads); None where the engine is
     not there, the edges close a cycle or a time could leave int64 (replay them one by one then)."""
     extra = changes[0][2] if changes else None
+    graph = expanded(graph)  # the hubs' edges are after the graph's own: the changes' edge numbers hold
     t = graph.node_time
     if "_reach" not in graph.__dict__:  # how far the measured weights can move a time
         graph.__dict__["_reach"] = float(np.abs(graph.weight()).sum())

@@ -1,0 +1,115 @@
+"""What the replays of a job analysed rank by rank hold on the client, and how it grows with the job (issue 36):
+``tracekit whatif`` and ``tracekit critical-path`` on a built per-rank dataset of generated DDP GPU jobs of several
+sizes, against another revision of this repository on the same datasets in the same run.
+
+    python benchmarks/graph_memory.py --workdir DIR [--ranks 32,128] [--layers 200] [--steps 20]
+                                      [--compare-rev REV] [--repeat 1]
+
+Each job is ``benchmarks/jobgen.py``'s DDP job (8 GPUs per host, every gradient all-reduce over all ranks, rank 5
+30 % slower) with ``--layers`` layers and ``--steps`` steps: 200 x 20 gives ~17 500 activities and ~45 000 edges per
+rank in its compact graph, the shape of a real GPU rank (every kernel its launch edge). The dataset is built first
+(``summary --dataset``, then the ranks' graphs by a first ``critical-path``), so what is measured is the combine step
+and the analysis on the client: wall, CPU and the peak RSS of the command's process tree
+(``benchmarks/process_tree.py``). Both revisions must print the same answers (``--json`` compared).
+
+Printed per job and per command and revision: wall, CPU and peak; then how the peak grows from the smallest job to
+the largest against how the ranks grow. Targets (issue 36): 128 ranks x 20 MB with <= 1 GB on the
+client; 512 ranks <= 1.2x the client memory of 128.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import process_tree
+from summary import OTHER_TREE, _other_tree
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import jobgen  # noqa: E402
+
+LINK_BW = "10gbit"
+COMMANDS = {"whatif": ["--link-bw", LINK_BW, "--bandwidth", "25gbit,100gbit"],
+            "critical-path": []}
+
+
+def _tracekit() -> list[str]:
+    return [sys.executable, "-m", "tracekit.cli"]
+
+
+def _job(workdir: Path, ranks: int, layers: int, steps: int) -> Path:
+    """The generated job of ``ranks`` ranks (reused when the same one is there)."""
+    d = workdir / f"ddp-{ranks}x{layers}x{steps}"
+    spec = jobgen.JobSpec(ranks=ranks, gpus_per_host=8, layers=layers, steps=steps, stragglers=((5, 1.3),))
+    if not (d / "truth.json").exists() or len(list(d.glob("*.pt.trace.json"))) != ranks:
+        jobgen.write_job(d, spec, workers=os.cpu_count() or 1)
+    return d
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> tuple[process_tree.Measured, str]:
+    m = process_tree.run(cmd, env=env)
+    if m.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:6])} ...: exit {m.returncode}: {m.stderr[-800:]}")
+    return m, m.stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", required=True, help="where the jobs and datasets go (kept for later runs)")
+    ap.add_argument("--ranks", default="32,128", help="rank counts")
+    ap.add_argument("--layers", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--compare-rev", metavar="REV", help="also run each command from this git revision")
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    trees = {"this tree": _tracekit()}
+    tmp = Path(tempfile.mkdtemp(prefix="graph-memory-", dir=work))
+    if args.compare_rev:
+        site = _other_tree(args.compare_rev, tmp / "rev")
+        trees[args.compare_rev] = [sys.executable, "-c", OTHER_TREE, str(site)]
+    print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    peaks: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for ranks in [int(x) for x in args.ranks.split(",")]:
+        job = _job(work, ranks, args.layers, args.steps)
+        ds = work / f"ds-{job.name}"
+        size = sum(p.stat().st_size for p in job.glob("*.pt.trace.json")) / 1e9
+        # the dataset and the ranks' graphs, built once (not measured)
+        _run([*_tracekit(), "summary", str(job), "--dataset", str(ds), "--engine", "local", "--json"], env)
+        _run([*_tracekit(), "critical-path", str(job), "--dataset", str(ds), "--engine", "local", "--json"], env)
+        graphs = sum(1 for _ in (ds / "current").glob("rank=*/graph.act.parquet"))
+        print(f"\n{ranks} ranks ({size:.1f} GB of JSON, {graphs} rank graphs)", flush=True)
+        for cmd, extra in COMMANDS.items():
+            outs = {}
+            for name, exe in trees.items():
+                runs = []
+                for _ in range(args.repeat):
+                    m, out = _run([*exe, cmd, str(job), "--dataset", str(ds), "--engine", "local", "--json",
+                                   "--no-cache", *extra], env)
+                    runs.append(m)
+                    outs[name] = out
+                best = min(runs, key=lambda r: r.peak_bytes)
+                peaks.setdefault((cmd, name), []).append((ranks, best.peak_bytes / 1e6))
+                print(f"  {cmd:14s} {name:12s} wall {min(r.wall for r in runs):6.1f} s  CPU "
+                      f"{min(r.cpu for r in runs):6.1f} s  peak {best.peak_bytes / 1e6:7.0f} MB", flush=True)
+            if len(outs) > 1:
+                a, b = (json.loads(o) for o in outs.values())
+                print(f"  {cmd:14s} answers of both revisions: {'identical' if a == b else 'DIFFERENT'}", flush=True)
+    print("\ngrowth of the peak from the smallest job to the largest:")
+    for (cmd, name), row in peaks.items():
+        if len(row) > 1:
+            (r0, p0), (r1, p1) = row[0], row[-1]
+            print(f"  {cmd:14s} {name:12s} {r1 / r0:.0f}x the ranks: {p1 / p0:.2f}x the peak ({p0:.0f} -> {p1:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()
