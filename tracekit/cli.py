@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -28,6 +29,8 @@ EXIT_USAGE = 2
 EXIT_REGRESSION = 3  # tracekit diff --fail-on-regression: NEW is slower beyond the threshold and the runs' spread
 EXIT_INTERNAL = 70
 PROGRESS_MIN_BYTES = 16 << 20
+#: the console command's thresholds of the cyclic garbage collector (:func:`run`)
+GC_THRESHOLDS = (100_000, 50, 100)
 
 
 def _common(p: argparse.ArgumentParser, *, paths: bool = True) -> None:
@@ -729,7 +732,10 @@ def run() -> None:
     """The ``tracekit`` console command: :func:`main`, then out without tearing the interpreter down object by object
     (freeing a big job's millions of rows and every module takes ~0.05-0.1 s of a 2 s ``summary``). Output is
     flushed and exit handlers (temporary datasets' clean-up) run first; where another thread is still alive, or a
-    profiler or tracer (coverage) runs, the interpreter exits as usual."""
+    profiler or tracer (coverage) runs, the interpreter exits as usual. The cyclic garbage collector runs every
+    100 000 allocations, not 700: a command makes few cycles, and the default's ~140 passes (over every module's
+    objects, then the parse's) took ~0.1 s of a 300 MB trace's summary."""
+    gc.set_threshold(*GC_THRESHOLDS)
     code = main()
     try:
         sys.stdout.flush()

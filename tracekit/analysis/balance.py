@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
+from tracekit.analysis.intervals import runs
 
 _OWN = EDGE_TYPES.index("own")
 _PROGRAM = EDGE_TYPES.index("program")
@@ -124,7 +125,10 @@ def measure(graph: Graph, iterations: int) -> Balance:
     on_device = act.get_column("device").is_not_null().to_numpy()
     device = on_device & kind.is_in(DEVICE_KINDS).fill_null(False).to_numpy()
     host = ~on_device & kind.is_in(HOST_KINDS).fill_null(False).to_numpy()
-    ranks, code = np.unique(act.get_column("rank").fill_null(-1).to_numpy(), return_inverse=True)
+    rank = act.get_column("rank").fill_null(-1).to_numpy()
+    by_run = runs(rank)  # a job's activities come rank by rank: their ranks and codes without a sort
+    ranks, code = np.unique(rank, return_inverse=True) if by_run is None else \
+        (by_run[0], np.repeat(np.arange(by_run[0].size), np.diff(by_run[1])))
     own = np.where(own_edge >= 0, graph.lag[np.maximum(own_edge, 0)], 0)
     dev_ns = np.bincount(code[device], weights=own[device], minlength=ranks.size).astype(np.int64)
     prog = np.flatnonzero(graph.etype == _PROGRAM)

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from tracekit.analysis import attribution
 from tracekit.analysis.graph.dag import SYNC_CALL, correlation_key
-from tracekit.analysis.intervals import sweep
+from tracekit.analysis.intervals import distinct, sweep
 from tracekit.model import schema
 from tracekit.model.schema import dict_in, dict_match
 
@@ -49,7 +49,7 @@ def device_ranks(events: pa.Table) -> np.ndarray:
     kind = dict_in(events.column("kind"), ("compute", "comm", "memory"))
     rank = events.column("rank").to_numpy(zero_copy_only=False)
     sel = on_dev & kind
-    return np.unique(rank[sel]).astype(np.int64) if sel.any() else np.zeros(0, np.int64)
+    return distinct(rank[sel]).astype(np.int64) if sel.any() else np.zeros(0, np.int64)
 
 
 def sync_intervals(events: pa.Table) -> pl.DataFrame:

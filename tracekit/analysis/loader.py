@@ -5,6 +5,8 @@ time: it shows as a gap on the thread that waited for its batch."""
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 import pyarrow as pa
 
@@ -22,8 +24,17 @@ HOST_LABELS = ("idle", "CPU", "launch")
 def events(frame: pl.LazyFrame | pa.Table) -> pa.Table:
     """``rank, kind, name, start_ns, dur_ns`` of every data-loader ``__next__`` among the events ``frame`` (a table in
     memory, or a lazy scan of a job's per-rank dataset: only the rows asked for are collected)."""
-    lf = frame if isinstance(frame, pl.LazyFrame) else pl.from_arrow(
-        frame.select(["rank", "kind", "name", "start_ns", "dur_ns"])).lazy()  # type: ignore[union-attr]
+    if isinstance(frame, pl.LazyFrame):
+        lf = frame
+    else:  # the few candidate rows picked on the dictionaries first: a job's names are not cast to text row by row
+        import numpy as np
+
+        from tracekit.model.schema import dict_in, dict_match
+
+        hit = dict_in(frame.column("kind"), KINDS) & dict_match(frame.column("name"), "^" + re.escape(LOADER))
+        rows = pa.array(np.flatnonzero(hit), pa.int64())
+        sub = frame.select(["rank", "kind", "name", "start_ns", "dur_ns"]).take(rows)
+        lf = pl.from_arrow(sub).lazy()  # type: ignore[union-attr]
     return (lf.select(["rank", pl.col("kind").cast(pl.String), pl.col("name").cast(pl.String), "start_ns", "dur_ns"])
             .filter(pl.col("kind").is_in(KINDS) & pl.col("name").str.starts_with(LOADER)).collect().to_arrow())
 

@@ -34,7 +34,7 @@ from tracekit.analysis import background, balance, link_classes
 from tracekit.analysis.graph import contention, dag, replay
 from tracekit.analysis.graph.compute_leaves import compute_leaves
 from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
-from tracekit.analysis.intervals import union_length
+from tracekit.analysis.intervals import distinct, union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
 from tracekit.model.units import count, format_duration, format_rate
 
@@ -149,7 +149,7 @@ class Model:
         """Each rank's work and its excess over the median rank's (computed on first use)."""
         if "_balance" not in self.__dict__:
             it = self.iteration_of
-            n = int(np.unique(it[it > -(1 << 61)]).size)
+            n = int(distinct(it[it > -(1 << 61)]).size)
             self.__dict__["_balance"] = balance.measure(self.graph, n)
         return self.__dict__["_balance"]
 
