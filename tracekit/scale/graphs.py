@@ -17,8 +17,9 @@ what the combine step holds is the compact graphs of every rank, never an event.
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -169,8 +170,7 @@ def combined(ds: Dataset, analysis: JobTables) -> tuple[dag.Graph, pl.DataFrame 
     offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
                                                    analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
                if r is not None}
-    parts = []
-    leaves = []
+    leaves: list[pa.Table] = []
     ranked = [(d, int(r)) for d, r in ds.parts if r is not None and f"{d}/graph.act.parquet" in have]
 
     def read(part: tuple[str, int]) -> tuple[pa.Table, pa.Table, pa.Table]:
@@ -180,23 +180,37 @@ def combined(ds: Dataset, analysis: JobTables) -> tuple[dag.Graph, pl.DataFrame 
         return act, pq.read_table(str(ds.root / d / "graph.edges.parquet")), \
             pq.read_table(str(ds.root / d / "graph.leaves.parquet"))
 
-    from concurrent.futures import ThreadPoolExecutor
+    def parts() -> Iterator[tuple[pa.Table, pa.Table]]:
+        """Every rank's graph in rank order, read ahead by a few threads (thousands of small files: their reads
+        wait without the GIL), each let go once the combine has copied it; its compute leaves kept."""
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(READ_THREADS) as pool:  # thousands of small files: their reads wait without the GIL
-        for (_, r), (act, edges, lv_t) in zip(ranked, pool.map(read, ranked), strict=True):
-            parts.append((act, edges))
-            if lv_t.num_rows:
-                off = offsets.get(r, 0)
-                lv_t = lv_t.set_column(lv_t.schema.get_field_index("rank"), "rank",
-                                       pa.array(np.full(lv_t.num_rows, r, np.int32)))
-                leaves.append(lv_t.set_column(lv_t.schema.get_field_index("start"), "start",
-                                              pa.array(lv_t.column("start").to_numpy() + off))
-                              .set_column(lv_t.schema.get_field_index("end"), "end",
-                                          pa.array(lv_t.column("end").to_numpy() + off)))
-    if not parts:
+        with ThreadPoolExecutor(READ_THREADS) as pool:
+            ahead: deque = deque()
+            todo = iter(ranked)
+            for part in itertools.islice(todo, 2 * READ_THREADS):
+                ahead.append((part[1], pool.submit(read, part)))
+            while ahead:
+                r, fut = ahead.popleft()
+                act, edges, lv_t = fut.result()
+                for part in itertools.islice(todo, 1):
+                    ahead.append((part[1], pool.submit(read, part)))
+                if lv_t.num_rows:
+                    off = offsets.get(r, 0)
+                    lv_t = lv_t.set_column(lv_t.schema.get_field_index("rank"), "rank",
+                                           pa.array(np.full(lv_t.num_rows, r, np.int32)))
+                    leaves.append(lv_t.set_column(lv_t.schema.get_field_index("start"), "start",
+                                                  pa.array(lv_t.column("start").to_numpy() + off))
+                                  .set_column(lv_t.schema.get_field_index("end"), "end",
+                                              pa.array(lv_t.column("end").to_numpy() + off)))
+                yield act, edges
+                del act, edges
+
+    if not ranked:
         raise TraceError(None, "no rank of the job has a dependency graph (no per-rank profiler traces)")
     inst = whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives)
-    graph = compact.combine(parts, offsets, inst)
+    graph = compact.combine(parts(), offsets, inst)
     lv = pl.from_arrow(pa.concat_tables(leaves)) if leaves else None
     return graph, lv if isinstance(lv, pl.DataFrame) else None
 

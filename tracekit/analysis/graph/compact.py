@@ -40,7 +40,7 @@ operator by the graph itself, so a trace's size is mostly not in its graph.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import polars as pl
@@ -205,15 +205,17 @@ def to_tables(graph: Graph) -> tuple[pa.Table, pa.Table]:
     return table, edges
 
 
-def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
+def combine(parts: Iterable[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
             instances: pl.DataFrame | None = None) -> Graph:
     """The job's graph from the stored compact graphs of its ranks (:func:`to_tables`): node times on the job clock
     (``offsets``: ns added to each rank's times), the collective edges of ``instances`` (``rank, collective_id,
     instance, send``, as :func:`tracekit.analysis.graph.whatif.consistent_members` gives them) added exactly as
     :func:`tracekit.analysis.graph.dag.build` adds them, edges the measured schedule violates dropped, and every node
     bound anew. Edge order: every rank's edges but the own edges, the collective edges, then the own edges (as the full
-    graph orders them)."""
+    graph orders them). ``parts`` may be an iterator: each rank's tables are let go once copied, and every list of
+    parts once joined (the combine's peak is the job's graph plus one copy of its edges, not the ranks' tables too)."""
     from tracekit.analysis.graph import dag
+    from tracekit.analysis.graph.dag import _take_all
 
     acts: list[pa.Table] = []
     srcs, dsts, lags, types, gaps = [], [], [], [], []
@@ -242,6 +244,7 @@ def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
         return Graph(act=pl.DataFrame(), src=none, dst=none, lag=none, etype=np.zeros(0, np.int8), node_time=none,
                      binding=none, slack=none, violated={})
     joined = pl.from_arrow(pa.concat_tables(acts))
+    acts.clear()
     assert isinstance(joined, pl.DataFrame)
     ranks = joined.get_column("rank").to_numpy()
     known = list(offsets)
@@ -253,12 +256,14 @@ def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
     act = joined.with_columns(pl.col("start") + pl.Series(off), pl.col("end") + pl.Series(off)).drop(
         "t_start", "t_end").with_columns(pl.int_range(base, dtype=pl.Int64).alias("a"),
                                          pl.col("name").cast(pl.Categorical))
+    del joined
     node_time = times
     start, end = node_time[0::2].copy(), node_time[1::2].copy()
     o_src = np.concatenate([p[0] for p in own_parts])
     o_dst = np.concatenate([p[1] for p in own_parts])
     o_lag = np.concatenate([p[2] for p in own_parts])
     o_gap = np.concatenate([p[3] for p in own_parts])
+    own_parts.clear()
     own = np.zeros(base, dtype=np.int64)
     own[o_dst // 2] = o_lag
     coll: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -279,15 +284,24 @@ def combine(parts: Sequence[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
     if bad.any():
         violated["collective"] = int(bad.sum())
         c_src, c_dst, c_lag = c_src[~bad], c_dst[~bad], c_lag[~bad]
-    src = np.concatenate([*srcs, c_src, o_src])
-    dst = np.concatenate([*dsts, c_dst, o_dst])
-    lag = np.concatenate([*lags, c_lag, o_lag])
-    etype = np.concatenate([*types, np.full(c_src.size, _ET["collective"], np.int8), np.full(o_src.size, _OWN,
-                                                                                             np.int8)])
-    gap = np.concatenate([*gaps, np.zeros(c_src.size, np.int64), o_gap])
+    n_coll, n_own = c_src.size, o_src.size
+    # each list joined, then let go: one copy of the edges at a time
+    src = _take_all([*_drain(srcs), c_src, o_src])
+    dst = _take_all([*_drain(dsts), c_dst, o_dst])
+    lag = _take_all([*_drain(lags), c_lag, o_lag])
+    del c_src, c_dst, c_lag, o_src, o_dst, o_lag
+    etype = _take_all([*_drain(types), np.full(n_coll, _ET["collective"], np.int8), np.full(n_own, _OWN, np.int8)])
+    gap = _take_all([*_drain(gaps), np.zeros(n_coll, np.int64), o_gap])
     binding, slack = bind(src, dst, lag, node_time)
     return Graph(act=act, src=src, dst=dst, lag=lag, etype=etype, node_time=node_time, binding=binding, slack=slack,
                  violated=violated, gap=gap if gap.any() else None, hubs=dag._hubs_of(dst, etype, hub_spec))
+
+
+def _drain(parts: list[np.ndarray]) -> list[np.ndarray]:
+    """The parts, the list emptied (so that joining them is the parts' last reference)."""
+    out = parts[:]
+    parts.clear()
+    return out
 
 
 def leaves_table(leaves: pl.DataFrame) -> pa.Table:
