@@ -1,6 +1,6 @@
-"""Collective edges from a hub (:class:`tracekit.analysis.graph.dag.Hubs`): a collective of many members keeps one
-edge per member, from the latest member's start, instead of one per pair. The constraints are the same, so every
-answer must be too: replays, critical paths (with who was waited on), replayed schedules' paths and the verdict
+"""Collective edges from a hub (:class:`tracekit.analysis.graph.collective_edges.Hubs`): a collective of many members
+keeps one edge per member, from the latest member's start, instead of one per pair. The constraints are the same, so
+every answer must be too: replays, critical paths (with who was waited on), replayed schedules' paths and the verdict
 equal those of the graph with an edge per pair, to the nanosecond, in memory, rank by rank and from the cache."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 import tracekit
 from benchmarks import jobgen
-from tracekit.analysis.graph import critical_path, dag, replay
+from tracekit.analysis.graph import collective_edges, critical_path, replay
 from tracekit.analysis.graph.dag import EDGE_TYPES
 from tracekit.analysis.graph.whatif import Scenario, predict_many, schedule
 
@@ -38,7 +38,7 @@ def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 def _pairs(monkeypatch: pytest.MonkeyPatch, path: Path, **kw) -> tracekit.Job:
     """The job with an edge per pair of members (no hubs: the graph as it was built before them)."""
     with monkeypatch.context() as m:
-        m.setattr(dag, "HUB_MEMBERS", 1 << 30)
+        m.setattr(collective_edges, "HUB_MEMBERS", 1 << 30)
         job = tracekit.load(path, cache=False, link_bw="10gbit", **kw)
         job.analysis.graph  # noqa: B018 - built inside the patch
         return job

@@ -275,7 +275,8 @@ def _graph(d: Path) -> Graph | None:
     import numpy as np
     import polars as pl
 
-    from tracekit.analysis.graph.dag import Graph, Hubs
+    from tracekit.analysis.graph.collective_edges import Hubs
+    from tracekit.analysis.graph.dag import Graph
 
     try:
         act = pl.from_arrow(_read(d / "activities.arrow"))

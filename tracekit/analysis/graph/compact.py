@@ -46,8 +46,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis.graph import replay
-from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, Hubs, bind
+from tracekit.analysis.graph import collective_edges, replay
+from tracekit.analysis.graph.collective_edges import Hubs
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, bind
 
 _OWN = EDGE_TYPES.index("own")
 _PROGRAM = EDGE_TYPES.index("program")
@@ -214,7 +215,6 @@ def combine(parts: Iterable[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
     bound anew. Edge order: every rank's edges but the own edges, the collective edges, then the own edges (as the full
     graph orders them). ``parts`` may be an iterator: each rank's tables are let go once copied, and every list of
     parts once joined (the combine's peak is the job's graph plus one copy of its edges, not the ranks' tables too)."""
-    from tracekit.analysis.graph import dag
     from tracekit.analysis.graph.dag import _take_all
 
     acts: list[pa.Table] = []
@@ -274,7 +274,7 @@ def combine(parts: Iterable[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
 
     hub_spec = None
     if instances is not None and instances.height:
-        hub_spec = dag._collective_edges(add, act, instances, start, end, own)
+        hub_spec = collective_edges.collective_edges(add, act, instances, start, end, own)
     o_lag = own[o_dst // 2]
     c_src = np.concatenate([c[0] for c in coll]) if coll else np.zeros(0, np.int64)
     c_dst = np.concatenate([c[1] for c in coll]) if coll else np.zeros(0, np.int64)
@@ -293,8 +293,9 @@ def combine(parts: Iterable[tuple[pa.Table, pa.Table]], offsets: dict[int, int],
     etype = _take_all([*_drain(types), np.full(n_coll, _ET["collective"], np.int8), np.full(n_own, _OWN, np.int8)])
     gap = _take_all([*_drain(gaps), np.zeros(n_coll, np.int64), o_gap])
     binding, slack = bind(src, dst, lag, node_time)
+    hubs = collective_edges.hubs_of(dst, etype, hub_spec, _ET["collective"])
     return Graph(act=act, src=src, dst=dst, lag=lag, etype=etype, node_time=node_time, binding=binding, slack=slack,
-                 violated=violated, gap=gap if gap.any() else None, hubs=dag._hubs_of(dst, etype, hub_spec))
+                 violated=violated, gap=gap if gap.any() else None, hubs=hubs)
 
 
 def _drain(parts: list[np.ndarray]) -> list[np.ndarray]:

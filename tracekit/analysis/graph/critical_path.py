@@ -28,7 +28,8 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit.analysis.graph import dag
-from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, bind, sources
+from tracekit.analysis.graph.collective_edges import sources
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, bind
 
 _ET = {name: i for i, name in enumerate(EDGE_TYPES)}
 LABELS = ("compute", "memory", "transfer", "CPU", "launch", "idle", "waiting")

@@ -66,10 +66,10 @@ def chains(graph: Graph) -> Chains:
 
 
 def expanded(graph: Graph) -> Graph:
-    """``graph`` as a replay sees it: each hub of its collective edges (:class:`tracekit.analysis.graph.dag.Hubs`) a
-    node of its own after the graph's nodes, every member's start → the hub (weight 0) and the hub → each edge that
-    leaves it; the graph's own edges keep their numbers (the hubs' are after them). The graph itself where it has no
-    hubs; kept on the graph."""
+    """``graph`` as a replay sees it: each hub of its collective edges
+    (:class:`tracekit.analysis.graph.collective_edges.Hubs`) a node of its own after the graph's nodes, every
+    member's start → the hub (weight 0) and the hub → each edge that leaves it; the graph's own edges keep their
+    numbers (the hubs' are after them). The graph itself where it has no hubs; kept on the graph."""
     h = graph.hubs
     if h is None or h.edge.size == 0:
         return graph
