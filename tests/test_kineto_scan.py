@@ -447,13 +447,21 @@ def test_every_era_parses_the_same(scan, tmp_path: Path, monkeypatch: pytest.Mon
     _same(_parse(path, monkeypatch, True, threads=1), plain)
 
 
-def _big_trace(path: Path) -> Path:
-    return kt.write(path, kt.gpu_job(1500), pretty=True)  # several batches
+@pytest.fixture(scope="module")
+def big_trace(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A pretty-printed trace of several batches (5 MB; its text written once for the module's tests)."""
+    return kt.write(tmp_path_factory.mktemp("big") / "big.json", kt.gpu_job(1500), pretty=True).read_bytes()
 
 
-def test_a_batch_cut_inside_a_string_is_read_again(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _big_trace(path: Path, text: bytes) -> Path:
+    path.write_bytes(text)
+    return path
+
+
+def test_a_batch_cut_inside_a_string_is_read_again(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   big_trace: bytes) -> None:
     """Reading ahead, the stream went on past a batch cut inside a record; the file is read again without."""
-    path = _big_trace(tmp_path / "big.json")
+    path = _big_trace(tmp_path / "big.json", big_trace)
     data = path.read_bytes()
     at = data.index(b'"name": "', len(data) // 3) + 9
     path.write_bytes(data[:at] + b"}, {" * 200_000 + data[at:])  # a name that looks like record boundaries
@@ -475,7 +483,8 @@ def test_a_batch_cut_inside_a_string_is_read_again(scan, tmp_path: Path, monkeyp
 
 
 def test_batches_this_thread_scans_while_the_scanner_is_busy_read_the_same(scan, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        big_trace: bytes) -> None:
     """Rather than wait for the scanner thread, the reading thread scans the newest batches still queued for it: the
     tables are those of one thread, whichever thread scanned which batch."""
     import threading
@@ -483,7 +492,7 @@ def test_batches_this_thread_scans_while_the_scanner_is_busy_read_the_same(scan,
 
     from tracekit.parsers.kineto import records as kineto_records
 
-    path = _big_trace(tmp_path / "big.json")
+    path = _big_trace(tmp_path / "big.json", big_trace)
     plain = _parse(path, monkeypatch, False)
     real = native_scan()
     assert real is not None
@@ -542,8 +551,9 @@ def test_a_question_to_arrow_that_fails_on_the_scanner_thread_is_asked_again(sca
         _same(_parse(path, monkeypatch, True, threads=1), plain)
 
 
-def test_spilled_and_threaded_reads_are_the_same(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _big_trace(tmp_path / "big.json")
+def test_spilled_and_threaded_reads_are_the_same(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 big_trace: bytes) -> None:
+    path = _big_trace(tmp_path / "big.json", big_trace)
     plain = _parse(path, monkeypatch, False)
     spill = tmp_path / "spill"
     spill.mkdir()
