@@ -31,3 +31,11 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     d = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("TRACEKIT_CACHE_DIR", str(d))
     return d
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules holding a real multi-process job (a ``slow`` test) run first: under pytest-xdist their jobs of up to
+    a minute start while the many quick tests keep the other workers busy, rather than one running alone at the end
+    of the suite. Each module's tests stay together and in their order (a module-scoped fixture is set up once)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order is otherwise the collection's

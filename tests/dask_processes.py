@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -105,3 +106,16 @@ class Cluster:
                 p.wait(timeout=10)
         self.log.close()
         assert all(p.poll() is not None for p in procs)
+
+
+@contextlib.contextmanager
+def running_cluster(root: Path, workers: int = 2, env: dict[str, str] | None = None,
+                    preload: str | None = None) -> Iterator[Cluster]:
+    """A :class:`Cluster` in ``root`` with ``workers`` workers, up for the length of the block (a module-scoped
+    fixture's: one cluster per test module), then stopped process by process however the block ends."""
+    c = Cluster(root, env, preload)
+    try:
+        c.start(workers)
+        yield c
+    finally:
+        c.stop()

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("dask.distributed")
 
 from benchmarks import jobgen
-from tests.dask_processes import Cluster
+from tests.dask_processes import running_cluster
 from tracekit.cli import main
 from tracekit.scale.dataset import Dataset
 
@@ -26,12 +26,8 @@ SPEC = jobgen.JobSpec(ranks=4, gpus_per_host=2, steps=3, layers=6, param_bytes=8
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``tcp://127.0.0.1:PORT`` of a scheduler with two single-threaded worker processes (no nanny: each worker is
     the process we started)."""
-    c = Cluster(tmp_path_factory.mktemp("dask"))
-    try:
-        c.start(2)
+    with running_cluster(tmp_path_factory.mktemp("dask")) as c:
         yield c.address
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

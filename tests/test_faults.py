@@ -17,6 +17,8 @@ import pytest
 
 from benchmarks import jobgen
 from tests import unit_hooks
+from tests.dask_processes import running_cluster
+from tests.tmpfs_mounts import needs_mount, tmpfs
 from tracekit.cli import main
 from tracekit.scale import engine
 from tracekit.scale.dataset import Dataset
@@ -73,15 +75,9 @@ def marks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cluster(tmp_path_factory: pytest.TempPathFactory, marks: Path) -> Iterator:
     """A real scheduler and two worker processes whose units announce themselves (:mod:`tests.unit_hooks`)."""
     pytest.importorskip("dask.distributed")
-    from tests.dask_processes import Cluster
-
-    c = Cluster(tmp_path_factory.mktemp("dask"), env={unit_hooks.MARKS: str(marks), unit_hooks.LINGER: "0.5",
-                                                      "TRACEKIT_TEST_PRELOAD": "1"}, preload="tests.unit_hooks")
-    try:
-        c.start(2)
+    env = {unit_hooks.MARKS: str(marks), unit_hooks.LINGER: "0.5", "TRACEKIT_TEST_PRELOAD": "1"}
+    with running_cluster(tmp_path_factory.mktemp("dask"), env=env, preload="tests.unit_hooks") as c:
         yield c
-    finally:
-        c.stop()
 
 
 class _Killer(threading.Thread):
@@ -406,31 +402,12 @@ def test_every_dropped_nccl_line_is_counted(tmp_path: Path) -> None:
 # --- disk full -----------------------------------------------------------------------------------------------------
 
 
-def _can_mount() -> bool:
-    import shutil
-    import subprocess
-    import tempfile
-
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    with tempfile.TemporaryDirectory() as d:
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", d], capture_output=True).returncode:
-            return False
-        subprocess.run(["umount", d], capture_output=True)
-    return True
-
-
-@pytest.mark.skipif(not _can_mount(), reason="needs root and the right to mount a tmpfs")
+@needs_mount
 def test_a_full_disk_leaves_the_previous_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import subprocess
-
     job = tmp_path / "job"
     jobgen.write_job(job, jobgen.JobSpec(ranks=4, gpus_per_host=2, steps=8, layers=6, param_bytes=8 << 20,
                                          bucket_bytes=16 << 20))
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)], check=True)
-    try:
+    with tmpfs("size=400k") as disk:
         home = disk / "ds"
         one = str(sorted(job.glob("*.json"))[0])
         before = _json(capsys, ["summary", one, "--json", "--dataset", str(home)])
@@ -448,5 +425,3 @@ def test_a_full_disk_leaves_the_previous_dataset(tmp_path: Path, capsys: pytest.
         # a new dataset on the full disk: nothing of it is left
         assert main(["summary", str(job), "--dataset", str(disk / "other")]) == 1
         assert not (disk / "other").exists()
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)

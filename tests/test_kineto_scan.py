@@ -82,8 +82,29 @@ def _state(acc: _Accumulator) -> tuple:
             acc.has_fraction, acc.dropped, acc.n, acc.n_bad, acc.repaired_utf8, acc.repaired_nonfinite, acc.consulted)
 
 
+_ARROW_TAKES = kc.arrow_takes
+
+
+@functools.lru_cache(maxsize=4096)
+def _arrow_takes(data: bytes) -> bool:
+    return _ARROW_TAKES("test.json", Batch(0, data))
+
+
+def _arrow_takes_once(path: str, batch: Batch) -> bool:
+    """:func:`kc.arrow_takes`, asked once per batch text: it reads the batch with Arrow's reader into an accumulator of
+    its own, so its answer depends on the bytes alone; both paths of a check (and every check's prefix) ask it of the
+    same bytes, and each question costs a 16 MiB reader block. Where and whether the paths ask is theirs, as before."""
+    return _arrow_takes(bytes(batch.data))
+
+
 def _check(scan, data: bytes, state: int = 0) -> tuple[bool, bool]:
     """Both paths on ``data``; returns (typed took it, scanner took it) after checking that they agree."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(kc, "arrow_takes", _arrow_takes_once)
+        return _check_paths(scan, data, state)
+
+
+def _check_paths(scan, data: bytes, state: int) -> tuple[bool, bool]:
     typed = _acc(state)
     took_typed = kc._consume_typed(typed, Batch(0, data))
     scanned = _acc(state)
@@ -401,13 +422,21 @@ def _parse(path: Path, monkeypatch: pytest.MonkeyPatch, native: bool, **kw):
         return kineto.parse(str(path), **kw)
 
 
-def test_every_trace_parses_the_same_with_and_without_the_extension(scan, monkeypatch: pytest.MonkeyPatch) -> None:
-    traces = _traces()
-    assert traces
-    for path in traces:
-        plain = _parse(path, monkeypatch, False)
-        _same(_parse(path, monkeypatch, True), plain)
-        _same(_parse(path, monkeypatch, True, threads=2), plain)
+def _trace_id(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path.relative_to(shared_data_dir()))
+
+
+def test_there_are_traces_to_compare() -> None:
+    assert _traces()
+
+
+# one test per trace (about a minute of parsing in all): pytest-xdist spreads them over its workers
+@pytest.mark.parametrize("path", _traces(), ids=_trace_id)
+def test_every_trace_parses_the_same_with_and_without_the_extension(scan, monkeypatch: pytest.MonkeyPatch,
+                                                                    path: Path) -> None:
+    plain = _parse(path, monkeypatch, False)
+    _same(_parse(path, monkeypatch, True), plain)
+    _same(_parse(path, monkeypatch, True, threads=2), plain)
 
 
 @pytest.mark.parametrize("era", kt.ERAS)
@@ -418,13 +447,21 @@ def test_every_era_parses_the_same(scan, tmp_path: Path, monkeypatch: pytest.Mon
     _same(_parse(path, monkeypatch, True, threads=1), plain)
 
 
-def _big_trace(path: Path) -> Path:
-    return kt.write(path, kt.gpu_job(1500), pretty=True)  # several batches
+@pytest.fixture(scope="module")
+def big_trace(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A pretty-printed trace of several batches (5 MB; its text written once for the module's tests)."""
+    return kt.write(tmp_path_factory.mktemp("big") / "big.json", kt.gpu_job(1500), pretty=True).read_bytes()
 
 
-def test_a_batch_cut_inside_a_string_is_read_again(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _big_trace(path: Path, text: bytes) -> Path:
+    path.write_bytes(text)
+    return path
+
+
+def test_a_batch_cut_inside_a_string_is_read_again(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   big_trace: bytes) -> None:
     """Reading ahead, the stream went on past a batch cut inside a record; the file is read again without."""
-    path = _big_trace(tmp_path / "big.json")
+    path = _big_trace(tmp_path / "big.json", big_trace)
     data = path.read_bytes()
     at = data.index(b'"name": "', len(data) // 3) + 9
     path.write_bytes(data[:at] + b"}, {" * 200_000 + data[at:])  # a name that looks like record boundaries
@@ -446,7 +483,8 @@ def test_a_batch_cut_inside_a_string_is_read_again(scan, tmp_path: Path, monkeyp
 
 
 def test_batches_this_thread_scans_while_the_scanner_is_busy_read_the_same(scan, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        big_trace: bytes) -> None:
     """Rather than wait for the scanner thread, the reading thread scans the newest batches still queued for it: the
     tables are those of one thread, whichever thread scanned which batch."""
     import threading
@@ -454,7 +492,7 @@ def test_batches_this_thread_scans_while_the_scanner_is_busy_read_the_same(scan,
 
     from tracekit.parsers.kineto import records as kineto_records
 
-    path = _big_trace(tmp_path / "big.json")
+    path = _big_trace(tmp_path / "big.json", big_trace)
     plain = _parse(path, monkeypatch, False)
     real = native_scan()
     assert real is not None
@@ -513,8 +551,9 @@ def test_a_question_to_arrow_that_fails_on_the_scanner_thread_is_asked_again(sca
         _same(_parse(path, monkeypatch, True, threads=1), plain)
 
 
-def test_spilled_and_threaded_reads_are_the_same(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _big_trace(tmp_path / "big.json")
+def test_spilled_and_threaded_reads_are_the_same(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 big_trace: bytes) -> None:
+    path = _big_trace(tmp_path / "big.json", big_trace)
     plain = _parse(path, monkeypatch, False)
     spill = tmp_path / "spill"
     spill.mkdir()

@@ -13,7 +13,9 @@ import pytest
 from tracekit.cli import main
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+# a real 2-process job, recorded once for the module: ~20 s
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")]
 
 
 @pytest.fixture(scope="module")

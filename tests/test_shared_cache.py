@@ -18,11 +18,11 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.tmpfs_mounts import needs_mount, tmpfs
 from tracekit import results_cache
 from tracekit.loading import atomic, cache
 from tracekit.parsers import detect
@@ -188,30 +188,6 @@ def test_publishers_and_readers_of_one_entry_race(tmp_path: Path) -> None:
 
 
 # --- caches that cannot be written ---------------------------------------------------------------------------
-
-
-def _can_mount() -> bool:
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    with tempfile.TemporaryDirectory() as d:
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", d], capture_output=True).returncode:
-            return False
-        subprocess.run(["umount", d], capture_output=True)
-    return True
-
-
-needs_mount = pytest.mark.skipif(not _can_mount(), reason="needs root and the right to mount a tmpfs")
-
-
-@contextlib.contextmanager
-def tmpfs(options: str) -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="tracekit-tmpfs-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(d)], check=True)
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
-        d.rmdir()
 
 
 def _warned_cache_unusable(err: str, why: str) -> None:
