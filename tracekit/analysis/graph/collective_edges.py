@@ -13,6 +13,8 @@ from typing import Protocol
 import numpy as np
 import polars as pl
 
+from tracekit.analysis.intervals import runs
+
 #: what :func:`collective_edges` returns for :func:`hubs_of`: the hub edges' destinations, their hubs, every hub's
 #: members (start nodes) and their offsets
 HubSpec = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -164,10 +166,11 @@ def _hub_edges(add, m: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray
     s = m.get_column("s").to_numpy()[order]
     e = m.get_column("e").to_numpy()[order]
     t = m.get_column("t").to_numpy()[order]
-    first = np.flatnonzero(np.concatenate(([True], inst[order][1:] != inst[order][:-1])))
-    ptr = np.append(first, a.size)
+    found = runs(inst[order])  # sorted: always runs
+    assert found is not None
+    ptr = found[1]
     r1, r2 = _top_two(ptr, s)
-    hub = np.repeat(np.arange(first.size), np.diff(ptr))
+    hub = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
     row = np.arange(a.size)
     k = np.where(r1[hub] == row, r2[hub], r1[hub])  # the latest member other than the row's own
     ok = s[k] + t <= e
