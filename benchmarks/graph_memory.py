@@ -99,8 +99,11 @@ def main() -> None:
                     outs[name] = out
                 best = min(runs, key=lambda r: r.peak_bytes)
                 peaks.setdefault((cmd, name), []).append((ranks, best.peak_bytes / 1e6))
+                client = min(r.client_peak_bytes for r in runs)
+                peaks.setdefault((cmd + " (client)", name), []).append((ranks, client / 1e6))
                 print(f"  {cmd:14s} {name:12s} wall {min(r.wall for r in runs):6.1f} s  CPU "
-                      f"{min(r.cpu for r in runs):6.1f} s  peak {best.peak_bytes / 1e6:7.0f} MB", flush=True)
+                      f"{min(r.cpu for r in runs):6.1f} s  peak {best.peak_bytes / 1e6:7.0f} MB  (client "
+                      f"{client / 1e6:5.0f} MB, workers at once {best.workers_peak_bytes / 1e6:5.0f} MB)", flush=True)
             if len(outs) > 1:
                 a, b = (json.loads(o) for o in outs.values())
                 print(f"  {cmd:14s} answers of both revisions: {'identical' if a == b else 'DIFFERENT'}", flush=True)
@@ -108,7 +111,7 @@ def main() -> None:
     for (cmd, name), row in peaks.items():
         if len(row) > 1:
             (r0, p0), (r1, p1) = row[0], row[-1]
-            print(f"  {cmd:14s} {name:12s} {r1 / r0:.0f}x the ranks: {p1 / p0:.2f}x the peak ({p0:.0f} -> {p1:.0f} MB)")
+            print(f"  {cmd:23s} {name:12s} {r1 / r0:.0f}x the ranks: {p1 / p0:.2f}x the peak ({p0:.0f} -> {p1:.0f} MB)")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ class Measured:
     stderr: str
     #: killed by :func:`run` for passing ``cap_bytes``
     capped: bool = False
+    #: the command's own process: its high-water mark (VmHWM, read while it runs), and the most its descendants (worker
+    #: processes) held at once, sampled
+    client_peak_bytes: int = 0
+    workers_peak_bytes: int = 0
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -57,14 +61,27 @@ def tree_pids(pid: int) -> list[int]:
 
 def tree_rss(pid: int) -> int:
     """Resident bytes of ``pid`` and its descendants now."""
-    total = 0
-    for p in tree_pids(pid):
-        try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * _PAGE
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
+    return sum(_rss(p) for p in tree_pids(pid))
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def high_water(pid: int) -> int:
+    """``pid``'s own peak resident bytes so far (VmHWM), 0 where it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
 
 
 def run(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
@@ -74,15 +91,19 @@ def run(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None =
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env)
-    peak = 0
+    peak = client = workers = 0
     capped = False
     stop = threading.Event()
 
     def sample() -> None:
-        nonlocal peak, capped
+        nonlocal peak, capped, client, workers
         while not stop.is_set():
-            rss = tree_rss(child.pid)
+            pids = tree_pids(child.pid)
+            own = _rss(child.pid)
+            rss = own + sum(_rss(p) for p in pids[1:])
             peak = max(peak, rss)
+            client = max(client, high_water(child.pid))
+            workers = max(workers, rss - own)
             if cap_bytes is not None and rss > cap_bytes and not capped:
                 capped = True
                 for p in reversed(tree_pids(child.pid)):  # the workers first, then the command
@@ -111,7 +132,7 @@ def run(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None =
     if usage.ru_maxrss > driver:
         peak = max(peak, usage.ru_maxrss * 1024)
     return Measured(wall, cpu, peak, child.returncode, chunks["out"].decode(errors="replace"),
-                    chunks["err"].decode(errors="replace"), capped)
+                    chunks["err"].decode(errors="replace"), capped, client, workers)
 
 
 def compile_bytecode(*dirs: Path) -> None:

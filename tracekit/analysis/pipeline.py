@@ -58,6 +58,8 @@ class RankGraphSource(Protocol):
 
     def graph(self, analysis: Analysis) -> dag.Graph: ...
 
+    def paths(self, analysis: Analysis) -> pl.DataFrame: ...
+
 
 @dataclass
 class EventBatches:
@@ -124,7 +126,10 @@ class Analysis:
 
     @cached_property
     def critical_path(self) -> pl.DataFrame:
-        """Critical-path segments of every iteration (:mod:`tracekit.analysis.graph.critical_path`)."""
+        """Critical-path segments of every iteration (:mod:`tracekit.analysis.graph.critical_path`): rank by rank,
+        followed where the ranks' graphs are held unless the job's graph is combined already (the same segments)."""
+        if self.dataset is not None and self.rank_graphs is not None and "graph" not in self.__dict__:
+            return self.rank_graphs.paths(self)
         return critical_path.paths(self.graph, self.iterations, self.ranks)
 
     @cached_property

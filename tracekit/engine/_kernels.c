@@ -640,6 +640,99 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------------------ parts of a graph */
+
+PyDoc_STRVAR(advance_doc,
+"advance(out_ptr, out_dst, w_out, left, acc, stack, top, tgt_ptr, tgt_dst, w_tgt, mem_ptr, mem_hub, rel_hub,\n"
+"        rel_time, arr_hub, arr_time) -> int\n\n"
+"One part of a graph whose parts meet only at hubs, replayed for S scenarios at once, as far as what is known\n"
+"allows (Kahn's algorithm, resumed by each call). The part's edges by source (out_ptr: n + 1, out_dst: int32) weigh\n"
+"w_out[slot * S + s]; left (n int32) counts each node's inputs not settled yet, acc (n * S int64) holds the max\n"
+"over its settled inputs (a node's time once left is 0), stack (n int32) and top (1 int64) the settled nodes whose\n"
+"edges are not followed yet. First the released hubs rel_hub (int32, local numbers) at rel_time (r * S int64) feed\n"
+"the nodes they lead to (tgt_ptr: hubs + 1, tgt_dst: int32, weights w_tgt[slot * S + s]); then every node that\n"
+"settles feeds its successors, and where it is a member of hubs (mem_ptr: n + 1, mem_hub: int32) its times are\n"
+"written to arr_time (arr_hub the hub): returns how many. -1 where arr_hub is too short.");
+
+static PyObject *k_advance(PyObject *self, PyObject *a) {
+    PyObject *o[16];
+    Args args = {.n = 0};
+    if (!PyArg_ParseTuple(a, "OOOOOOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9],
+                          &o[10], &o[11], &o[12], &o[13], &o[14], &o[15]))
+        return NULL;
+    I32(o[0], out_ptr, 0) I32(o[1], out_dst, 0) I64(o[2], w_out, 0) I32(o[3], left, 1) I64(o[4], acc, 1)
+    I32(o[5], stack, 1) I64(o[6], top, 1) I32(o[7], tgt_ptr, 0) I32(o[8], tgt_dst, 0) I64(o[9], w_tgt, 0)
+    I32(o[10], mem_ptr, 0) I32(o[11], mem_hub, 0) I32(o[12], rel_hub, 0) I64(o[13], rel_time, 0)
+    I32(o[14], arr_hub, 1) I64(o[15], arr_time, 1)
+    Py_ssize_t n = n_left, hubs = n_tgt_ptr - 1, r = n_rel_hub;
+    Py_ssize_t S = n ? n_acc / n : 1;
+    if (S < 1) S = 1;
+    if (n_out_ptr != n + 1 || n_mem_ptr != n + 1 || n_acc != n * S || n_stack != n || n_top != 1 || hubs < 0 ||
+        (n && (out_ptr[n] > n_out_dst || mem_ptr[n] > n_mem_hub)) || n_w_out < (Py_ssize_t)n_out_dst * S ||
+        (hubs && tgt_ptr[hubs] > n_tgt_dst) || n_w_tgt < (Py_ssize_t)n_tgt_dst * S || n_rel_time != r * S ||
+        n_arr_time != n_arr_hub * S || top[0] < 0 || top[0] > n) {
+        release(&args);
+        return too_short("advance");
+    }
+    Py_ssize_t got = 0;
+    int bad = 0, full = 0;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t sp = (Py_ssize_t)top[0];
+    for (Py_ssize_t i = 0; i < r && !bad; i++) {
+        int32_t k = rel_hub[i];
+        if (k < 0 || k >= hubs) {
+            bad = 1;
+            break;
+        }
+        const int64_t *th = rel_time + i * S;
+        for (int32_t j = tgt_ptr[k]; j < tgt_ptr[k + 1]; j++) {
+            int32_t v = tgt_dst[j];
+            int64_t *av = acc + (Py_ssize_t)v * S;
+            const int64_t *w = w_tgt + (Py_ssize_t)j * S;
+            for (Py_ssize_t s = 0; s < S; s++) {
+                int64_t c = th[s] + w[s];
+                if (c > av[s]) av[s] = c;
+            }
+            if (--left[v] == 0) stack[sp++] = v;
+        }
+    }
+    while (sp > 0 && !bad) {
+        int32_t u = stack[--sp];
+        const int64_t *tu = acc + (Py_ssize_t)u * S;
+        for (int32_t k = out_ptr[u]; k < out_ptr[u + 1]; k++) {
+            int32_t v = out_dst[k];
+            int64_t *av = acc + (Py_ssize_t)v * S;
+            const int64_t *w = w_out + (Py_ssize_t)k * S;
+            for (Py_ssize_t s = 0; s < S; s++) {
+                int64_t c = tu[s] + w[s];
+                if (c > av[s]) av[s] = c;
+            }
+            if (--left[v] == 0) stack[sp++] = v;
+        }
+        for (int32_t j = mem_ptr[u]; j < mem_ptr[u + 1]; j++) {
+            if (got >= n_arr_hub) {
+                full = 1;
+                break;
+            }
+            arr_hub[got] = mem_hub[j];
+            memcpy(arr_time + got * S, tu, (size_t)S * sizeof(int64_t));
+            got++;
+        }
+        if (full) break;
+    }
+    top[0] = sp;
+    Py_END_ALLOW_THREADS
+    release(&args);
+    if (bad) {
+        PyErr_SetString(PyExc_IndexError, "advance: a released hub is out of range");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(full ? -1 : got);
+fail:
+    release(&args);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------------------------ the module */
 
 static PyMethodDef methods[] = {
@@ -651,6 +744,7 @@ static PyMethodDef methods[] = {
     {"layout", k_layout, METH_VARARGS, layout_doc},
     {"period", k_period, METH_VARARGS, period_doc},
     {"run", k_run, METH_VARARGS, run_doc},
+    {"advance", k_advance, METH_VARARGS, advance_doc},
     {NULL, NULL, 0, NULL},
 };
 

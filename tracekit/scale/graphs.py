@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -48,9 +48,14 @@ class JobTables(Protocol):
     members: pa.Table
     instances: pa.Table
     collectives: pa.Table
+    iterations: pa.Table
+
 
 #: threads reading the ranks' graph files
 READ_THREADS = 8
+#: ranks' graphs taking less than this (:data:`GRAPH_BYTES_PER_EVENT` per event) are held in the client's process for
+#: the critical path; more, in worker processes (one per core), so that the client's memory does not grow with them
+HOSTS_MIN_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -150,11 +155,8 @@ def ensure(ds: Dataset, engine: Any = None, budget: int | None = None, parts: li
     os.replace(tmp, target)
 
 
-def combined(ds: Dataset, analysis: JobTables) -> tuple[dag.Graph, pl.DataFrame | None]:
-    """The job's graph (:func:`tracekit.analysis.graph.compact.combine`) and its compute leaves (job clock) from every
-    rank's stored compact graph; raises a one-line TraceError when a rank has none."""
-    import pyarrow.parquet as pq
-
+def usable(ds: Dataset) -> None:
+    """Raise a one-line TraceError where a rank's graph was not built (over the memory budget) or does not verify."""
     skipped = _skipped(ds)
     if skipped:
         ranks = ", ".join(s.split("=", 1)[-1] for s in skipped[:8])
@@ -166,6 +168,14 @@ def combined(ds: Dataset, analysis: JobTables) -> tuple[dag.Graph, pl.DataFrame 
                          f"{', '.join(damaged(ds)[:4])} do not verify, even built again from the rank's events "
                          "(is the disk failing? " + ("--rebuild builds the dataset anew)" if not ds.temporary else
                                                      "run the command again)"))
+
+
+def combined(ds: Dataset, analysis: JobTables) -> tuple[dag.Graph, pl.DataFrame | None]:
+    """The job's graph (:func:`tracekit.analysis.graph.compact.combine`) and its compute leaves (job clock) from every
+    rank's stored compact graph; raises a one-line TraceError when a rank has none."""
+    import pyarrow.parquet as pq
+
+    usable(ds)
     have = available(ds)
     offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
                                                    analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
@@ -226,8 +236,32 @@ class RankGraphs:
     engine: Callable[[], Any] | None = None
     budget: str | int | None = None
     leaves: pl.DataFrame | None = None
+    #: the peak resident bytes of each worker process that held the ranks' graphs for :meth:`paths` (empty: none)
+    host_memory: list[int] = field(default_factory=list)
 
     def graph(self, analysis: JobTables) -> dag.Graph:
+        self._ready()
+        graph, self.leaves = combined(self.dataset, analysis)
+        return graph
+
+    def paths(self, analysis: JobTables, iteration: int | list[int] | None = None) -> pl.DataFrame:
+        """The critical path of every iteration (or those asked), followed where the ranks' graphs are held
+        (:mod:`tracekit.scale.rank_paths`): the same segments as the combined graph's, without combining it."""
+        from tracekit.scale.rank_parts import Hosts, default_jobs
+        from tracekit.scale.rank_paths import Held
+
+        self._ready()
+        usable(self.dataset)
+        events = sum(self.dataset.rank_event_counts().values())
+        jobs = default_jobs() if events * GRAPH_BYTES_PER_EVENT >= HOSTS_MIN_BYTES else 0
+        with Hosts(jobs) as hosts:
+            held = Held.open(hosts, self.dataset, analysis)
+            out = held.paths(analysis.iterations, analysis.ranks, iteration)
+            self.host_memory = hosts.memory()
+        return out
+
+    def _ready(self) -> None:
+        """Every rank's graph built (from its events where the dataset was made without it) and verified."""
         from tracekit.model.units import memory_budget
 
         todo = missing(self.dataset)
@@ -240,5 +274,3 @@ class RankGraphs:
             self.dataset.extra_diagnostics.append(Diagnostic(
                 self.dataset.name, f"the dependency graph{'s' if len(bad) > 1 else ''} of {', '.join(bad[:4])}"
                 f"{', …' if len(bad) > 4 else ''} did not verify: built again from the rank's events"))
-        graph, self.leaves = combined(self.dataset, analysis)
-        return graph

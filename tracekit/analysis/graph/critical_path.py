@@ -21,6 +21,7 @@ Overlapped communication never appears on the path: it never binds what follows 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -202,11 +203,17 @@ def _in_time_order(seg: _Segments) -> np.ndarray:
 
 def _frame(graph: Graph, its: list[int], paths: list[_Labelled]) -> pl.DataFrame:
     """The SEGMENT_SCHEMA rows of the iterations' paths (each in time order), one frame built once for them all."""
+    acts = np.concatenate([p.act for p in paths])
+    return frame(its, paths, graph.act.select("rank", "lane", "name", "event_row")[acts])  # one gather for all
+
+
+def frame(its: list[int], paths: list[_Labelled], of: pl.DataFrame) -> pl.DataFrame:
+    """The SEGMENT_SCHEMA rows of the iterations' paths (each in time order); ``of``: the ``rank, lane, name,
+    event_row`` of every segment's activity, the paths' segments one after the other."""
     seg = _Labelled(*(np.concatenate(x) for x in zip(*paths, strict=True)))
     sizes = np.array([p.start.size for p in paths])
     bounds = np.cumsum(sizes) - sizes
     step = np.arange(seg.start.size, dtype=np.int64) - np.repeat(bounds, sizes)
-    of = graph.act.select("rank", "lane", "name", "event_row")[seg.act]  # one gather for every path's activities
     waiting = pl.Series(np.where(seg.waiting_on >= 0, seg.waiting_on, 0), dtype=pl.Int32)
     return pl.DataFrame({
         "iteration": np.repeat(np.asarray(its, dtype=np.int64), sizes), "step": step,
@@ -268,10 +275,25 @@ _WALK_CODES = (_ET["own"], _ET["launch"], _ET["enqueue"], _CODE["idle"], _EDGE_C
 
 
 def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
-    """Follow binding edges back from ``sink`` to time ``s0``: the segments of the path (latest first), by the engine
+    """Follow binding edges back from ``sink`` to time ``s0``: the segments of the path (latest first)."""
+    return _walk_chain(graph, *_chase(graph, sink, s0), s0)
+
+
+def walk_part(graph: Graph, sink: int, s0: int, ghosts: int) -> tuple[_Segments, np.ndarray, int]:
+    """:func:`_walk` on one rank's graph whose nodes from ``ghosts`` on stand for other ranks' members
+    (:func:`tracekit.analysis.graph.crossings.rank_graph`): the segments up to the first ghost the chain reaches, the
+    chain's nodes (those segments' steps) and that ghost (-1 where the chain ends on the rank)."""
+    nd, ed = _chase(graph, sink, s0)
+    hop = -1
+    if nd.size and nd[-1] >= ghosts:
+        hop, nd, ed = int(nd[-1]), nd[:-1], ed[:-1]
+    return _walk_chain(graph, nd, ed, s0), nd, hop
+
+
+def _walk_chain(graph: Graph, nd: np.ndarray, ed: np.ndarray, s0: int) -> _Segments:
+    """The segments of the chain ``nd`` (nodes back along their binding edges ``ed``) after ``s0``: by the engine
     (:func:`tracekit.engine.walk`), else by numpy as below."""
     times = graph.node_time
-    nd, ed = _chase(graph, sink, s0)
     compiled = dag.engine(graph.n_nodes)
     if compiled is not None:
         return _Segments(*compiled.walk(nd, ed, graph.src, graph.etype, graph.lag, graph.gap, times,
@@ -342,15 +364,19 @@ class _Labelled(NamedTuple):
 def _waiting_labels(graph: Graph, seg: _Segments) -> _Labelled:
     """The path's segments in time order, where it crosses ranks at a collective the time the other members had
     already arrived and waited (first arrival → the straggler's arrival) labelled "waiting on rank <straggler>"."""
-    order = _in_time_order(seg)
-    out = _Labelled(*(x[order] for x in seg), np.full(order.size, -1, np.int64), seg.label[order] == _CODE["idle"])
-    if graph.etype.size == 0 or order.size == 0:
-        return out
+    if graph.etype.size == 0 or seg.start.size == 0:
+        return label_waiting(seg, [], lambda a: a)
+    a_rank = graph.act.get_column("rank").to_numpy()
+    return label_waiting(seg, _windows(graph, seg), lambda a: a_rank[a])
+
+
+def _windows(graph: Graph, seg: _Segments) -> list[tuple[int, int, int]]:
+    """Per collective edge on the path (in the walk's order, latest first) where a member waited: ``(first arrival,
+    the straggler's arrival, the straggler's rank)``."""
     coll = _ET["collective"]
-    # for every collective edge on the path (in the walk's order, latest first): its instance's first arrival
     dst_act = seg.act[seg.edge == _EDGE_CODE["collective"]]
     if dst_act.size == 0:
-        return out
+        return []
     a_start = graph.node_time[0::2]
     a_rank = graph.act.get_column("rank").to_numpy()
     ce = np.flatnonzero(graph.etype == coll)
@@ -377,10 +403,19 @@ def _waiting_labels(graph: Graph, seg: _Segments) -> _Labelled:
         last = int(a_start[k])
         if last > first:
             windows.append((first, last, int(a_rank[k])))
+    return windows
+
+
+def label_waiting(seg: _Segments, windows: list[tuple[int, int, int]], rank_of: Callable[[np.ndarray], np.ndarray]
+                  ) -> _Labelled:
+    """The path's segments in time order, each of ``windows`` (:func:`_windows`) labelling the straggler's segments
+    inside it "waiting on rank <straggler>" (``rank_of``: the rank of activities)."""
+    order = _in_time_order(seg)
+    out = _Labelled(*(x[order] for x in seg), np.full(order.size, -1, np.int64), seg.label[order] == _CODE["idle"])
     if not windows:
         return out
     for first, last, k in windows:
-        rank = a_rank[out.act]
+        rank = rank_of(out.act)
         inside = (out.start < last) & (out.end > first) & (rank == k) & (out.label != _CODE["transfer"])
         # split segments that straddle the window's start: the part before it stays, the part after may wait
         cut = np.flatnonzero(inside & (out.start < first))
@@ -389,7 +424,7 @@ def _waiting_labels(graph: Graph, seg: _Segments) -> _Labelled:
             before.end[cut] = first
             after = _Labelled(*(x[cut] for x in out))._replace(start=np.full(cut.size, first, np.int64))
             out = _Labelled(*(np.concatenate([x, y]) for x, y in zip(before, after, strict=True)))
-            rank = a_rank[out.act]
+            rank = rank_of(out.act)
         inside = (out.start >= first) & (out.start < last) & (rank == k) & (out.label != _CODE["transfer"])
         out.label[inside] = _CODE["waiting"]
         out.waiting_on[inside] = k

@@ -1,0 +1,116 @@
+"""The critical path of a job analysed rank by rank, followed where the ranks' graphs are held
+(:mod:`tracekit.scale.rank_paths`): each rank's graph with the collective edges into it binds as the job's combined
+graph does, and the path hops from rank to rank at collectives — every segment must equal the combined graph's path,
+in this process and on worker processes, without the client ever combining the graph."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import tracekit
+from benchmarks import jobgen
+from tracekit.analysis.graph import critical_path
+from tracekit.analysis.graph.crossings import rank_graph
+from tracekit.model.diagnostics import TraceError
+from tracekit.scale import graphs
+from tracekit.scale.rank_parts import Hosts
+from tracekit.scale.rank_paths import Held
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = sorted(p for p in (ROOT / "tests" / "data" / "jobs").iterdir() if p.is_dir())
+SMALL = jobgen.JobSpec(ranks=8, gpus_per_host=2, steps=4, layers=8, param_bytes=8 << 20, bucket_bytes=16 << 20,
+                       clock_skew_ns=500_000, stragglers=((1, 1.3),))
+MESH = jobgen.JobSpec(ranks=16, gpus_per_host=4, tp=2, pp=2, microbatches=2, steps=4, layers=8, clock_skew_ns=500_000,
+                      inter_bps=25e9, intra_bps=400e9, stalls=((2, 3_000_000),))
+SPECS = {"ddp": SMALL, "fsdp": replace(SMALL, parallel="fsdp", stragglers=((2, 1.2),)), "mesh": MESH,
+         "main-thread": replace(SMALL, autograd_thread=False)}
+
+
+@pytest.fixture(scope="module", params=list(SPECS))
+def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tracekit.Job:
+    root = tmp_path_factory.mktemp(request.param)
+    jobgen.write_job(root / "job", SPECS[request.param])
+    j = tracekit.load(root / "job", link_bw="10gbit", dataset=root / "ds", graphs=True)
+    yield j
+    j.close()
+
+
+def test_each_rank_binds_as_the_job_graph(job: tracekit.Job) -> None:
+    an = job.analysis
+    with Hosts(0) as hosts:
+        held = Held.open(hosts, an.dataset, an)
+    g = an.graph
+    for s in held.sources:
+        d = Path(s.root) / s.part
+        rg = rank_graph(pq.read_table(str(d / "graph.act.parquet")), pq.read_table(str(d / "graph.edges.parquet")),
+                        s.rank, s.offset, held.cross)
+        k, b = rg.activities, int(held.base[held.pos[s.rank]])
+        lo, hi = 2 * b, 2 * (b + k)
+        local = rg.graph
+        assert np.array_equal(local.node_time[:2 * k], g.node_time[lo:hi])
+        into = (g.dst >= lo) & (g.dst < hi)  # the same edges into the rank, in the same order
+        assert np.array_equal(g.dst[into] - lo, local.dst) and np.array_equal(g.lag[into], local.lag)
+        bl, bg = local.binding[:2 * k], g.binding[lo:hi]
+        assert np.array_equal(bl >= 0, bg >= 0)
+        bl, bg = bl[bl >= 0], bg[bg >= 0]
+        assert np.array_equal(local.slack[bl], g.slack[bg]) and np.array_equal(local.etype[bl], g.etype[bg])
+        # a binding edge from another rank comes from a ghost at that member's start
+        ghost = local.src[bl] >= 2 * k
+        assert np.array_equal(local.src[bl][~ghost] + lo, g.src[bg][~ghost])
+        assert np.array_equal(local.node_time[local.src[bl][ghost]], g.node_time[g.src[bg][ghost]])
+        assert not ((g.src[bg][ghost] >= lo) & (g.src[bg][ghost] < hi)).any()
+
+
+@pytest.mark.parametrize("jobs", [0, 2])
+def test_paths_equal_the_combined_graphs(job: tracekit.Job, jobs: int) -> None:
+    an = job.analysis
+    with Hosts(jobs) as hosts:
+        held = Held.open(hosts, an.dataset, an)
+        got = held.paths(an.iterations, an.ranks)
+        one = held.paths(an.iterations, an.ranks, iteration=int(got.get_column("iteration")[-1]))
+        if jobs:
+            assert len(hosts.memory()) == jobs and min(hosts.memory()) > 0
+    ref = critical_path.paths(an.graph, an.iterations, an.ranks)
+    assert ref.height > 0 and got.equals(ref)
+    assert one.equals(ref.filter(ref.get_column("iteration") == one.get_column("iteration")[0]))
+    assert ref.get_column("rank").n_unique() > 1  # the paths cross ranks, and wait on stragglers
+    assert (ref.get_column("label") == "waiting").any()
+
+
+def test_the_client_never_combines_the_graph(tmp_path: Path) -> None:
+    jobgen.write_job(tmp_path / "job", SMALL)
+    with tracekit.load(tmp_path / "job", link_bw="10gbit", dataset=tmp_path / "ds", graphs=True) as j:
+        segs = j.critical_path()
+        assert "graph" not in j.analysis.__dict__ and segs.height
+        summ = j.critical_path_summary
+        ref = critical_path.paths(j.analysis.graph, j.analysis.iterations, j.analysis.ranks)  # combined only now
+        assert segs.equals(ref)
+        assert summ.equals(critical_path.summary(ref, j.analysis.iterations, j.analysis.ranks))
+
+
+def test_a_host_that_dies_is_one_clear_error(tmp_path: Path) -> None:
+    jobgen.write_job(tmp_path / "job", SMALL)
+    with tracekit.load(tmp_path / "job", link_bw="10gbit", dataset=tmp_path / "ds", graphs=True) as j:
+        an = j.analysis
+        with Hosts(1) as hosts:
+            Held.open(hosts, an.dataset, an)
+            hosts.procs[0].kill()
+            hosts.procs[0].join()
+            with pytest.raises(TraceError, match="worker process holding ranks' graphs died"):
+                hosts.walk(0, 1, 0)
+
+
+@pytest.mark.parametrize("path", JOBS, ids=[p.name for p in JOBS])
+def test_recorded_jobs(path: Path, tmp_path: Path) -> None:
+    rate = json.loads((path / "run.json").read_text())["link"]["rate"] or "1gbit"
+    with tracekit.load(path, link_bw=rate, dataset=tmp_path / "ds") as j:  # the graphs built on first use
+        segs = j.critical_path()
+        assert "graph" not in j.analysis.__dict__
+        assert not graphs.missing(j.analysis.dataset)
+        assert segs.equals(critical_path.paths(j.analysis.graph, j.analysis.iterations, j.analysis.ranks))

@@ -1,0 +1,236 @@
+"""Every rank's dependency graph held where it is worked on, not on the client: hosts (this process, or worker
+processes) each hold some ranks' graphs on the job clock with the collective edges into them
+(:func:`tracekit.analysis.graph.crossings.rank_graph`) and answer questions about them; the client holds only what
+crosses ranks (:class:`tracekit.analysis.graph.crossings.Crossings`: a row per member of a collective) and the
+answers. :mod:`tracekit.scale.rank_paths` follows the critical path through them, hop by hop.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tracekit.analysis.graph import critical_path
+from tracekit.analysis.graph.crossings import Crossings, RankGraph, rank_graph
+from tracekit.analysis.graph.dag import EDGE_TYPES
+from tracekit.model.diagnostics import TraceError
+
+_COLL = EDGE_TYPES.index("collective")
+_COLL_CODE = critical_path._EDGE_CODE["collective"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one rank's stored compact graph is (``root/part/graph.*.parquet``), its rank and clock offset."""
+
+    root: str
+    part: str
+    rank: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A critical path's segments on one rank (:func:`tracekit.analysis.graph.critical_path.walk_part`, latest first;
+    ``act``: the rank's activities), for each segment on a collective edge the members it joins (``dst_member``,
+    ``src_member``; -1 elsewhere), and the member of another rank the path goes on at (``hop``; -1: it ends here)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    label: np.ndarray
+    act: np.ndarray
+    edge: np.ndarray
+    dst_member: np.ndarray
+    src_member: np.ndarray
+    hop: int
+
+
+class Held:
+    """Some ranks' graphs and what is asked of them (a host's state: in this process, or a worker's)."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, RankGraph] = {}
+
+    def load(self, sources: list[Source], cross: Crossings) -> dict[int, int]:
+        """Read and bind the ranks' graphs; returns each one's activity count."""
+        import pyarrow.parquet as pq
+
+        out = {}
+        for s in sources:
+            d = Path(s.root) / s.part
+            self.ranks[s.rank] = rank_graph(pq.read_table(str(d / "graph.act.parquet")),
+                                            pq.read_table(str(d / "graph.edges.parquet")), s.rank, s.offset, cross)
+            out[s.rank] = self.ranks[s.rank].activities
+        return out
+
+    def sinks(self, iteration: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> dict[int, tuple[np.ndarray, ...]]:
+        """Per rank held: for each iteration (``iteration``, its span ``(s0, s1]``) with an activity ending inside, the
+        latest such end and its activity (the first on a tie): ``(index into iteration, end, activity)``."""
+        out = {}
+        order = np.argsort(iteration, kind="stable")
+        its = iteration[order]
+        for r, rg in self.ranks.items():
+            g = rg.graph
+            a_end = g.node_time[1:2 * rg.activities:2]
+            a_it = g.act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
+            pos = np.minimum(np.searchsorted(its, a_it), its.size - 1)
+            known = its[pos] == a_it
+            k = order[pos]
+            inside = known & (a_end <= s1[k]) & (a_end > s0[k])
+            a = np.flatnonzero(inside)
+            if a.size == 0:
+                out[r] = (np.zeros(0, np.int64),) * 3
+                continue
+            by = np.lexsort((a, -a_end[a], k[a]))
+            a = a[by]
+            first = np.concatenate(([True], k[a][1:] != k[a][:-1]))
+            out[r] = (k[a][first], a_end[a][first], a[first])
+        return out
+
+    def walk(self, rank: int, node: int, s0: int) -> Piece:
+        """The critical path back from ``node`` of ``rank`` to ``s0``, up to the first member of another rank."""
+        rg = self.ranks[rank]
+        g = rg.graph
+        ghosts = 2 * rg.activities
+        seg, _, hop = critical_path.walk_part(g, node, s0, ghosts)
+        dst_m = np.full(seg.act.size, -1, np.int64)
+        src_m = np.full(seg.act.size, -1, np.int64)
+        on = np.flatnonzero(seg.edge == _COLL_CODE)
+        if on.size:
+            d = seg.act[on]
+            e = g.binding[2 * d + 1]
+            ok = (e >= 0) & (g.etype[np.maximum(e, 0)] == _COLL)
+            p = g.src[e[ok]]
+            far = p >= ghosts
+            src_m[on[ok]] = np.where(far, rg.ghost[np.where(far, p - ghosts, 0)],
+                                     rg.member_of[np.where(far, 0, p) // 2])
+            dst_m[on[ok]] = rg.member_of[d[ok]]
+        return Piece(*seg, dst_m, src_m, int(rg.ghost[hop - ghosts]) if hop >= 0 else -1)
+
+    def describe(self, rank: int, acts: np.ndarray) -> pl.DataFrame:
+        """``rank, lane, name, event_row`` of activities of ``rank`` (a critical path's frame)."""
+        return self.ranks[rank].graph.act.select("rank", "lane", pl.col("name").cast(pl.String), "event_row")[acts]
+
+    def memory(self) -> int:
+        """This host's peak resident memory (bytes)."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _serve(conn: Any) -> None:
+    """A worker process's loop: calls on its :class:`Held` until told to stop (None)."""
+    held = Held()
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        name, args = msg
+        try:
+            conn.send((True, getattr(held, name)(*args)))
+        except BaseException as exc:  # the client raises it, with the worker's traceback in its message
+            conn.send((False, TraceError(None, f"{type(exc).__name__}: {exc}")
+                       if not isinstance(exc, TraceError) else exc, traceback.format_exc()))
+    conn.close()
+
+
+class Hosts:
+    """Ranks' graphs on ``jobs`` worker processes (0: in this process), each rank on one of them: calls go to the
+    host of the rank asked about, or to all."""
+
+    def __init__(self, jobs: int = 0) -> None:
+        self.jobs = jobs
+        self.local = Held() if jobs == 0 else None
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        self.home: dict[int, int] = {}
+
+    def __enter__(self) -> Hosts:
+        ctx = get_context("spawn")
+        for _ in range(self.jobs):
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_serve, args=(b,), daemon=True, name="tracekit-rank-host")
+            p.start()
+            b.close()
+            self.procs.append(p)
+            self.conns.append(a)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for c in self.conns:
+            try:
+                c.send(None)
+                c.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        self.procs, self.conns = [], []
+
+    def _ask(self, hosts: Iterable[int], name: str, args: Callable[[int], tuple]) -> list[Any]:
+        """``name(*args(h))`` on each host ``h`` (all sent before any answer is read: the hosts work at once)."""
+        hosts = list(hosts)
+        if self.local is not None:
+            return [getattr(self.local, name)(*args(h)) for h in hosts]
+        died = TraceError(None, "a worker process holding ranks' graphs died (killed, or out of memory?)")
+        try:
+            for h in hosts:
+                self.conns[h].send((name, args(h)))
+        except OSError:
+            raise died from None
+        out = []
+        for h in hosts:
+            try:
+                ok, value, *_ = self.conns[h].recv()
+            except (EOFError, OSError):
+                raise died from None
+            if not ok:
+                raise value
+            out.append(value)
+        return out
+
+    @property
+    def count(self) -> int:
+        return max(self.jobs, 1)
+
+    def load(self, sources: list[Source], cross: Crossings) -> dict[int, int]:
+        """Spread the ranks over the hosts (in turn) and load them; each rank's activity count."""
+        mine: dict[int, list[Source]] = {h: [] for h in range(self.count)}
+        for i, s in enumerate(sources):
+            mine[i % self.count].append(s)
+            self.home[s.rank] = i % self.count
+        out: dict[int, int] = {}
+        for got in self._ask(range(self.count), "load", lambda h: (mine[h], cross)):
+            out.update(got)
+        return out
+
+    def sinks(self, iteration: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> dict[int, tuple[np.ndarray, ...]]:
+        out: dict[int, tuple[np.ndarray, ...]] = {}
+        for got in self._ask(range(self.count), "sinks", lambda h: (iteration, s0, s1)):
+            out.update(got)
+        return out
+
+    def walk(self, rank: int, node: int, s0: int) -> Piece:
+        return self._ask([self.home.get(rank, 0)], "walk", lambda h: (rank, node, s0))[0]
+
+    def describe(self, rank: int, acts: np.ndarray) -> pl.DataFrame:
+        return self._ask([self.home.get(rank, 0)], "describe", lambda h: (rank, acts))[0]
+
+    def memory(self) -> list[int]:
+        """Each worker process's peak resident memory (bytes; empty in this process)."""
+        return self._ask(range(self.count), "memory", lambda h: ()) if self.jobs else []
+
+
+def default_jobs() -> int:
+    """Worker processes for a job's ranks' graphs: one per core."""
+    return max(1, os.cpu_count() or 1)

@@ -1,0 +1,157 @@
+"""The critical path of a job analysed rank by rank, followed where the ranks' graphs are held
+(:mod:`tracekit.scale.rank_parts`): from each iteration's last end (the latest of the ranks' own), back along binding
+edges on one rank until the path reaches a member of another rank's collective, then on at that rank — the segments of
+:func:`tracekit.analysis.graph.critical_path.paths` of the job's graph, to the nanosecond, with only the members of the
+collectives (:class:`tracekit.analysis.graph.crossings.Crossings`) and the path itself on the client.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracekit.analysis.graph import critical_path, whatif
+from tracekit.analysis.graph.critical_path import SEGMENT_SCHEMA, _CODE, _EDGE_CODE, _Segments, frame, label_waiting
+from tracekit.analysis.graph.crossings import Crossings, crossings
+from tracekit.scale.rank_parts import Hosts, Piece, Source
+
+if TYPE_CHECKING:
+    from tracekit.scale.dataset import Dataset
+    from tracekit.scale.graphs import JobTables
+
+
+def members(ds: Dataset, sources: list[Source]) -> pl.DataFrame:
+    """Every rank's communication activities with a collective id, in the job graph's order (rank after rank as
+    ``sources`` lists them): ``rank, a, collective_id, start, end`` (job clock), read a few columns at a time."""
+    rows = []
+    for s in sources:
+        t = pl.from_arrow(pq.read_table(str(ds.root / s.part / "graph.act.parquet"),
+                                        columns=["kind", "collective_id", "t_start", "t_end"]))
+        assert isinstance(t, pl.DataFrame)
+        t = t.with_row_index("a").filter((pl.col("kind") == "comm") & pl.col("collective_id").is_not_null())
+        rows.append(t.select(pl.lit(s.rank, pl.Int32).alias("rank"), pl.col("a").cast(pl.Int64), "collective_id",
+                             (pl.col("t_start") + s.offset).alias("start"), (pl.col("t_end") + s.offset).alias("end")))
+    return pl.concat(rows) if rows else pl.DataFrame(schema={"rank": pl.Int32, "a": pl.Int64, "collective_id": pl.Int64,
+                                                             "start": pl.Int64, "end": pl.Int64})
+
+
+def sources(ds: Dataset, analysis: JobTables) -> list[Source]:
+    """The ranks with a stored graph, in the order the job's graph joins them, with their clock offsets."""
+    from tracekit.scale.graphs import available
+
+    have = available(ds)
+    offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
+                                                   analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
+               if r is not None}
+    return [Source(str(ds.root), d, int(r), offsets.get(int(r), 0)) for d, r in ds.parts
+            if r is not None and f"{d}/graph.act.parquet" in have]
+
+
+class Held:
+    """A job's ranks' graphs on ``hosts``, loaded once (:meth:`open`), and what crosses ranks."""
+
+    def __init__(self, hosts: Hosts, cross: Crossings, sources: list[Source], counts: dict[int, int]) -> None:
+        self.hosts, self.cross, self.sources = hosts, cross, sources
+        self.part_rank = np.array([s.rank for s in sources], np.int64)
+        sizes = np.array([counts.get(s.rank, 0) for s in sources], np.int64)
+        self.base = np.concatenate(([0], np.cumsum(sizes)))[:-1]  # each rank's first activity in the job's numbering
+        self.pos = {s.rank: i for i, s in enumerate(sources)}
+        d = cross.dst
+        self.by_dst = np.argsort(d, kind="stable")
+        self.dst_sorted = d[self.by_dst]
+
+    @classmethod
+    def open(cls, hosts: Hosts, ds: Dataset, analysis: JobTables) -> Held:
+        src = sources(ds, analysis)
+        inst = whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives)
+        cross = crossings(members(ds, src), inst)
+        return cls(hosts, cross, src, hosts.load(src, cross))
+
+    def rank_of(self, acts: np.ndarray) -> np.ndarray:
+        """The rank of activities in the job's numbering."""
+        return self.part_rank[np.searchsorted(self.base, acts, "right") - 1]
+
+    def _windows(self, pieces: list[Piece]) -> list[tuple[int, int, int]]:
+        """:func:`tracekit.analysis.graph.critical_path._windows` from the pieces' collective segments, in order."""
+        m = self.cross.members
+        start = m.get_column("start").to_numpy()
+        rank = m.get_column("rank").to_numpy()
+        out = []
+        for p in pieces:
+            for d, k in zip(p.dst_member[p.src_member >= 0].tolist(), p.src_member[p.src_member >= 0].tolist(),
+                            strict=True):
+                lo, hi = np.searchsorted(self.dst_sorted, [d, d + 1])
+                into = self.by_dst[lo:hi]
+                hub = self.cross.hub[into]
+                if (hub >= 0).any():
+                    h = int(hub[hub >= 0][0])
+                    mem = self.cross.hub_member[self.cross.hub_ptr[h]:self.cross.hub_ptr[h + 1]]
+                else:
+                    mem = self.cross.src[into]
+                first = int(min(start[mem].min(), start[d]))
+                last = int(start[k])
+                if last > first:
+                    out.append((first, last, int(rank[k])))
+        return out
+
+    def paths(self, iterations: pa.Table, ranks: pa.Table | None, iteration: int | list[int] | None = None
+              ) -> pl.DataFrame:
+        """:func:`tracekit.analysis.graph.critical_path.paths` of the job's graph."""
+        spans = critical_path.iteration_spans(iterations, ranks)
+        if iteration is not None:
+            spans = spans.filter(pl.col("iteration").is_in(iteration if isinstance(iteration, list) else [iteration]))
+        it = spans.get_column("iteration").to_numpy()
+        s0 = spans.get_column("start_ns").to_numpy()
+        s1 = spans.get_column("end_ns").to_numpy()
+        best: dict[int, tuple[int, int, int]] = {}  # iteration index -> (end, position of its rank, activity)
+        for r, (k, end, a) in self.hosts.sinks(it, s0, s1).items():
+            p = self.pos[r]
+            for ki, e, ai in zip(k.tolist(), end.tolist(), a.tolist(), strict=True):
+                if ki not in best or (e, -p, -ai) > (best[ki][0], -best[ki][1], -best[ki][2]):
+                    best[ki] = (e, p, ai)
+        out, its = [], []
+        for i, (it_no, start, stop) in enumerate(zip(it.tolist(), s0.tolist(), s1.tolist(), strict=True)):
+            if i not in best:
+                continue
+            end, p, a = best[i]
+            rank, node, pieces = int(self.part_rank[p]), 2 * a + 1, []
+            while True:
+                piece = self.hosts.walk(rank, node, start)
+                pieces.append((self.base[self.pos[rank]], piece))
+                if piece.hop < 0:
+                    break
+                m = piece.hop
+                rank = int(self.cross.members.get_column("rank")[m])
+                node = 2 * int(self.cross.members.get_column("a")[m])
+            seg = _Segments(*(np.concatenate([getattr(pc, f) for _, pc in pieces]) for f in ("start", "end", "label")),
+                            np.concatenate([b + pc.act for b, pc in pieces]),
+                            np.concatenate([pc.edge for _, pc in pieces]))
+            sink = self.base[p] + a
+            if end < stop:  # the iteration ends after its last activity: idle until then
+                tail = _Segments(np.array([end]), np.array([stop]), np.array([_CODE["idle"]], np.int8),
+                                 np.array([sink]), np.array([_EDGE_CODE["tail"]], np.int8))
+                seg = _Segments(*(np.concatenate([x, y]) for x, y in zip(tail, seg, strict=True)))
+            out.append(label_waiting(seg, self._windows([pc for _, pc in pieces]), self.rank_of))
+            its.append(it_no)
+        if not out:
+            return pl.DataFrame(schema=SEGMENT_SCHEMA)
+        return frame(its, out, self.describe(np.concatenate([p.act for p in out])))
+
+    def describe(self, acts: np.ndarray) -> pl.DataFrame:
+        """``rank, lane, name, event_row`` of activities in the job's numbering, in that order (asked of their
+        hosts, rank by rank)."""
+        rank = self.rank_of(acts)
+        order = np.argsort(rank, kind="stable")
+        parts = []
+        bounds = np.flatnonzero(np.diff(rank[order])) + 1
+        for grp in np.split(order, bounds):
+            if grp.size == 0:
+                continue
+            r = int(rank[grp[0]])
+            parts.append(self.hosts.describe(r, acts[grp] - self.base[self.pos[r]]))
+        rows = pl.concat(parts)
+        return rows[np.argsort(order)]
