@@ -12,9 +12,11 @@ rank in its compact graph, the shape of a real GPU rank (every kernel its launch
 and the analysis on the client: wall, CPU and the peak RSS of the command's process tree
 (``benchmarks/process_tree.py``). Both revisions must print the same answers (``--json`` compared).
 
-Printed per job and per command and revision: wall, CPU and peak; then how the peak grows from the smallest job to
-the largest against how the ranks grow. Targets (issue 36): 128 ranks x 20 MB with <= 1 GB on the
-client; 512 ranks <= 1.2x the client memory of 128.
+Printed per job and per command and revision: wall, CPU and the peak of the command's process tree, of the command's
+own process (the client: its high-water mark) and of its worker processes at once (those that hold the ranks' graphs
+for the critical path, :mod:`tracekit.scale.rank_parts`); then how the peaks grow from the smallest job to the
+largest against how the ranks grow. Targets (issue 36): 128 ranks x 20 MB with <= 1 GB on the client; 512 ranks
+<= 1.2x the client memory of 128.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--compare-rev", metavar="REV", help="also run each command from this git revision")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--commands", default=",".join(COMMANDS), help="which commands to measure")
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -88,7 +91,7 @@ def main() -> None:
         _run([*_tracekit(), "critical-path", str(job), "--dataset", str(ds), "--engine", "local", "--json"], env)
         graphs = sum(1 for _ in (ds / "current").glob("rank=*/graph.act.parquet"))
         print(f"\n{ranks} ranks ({size:.1f} GB of JSON, {graphs} rank graphs)", flush=True)
-        for cmd, extra in COMMANDS.items():
+        for cmd, extra in ((c, COMMANDS[c]) for c in args.commands.split(",")):
             outs = {}
             for name, exe in trees.items():
                 runs = []

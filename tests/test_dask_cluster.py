@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("dask.distributed")
 
+import tracekit
 from benchmarks import jobgen
 from tests.dask_processes import running_cluster
 from tracekit.cli import main
@@ -54,7 +55,30 @@ def test_whatif_critical_path_and_summary_on_a_dask_cluster(cluster: str, job: P
     summaries = ds.summaries  # as the units returned them: where they ran is not written into their parts
     assert len(summaries) == SPEC.ranks and all(s["graph"] for s in summaries)
     assert len({s["pid"] for s in summaries} - {os.getpid()}) == 2  # both workers, not this process
-    path = _json(capsys, ["critical-path", *common, *on])
+    path = _json(capsys, ["critical-path", *common, *on])  # followed through actors holding the ranks' graphs
     assert path["summary"] == _json(capsys, ["critical-path", *common])["summary"]
+    local = _json(capsys, ["critical-path", *common, "--dataset", str(tmp_path / "ds")])  # this process holds them
+    assert path["segments"] == local["segments"] and len(path["segments"]) > 10
     summary = _json(capsys, ["summary", *common, *on])
     assert summary["collectives"] == _json(capsys, ["summary", *common])["collectives"]
+
+
+def test_the_ranks_graphs_stay_on_the_workers(cluster: str, job: Path, tmp_path: Path) -> None:
+    """The critical path rank by rank on the cluster: one actor per worker holds its ranks' graphs; the path followed
+    through them is the one this process finds holding them itself."""
+    from tracekit.scale import graphs
+    from tracekit.scale.engine import DaskEngine
+    from tracekit.scale.rank_parts import DaskHosts, Hosts
+    from tracekit.scale.rank_paths import Held
+
+    with tracekit.load(job, link_bw="10gbit", dataset=tmp_path / "ds", graphs=True) as j:
+        an = j.analysis
+        with DaskEngine(cluster) as eng, DaskHosts(eng.client) as hosts:
+            held = Held.open(hosts, graphs.sources(an.dataset, an), an)
+            got = held.paths(an.iterations, an.ranks)
+            pids = hosts.pids()
+            assert len(set(pids)) == 2 and os.getpid() not in pids
+            assert sorted(hosts.home.values()) == [0, 0, 1, 1]  # the ranks dealt to both
+        with Hosts(0) as here:
+            want = Held.open(here, graphs.sources(an.dataset, an), an).paths(an.iterations, an.ranks)
+        assert got.height > 10 and got.equals(want)

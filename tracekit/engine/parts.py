@@ -106,9 +106,9 @@ class Replay:
         self.arr_time = np.empty((lay.mem_hub.size, self.scenarios), np.int64)
 
     def advance(self, hubs: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Release ``hubs`` (numbers in the whole graph; those this part has no edges from are passed over) at ``times`` (hubs × scenarios) and settle
-        what that allows; returns the members that arrived meanwhile: their hubs (numbers in the whole graph) and
-        times (× scenarios)."""
+        """Release ``hubs`` (numbers in the whole graph; those this part has no edges from are passed over) at
+        ``times`` (hubs × scenarios) and settle what that allows; returns the members that arrived meanwhile: their
+        hubs (numbers in the whole graph) and times (× scenarios)."""
         own = self.part.hubs
         pos = np.minimum(np.searchsorted(own, hubs), max(own.size - 1, 0))
         mine = own[pos] == hubs if own.size else np.zeros(hubs.size, bool)

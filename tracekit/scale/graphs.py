@@ -17,6 +17,7 @@ what the combine step holds is the compact graphs of every rank, never an event.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Callable, Iterator
@@ -34,6 +35,7 @@ from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
 from tracekit.scale.dataset import GRAPHS_MANIFEST
 from tracekit.scale.rank_graph import FILES, GRAPH_BYTES_PER_EVENT, fits, rank_graph, write_rank_graph  # noqa: F401
+from tracekit.scale.rank_parts import Source
 from tracekit.scale.unit import where
 
 if TYPE_CHECKING:
@@ -225,6 +227,16 @@ def combined(ds: Dataset, analysis: JobTables) -> tuple[dag.Graph, pl.DataFrame 
     return graph, lv if isinstance(lv, pl.DataFrame) else None
 
 
+def sources(ds: Dataset, analysis: JobTables) -> list[Source]:
+    """The ranks with a stored graph, in the order the job's graph joins them, with their clock offsets."""
+    have = available(ds)
+    offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
+                                                   analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
+               if r is not None}
+    return [Source(str(ds.root), d, int(r), offsets.get(int(r), 0)) for d, r in ds.parts
+            if r is not None and f"{d}/graph.act.parquet" in have]
+
+
 @dataclass
 class RankGraphs:
     """Where a job analysed rank by rank gets its dependency graph (:attr:`tracekit.analysis.pipeline.Analysis.graph`):
@@ -247,15 +259,18 @@ class RankGraphs:
     def paths(self, analysis: JobTables, iteration: int | list[int] | None = None) -> pl.DataFrame:
         """The critical path of every iteration (or those asked), followed where the ranks' graphs are held
         (:mod:`tracekit.scale.rank_paths`): the same segments as the combined graph's, without combining it."""
-        from tracekit.scale.rank_parts import Hosts, default_jobs
+        from tracekit.scale.engine import DaskEngine
+        from tracekit.scale.rank_parts import default_jobs, hosts_for
         from tracekit.scale.rank_paths import Held
 
         self._ready()
         usable(self.dataset)
         events = sum(self.dataset.rank_event_counts().values())
-        jobs = default_jobs() if events * GRAPH_BYTES_PER_EVENT >= HOSTS_MIN_BYTES else 0
-        with Hosts(jobs) as hosts:
-            held = Held.open(hosts, self.dataset, analysis)
+        engine = self.engine() if self.engine is not None else None
+        jobs = getattr(engine, "jobs", default_jobs()) if events * GRAPH_BYTES_PER_EVENT >= HOSTS_MIN_BYTES else 0
+        with engine if isinstance(engine, DaskEngine) else contextlib.nullcontext(), \
+                hosts_for(engine, jobs) as hosts:
+            held = Held.open(hosts, sources(self.dataset, analysis), analysis)
             out = held.paths(analysis.iterations, analysis.ranks, iteration)
             self.host_memory = hosts.memory()
         return out

@@ -24,7 +24,7 @@ from tracekit.analysis.graph.dag import EDGE_TYPES
 from tracekit.model.diagnostics import TraceError
 
 _COLL = EDGE_TYPES.index("collective")
-_COLL_CODE = critical_path._EDGE_CODE["collective"]
+_COLL_CODE = critical_path.EDGE_CODE["collective"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,10 @@ class Held:
     def describe(self, rank: int, acts: np.ndarray) -> pl.DataFrame:
         """``rank, lane, name, event_row`` of activities of ``rank`` (a critical path's frame)."""
         return self.ranks[rank].graph.act.select("rank", "lane", pl.col("name").cast(pl.String), "event_row")[acts]
+
+    def pid(self) -> int:
+        """The process this host is in."""
+        return os.getpid()
 
     def memory(self) -> int:
         """This host's peak resident memory (bytes)."""
@@ -226,9 +230,54 @@ class Hosts:
     def describe(self, rank: int, acts: np.ndarray) -> pl.DataFrame:
         return self._ask([self.home.get(rank, 0)], "describe", lambda h: (rank, acts))[0]
 
+    def pids(self) -> list[int]:
+        """The process of each host."""
+        return self._ask(range(self.count), "pid", lambda h: ())
+
     def memory(self) -> list[int]:
         """Each worker process's peak resident memory (bytes; empty in this process)."""
         return self._ask(range(self.count), "memory", lambda h: ()) if self.jobs else []
+
+
+class DaskHosts(Hosts):
+    """Ranks' graphs on the workers of a Dask cluster (``client``), one :class:`Held` actor per worker: the graphs stay
+    where they are read (workers must see the dataset at the same path, as for its build)."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(0)
+        self.local = None
+        self.client = client
+        self.actors: list[Any] = []
+        self.futures: list[Any] = []
+
+    def __enter__(self) -> DaskHosts:
+        workers = sorted(self.client.scheduler_info().get("workers", {}))
+        if not workers:
+            raise TraceError(None, "the Dask cluster has no workers to hold the ranks' graphs")
+        self.futures = [self.client.submit(Held, workers=[w], allow_other_workers=False, actor=True, pure=False)
+                        for w in workers]
+        self.actors = [f.result() for f in self.futures]
+        self.jobs = len(self.actors)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in self.futures:
+            f.release()
+        self.actors, self.futures = [], []
+
+    def _ask(self, hosts: Iterable[int], name: str, args: Callable[[int], tuple]) -> list[Any]:
+        pending = [getattr(self.actors[h], name)(*args(h)) for h in hosts]
+        try:
+            return [p.result() for p in pending]
+        except (OSError, TimeoutError) as exc:
+            raise TraceError(None, f"a Dask worker holding ranks' graphs was lost ({exc})") from None
+
+
+def hosts_for(engine: Any, jobs: int) -> Hosts:
+    """Where the ranks' graphs go: the Dask cluster of a :class:`tracekit.scale.engine.DaskEngine` (entered), else
+    ``jobs`` local worker processes (0: this process)."""
+    client = getattr(engine, "client", None)
+    return DaskHosts(client) if client is not None else Hosts(jobs)
 
 
 def default_jobs() -> int:

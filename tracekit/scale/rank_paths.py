@@ -7,7 +7,8 @@ collectives (:class:`tracekit.analysis.graph.crossings.Crossings`) and the path 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import polars as pl
@@ -15,21 +16,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit.analysis.graph import critical_path, whatif
-from tracekit.analysis.graph.critical_path import SEGMENT_SCHEMA, _CODE, _EDGE_CODE, _Segments, frame, label_waiting
+from tracekit.analysis.graph.critical_path import SEGMENT_SCHEMA, Segments, frame, label_waiting, with_tail
 from tracekit.analysis.graph.crossings import Crossings, crossings
 from tracekit.scale.rank_parts import Hosts, Piece, Source
 
-if TYPE_CHECKING:
-    from tracekit.scale.dataset import Dataset
-    from tracekit.scale.graphs import JobTables
+
+class JobTables(Protocol):
+    """What the ranks' graphs are put together with: the job's analysis (named, not imported)."""
+
+    ranks: pa.Table
+    members: pa.Table
+    instances: pa.Table
+    collectives: pa.Table
+    iterations: pa.Table
 
 
-def members(ds: Dataset, sources: list[Source]) -> pl.DataFrame:
+def members(sources: list[Source]) -> pl.DataFrame:
     """Every rank's communication activities with a collective id, in the job graph's order (rank after rank as
     ``sources`` lists them): ``rank, a, collective_id, start, end`` (job clock), read a few columns at a time."""
     rows = []
     for s in sources:
-        t = pl.from_arrow(pq.read_table(str(ds.root / s.part / "graph.act.parquet"),
+        t = pl.from_arrow(pq.read_table(str(Path(s.root) / s.part / "graph.act.parquet"),
                                         columns=["kind", "collective_id", "t_start", "t_end"]))
         assert isinstance(t, pl.DataFrame)
         t = t.with_row_index("a").filter((pl.col("kind") == "comm") & pl.col("collective_id").is_not_null())
@@ -37,18 +44,6 @@ def members(ds: Dataset, sources: list[Source]) -> pl.DataFrame:
                              (pl.col("t_start") + s.offset).alias("start"), (pl.col("t_end") + s.offset).alias("end")))
     return pl.concat(rows) if rows else pl.DataFrame(schema={"rank": pl.Int32, "a": pl.Int64, "collective_id": pl.Int64,
                                                              "start": pl.Int64, "end": pl.Int64})
-
-
-def sources(ds: Dataset, analysis: JobTables) -> list[Source]:
-    """The ranks with a stored graph, in the order the job's graph joins them, with their clock offsets."""
-    from tracekit.scale.graphs import available
-
-    have = available(ds)
-    offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
-                                                   analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
-               if r is not None}
-    return [Source(str(ds.root), d, int(r), offsets.get(int(r), 0)) for d, r in ds.parts
-            if r is not None and f"{d}/graph.act.parquet" in have]
 
 
 class Held:
@@ -65,10 +60,10 @@ class Held:
         self.dst_sorted = d[self.by_dst]
 
     @classmethod
-    def open(cls, hosts: Hosts, ds: Dataset, analysis: JobTables) -> Held:
-        src = sources(ds, analysis)
+    def open(cls, hosts: Hosts, src: list[Source], analysis: JobTables) -> Held:
+        """Load the ranks' stored graphs ``src`` (:func:`tracekit.scale.graphs.sources`) onto ``hosts``."""
         inst = whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives)
-        cross = crossings(members(ds, src), inst)
+        cross = crossings(members(src), inst)
         return cls(hosts, cross, src, hosts.load(src, cross))
 
     def rank_of(self, acts: np.ndarray) -> np.ndarray:
@@ -127,14 +122,10 @@ class Held:
                 m = piece.hop
                 rank = int(self.cross.members.get_column("rank")[m])
                 node = 2 * int(self.cross.members.get_column("a")[m])
-            seg = _Segments(*(np.concatenate([getattr(pc, f) for _, pc in pieces]) for f in ("start", "end", "label")),
-                            np.concatenate([b + pc.act for b, pc in pieces]),
-                            np.concatenate([pc.edge for _, pc in pieces]))
-            sink = self.base[p] + a
-            if end < stop:  # the iteration ends after its last activity: idle until then
-                tail = _Segments(np.array([end]), np.array([stop]), np.array([_CODE["idle"]], np.int8),
-                                 np.array([sink]), np.array([_EDGE_CODE["tail"]], np.int8))
-                seg = _Segments(*(np.concatenate([x, y]) for x, y in zip(tail, seg, strict=True)))
+            seg = Segments(*(np.concatenate([getattr(pc, f) for _, pc in pieces]) for f in ("start", "end", "label")),
+                           np.concatenate([b + pc.act for b, pc in pieces]),
+                           np.concatenate([pc.edge for _, pc in pieces]))
+            seg = with_tail(seg, end, stop, int(self.base[p] + a))
             out.append(label_waiting(seg, self._windows([pc for _, pc in pieces]), self.rank_of))
             its.append(it_no)
         if not out:

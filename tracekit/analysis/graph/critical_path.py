@@ -82,12 +82,12 @@ UNEXPLAINED_EDGES = ("program", "source")
 #: a path's labels and edge names as codes while it is followed (strings only in its frame): :data:`LABELS`, and the
 #: edge types with "source" (the chain's first node, bound by nothing) and "tail" (after the iteration's last end)
 _CODE = {label: i for i, label in enumerate(LABELS)}
-_EDGE_CODE = {name: i for i, name in enumerate((*EDGE_TYPES, "source", "tail"))}
+EDGE_CODE = {name: i for i, name in enumerate((*EDGE_TYPES, "source", "tail"))}
 _LABEL_SERIES = pl.Series(LABELS, dtype=pl.String)
 #: an activity's label by its kind (then a CPU-only rank's operators are compute, a launch call is a launch)
 _KINDS = ("compute", "memory", "comm", "cpu_op", "runtime")
 _KIND_LABEL = np.asarray([_CODE[x] for x in ("compute", "memory", "transfer", "CPU", "CPU", "CPU")], dtype=np.int8)
-_EDGE_SERIES = pl.Series(list(_EDGE_CODE), dtype=pl.String)
+_EDGE_SERIES = pl.Series(list(EDGE_CODE), dtype=pl.String)
 _LAG_CODE = np.asarray([_CODE[_lag_label(i)] for i in range(len(EDGE_TYPES))], dtype=np.int8)
 _SLACK_CODE = np.asarray([_CODE[_slack_label(i)] for i in range(len(EDGE_TYPES))], dtype=np.int8)
 
@@ -144,7 +144,7 @@ def paths(graph: Graph, iterations: pa.Table, ranks: pa.Table | None = None,
         spans = spans.filter(pl.col("iteration").is_in(iteration if isinstance(iteration, list) else [iteration]))
     # the graph's times: a gloo work recorded as ending after its consumer woke up ends earlier there
     a_end = graph.node_time[1::2]
-    out: list[_Segments] = []
+    out: list[Segments] = []
     its: list[int] = []
     # each iteration's activities, found by binary search in one stable sort (not a mask over all per iteration)
     by_iter, sorted_iter = _by_iteration(graph)
@@ -154,11 +154,7 @@ def paths(graph: Graph, iterations: pa.Table, ranks: pa.Table | None = None,
         if mask.size == 0:
             continue
         sink_act = int(mask[np.argmax(a_end[mask])])
-        seg = _walk(graph, 2 * sink_act + 1, s0)
-        if a_end[sink_act] < s1:  # the iteration ends after its last activity: idle until then
-            tail = _Segments(np.array([a_end[sink_act]]), np.array([s1]), np.array([_CODE["idle"]], np.int8),
-                             np.array([sink_act]), np.array([_EDGE_CODE["tail"]], np.int8))
-            seg = _Segments(*(np.concatenate([x, y]) for x, y in zip(tail, seg, strict=True)))
+        seg = with_tail(_walk(graph, 2 * sink_act + 1, s0), int(a_end[sink_act]), s1, sink_act)
         out.append(_waiting_labels(graph, seg))
         its.append(it_no)
     if not out:
@@ -181,9 +177,9 @@ def _by_iteration(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return cache["_by_iter"]
 
 
-class _Segments(NamedTuple):
+class Segments(NamedTuple):
     """Segments of one path, as arrays: start, end, label (its index in :data:`LABELS`), activity, edge (its code in
-    ``_EDGE_CODE``)."""
+    ``EDGE_CODE``)."""
 
     start: np.ndarray
     end: np.ndarray
@@ -192,7 +188,17 @@ class _Segments(NamedTuple):
     edge: np.ndarray
 
 
-def _in_time_order(seg: _Segments) -> np.ndarray:
+def with_tail(seg: Segments, last_end: int, s1: int, sink: int) -> Segments:
+    """A path's segments (latest first) with idle from its last activity's end to the iteration's end ``s1`` before
+    them, where the iteration ends later (the ``tail``, owned by that activity ``sink``)."""
+    if last_end >= s1:
+        return seg
+    tail = Segments(np.array([last_end]), np.array([s1]), np.array([_CODE["idle"]], np.int8), np.array([sink]),
+                    np.array([EDGE_CODE["tail"]], np.int8))
+    return Segments(*(np.concatenate([x, y]) for x, y in zip(tail, seg, strict=True)))
+
+
+def _in_time_order(seg: Segments) -> np.ndarray:
     """The order that puts a walk's segments (latest first) in time order: reversed, or a stable sort by start where
     reversing does not."""
     order = np.arange(seg.start.size)[::-1]
@@ -222,7 +228,7 @@ def frame(its: list[int], paths: list[_Labelled], of: pl.DataFrame) -> pl.DataFr
         "label": _LABEL_SERIES.gather(seg.label),
         "waiting_on": waiting.set(pl.Series(seg.waiting_on < 0), None),
         "name": of.get_column("name").cast(pl.String).set(pl.Series(seg.unnamed), None),
-        "event_row": of.get_column("event_row").set(pl.Series(seg.edge == _EDGE_CODE["tail"]), None),
+        "event_row": of.get_column("event_row").set(pl.Series(seg.edge == EDGE_CODE["tail"]), None),
         "edge": _EDGE_SERIES.gather(seg.edge),
     }, schema=SEGMENT_SCHEMA)
 
@@ -271,15 +277,15 @@ def _chase(graph: Graph, sink: int, s0: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(nodes, dtype=np.int64), np.asarray(edges, dtype=np.int64)
 
 
-_WALK_CODES = (_ET["own"], _ET["launch"], _ET["enqueue"], _CODE["idle"], _EDGE_CODE["program"], _EDGE_CODE["source"])
+_WALK_CODES = (_ET["own"], _ET["launch"], _ET["enqueue"], _CODE["idle"], EDGE_CODE["program"], EDGE_CODE["source"])
 
 
-def _walk(graph: Graph, sink: int, s0: int) -> _Segments:
+def _walk(graph: Graph, sink: int, s0: int) -> Segments:
     """Follow binding edges back from ``sink`` to time ``s0``: the segments of the path (latest first)."""
     return _walk_chain(graph, *_chase(graph, sink, s0), s0)
 
 
-def walk_part(graph: Graph, sink: int, s0: int, ghosts: int) -> tuple[_Segments, np.ndarray, int]:
+def walk_part(graph: Graph, sink: int, s0: int, ghosts: int) -> tuple[Segments, np.ndarray, int]:
     """:func:`_walk` on one rank's graph whose nodes from ``ghosts`` on stand for other ranks' members
     (:func:`tracekit.analysis.graph.crossings.rank_graph`): the segments up to the first ghost the chain reaches, the
     chain's nodes (those segments' steps) and that ghost (-1 where the chain ends on the rank)."""
@@ -290,13 +296,13 @@ def walk_part(graph: Graph, sink: int, s0: int, ghosts: int) -> tuple[_Segments,
     return _walk_chain(graph, nd, ed, s0), nd, hop
 
 
-def _walk_chain(graph: Graph, nd: np.ndarray, ed: np.ndarray, s0: int) -> _Segments:
+def _walk_chain(graph: Graph, nd: np.ndarray, ed: np.ndarray, s0: int) -> Segments:
     """The segments of the chain ``nd`` (nodes back along their binding edges ``ed``) after ``s0``: by the engine
     (:func:`tracekit.engine.walk`), else by numpy as below."""
     times = graph.node_time
     compiled = dag.engine(graph.n_nodes)
     if compiled is not None:
-        return _Segments(*compiled.walk(nd, ed, graph.src, graph.etype, graph.lag, graph.gap, times,
+        return Segments(*compiled.walk(nd, ed, graph.src, graph.etype, graph.lag, graph.gap, times,
                                         _activity_labels(graph), _LAG_CODE, _SLACK_CODE, s0, _WALK_CODES))
     source = ed < 0
     ok = ~source
@@ -332,7 +338,7 @@ def _walk_chain(graph: Graph, nd: np.ndarray, ed: np.ndarray, s0: int) -> _Segme
     owner[0::3], owner[1::3], owner[2::3] = a_dst, a_dst, lag_owner
     edge = np.empty(3 * k, dtype=np.int8)
     edge[0::3] = edge[2::3] = et
-    edge[1::3] = _EDGE_CODE["program"]
+    edge[1::3] = EDGE_CODE["program"]
     keep = np.empty(3 * k, dtype=bool)
     keep[0::3], keep[1::3], keep[2::3] = t_node > t_struct, (gap > 0) & (t_struct > s0), has_lag
     if source.any():  # the chain ends at a node nothing binds: idle from the iteration's start
@@ -341,15 +347,15 @@ def _walk_chain(graph: Graph, nd: np.ndarray, ed: np.ndarray, s0: int) -> _Segme
         end = np.append(end[keep], times[last])
         label = np.append(label[keep], np.int8(_CODE["idle"]))
         owner = np.append(owner[keep], last // 2)
-        edge = np.append(edge[keep], np.int8(_EDGE_CODE["source"]))
+        edge = np.append(edge[keep], np.int8(EDGE_CODE["source"]))
     else:
         start, end, label, owner, edge = start[keep], end[keep], label[keep], owner[keep], edge[keep]
     pos = end > start
-    return _Segments(start[pos], end[pos], label[pos], owner[pos], edge[pos])
+    return Segments(start[pos], end[pos], label[pos], owner[pos], edge[pos])
 
 
 class _Labelled(NamedTuple):
-    """A path's segments in time order, labelled: :class:`_Segments` with the rank each waited on (-1: none) and
+    """A path's segments in time order, labelled: :class:`Segments` with the rank each waited on (-1: none) and
     whether it names no activity (idle)."""
 
     start: np.ndarray
@@ -361,7 +367,7 @@ class _Labelled(NamedTuple):
     unnamed: np.ndarray
 
 
-def _waiting_labels(graph: Graph, seg: _Segments) -> _Labelled:
+def _waiting_labels(graph: Graph, seg: Segments) -> _Labelled:
     """The path's segments in time order, where it crosses ranks at a collective the time the other members had
     already arrived and waited (first arrival → the straggler's arrival) labelled "waiting on rank <straggler>"."""
     if graph.etype.size == 0 or seg.start.size == 0:
@@ -370,11 +376,11 @@ def _waiting_labels(graph: Graph, seg: _Segments) -> _Labelled:
     return label_waiting(seg, _windows(graph, seg), lambda a: a_rank[a])
 
 
-def _windows(graph: Graph, seg: _Segments) -> list[tuple[int, int, int]]:
+def _windows(graph: Graph, seg: Segments) -> list[tuple[int, int, int]]:
     """Per collective edge on the path (in the walk's order, latest first) where a member waited: ``(first arrival,
     the straggler's arrival, the straggler's rank)``."""
     coll = _ET["collective"]
-    dst_act = seg.act[seg.edge == _EDGE_CODE["collective"]]
+    dst_act = seg.act[seg.edge == EDGE_CODE["collective"]]
     if dst_act.size == 0:
         return []
     a_start = graph.node_time[0::2]
@@ -406,7 +412,7 @@ def _windows(graph: Graph, seg: _Segments) -> list[tuple[int, int, int]]:
     return windows
 
 
-def label_waiting(seg: _Segments, windows: list[tuple[int, int, int]], rank_of: Callable[[np.ndarray], np.ndarray]
+def label_waiting(seg: Segments, windows: list[tuple[int, int, int]], rank_of: Callable[[np.ndarray], np.ndarray]
                   ) -> _Labelled:
     """The path's segments in time order, each of ``windows`` (:func:`_windows`) labelling the straggler's segments
     inside it "waiting on rank <straggler>" (``rank_of``: the rank of activities)."""
