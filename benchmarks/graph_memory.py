@@ -3,7 +3,8 @@
 sizes, against another revision of this repository on the same datasets in the same run.
 
     python benchmarks/graph_memory.py --workdir DIR [--ranks 32,128] [--layers 200] [--steps 20]
-                                      [--compare-rev REV] [--repeat 1]
+                                      [--compare-rev REV] [--repeat 1] [--commands whatif,critical-path]
+                                      [--engine local|dask]
 
 Each job is ``benchmarks/jobgen.py``'s DDP job (8 GPUs per host, every gradient all-reduce over all ranks, rank 5
 30 % slower) with ``--layers`` layers and ``--steps`` steps: 200 x 20 gives ~17 500 activities and ~45 000 edges per
@@ -71,6 +72,9 @@ def main() -> None:
     ap.add_argument("--compare-rev", metavar="REV", help="also run each command from this git revision")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--commands", default=",".join(COMMANDS), help="which commands to measure")
+    ap.add_argument("--engine", default="local", choices=["local", "dask"],
+                    help="where the ranks' graphs are held: local worker processes, or a Dask LocalCluster the "
+                         "command starts (its workers are the command's child processes, measured as workers)")
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -96,7 +100,7 @@ def main() -> None:
             for name, exe in trees.items():
                 runs = []
                 for _ in range(args.repeat):
-                    m, out = _run([*exe, cmd, str(job), "--dataset", str(ds), "--engine", "local", "--json",
+                    m, out = _run([*exe, cmd, str(job), "--dataset", str(ds), "--engine", args.engine, "--json",
                                    "--no-cache", *extra], env)
                     runs.append(m)
                     outs[name] = out

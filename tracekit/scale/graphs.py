@@ -55,9 +55,11 @@ class JobTables(Protocol):
 
 #: threads reading the ranks' graph files
 READ_THREADS = 8
-#: ranks' graphs taking less than this (:data:`GRAPH_BYTES_PER_EVENT` per event) are held in the client's process for
-#: the critical path; more, in worker processes (one per core), so that the client's memory does not grow with them
-HOSTS_MIN_BYTES = 256 << 20
+#: a job whose ranks' graphs took less than this to build (:data:`GRAPH_BYTES_PER_EVENT` per event: ~3 M events) has
+#: its critical path followed in the client's process (starting worker processes would cost more than they save:
+#: 32 generated GPU ranks of 45 000 events, 2.9 s and 664 MB in one process, 5.3 s in three); more, in worker
+#: processes (one per core), so that the client's memory does not grow with the job
+HOSTS_MIN_BYTES = 2 << 30
 
 
 @dataclass(frozen=True)
