@@ -16,6 +16,10 @@ from tracekit.model.units import memory_budget
 from tracekit.scale.dataset import Dataset
 from tracekit.scale.graphs import RankGraphs
 
+#: the most the ranks split together may take (their attribution intervals, :data:`pipeline.SPLIT_BYTES_PER_EVENT` per
+#: row): the client's memory then stays the same however many ranks there are (a batch of the whole budget, 1 GiB by
+#: default, held +785 MB at 512 generated GPU ranks), at the cost of more, smaller sweeps
+SPLIT_BATCH_BYTES = 256 << 20
 #: how a job analysed rank by rank (--engine/--dataset, or too big for memory) was read
 DATASET_NOTE = ("analysed rank by rank from a per-rank dataset (the critical path and what-if on the ranks' compact "
                 "dependency graphs)")
@@ -73,7 +77,8 @@ def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matc
     the ranks left unsplit because what the split holds of them exceeds ``budget``.
 
     Where a rank's unit kept its attribution intervals (``activity``), ranks are split together, as many at once as
-    the budget holds (one sweep; no event read again); the others are split one at a time from their events."""
+    :data:`SPLIT_BATCH_BYTES` (at most the budget) holds (one sweep each; no event read again); the others are split
+    one at a time from their events."""
     budget = memory_budget(budget)
     written = ds.table("breakdown")
     iters = pl.from_arrow(ds.table("iterations"))
@@ -108,7 +113,7 @@ def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matc
             if need > budget:
                 too_big.append(rank)
                 continue
-            if batch and held + need > budget:
+            if batch and held + need > min(budget, SPLIT_BATCH_BYTES):
                 split(batch)
                 batch, held = [], 0
             batch.append(rank)

@@ -159,27 +159,30 @@ def ensure(ds: Dataset, engine: Any = None, budget: int | None = None, parts: li
     os.replace(tmp, target)
 
 
-def usable(ds: Dataset) -> None:
-    """Raise a one-line TraceError where a rank's graph was not built (over the memory budget) or does not verify."""
+def usable(ds: Dataset, verify: bool = True) -> None:
+    """Raise a one-line TraceError where a rank's graph was not built (over the memory budget) or (``verify``: its
+    files read again) does not verify."""
     skipped = _skipped(ds)
     if skipped:
         ranks = ", ".join(s.split("=", 1)[-1] for s in skipped[:8])
         raise TraceError(None, f"the dependency graph of rank{'s' if len(skipped) > 1 else ''} {ranks} was not built: "
                          "its events exceed the memory budget (raise --memory-budget for the critical path and "
                          "what-if)")
-    if damaged(ds):
+    bad = damaged(ds) if verify else []
+    if bad:
         raise TraceError(None, f"{ds.name}: the dependency graphs of "
-                         f"{', '.join(damaged(ds)[:4])} do not verify, even built again from the rank's events "
+                         f"{', '.join(bad[:4])} do not verify, even built again from the rank's events "
                          "(is the disk failing? " + ("--rebuild builds the dataset anew)" if not ds.temporary else
                                                      "run the command again)"))
 
 
-def combined(ds: Dataset, analysis: JobTables) -> tuple[dag.Graph, pl.DataFrame | None]:
+def combined(ds: Dataset, analysis: JobTables, verify: bool = True) -> tuple[dag.Graph, pl.DataFrame | None]:
     """The job's graph (:func:`tracekit.analysis.graph.compact.combine`) and its compute leaves (job clock) from every
-    rank's stored compact graph; raises a one-line TraceError when a rank has none."""
+    rank's stored compact graph; raises a one-line TraceError when a rank has none (``verify``: or where a file does
+    not verify, read again for it)."""
     import pyarrow.parquet as pq
 
-    usable(ds)
+    usable(ds, verify)
     have = available(ds)
     offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
                                                    analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
@@ -255,7 +258,7 @@ class RankGraphs:
 
     def graph(self, analysis: JobTables) -> dag.Graph:
         self._ready()
-        graph, self.leaves = combined(self.dataset, analysis)
+        graph, self.leaves = combined(self.dataset, analysis, verify=False)
         return graph
 
     def paths(self, analysis: JobTables, iteration: int | list[int] | None = None) -> pl.DataFrame:
@@ -266,7 +269,7 @@ class RankGraphs:
         from tracekit.scale.rank_paths import Held
 
         self._ready()
-        usable(self.dataset)
+        usable(self.dataset, verify=False)
         events = sum(self.dataset.rank_event_counts().values())
         engine = self.engine() if self.engine is not None else None
         jobs = getattr(engine, "jobs", default_jobs()) if events * GRAPH_BYTES_PER_EVENT >= HOSTS_MIN_BYTES else 0
@@ -278,7 +281,8 @@ class RankGraphs:
         return out
 
     def _ready(self) -> None:
-        """Every rank's graph built (from its events where the dataset was made without it) and verified."""
+        """Every rank's graph built (from its events where the dataset was made without it) and verified (those that
+        did not, built again and verified once more: a one-line TraceError where they still do not)."""
         from tracekit.model.units import memory_budget
 
         todo = missing(self.dataset)
@@ -291,3 +295,4 @@ class RankGraphs:
             self.dataset.extra_diagnostics.append(Diagnostic(
                 self.dataset.name, f"the dependency graph{'s' if len(bad) > 1 else ''} of {', '.join(bad[:4])}"
                 f"{', …' if len(bad) > 4 else ''} did not verify: built again from the rank's events"))
+            usable(self.dataset)

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.analysis.graph import critical_path
-from tracekit.analysis.graph.crossings import Crossings, RankGraph, rank_graph
+from tracekit.analysis.graph.crossings import Crossings, RankGraph, member_rows, rank_graph
 from tracekit.analysis.graph.dag import EDGE_TYPES
 from tracekit.model.diagnostics import TraceError
 
@@ -58,17 +58,29 @@ class Held:
 
     def __init__(self) -> None:
         self.ranks: dict[int, RankGraph] = {}
+        self.stored: dict[int, tuple[Source, Any, Any]] = {}  # read, not bound yet: (source, activities, edges)
 
-    def load(self, sources: list[Source], cross: Crossings) -> dict[int, int]:
-        """Read and bind the ranks' graphs; returns each one's activity count."""
+    def read(self, sources: list[Source]) -> dict[int, pl.DataFrame]:
+        """Read the ranks' stored graphs; returns each one's members of collectives
+        (:func:`tracekit.analysis.graph.crossings.member_rows`), what the client finds the collective edges from."""
         import pyarrow.parquet as pq
 
         out = {}
         for s in sources:
             d = Path(s.root) / s.part
-            self.ranks[s.rank] = rank_graph(pq.read_table(str(d / "graph.act.parquet")),
-                                            pq.read_table(str(d / "graph.edges.parquet")), s.rank, s.offset, cross)
-            out[s.rank] = self.ranks[s.rank].activities
+            act = pq.read_table(str(d / "graph.act.parquet"))
+            self.stored[s.rank] = (s, act, pq.read_table(str(d / "graph.edges.parquet")))
+            out[s.rank] = member_rows(act, s.rank, s.offset)
+        return out
+
+    def bind(self, cross: Crossings) -> dict[int, int]:
+        """Put every rank read on the job clock with the collective edges into it (:func:`rank_graph`), each stored
+        table let go once used; returns each rank's activity count."""
+        out = {}
+        for r in list(self.stored):
+            s, act, edges = self.stored.pop(r)
+            self.ranks[r] = rank_graph(act, edges, s.rank, s.offset, cross)
+            out[r] = self.ranks[r].activities
         return out
 
     def sinks(self, iteration: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> dict[int, tuple[np.ndarray, ...]]:
@@ -207,14 +219,25 @@ class Hosts:
     def count(self) -> int:
         return max(self.jobs, 1)
 
-    def load(self, sources: list[Source], cross: Crossings) -> dict[int, int]:
-        """Spread the ranks over the hosts (in turn) and load them; each rank's activity count."""
+    def read(self, sources: list[Source]) -> pl.DataFrame:
+        """Spread the ranks over the hosts (in turn) and read them there; every rank's members of collectives, in the
+        order of ``sources`` (the job graph's)."""
         mine: dict[int, list[Source]] = {h: [] for h in range(self.count)}
         for i, s in enumerate(sources):
             mine[i % self.count].append(s)
             self.home[s.rank] = i % self.count
+        got: dict[int, pl.DataFrame] = {}
+        for part in self._ask(range(self.count), "read", lambda h: (mine[h],)):
+            got.update(part)
+        rows = [got[s.rank] for s in sources]
+        return pl.concat(rows) if rows else pl.DataFrame(schema={"rank": pl.Int32, "a": pl.Int64,
+                                                                 "collective_id": pl.Int64, "start": pl.Int64,
+                                                                 "end": pl.Int64})
+
+    def bind(self, cross: Crossings) -> dict[int, int]:
+        """Bind every rank read (:meth:`Held.bind`); each rank's activity count."""
         out: dict[int, int] = {}
-        for got in self._ask(range(self.count), "load", lambda h: (mine[h], cross)):
+        for got in self._ask(range(self.count), "bind", lambda h: (cross,)):
             out.update(got)
         return out
 

@@ -7,13 +7,11 @@ collectives (:class:`tracekit.analysis.graph.crossings.Crossings`) and the path 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tracekit.analysis.graph import critical_path, whatif
 from tracekit.analysis.graph.critical_path import SEGMENT_SCHEMA, Segments, frame, label_waiting, with_tail
@@ -29,21 +27,6 @@ class JobTables(Protocol):
     instances: pa.Table
     collectives: pa.Table
     iterations: pa.Table
-
-
-def members(sources: list[Source]) -> pl.DataFrame:
-    """Every rank's communication activities with a collective id, in the job graph's order (rank after rank as
-    ``sources`` lists them): ``rank, a, collective_id, start, end`` (job clock), read a few columns at a time."""
-    rows = []
-    for s in sources:
-        t = pl.from_arrow(pq.read_table(str(Path(s.root) / s.part / "graph.act.parquet"),
-                                        columns=["kind", "collective_id", "t_start", "t_end"]))
-        assert isinstance(t, pl.DataFrame)
-        t = t.with_row_index("a").filter((pl.col("kind") == "comm") & pl.col("collective_id").is_not_null())
-        rows.append(t.select(pl.lit(s.rank, pl.Int32).alias("rank"), pl.col("a").cast(pl.Int64), "collective_id",
-                             (pl.col("t_start") + s.offset).alias("start"), (pl.col("t_end") + s.offset).alias("end")))
-    return pl.concat(rows) if rows else pl.DataFrame(schema={"rank": pl.Int32, "a": pl.Int64, "collective_id": pl.Int64,
-                                                             "start": pl.Int64, "end": pl.Int64})
 
 
 class Held:
@@ -62,9 +45,9 @@ class Held:
     @classmethod
     def open(cls, hosts: Hosts, src: list[Source], analysis: JobTables) -> Held:
         """Load the ranks' stored graphs ``src`` (:func:`tracekit.scale.graphs.sources`) onto ``hosts``."""
-        inst = whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives)
-        cross = crossings(members(src), inst)
-        return cls(hosts, cross, src, hosts.load(src, cross))
+        rows = hosts.read(src)  # read where they will be held; only the members' rows come back
+        cross = crossings(rows, whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives))
+        return cls(hosts, cross, src, hosts.bind(cross))
 
     def rank_of(self, acts: np.ndarray) -> np.ndarray:
         """The rank of activities in the job's numbering."""

@@ -42,6 +42,17 @@ class Crossings:
     violated: int
 
 
+def member_rows(act_t: pa.Table, rank: int, offset: int) -> pl.DataFrame:
+    """The members of collectives among one rank's stored graph activities (``act_t``): ``rank, a, collective_id,
+    start, end`` (job clock: ``offset`` ns added), what :func:`crossings` reads of each rank."""
+    t = pl.from_arrow(act_t.select(["kind", "collective_id", "t_start", "t_end"]))
+    assert isinstance(t, pl.DataFrame)
+    t = t.with_row_index("a").filter((pl.col("kind") == "comm") & pl.col("collective_id").is_not_null())
+    return t.select(pl.lit(rank, pl.Int32).alias("rank"), pl.col("a").cast(pl.Int64),
+                    pl.col("collective_id").cast(pl.Int64), (pl.col("t_start") + offset).cast(pl.Int64).alias("start"),
+                    (pl.col("t_end") + offset).cast(pl.Int64).alias("end"))
+
+
 def crossings(members: pl.DataFrame, instances: pl.DataFrame | None) -> Crossings:
     """The collective edges among ``members`` (``rank, a, collective_id, start, end``, in the job graph's activity
     order) of ``instances`` (``rank, collective_id, instance, send``:
