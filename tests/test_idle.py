@@ -173,3 +173,38 @@ def test_earliest_launch_per_start_is_the_same_on_the_packed_key_and_on_the_pair
                           "launch_ns": launch}, schema={"rank": pl.Int32, "start_ns": pl.Int64, "launch_ns": pl.Int64})
         got = _earliest_per_start(a)
         assert got.equals(by_pair(a)) and got.schema == by_pair(a).schema
+
+
+def test_host_bound_gaps_are_the_same_in_numpy_and_in_polars() -> None:
+    """The packed numpy path (:func:`idle._host_bound`) finds the gaps the polars join finds, with ties of starts and
+    gap ends, activities without a launch in the trace, calls of another rank, and gaps after the last activity."""
+    import numpy as np
+
+    from tracekit.analysis import attribution
+
+    rng = np.random.default_rng(7)
+    for trial in range(6):
+        n = 400
+        kind = rng.choice(["runtime", "compute", "memory", "cpu_op"], n)
+        dev = np.where(np.isin(kind, ["compute", "memory"]), 0, -1)
+        corr = rng.integers(0, 40, n)
+        corr_null = rng.random(n) < 0.15
+        events = pa.table({
+            "rank": pa.array(rng.integers(0, 3, n), pa.int32()),
+            "lane": pa.array(rng.choice(["s7", "s8", "t1"], n)).dictionary_encode(),
+            "kind": pa.array(kind).dictionary_encode(),
+            "start_ns": pa.array(rng.integers(0, 60, n) * (1 + trial * 1000), pa.int64()),
+            "dur_ns": pa.array(rng.integers(0, 5, n), pa.int64()),
+            "device": pa.array(dev, pa.int32(), mask=dev < 0),
+            "correlation": pa.array(corr, pa.int64(), mask=corr_null),
+        })
+        act = attribution.activity(events)
+        g = 300
+        g_rank = rng.integers(0, 4, g).astype(np.int64)  # rank 3 has no activity
+        g_end = rng.integers(-5, 70, g) * (1 + trial * 1000)
+        g_start = g_end - rng.integers(0, 30, g) * (1 + trial * 1000)
+        got = idle._host_bound(events, act, g_rank, g_start, g_end)
+        assert got is not None
+        want = idle._host_bound_joined(events, act, g_rank, g_start, g_end)
+        assert got.tolist() == want.tolist()
+        assert 0 < got.sum() < g

@@ -107,7 +107,6 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
     from tracekit.analysis.pipeline import analyse
     from tracekit.loading import traceset
     from tracekit.scale import dataset as dataset_mod
-    from tracekit.scale.analyse import analyse_dataset
 
     names = _paths(paths)
     if rank_regex is not None:
@@ -136,6 +135,7 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
                                "and memory_budget=")
     if rank_by_rank:
         from tracekit.scale import engine as engine_mod
+        from tracekit.scale.analyse import analyse_dataset
         from tracekit.scale.graphs import RankGraphs
 
         def make_engine() -> engine_mod.Engine:

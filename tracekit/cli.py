@@ -290,13 +290,13 @@ examples:
 
 
 def _sorts() -> list[str]:
-    from tracekit.views.report import SORTS
+    from tracekit.views.sorts import SORTS
 
     return list(SORTS)
 
 
 def _tensor_sorts() -> list[str]:
-    from tracekit.views.report import TENSOR_SORTS
+    from tracekit.views.sorts import TENSOR_SORTS
 
     return list(TENSOR_SORTS)
 

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from tracekit.analysis import attribution
 from tracekit.analysis.graph.dag import SYNC_CALL, correlation_key
-from tracekit.analysis.intervals import distinct, sweep
+from tracekit.analysis.intervals import PACK_SHIFT, distinct, packs, sweep
 from tracekit.model import schema
 from tracekit.model.schema import dict_in, dict_match
 
@@ -104,6 +104,72 @@ def _earliest_per_start(a: pl.DataFrame) -> pl.DataFrame:
             .with_columns(pl.col("rank").cast(pl.Int64)).sort(["rank", "start_ns"]))
 
 
+def _host_bound_joined(events: pa.Table, act: pl.DataFrame, g_rank: np.ndarray, g_start: np.ndarray,
+                       g_end: np.ndarray) -> np.ndarray:
+    """Per gap (``rank``, ``[start, end)``), whether it is host-bound: the earliest launch of the activities that
+    start first at or after its end (:func:`launch_of_next`, a forward as-of join) began after the gap did."""
+    nxt = launch_of_next(events, act)
+    gaps = pl.DataFrame({"gap": np.arange(g_rank.size), "rank": g_rank, "g_end": g_end,
+                         "g_start": g_start}).sort(["rank", "g_end"])
+    j = gaps.join_asof(nxt, left_on="g_end", right_on="start_ns", by="rank", strategy="forward",
+                       check_sortedness=False)
+    hb = (pl.col("launch_ns").is_not_null() & (pl.col("launch_ns") > pl.col("g_start"))).fill_null(False)
+    return j.with_columns(hb.alias("_hb")).sort("gap").get_column("_hb").to_numpy()
+
+
+def _host_bound(events: pa.Table, act: pl.DataFrame, g_rank: np.ndarray, g_start: np.ndarray, g_end: np.ndarray
+                ) -> np.ndarray | None:
+    """:func:`_host_bound_joined` on packed int64 keys in numpy (a 300 MB trace's 215 k activities and 184 k gaps:
+    two sorts and two searches, 0.14 s less CPU than polars' group-bys and joins); None where rank and correlation
+    or rank and time do not fit one int64."""
+    on_dev = np.asarray(pc.is_valid(events.column("device")).to_numpy(zero_copy_only=False), dtype=bool)
+    corr = events.column("correlation")
+    has_corr = np.asarray(pc.is_valid(corr).to_numpy(zero_copy_only=False), dtype=bool)
+    corr = pc.fill_null(corr, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    ev_rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    ev_start = events.column("start_ns").to_numpy(zero_copy_only=False)
+    call = np.flatnonzero(dict_in(events.column("kind"), ("runtime",)) & ~on_dev & has_corr)
+    row = act.get_column("row").to_numpy()
+    a_rank = act.get_column("rank").to_numpy().astype(np.int64)
+    a_start = act.get_column("start_ns").to_numpy()
+    launched = np.flatnonzero(on_dev[row] & has_corr[row])  # activities whose launch may be in the trace
+    for r, v in ((ev_rank[call], corr[call]), (a_rank[launched], corr[row[launched]])):
+        if r.size and not packs(int(r.min()), int(r.max()), int(v.min()), int(v.max())):
+            return None
+    # the earliest call per (rank, correlation), then per activity (int64 max: no launch in the trace)
+    none = np.iinfo(np.int64).max
+    launch = np.full(a_start.size, none, dtype=np.int64)
+    if call.size and launched.size:
+        ck = (ev_rank[call] << PACK_SHIFT) + corr[call]
+        order = np.argsort(ck, kind="stable")
+        ck = ck[order]
+        firsts = np.flatnonzero(np.concatenate(([True], ck[1:] != ck[:-1])))
+        earliest = np.minimum.reduceat(ev_start[call][order], firsts)
+        keys = ck[firsts]
+        ak = (a_rank[launched] << PACK_SHIFT) + corr[row[launched]]
+        pos = np.minimum(np.searchsorted(keys, ak), keys.size - 1)
+        hit = keys[pos] == ak
+        launch[launched[hit]] = earliest[pos[hit]]
+    # per (rank, start) of an activity, the earliest launch; each gap's is the first at or after its end
+    t0 = min(int(a_start.min()), int(g_end.min()))
+    span = max(int(a_start.max()), int(g_end.max())) - t0 + 1
+    r0, r1 = min(int(a_rank.min()), int(g_rank.min())), max(int(a_rank.max()), int(g_rank.max()))
+    if r0 < 0 or (r1 + 1) * span >= 1 << 62:
+        return None
+    key = a_rank * span + (a_start - t0)
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    firsts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+    earliest = np.minimum.reduceat(launch[order], firsts)
+    keys = key[firsts]
+    pos = np.searchsorted(keys, g_rank * span + (g_end - t0))
+    found = pos < keys.size
+    pos = np.minimum(pos, keys.size - 1)
+    found &= keys[pos] // span == g_rank
+    got = earliest[pos]
+    return found & (got != none) & (got > g_start)
+
+
 def breakdown(events: pa.Table, iterations: pa.Table, windows: pa.Table | None = None,
               act: pl.DataFrame | None = None) -> pa.Table:
     """The ``idle_breakdown`` table: one row per iteration window of every rank (:data:`schema.IDLE_BREAKDOWN`).
@@ -143,14 +209,9 @@ def breakdown(events: pa.Table, iterations: pa.Table, windows: pa.Table | None =
     # host-bound: the next activity's launch began after the gap did
     host = np.zeros(first.size, dtype=bool)
     if first.size and act.height:
-        nxt = launch_of_next(events, act)
-        gaps = pl.DataFrame({"gap": np.arange(first.size), "rank": w_rank[gap_w], "g_end": gap_end,
-                             "g_start": gap_start}).sort(["rank", "g_end"])
-        j = gaps.join_asof(nxt, left_on="g_end", right_on="start_ns", by="rank", strategy="forward",
-                           check_sortedness=False)
-        hb = (pl.col("launch_ns").is_not_null() & (pl.col("launch_ns") > pl.col("g_start"))).fill_null(False)
-        j = j.with_columns(hb.alias("_hb")).sort("gap")
-        host = j.get_column("_hb").to_numpy()
+        host = _host_bound(events, act, w_rank[gap_w], gap_start, gap_end)
+        if host is None:
+            host = _host_bound_joined(events, act, w_rank[gap_w], gap_start, gap_end)
     seg_host = host[gap_of] if gap_of.size else np.zeros(0, dtype=bool)
     seg_syn = ~seg_host & seg_sync
 

@@ -1,7 +1,7 @@
 """Human-readable rendering of analysis results for the terminal (rich), shared by the CLI and TUI.
 
-Light to import: the CLI builds its ``--sort`` choices from :data:`SORTS`, so ``tracekit --help`` loads no pyarrow
-(0.16 -> 0.08 s median); pyarrow and polars are imported where they are used."""
+Light to import: pyarrow and polars are imported where they are used (``tracekit --help`` 0.16 -> 0.08 s median); the
+CLI builds its ``--sort`` choices from :mod:`tracekit.views.sorts` without importing this module at all."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from rich.text import Text
 from tracekit.model.units import count
 from tracekit.views import nccl_report
 from tracekit.views.formats import fmt_bytes, fmt_change, fmt_delta_ns, fmt_gbps, fmt_ns, fmt_share, text
+from tracekit.views.sorts import SORTS, TENSOR_SORTS
 
 if TYPE_CHECKING:
     from tracekit.analysis.compare import Diff  # noqa: F401 (what diff_renderables is given)
@@ -199,11 +200,6 @@ def render_stragglers(console: Console, strag: object, top: int = 5) -> None:
 
 
 #: ``tracekit collectives --sort`` keys: column and whether largest first
-SORTS = {"time": ("first_start_ns", False), "skew": ("skew_ns", True), "wait": ("wait_ns", True),
-         "transfer": ("transfer_ns", True), "bytes": ("bytes", True), "busbw": ("busbw_gbps", True),
-         "utilisation": ("link_utilisation", True)}
-
-
 def render_collectives(console: Console, result: Analysis, *, sort: str = "time", limit: int = 40) -> None:
     """The ``tracekit collectives`` screen: one row per collective instance, then totals per op."""
     import polars as pl
@@ -491,11 +487,6 @@ def render_horovod(console: Console, res: object, *, line_rate_bps: float | None
 
 
 #: ``tracekit tensors --sort`` keys: column and whether largest first
-TENSOR_SORTS = {"transfer": ("transfer_ns", True), "negotiation": ("negotiate_ns", True),
-                "bytes": ("bytes", True), "busbw": ("busbw_gbps", True), "instances": ("instances", True),
-                "name": ("tensor", False)}
-
-
 def render_tensors(console: Console, res: object, *, sort: str = "transfer", limit: int = 40,
                    line_rate_bps: float | None = None) -> None:
     """The ``tracekit tensors`` screen: one row per tensor of ``horovod_tensors``, then the job's totals."""
