@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.analysis.graph import critical_path
-from tracekit.analysis.graph.crossings import Crossings, RankGraph, member_rows, rank_graph
+from tracekit.analysis.graph.crossings import MEMBER_COLUMNS, Crossings, RankGraph, member_rows, rank_graph
 from tracekit.analysis.graph.dag import EDGE_TYPES
 from tracekit.model.diagnostics import TraceError
 
@@ -58,28 +58,32 @@ class Held:
 
     def __init__(self) -> None:
         self.ranks: dict[int, RankGraph] = {}
-        self.stored: dict[int, tuple[Source, Any, Any]] = {}  # read, not bound yet: (source, activities, edges)
+        self.stored: dict[int, Source] = {}  # ranks whose members were read, not bound yet
 
     def read(self, sources: list[Source]) -> dict[int, pl.DataFrame]:
-        """Read the ranks' stored graphs; returns each one's members of collectives
-        (:func:`tracekit.analysis.graph.crossings.member_rows`), what the client finds the collective edges from."""
+        """The ranks' members of collectives (:func:`tracekit.analysis.graph.crossings.member_rows`, from the columns
+        they need of the ranks' stored activities), what the client finds the collective edges from."""
         import pyarrow.parquet as pq
 
         out = {}
         for s in sources:
-            d = Path(s.root) / s.part
-            act = pq.read_table(str(d / "graph.act.parquet"))
-            self.stored[s.rank] = (s, act, pq.read_table(str(d / "graph.edges.parquet")))
+            self.stored[s.rank] = s
+            act = pq.read_table(str(Path(s.root) / s.part / "graph.act.parquet"), columns=list(MEMBER_COLUMNS))
             out[s.rank] = member_rows(act, s.rank, s.offset)
         return out
 
     def bind(self, cross: Crossings) -> dict[int, int]:
-        """Put every rank read on the job clock with the collective edges into it (:func:`rank_graph`), each stored
-        table let go once used; returns each rank's activity count."""
+        """Read every rank asked for (:meth:`read`) and put it on the job clock with the collective edges into it
+        (:func:`rank_graph`), one at a time (what a host holds is the ranks' graphs, not their stored tables too);
+        returns each rank's activity count."""
+        import pyarrow.parquet as pq
+
         out = {}
         for r in list(self.stored):
-            s, act, edges = self.stored.pop(r)
-            self.ranks[r] = rank_graph(act, edges, s.rank, s.offset, cross)
+            s = self.stored.pop(r)
+            d = Path(s.root) / s.part
+            self.ranks[r] = rank_graph(pq.read_table(str(d / "graph.act.parquet")),
+                                       pq.read_table(str(d / "graph.edges.parquet")), s.rank, s.offset, cross)
             out[r] = self.ranks[r].activities
         return out
 

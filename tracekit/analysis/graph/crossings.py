@@ -42,10 +42,14 @@ class Crossings:
     violated: int
 
 
+#: the columns of a rank's stored activities :func:`member_rows` reads
+MEMBER_COLUMNS = ("kind", "collective_id", "t_start", "t_end")
+
+
 def member_rows(act_t: pa.Table, rank: int, offset: int) -> pl.DataFrame:
     """The members of collectives among one rank's stored graph activities (``act_t``): ``rank, a, collective_id,
     start, end`` (job clock: ``offset`` ns added), what :func:`crossings` reads of each rank."""
-    t = pl.from_arrow(act_t.select(["kind", "collective_id", "t_start", "t_end"]))
+    t = pl.from_arrow(act_t.select(list(MEMBER_COLUMNS)))
     assert isinstance(t, pl.DataFrame)
     t = t.with_row_index("a").filter((pl.col("kind") == "comm") & pl.col("collective_id").is_not_null())
     return t.select(pl.lit(rank, pl.Int32).alias("rank"), pl.col("a").cast(pl.Int64),
