@@ -69,16 +69,16 @@ def test_the_ranks_graphs_stay_on_the_workers(cluster: str, job: Path, tmp_path:
     from tracekit.scale import graphs
     from tracekit.scale.engine import DaskEngine
     from tracekit.scale.rank_parts import DaskHosts, Hosts
-    from tracekit.scale.rank_paths import Held
+    from tracekit.scale.rank_paths import RankPaths
 
     with tracekit.load(job, link_bw="10gbit", dataset=tmp_path / "ds", graphs=True) as j:
         an = j.analysis
         with DaskEngine(cluster) as eng, DaskHosts(eng.client) as hosts:
-            held = Held.open(hosts, graphs.sources(an.dataset, an), an)
+            held = RankPaths.open(hosts, graphs.sources(an.dataset, an), an)
             got = held.paths(an.iterations, an.ranks)
             pids = hosts.pids()
             assert len(set(pids)) == 2 and os.getpid() not in pids
             assert sorted(hosts.home.values()) == [0, 0, 1, 1]  # the ranks dealt to both
         with Hosts(0) as here:
-            want = Held.open(here, graphs.sources(an.dataset, an), an).paths(an.iterations, an.ranks)
+            want = RankPaths.open(here, graphs.sources(an.dataset, an), an).paths(an.iterations, an.ranks)
         assert got.height > 10 and got.equals(want)

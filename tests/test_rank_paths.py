@@ -20,7 +20,7 @@ from tracekit.analysis.graph.crossings import rank_graph
 from tracekit.model.diagnostics import TraceError
 from tracekit.scale import graphs
 from tracekit.scale.rank_parts import Hosts
-from tracekit.scale.rank_paths import Held
+from tracekit.scale.rank_paths import RankPaths
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = sorted(p for p in (ROOT / "tests" / "data" / "jobs").iterdir() if p.is_dir())
@@ -44,7 +44,7 @@ def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 def test_each_rank_binds_as_the_job_graph(job: tracekit.Job) -> None:
     an = job.analysis
     with Hosts(0) as hosts:
-        held = Held.open(hosts, graphs.sources(an.dataset, an), an)
+        held = RankPaths.open(hosts, graphs.sources(an.dataset, an), an)
     g = an.graph
     for s in held.sources:
         d = Path(s.root) / s.part
@@ -71,7 +71,7 @@ def test_each_rank_binds_as_the_job_graph(job: tracekit.Job) -> None:
 def test_paths_equal_the_combined_graphs(job: tracekit.Job, jobs: int) -> None:
     an = job.analysis
     with Hosts(jobs) as hosts:
-        held = Held.open(hosts, graphs.sources(an.dataset, an), an)
+        held = RankPaths.open(hosts, graphs.sources(an.dataset, an), an)
         got = held.paths(an.iterations, an.ranks)
         one = held.paths(an.iterations, an.ranks, iteration=int(got.get_column("iteration")[-1]))
         if jobs:
@@ -99,7 +99,7 @@ def test_a_host_that_dies_is_one_clear_error(tmp_path: Path) -> None:
     with tracekit.load(tmp_path / "job", link_bw="10gbit", dataset=tmp_path / "ds", graphs=True) as j:
         an = j.analysis
         with Hosts(1) as hosts:
-            Held.open(hosts, graphs.sources(an.dataset, an), an)
+            RankPaths.open(hosts, graphs.sources(an.dataset, an), an)
             hosts.procs[0].kill()
             hosts.procs[0].join()
             with pytest.raises(TraceError, match="worker process holding ranks' graphs died"):

@@ -266,7 +266,7 @@ class RankGraphs:
         (:mod:`tracekit.scale.rank_paths`): the same segments as the combined graph's, without combining it."""
         from tracekit.scale.engine import DaskEngine
         from tracekit.scale.rank_parts import default_jobs, hosts_for
-        from tracekit.scale.rank_paths import Held
+        from tracekit.scale.rank_paths import RankPaths
 
         self._ready()
         usable(self.dataset, verify=False)
@@ -275,7 +275,7 @@ class RankGraphs:
         jobs = getattr(engine, "jobs", default_jobs()) if events * GRAPH_BYTES_PER_EVENT >= HOSTS_MIN_BYTES else 0
         with engine if isinstance(engine, DaskEngine) else contextlib.nullcontext(), \
                 hosts_for(engine, jobs) as hosts:
-            held = Held.open(hosts, sources(self.dataset, analysis), analysis)
+            held = RankPaths.open(hosts, sources(self.dataset, analysis), analysis)
             out = held.paths(analysis.iterations, analysis.ranks, iteration)
             self.host_memory = hosts.memory()
         return out

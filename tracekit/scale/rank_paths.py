@@ -29,7 +29,7 @@ class JobTables(Protocol):
     iterations: pa.Table
 
 
-class Held:
+class RankPaths:
     """A job's ranks' graphs on ``hosts``, loaded once (:meth:`open`), and what crosses ranks."""
 
     def __init__(self, hosts: Hosts, cross: Crossings, sources: list[Source], counts: dict[int, int]) -> None:
@@ -43,7 +43,7 @@ class Held:
         self.dst_sorted = d[self.by_dst]
 
     @classmethod
-    def open(cls, hosts: Hosts, src: list[Source], analysis: JobTables) -> Held:
+    def open(cls, hosts: Hosts, src: list[Source], analysis: JobTables) -> RankPaths:
         """Load the ranks' stored graphs ``src`` (:func:`tracekit.scale.graphs.sources`) onto ``hosts``."""
         rows = hosts.read(src)  # read where they will be held; only the members' rows come back
         cross = crossings(rows, whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives))
