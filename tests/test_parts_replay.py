@@ -6,6 +6,7 @@ for every scenario at once, with the what-if's queued transfers and its "straggl
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,3 +92,49 @@ def test_a_hub_waits_for_its_latest_member() -> None:
     assert hub_t[7].tolist() == [9, 9]
     assert [t[:, 0].tolist() for t in host.times()] == [[5, 11], [9, 11], [7, 11]]
     assert [t[1, 1] for t in host.times()] == [12, 12, 12]
+
+
+def test_each_ranks_part_from_its_own_graph(tmp_path: Path) -> None:
+    """The parts built where the ranks are — each from its rank's stored graph and the members' crossings
+    (:func:`tracekit.analysis.graph.parts.rank_part`), never the combined graph — replay any weights as the job's
+    graph does."""
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    from tracekit.analysis.graph import whatif
+    from tracekit.analysis.graph.crossings import crossings, member_rows, rank_graph
+    from tracekit.scale import graphs
+
+    jobgen.write_job(tmp_path / "job", SPECS["mesh"])  # hubs (dp) and pair edges (tp, pp)
+    with tracekit.load(tmp_path / "job", link_bw="10gbit", dataset=tmp_path / "ds", graphs=True) as job:
+        an = job.analysis
+        src = graphs.sources(an.dataset, an)
+        read = [(pq.read_table(str(Path(s.root) / s.part / "graph.act.parquet")),
+                 pq.read_table(str(Path(s.root) / s.part / "graph.edges.parquet"))) for s in src]
+        cross = crossings(pl.concat([member_rows(a, s.rank, s.offset) for s, (a, _) in zip(src, read, strict=True)]),
+                          whatif.consistent_members(an.members, an.instances, an.collectives))
+        ranks = [rank_graph(a, e, s.rank, s.offset, cross) for s, (a, e) in zip(src, read, strict=True)]
+        g = an.graph
+        # each rank's edges among the job graph's: its own but the own edges, the collective edges, its own edges
+        n_first = sum(r.coll_first for r in ranks)
+        firsts = np.cumsum([0] + [r.coll_first for r in ranks])
+        owns = np.cumsum([0] + [r.graph.src.size - r.coll_first - r.coll_edge.size for r in ranks])
+        weight = np.random.default_rng(0).uniform(0.5, 2.0, g.src.size)
+        weight = np.stack([g.weight(), np.rint(g.weight() * weight).astype(np.int64)])
+        want = [g.node_time, replay.replay(g, weight[1])[0]]
+        built, ws = [], []
+        for i, r in enumerate(ranks):
+            j = np.arange(r.graph.src.size)
+            coll = (j >= r.coll_first) & (j < r.coll_first + r.coll_edge.size)
+            mine = np.where(j < r.coll_first, firsts[i] + j, n_first + cross.src.size + owns[i]
+                            + (j - r.coll_first - r.coll_edge.size))
+            mine[coll] = n_first + r.coll_edge
+            assert np.array_equal(g.weight()[mine], r.graph.weight())
+            p, e = parts.rank_part(r, cross)
+            built.append(p)
+            ws.append(weight[:, mine[e]])
+        host = exchange.Parts(built, ws)
+        _, rounds = exchange.settle([host], parts.hub_members(cross), 2)
+        got = np.concatenate(host.times())
+        assert rounds > 10
+        assert np.array_equal(got[:, 0], want[0]) and np.array_equal(got[:, 1], want[1])

@@ -103,6 +103,9 @@ class RankGraph:
     graph: Graph
     ghost: np.ndarray
     member_of: np.ndarray
+    #: the collective edges into the rank: where they start among its edges, and each one's edge of :class:`Crossings`
+    coll_first: int = 0
+    coll_edge: np.ndarray | None = None
 
     @property
     def activities(self) -> int:
@@ -156,4 +159,4 @@ def rank_graph(act_t: pa.Table, edge_t: pa.Table, rank: int, offset: int, cross:
     binding, slack = bind(src, dst, lag, node_time)
     g = Graph(act=act, src=src, dst=dst, lag=lag, etype=etype, node_time=node_time, binding=binding, slack=slack,
               violated={}, gap=gap if gap.any() else None)
-    return RankGraph(graph=g, ghost=ghost, member_of=member_of)
+    return RankGraph(graph=g, ghost=ghost, member_of=member_of, coll_first=int((~is_own).sum()), coll_edge=into)

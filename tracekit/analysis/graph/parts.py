@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracekit.analysis.graph.crossings import Crossings, RankGraph
 from tracekit.analysis.graph.dag import Graph
 from tracekit.analysis.graph.replay import _expanded_weight, expanded
 from tracekit.engine.parts import Part
@@ -94,3 +95,39 @@ def replay_weight(graph: Graph, weight: np.ndarray, extra: np.ndarray | None = N
     """Per edge of :func:`split`'s numbering: the graph's ``weight``, 0 into hubs, then the extra edges' weights."""
     w = _expanded_weight(graph, weight)
     return w if extra is None else np.concatenate([w, extra])
+
+
+def rank_part(rg: RankGraph, cross: Crossings) -> tuple[Part, np.ndarray]:
+    """One rank's :class:`Part` from its graph with the collective edges into it
+    (:func:`tracekit.analysis.graph.crossings.rank_graph`), and each part edge's edge of that graph (its weights). Hub
+    ``h`` of ``cross`` is hub ``h`` here; member ``m``'s start is also hub ``H + m`` of one member (``H``: the hubs of
+    ``cross``), which the pair edges it is the source of leave. A pair edge from a member of the same rank stays one of
+    the part's own. Every member of the rank arrives at its instance's hub (if any) and at its own."""
+    g = rg.graph
+    n = 2 * rg.activities
+    hubs = cross.hub_ptr.size - 1
+    coll = np.arange(rg.coll_first, rg.coll_first + (0 if rg.coll_edge is None else rg.coll_edge.size))
+    hub = cross.hub[rg.coll_edge] if rg.coll_edge is not None else np.zeros(0, np.int64)
+    src_m = cross.src[rg.coll_edge] if rg.coll_edge is not None else np.zeros(0, np.int64)
+    is_coll = np.zeros(g.src.size, bool)
+    is_coll[coll] = True
+    from_hub = np.zeros(g.src.size, np.int64) - 1
+    from_hub[coll] = np.where(hub >= 0, hub, np.where(g.src[coll] >= n, hubs + src_m, -1))
+    own = from_hub < 0
+    target = ~own
+    mine = np.flatnonzero(rg.member_of >= 0)
+    m = rg.member_of[mine]
+    inst = np.full(cross.members.height, -1, np.int64)
+    inst[cross.hub_member] = np.repeat(np.arange(hubs), np.diff(cross.hub_ptr))
+    in_hub = inst[m] >= 0
+    mem_node = np.concatenate([2 * mine[in_hub], 2 * mine])
+    mem_global = np.concatenate([inst[m][in_hub], hubs + m])
+    used = np.unique(np.concatenate([from_hub[target], mem_global]))
+    part = Part(start=g.node_time[:n], src=g.src[own], dst=g.dst[own], tgt_hub=np.searchsorted(used, from_hub[target]),
+                tgt_dst=g.dst[target], mem_node=mem_node, mem_hub=np.searchsorted(used, mem_global), hubs=used)
+    return part, np.concatenate([np.flatnonzero(own), np.flatnonzero(target)])
+
+
+def hub_members(cross: Crossings) -> np.ndarray:
+    """Each hub's member count in :func:`rank_part`'s numbering: the instances' hubs, then one per member."""
+    return np.concatenate([np.diff(cross.hub_ptr), np.ones(cross.members.height, np.int64)])
