@@ -5,7 +5,7 @@ for every scenario at once, with the what-if's queued transfers and its "straggl
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +14,11 @@ import pytest
 import tracekit
 from benchmarks import jobgen
 from tracekit.analysis.graph import parts, replay
+from tracekit.analysis.graph.dag import Graph
+from tracekit.analysis.graph.replay import _expanded_weight, expanded
 from tracekit.analysis.graph.whatif import Scenario, _changes
 from tracekit.engine import parts as engine_parts
+from tracekit.engine.parts import Part
 from tracekit.scale import exchange
 
 pytest.importorskip("tracekit.engine._kernels")
@@ -26,6 +29,84 @@ SPECS = {"ddp": DDP, "fsdp": replace(DDP, parallel="fsdp", stragglers=((2, 1.2),
          "mesh": jobgen.JobSpec(ranks=16, gpus_per_host=4, tp=2, pp=2, microbatches=2, steps=4, layers=8,
                                 clock_skew_ns=500_000, inter_bps=25e9, intra_bps=400e9)}
 QUEUED = [Scenario(), Scenario(bandwidth_scale=4), Scenario(bandwidth_scale=0.25), Scenario(balanced=True)]
+
+
+@dataclass(frozen=True)
+class Split:
+    """The parts of a graph (one per rank, in rank order ``ranks``), each part's nodes (``nodes[i]``: the graph's node
+    of each of part ``i``'s) and edges (``edges[i]``: the edge, of the graph as a replay sees it with its extra edges
+    after its own, that each of part ``i``'s edges is), and every hub's member count."""
+
+    ranks: list[int]
+    parts: list[Part]
+    nodes: list[np.ndarray]
+    edges: list[np.ndarray]
+    members: np.ndarray
+
+    def weights(self, weight: np.ndarray) -> list[np.ndarray]:
+        """Each part's weights (scenarios × its edges) from the graph's (scenarios × edges, or one row)."""
+        w = np.atleast_2d(weight)
+        return [w[:, e] for e in self.edges]
+
+    def times(self, parts: list[np.ndarray], n: int) -> np.ndarray:
+        """The graph's node times (nodes × scenarios) from each part's."""
+        out = np.empty((n, parts[0].shape[1] if parts else 1), np.int64)
+        for nodes, t in zip(self.nodes, parts, strict=True):
+            out[nodes] = t
+        return out
+
+
+def split(graph: Graph, extra: tuple[np.ndarray, np.ndarray] | None = None) -> Split:
+    """``graph`` (with ``extra`` edges ``(src, dst)`` numbered after those of its :func:`expanded` form) in parts by
+    rank, from the job's graph itself: the reference the exchange is held to here (a graph in memory, with a what-if's
+    queued transfers), while :func:`tracekit.analysis.graph.parts.rank_part` makes the parts where the ranks are."""
+    x = expanded(graph)
+    n = graph.n_nodes
+    src = x.src if extra is None else np.concatenate([x.src, extra[0]])
+    dst = x.dst if extra is None else np.concatenate([x.dst, extra[1]])
+    hubs = x.n_nodes - n
+    rank = graph.act.get_column("rank").to_numpy().astype(np.int64)
+    ranks = np.unique(rank)
+    part_of = np.repeat(np.searchsorted(ranks, rank), 2)
+    s_hub, d_hub = src >= n, dst >= n
+    s_part = np.where(s_hub, -1, part_of[np.minimum(src, n - 1)])
+    d_part = np.where(d_hub, -1, part_of[np.minimum(dst, n - 1)])
+    across = ~s_hub & ~d_hub & (s_part != d_part)
+    pair = np.flatnonzero(across)  # an edge between ranks: a hub of its own, its source the one member
+    hub_of_src = np.where(s_hub, src - n, -1)
+    hub_of_src[pair] = hubs + np.arange(pair.size)
+    member_src = np.where(d_hub, src, -1)
+    member_hub = np.where(d_hub, dst - n, -1)
+    member_src[pair], member_hub[pair] = src[pair], hubs + np.arange(pair.size)
+    local = (s_part == d_part) & ~s_hub & ~d_hub
+    target = hub_of_src >= 0
+    member = member_hub >= 0
+    counts = np.bincount(member_hub[member], minlength=hubs + pair.size)
+    order = np.argsort(part_of, kind="stable")
+    bounds = np.searchsorted(part_of[order], np.arange(ranks.size + 1))
+    local_id = np.empty(n, np.int64)
+    parts, nodes, edges = [], [], []
+    e_all = np.arange(src.size)
+    for i in range(ranks.size):
+        mine = order[bounds[i]:bounds[i + 1]]
+        local_id[mine] = np.arange(mine.size)
+        own = local & (s_part == i)
+        into = target & (d_part == i)
+        arrive = member & (part_of[np.where(member, member_src, 0)] == i)
+        h = np.unique(np.concatenate([hub_of_src[into], member_hub[arrive]]))
+        parts.append(Part(start=graph.node_time[mine], src=local_id[src[own]], dst=local_id[dst[own]],
+                          tgt_hub=np.searchsorted(h, hub_of_src[into]), tgt_dst=local_id[dst[into]],
+                          mem_node=local_id[member_src[arrive]], mem_hub=np.searchsorted(h, member_hub[arrive]),
+                          hubs=h))
+        nodes.append(mine)
+        edges.append(np.concatenate([e_all[own], e_all[into]]))
+    return Split(ranks=ranks.tolist(), parts=parts, nodes=nodes, edges=edges, members=counts)
+
+
+def replay_weight(graph: Graph, weight: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
+    """Per edge of :func:`split`'s numbering: the graph's ``weight``, 0 into hubs, then the extra edges' weights."""
+    w = _expanded_weight(graph, weight)
+    return w if extra is None else np.concatenate([w, extra])
 
 
 @pytest.fixture(scope="module", params=list(SPECS))
@@ -45,27 +126,27 @@ def test_rank_by_rank_replay_equals_the_whole_graphs(model, free: bool) -> None:
         w = g.weight()
         w[edges] = w_new
         want.append(replay.replay(g, w, extra=extra)[0])
-        weights.append(parts.replay_weight(g, w, None if extra is None else extra[2]))
+        weights.append(replay_weight(g, w, None if extra is None else extra[2]))
     assert (extra is None) == free
-    split = parts.split(g, None if extra is None else extra[:2])
-    assert len(split.parts) == len(set(g.act.get_column("rank").to_list()))
-    hosts = [exchange.Parts(split.parts[i::2], split.weights(np.stack(weights))[i::2]) for i in range(2)]
-    hub_t, rounds = exchange.settle(hosts, split.members, len(scenarios))
-    assert rounds > 2 and hub_t.shape == (split.members.size, len(scenarios))
-    got = _times(split, hosts, g.n_nodes)
+    sp = split(g, None if extra is None else extra[:2])
+    assert len(sp.parts) == len(set(g.act.get_column("rank").to_list()))
+    hosts = [exchange.Parts(sp.parts[i::2], sp.weights(np.stack(weights))[i::2]) for i in range(2)]
+    hub_t, rounds = exchange.settle(hosts, sp.members, len(scenarios))
+    assert rounds > 2 and hub_t.shape == (sp.members.size, len(scenarios))
+    got = _times(sp, hosts, g.n_nodes)
     for i, sc in enumerate(scenarios):
         assert np.array_equal(got[:, i], want[i]), sc
     assert not np.array_equal(want[0], want[-1])  # the scenarios differ: each column is its own
 
 
-def _times(split: parts.Split, hosts: list[exchange.Parts], n: int) -> np.ndarray:
+def _times(sp: Split, hosts: list[exchange.Parts], n: int) -> np.ndarray:
     """The graph's times from the hosts of :func:`test_rank_by_rank_replay_equals_the_whole_graphs` (parts dealt in
     turn)."""
-    per = [None] * len(split.parts)
+    per = [None] * len(sp.parts)
     for h, host in enumerate(hosts):
         for j, t in enumerate(host.times()):
             per[h + 2 * j] = t
-    return split.times(per, n)
+    return sp.times(per, n)
 
 
 def test_a_cycle_through_hubs_is_reported() -> None:
@@ -138,3 +219,20 @@ def test_each_ranks_part_from_its_own_graph(tmp_path: Path) -> None:
         got = np.concatenate(host.times())
         assert rounds > 10
         assert np.array_equal(got[:, 0], want[0]) and np.array_equal(got[:, 1], want[1])
+
+
+def test_arrivals_that_do_not_fit_wait_for_room() -> None:
+    # one node, a member of two hubs: with room for one arrival the kernel says so and leaves the node unsettled
+    from tracekit.engine import _kernels
+
+    p = engine_parts.Part(start=np.array([4]), src=np.zeros(0, np.int64), dst=np.zeros(0, np.int64),
+                          tgt_hub=np.zeros(0, np.int64), tgt_dst=np.zeros(0, np.int64), mem_node=np.array([0, 0]),
+                          mem_hub=np.array([0, 1]), hubs=np.array([3, 5]))
+    r = engine_parts.Replay(p, np.zeros((1, 0), np.int64))
+    lay, none = p.layout, np.zeros(0, np.int32)
+    call = (lay.out_ptr, lay.out_dst, r.w_out, r.left, r.acc, r.stack, r.top, lay.tgt_ptr, lay.tgt_dst, r.w_tgt,
+            lay.mem_ptr, lay.mem_hub, none, np.zeros(0, np.int64))
+    assert _kernels.advance(*call, r.arr_hub[:1], r.arr_time[:1].reshape(-1)) == -1
+    assert r.top[0] == 1  # still to do
+    assert r.advance(np.zeros(0, np.int64), np.zeros((0, 1), np.int64))[0].tolist() == [3, 5]
+    assert r.settled and r.times[0, 0] == 4

@@ -15,6 +15,7 @@ import pytest
 
 import tracekit
 from benchmarks import jobgen
+from tests.test_scale_graphs import JOBS, MESH
 from tracekit.analysis.graph import critical_path
 from tracekit.analysis.graph.crossings import rank_graph
 from tracekit.model.diagnostics import TraceError
@@ -22,12 +23,8 @@ from tracekit.scale import graphs
 from tracekit.scale.rank_parts import Hosts
 from tracekit.scale.rank_paths import RankPaths
 
-ROOT = Path(__file__).resolve().parents[1]
-JOBS = sorted(p for p in (ROOT / "tests" / "data" / "jobs").iterdir() if p.is_dir())
 SMALL = jobgen.JobSpec(ranks=8, gpus_per_host=2, steps=4, layers=8, param_bytes=8 << 20, bucket_bytes=16 << 20,
                        clock_skew_ns=500_000, stragglers=((1, 1.3),))
-MESH = jobgen.JobSpec(ranks=16, gpus_per_host=4, tp=2, pp=2, microbatches=2, steps=4, layers=8, clock_skew_ns=500_000,
-                      inter_bps=25e9, intra_bps=400e9, stalls=((2, 3_000_000),))
 SPECS = {"ddp": SMALL, "fsdp": replace(SMALL, parallel="fsdp", stragglers=((2, 1.2),)), "mesh": MESH,
          "main-thread": replace(SMALL, autograd_thread=False)}
 

@@ -652,7 +652,21 @@ PyDoc_STRVAR(advance_doc,
 "edges are not followed yet. First the released hubs rel_hub (int32, local numbers) at rel_time (r * S int64) feed\n"
 "the nodes they lead to (tgt_ptr: hubs + 1, tgt_dst: int32, weights w_tgt[slot * S + s]); then every node that\n"
 "settles feeds its successors, and where it is a member of hubs (mem_ptr: n + 1, mem_hub: int32) its times are\n"
-"written to arr_time (arr_hub the hub): returns how many. -1 where arr_hub is too short.");
+"written to arr_time (arr_hub the hub): returns how many. -1 where arr_hub is too short (the node whose arrivals\n"
+"did not fit is left on the stack, unsettled: a call with room goes on from it).");
+
+/* node v's inputs so far (acc[v * S ...]) against a settled source at t plus weights w, per scenario; v is pushed on
+   the stack once it has no input left: returns the stack's new height */
+static inline Py_ssize_t relax(int64_t *acc, int32_t *left, int32_t *stack, Py_ssize_t sp, int32_t v,
+                               const int64_t *t, const int64_t *w, Py_ssize_t S) {
+    int64_t *av = acc + (Py_ssize_t)v * S;
+    for (Py_ssize_t s = 0; s < S; s++) {
+        int64_t c = t[s] + w[s];
+        if (c > av[s]) av[s] = c;
+    }
+    if (--left[v] == 0) stack[sp++] = v;
+    return sp;
+}
 
 static PyObject *k_advance(PyObject *self, PyObject *a) {
     PyObject *o[16];
@@ -684,41 +698,23 @@ static PyObject *k_advance(PyObject *self, PyObject *a) {
             bad = 1;
             break;
         }
-        const int64_t *th = rel_time + i * S;
-        for (int32_t j = tgt_ptr[k]; j < tgt_ptr[k + 1]; j++) {
-            int32_t v = tgt_dst[j];
-            int64_t *av = acc + (Py_ssize_t)v * S;
-            const int64_t *w = w_tgt + (Py_ssize_t)j * S;
-            for (Py_ssize_t s = 0; s < S; s++) {
-                int64_t c = th[s] + w[s];
-                if (c > av[s]) av[s] = c;
-            }
-            if (--left[v] == 0) stack[sp++] = v;
-        }
+        for (int32_t j = tgt_ptr[k]; j < tgt_ptr[k + 1]; j++)
+            sp = relax(acc, left, stack, sp, tgt_dst[j], rel_time + i * S, w_tgt + (Py_ssize_t)j * S, S);
     }
     while (sp > 0 && !bad) {
-        int32_t u = stack[--sp];
-        const int64_t *tu = acc + (Py_ssize_t)u * S;
-        for (int32_t k = out_ptr[u]; k < out_ptr[u + 1]; k++) {
-            int32_t v = out_dst[k];
-            int64_t *av = acc + (Py_ssize_t)v * S;
-            const int64_t *w = w_out + (Py_ssize_t)k * S;
-            for (Py_ssize_t s = 0; s < S; s++) {
-                int64_t c = tu[s] + w[s];
-                if (c > av[s]) av[s] = c;
-            }
-            if (--left[v] == 0) stack[sp++] = v;
+        int32_t u = stack[sp - 1];
+        if (got + (mem_ptr[u + 1] - mem_ptr[u]) > n_arr_hub) { /* no room for its arrivals: it waits on the stack */
+            full = 1;
+            break;
         }
-        for (int32_t j = mem_ptr[u]; j < mem_ptr[u + 1]; j++) {
-            if (got >= n_arr_hub) {
-                full = 1;
-                break;
-            }
+        sp--;
+        const int64_t *tu = acc + (Py_ssize_t)u * S;
+        for (int32_t k = out_ptr[u]; k < out_ptr[u + 1]; k++)
+            sp = relax(acc, left, stack, sp, out_dst[k], tu, w_out + (Py_ssize_t)k * S, S);
+        for (int32_t j = mem_ptr[u]; j < mem_ptr[u + 1]; j++, got++) {
             arr_hub[got] = mem_hub[j];
             memcpy(arr_time + got * S, tu, (size_t)S * sizeof(int64_t));
-            got++;
         }
-        if (full) break;
     }
     top[0] = sp;
     Py_END_ALLOW_THREADS

@@ -14,6 +14,7 @@ those of one ASAP sweep of the whole graph (:func:`tracekit.engine.asap`): a nod
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -45,6 +46,11 @@ class Part:
     def edges(self) -> int:
         """Edges a scenario gives weights for: the part's own, then its hub edges."""
         return self.src.size + self.tgt_dst.size
+
+    @cached_property
+    def layout(self) -> _Layout:
+        """The part's arrays as the kernel reads them (made once: every replay of the part reads the same)."""
+        return _layout(self)
 
 
 @dataclass(frozen=True)
@@ -88,10 +94,7 @@ class Replay:
         weight = np.atleast_2d(np.asarray(weight, np.int64))
         if weight.shape[1] != part.edges:
             raise ValueError(f"a part of {part.edges} edges given weights for {weight.shape[1]}")
-        lay = part.__dict__.get("_layout")
-        if lay is None:
-            lay = _layout(part)
-            object.__setattr__(part, "_layout", lay)  # frozen: kept for the part's next replays
+        lay = part.layout
         self.part, self.lay, self.scenarios = part, lay, weight.shape[0]
         self.w_out = np.ascontiguousarray(weight[:, lay.out_edge].T)
         self.w_tgt = np.ascontiguousarray(weight[:, lay.tgt_edge].T)
@@ -133,13 +136,3 @@ class Replay:
             raise RuntimeError("the part's replay waits on hubs never released (a cycle through them?)")
         return self.acc
 
-
-def period(first: np.ndarray, last: np.ndarray) -> int:
-    """The iteration time (:func:`tracekit.engine.period`) from each iteration's earliest counted start ``first`` and
-    latest counted end ``last`` (in iteration order): the median time between consecutive starts (only where later),
-    else the median span; without iterations, 0."""
-    if first.size == 0:
-        return 0
-    d = np.diff(first)
-    d = d[d > 0]
-    return int(np.median(d if d.size else last - first))

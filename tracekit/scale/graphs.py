@@ -184,9 +184,7 @@ def combined(ds: Dataset, analysis: JobTables, verify: bool = True) -> tuple[dag
 
     usable(ds, verify)
     have = available(ds)
-    offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
-                                                   analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
-               if r is not None}
+    offsets = dag.clock_offsets(analysis.ranks)
     leaves: list[pa.Table] = []
     ranked = [(d, int(r)) for d, r in ds.parts if r is not None and f"{d}/graph.act.parquet" in have]
 
@@ -235,9 +233,7 @@ def combined(ds: Dataset, analysis: JobTables, verify: bool = True) -> tuple[dag
 def sources(ds: Dataset, analysis: JobTables) -> list[Source]:
     """The ranks with a stored graph, in the order the job's graph joins them, with their clock offsets."""
     have = available(ds)
-    offsets = {int(r): int(o or 0) for r, o in zip(analysis.ranks.column("rank").to_pylist(),
-                                                   analysis.ranks.column("clock_offset_ns").to_pylist(), strict=True)
-               if r is not None}
+    offsets = dag.clock_offsets(analysis.ranks)
     return [Source(str(ds.root), d, int(r), offsets.get(int(r), 0)) for d, r in ds.parts
             if r is not None and f"{d}/graph.act.parquet" in have]
 

@@ -8,7 +8,6 @@ answers. :mod:`tracekit.scale.rank_paths` follows the critical path through them
 from __future__ import annotations
 
 import os
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -19,7 +18,14 @@ import numpy as np
 import polars as pl
 
 from tracekit.analysis.graph import critical_path
-from tracekit.analysis.graph.crossings import MEMBER_COLUMNS, Crossings, RankGraph, member_rows, rank_graph
+from tracekit.analysis.graph.crossings import (
+    MEMBER_COLUMNS,
+    MEMBER_SCHEMA,
+    Crossings,
+    RankGraph,
+    member_rows,
+    rank_graph,
+)
 from tracekit.analysis.graph.dag import EDGE_TYPES
 from tracekit.model.diagnostics import TraceError
 
@@ -116,7 +122,7 @@ class Held:
         rg = self.ranks[rank]
         g = rg.graph
         ghosts = 2 * rg.activities
-        seg, _, hop = critical_path.walk_part(g, node, s0, ghosts)
+        seg, hop = critical_path.walk_part(g, node, s0, ghosts)
         dst_m = np.full(seg.act.size, -1, np.int64)
         src_m = np.full(seg.act.size, -1, np.int64)
         on = np.flatnonzero(seg.edge == _COLL_CODE)
@@ -156,9 +162,8 @@ def _serve(conn: Any) -> None:
         name, args = msg
         try:
             conn.send((True, getattr(held, name)(*args)))
-        except BaseException as exc:  # the client raises it, with the worker's traceback in its message
-            conn.send((False, TraceError(None, f"{type(exc).__name__}: {exc}")
-                       if not isinstance(exc, TraceError) else exc, traceback.format_exc()))
+        except BaseException as exc:  # the client raises it (one line: what failed and why)
+            conn.send((False, exc if isinstance(exc, TraceError) else TraceError(None, f"{type(exc).__name__}: {exc}")))
     conn.close()
 
 
@@ -211,7 +216,7 @@ class Hosts:
         out = []
         for h in hosts:
             try:
-                ok, value, *_ = self.conns[h].recv()
+                ok, value = self.conns[h].recv()
             except (EOFError, OSError):
                 raise died from None
             if not ok:
@@ -234,9 +239,7 @@ class Hosts:
         for part in self._ask(range(self.count), "read", lambda h: (mine[h],)):
             got.update(part)
         rows = [got[s.rank] for s in sources]
-        return pl.concat(rows) if rows else pl.DataFrame(schema={"rank": pl.Int32, "a": pl.Int64,
-                                                                 "collective_id": pl.Int64, "start": pl.Int64,
-                                                                 "end": pl.Int64})
+        return pl.concat(rows) if rows else pl.DataFrame(schema=MEMBER_SCHEMA)
 
     def bind(self, cross: Crossings) -> dict[int, int]:
         """Bind every rank read (:meth:`Held.bind`); each rank's activity count."""

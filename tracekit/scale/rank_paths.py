@@ -38,6 +38,10 @@ class RankPaths:
         sizes = np.array([counts.get(s.rank, 0) for s in sources], np.int64)
         self.base = np.concatenate(([0], np.cumsum(sizes)))[:-1]  # each rank's first activity in the job's numbering
         self.pos = {s.rank: i for i, s in enumerate(sources)}
+        # each member's rank, activity on it and start
+        self.m_rank = cross.members.get_column("rank").to_numpy()
+        self.m_a = cross.members.get_column("a").to_numpy()
+        self.m_start = cross.members.get_column("start").to_numpy()
         d = cross.dst
         self.by_dst = np.argsort(d, kind="stable")
         self.dst_sorted = d[self.by_dst]
@@ -55,9 +59,7 @@ class RankPaths:
 
     def _windows(self, pieces: list[Piece]) -> list[tuple[int, int, int]]:
         """:func:`tracekit.analysis.graph.critical_path._windows` from the pieces' collective segments, in order."""
-        m = self.cross.members
-        start = m.get_column("start").to_numpy()
-        rank = m.get_column("rank").to_numpy()
+        start, rank = self.m_start, self.m_rank
         out = []
         for p in pieces:
             for d, k in zip(p.dst_member[p.src_member >= 0].tolist(), p.src_member[p.src_member >= 0].tolist(),
@@ -102,9 +104,7 @@ class RankPaths:
                 pieces.append((self.base[self.pos[rank]], piece))
                 if piece.hop < 0:
                     break
-                m = piece.hop
-                rank = int(self.cross.members.get_column("rank")[m])
-                node = 2 * int(self.cross.members.get_column("a")[m])
+                rank, node = int(self.m_rank[piece.hop]), 2 * int(self.m_a[piece.hop])
             seg = Segments(*(np.concatenate([getattr(pc, f) for _, pc in pieces]) for f in ("start", "end", "label")),
                            np.concatenate([b + pc.act for b, pc in pieces]),
                            np.concatenate([pc.edge for _, pc in pieces]))

@@ -285,15 +285,15 @@ def _walk(graph: Graph, sink: int, s0: int) -> Segments:
     return _walk_chain(graph, *_chase(graph, sink, s0), s0)
 
 
-def walk_part(graph: Graph, sink: int, s0: int, ghosts: int) -> tuple[Segments, np.ndarray, int]:
+def walk_part(graph: Graph, sink: int, s0: int, ghosts: int) -> tuple[Segments, int]:
     """:func:`_walk` on one rank's graph whose nodes from ``ghosts`` on stand for other ranks' members
-    (:func:`tracekit.analysis.graph.crossings.rank_graph`): the segments up to the first ghost the chain reaches, the
-    chain's nodes (those segments' steps) and that ghost (-1 where the chain ends on the rank)."""
+    (:func:`tracekit.analysis.graph.crossings.rank_graph`): the segments up to the first ghost the chain reaches, and
+    that ghost (-1 where the chain ends on the rank)."""
     nd, ed = _chase(graph, sink, s0)
     hop = -1
     if nd.size and nd[-1] >= ghosts:
         hop, nd, ed = int(nd[-1]), nd[:-1], ed[:-1]
-    return _walk_chain(graph, nd, ed, s0), nd, hop
+    return _walk_chain(graph, nd, ed, s0), hop
 
 
 def _walk_chain(graph: Graph, nd: np.ndarray, ed: np.ndarray, s0: int) -> Segments:
@@ -373,18 +373,17 @@ def _waiting_labels(graph: Graph, seg: Segments) -> _Labelled:
     if graph.etype.size == 0 or seg.start.size == 0:
         return label_waiting(seg, [], lambda a: a)
     a_rank = graph.act.get_column("rank").to_numpy()
-    return label_waiting(seg, _windows(graph, seg), lambda a: a_rank[a])
+    return label_waiting(seg, _windows(graph, seg, a_rank), lambda a: a_rank[a])
 
 
-def _windows(graph: Graph, seg: Segments) -> list[tuple[int, int, int]]:
+def _windows(graph: Graph, seg: Segments, a_rank: np.ndarray) -> list[tuple[int, int, int]]:
     """Per collective edge on the path (in the walk's order, latest first) where a member waited: ``(first arrival,
-    the straggler's arrival, the straggler's rank)``."""
+    the straggler's arrival, the straggler's rank)`` (``a_rank``: each activity's rank)."""
     coll = _ET["collective"]
     dst_act = seg.act[seg.edge == EDGE_CODE["collective"]]
     if dst_act.size == 0:
         return []
     a_start = graph.node_time[0::2]
-    a_rank = graph.act.get_column("rank").to_numpy()
     ce = np.flatnonzero(graph.etype == coll)
     # a replay's queued transfers (the previous one on the link) are not members of the instance
     ce = ce[ce < graph.__dict__.get("_queued_after", graph.src.size)]

@@ -44,6 +44,8 @@ class Crossings:
 
 #: the columns of a rank's stored activities :func:`member_rows` reads
 MEMBER_COLUMNS = ("kind", "collective_id", "t_start", "t_end")
+#: what :func:`member_rows` gives
+MEMBER_SCHEMA = {"rank": pl.Int32, "a": pl.Int64, "collective_id": pl.Int64, "start": pl.Int64, "end": pl.Int64}
 
 
 def member_rows(act_t: pa.Table, rank: int, offset: int) -> pl.DataFrame:
@@ -98,14 +100,15 @@ def crossings(members: pl.DataFrame, instances: pl.DataFrame | None) -> Crossing
 class RankGraph:
     """One rank's graph on the job clock with the collective edges into it (:func:`rank_graph`): its activities are
     ``graph``'s first nodes, its ghosts after them (``ghost``: the member each stands for); ``member_of``: per
-    activity, its member number (-1: none)."""
+    activity, its member number (-1: none). Its edges are its own but the own edges, the collective edges into it,
+    then its own edges: the order of the job's graph (:func:`tracekit.analysis.graph.compact.combine`)."""
 
     graph: Graph
     ghost: np.ndarray
     member_of: np.ndarray
     #: the collective edges into the rank: where they start among its edges, and each one's edge of :class:`Crossings`
-    coll_first: int = 0
-    coll_edge: np.ndarray | None = None
+    coll_first: int
+    coll_edge: np.ndarray
 
     @property
     def activities(self) -> int:
@@ -127,9 +130,11 @@ def rank_graph(act_t: pa.Table, edge_t: pa.Table, rank: int, offset: int, cross:
     act = joined.with_columns(pl.col("start") + offset, pl.col("end") + offset).drop("t_start", "t_end").with_columns(
         pl.int_range(k, dtype=pl.Int64).alias("a"), pl.col("name").cast(pl.Categorical))
     mem = cross.members
-    mine = np.flatnonzero(mem.get_column("rank").to_numpy() == rank)
+    m_rank = mem.get_column("rank").to_numpy()
+    m_a = mem.get_column("a").to_numpy()
+    mine = np.flatnonzero(m_rank == rank)
     member_of = np.full(k, -1, np.int64)
-    member_of[mem.get_column("a").to_numpy()[mine]] = mine
+    member_of[m_a[mine]] = mine
     s = edge_t.column("src").to_numpy()
     d = edge_t.column("dst").to_numpy()
     lg = edge_t.column("lag").to_numpy()
@@ -139,17 +144,15 @@ def rank_graph(act_t: pa.Table, edge_t: pa.Table, rank: int, offset: int, cross:
     own = np.zeros(k, np.int64)
     own[d[is_own] // 2] = lg[is_own]
     over = cross.own[mine] >= 0
-    own[mem.get_column("a").to_numpy()[mine[over]]] = cross.own[mine[over]]
+    own[m_a[mine[over]]] = cross.own[mine[over]]
     # the collective edges into this rank's members, in the job's order; a source on another rank is a ghost node
-    m_rank = mem.get_column("rank").to_numpy()
-    m_a = mem.get_column("a").to_numpy()
     into = np.flatnonzero(m_rank[cross.dst] == rank)
     c_src_m = cross.src[into]
     foreign = m_rank[c_src_m] != rank
     ghost = np.unique(c_src_m[foreign])
     c_src = np.where(foreign, 2 * k + np.searchsorted(ghost, c_src_m), 2 * m_a[c_src_m])
     c_dst = 2 * m_a[cross.dst[into]] + 1
-    node_time = np.concatenate([times, cross.members.get_column("start").to_numpy()[ghost].astype(np.int64)])
+    node_time = np.concatenate([times, mem.get_column("start").to_numpy()[ghost].astype(np.int64)])
     o_dst = d[is_own]
     src = np.concatenate([s[~is_own], c_src, s[is_own]])
     dst = np.concatenate([d[~is_own], c_dst, o_dst])

@@ -101,7 +101,8 @@ class Graph:
         return self.lag + self.slack
 
 
-def _offsets(ranks: pa.Table | None) -> dict[int, int]:
+def clock_offsets(ranks: pa.Table | None) -> dict[int, int]:
+    """Each rank's clock offset (ns onto the job clock; 0 where unknown) from the ``ranks`` table."""
     if ranks is None or ranks.num_rows == 0:
         return {}
     r = ranks.column("rank").to_pylist()
@@ -121,7 +122,7 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     assert isinstance(df, pl.DataFrame)
     # kind and name stay categorical until the top-level activities are picked (build casts those)
     df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("event_row"))
-    offsets = _offsets(ranks)
+    offsets = clock_offsets(ranks)
     if offsets:
         df = df.with_columns(_rank_offsets(df.get_column("rank"), offsets))
     else:
