@@ -610,7 +610,11 @@ class Job:
         return write_chrome_trace(self.analysis, path, force=force, flows=critical_path_flows(self.analysis))
 
     def close(self) -> None:
-        """Remove a temporary per-rank dataset (``cache=False`` rank by rank); the job's events are gone after."""
+        """Let the worker processes holding the ranks' graphs go and remove a temporary per-rank dataset
+        (``cache=False`` rank by rank); the job's events are gone after."""
+        held = self.analysis.rank_graphs
+        if held is not None and hasattr(held, "close"):
+            held.close()
         if self._finalizer is not None:
             self._finalizer()
 

@@ -36,11 +36,37 @@ HOST_KINDS = ("cpu_op", "runtime")
 
 
 @dataclass(frozen=True)
+class Work:
+    """Each rank's work on a graph (the job's, or one rank's held apart: :meth:`concat` joins those), what balancing
+    compares across ranks. ``signature`` (``rank, name, len``) is what a rank runs, which finds its peers; ``named``
+    (``rank, name, own``) its time per operation of its work; ``kinds`` (``rank, name, label, own``) the same over the
+    activities of the four work kinds, device or not, with each operation's name as text (the verdict's top
+    excess). ``name`` is any key of an operation's name that is the same for the same name across the tables joined."""
+
+    ranks: np.ndarray
+    device_ns: np.ndarray
+    host_ns: np.ndarray
+    gap_ns: np.ndarray
+    signature: pl.DataFrame
+    named: pl.DataFrame
+    kinds: pl.DataFrame
+
+    @staticmethod
+    def concat(parts: list[Work]) -> Work:
+        """The work of the ranks of ``parts`` (each a rank's or a few ranks', in rank order)."""
+        cat = np.concatenate
+        return Work(ranks=cat([p.ranks for p in parts]), device_ns=cat([p.device_ns for p in parts]),
+                    host_ns=cat([p.host_ns for p in parts]), gap_ns=cat([p.gap_ns for p in parts]),
+                    signature=pl.concat([p.signature for p in parts]), named=pl.concat([p.named for p in parts]),
+                    kinds=pl.concat([p.kinds for p in parts]))
+
+
+@dataclass(frozen=True)
 class Balance:
     """Per rank (``ranks``): its device and host work over the whole trace (ns), the median rank's, and the factor
-    that brings each down to it (1 where it is not above). ``act_factor`` is that factor per graph activity (1 for
-    communication); ``own_edge`` each activity's own edge (-1 where none); ``gap_edges`` the program edges into host
-    activities, whose slack is the threads' unexplained gaps."""
+    that brings each down to it (1 where it is not above). ``factors`` (``rank, name, own, median, f``): per rank and
+    operation its time, its median peer's and the factor that scales it down; ``tops`` the same over the four work
+    kinds with the operations' text (``label``); per rank its threads' unexplained gaps and their factor."""
 
     ranks: np.ndarray
     device_ns: np.ndarray
@@ -52,13 +78,13 @@ class Balance:
     peers: np.ndarray
     device_factor: np.ndarray
     host_factor: np.ndarray
-    act_factor: np.ndarray
-    own_edge: np.ndarray
-    gap_edges: np.ndarray
-    gap_factor: np.ndarray
-    #: per rank: its threads' unexplained gaps (ns, the slack of ``gap_edges``) and its median peer's
+    factors: pl.DataFrame
+    tops: pl.DataFrame
+    #: per rank: its threads' unexplained gaps (ns, the slack of program edges into host activities), its median
+    #: peer's, and the factor that brings them down to it
     gap_ns: np.ndarray
     median_gap_ns: np.ndarray
+    gap_factor: np.ndarray
     iterations: int
 
     def has_peers(self, rank: int) -> bool:
@@ -78,6 +104,18 @@ class Balance:
                 .filter(pl.col("excess_ns") > 0).sort(["excess_ns", "rank"], descending=[True, False]))
 
 
+@dataclass(frozen=True)
+class Scaling:
+    """What removing the excess does to one graph's edges (:func:`scaling`): per activity its factor (1 for
+    communication) and own edge (-1 where none), the program edges into host activities whose slack is a thread's
+    unexplained gap, and their factor."""
+
+    act_factor: np.ndarray
+    own_edge: np.ndarray
+    gap_edges: np.ndarray
+    gap_factor: np.ndarray
+
+
 def _median_rank(values: np.ndarray) -> int:
     """The median rank's value: the lower middle one of the sorted values (an actual rank's)."""
     if values.size == 0:
@@ -85,20 +123,20 @@ def _median_rank(values: np.ndarray) -> int:
     return int(np.sort(values)[(values.size - 1) // 2])
 
 
-def peer_groups(rank_code: np.ndarray, name: np.ndarray, n_ranks: int) -> np.ndarray:
-    """Per rank (0..n_ranks-1): its group of peers — ranks whose work (``name`` per activity of ``rank_code``) has
-    the same names the same number of times — or -1 where no other rank has its signature."""
-    if rank_code.size == 0:
-        return np.full(n_ranks, -1, dtype=np.int64)
-    per = (pl.DataFrame({"rank": rank_code.astype(np.int64), "name": name.astype(np.int64)})
-           .group_by(["rank", "name"]).len().sort(["rank", "name"])
-           .group_by("rank", maintain_order=True)
-           .agg(pl.concat_str([pl.col("name"), pl.col("len")], separator=":").str.join(",").alias("sig")))
+def peer_groups(signature: pl.DataFrame, ranks: np.ndarray) -> np.ndarray:
+    """Per rank of ``ranks``: its group of peers — ranks whose work (``signature``: ``rank, name, len``) has the same
+    names the same number of times — or -1 where no other rank has its signature."""
+    if signature.height == 0:
+        return np.full(ranks.size, -1, dtype=np.int64)
+    per = (signature.sort(["rank", "name"]).group_by("rank", maintain_order=True)
+           .agg(pl.concat_str([pl.col("name").cast(pl.String), pl.col("len")], separator=":").str.join(",")
+                .alias("sig")))
     sig = per.with_columns(pl.col("sig").hash().alias("h"))
     sig = sig.with_columns(pl.len().over("h").alias("n"), pl.col("h").rank("dense").alias("g"))
-    out = np.full(n_ranks, -1, dtype=np.int64)
+    out = np.full(ranks.size, -1, dtype=np.int64)
     shared = sig.filter(pl.col("n") > 1)
-    out[shared.get_column("rank").to_numpy()] = shared.get_column("g").to_numpy().astype(np.int64)
+    out[np.searchsorted(ranks, shared.get_column("rank").to_numpy())] = shared.get_column("g").to_numpy().astype(
+        np.int64)
     return out
 
 
@@ -113,80 +151,134 @@ def peer_medians(values: np.ndarray, peers: np.ndarray, among: np.ndarray | None
     return out
 
 
-def measure(graph: Graph, iterations: int) -> Balance:
-    """Every rank's device and host work on ``graph`` (over ``iterations`` iterations) and the factors that remove
-    its excess over the median rank's."""
-    act = graph.act
-    n = act.height
+def _names(act: pl.DataFrame) -> np.ndarray:
+    """Per activity, a key of its name (the categorical's code; -1 for none): the same for the same name within one
+    graph."""
+    return act.get_column("name").to_physical().fill_null(-1).to_numpy()
+
+
+def _own_edges(graph: Graph) -> np.ndarray:
+    """Per activity of ``graph``: its own edge, or -1."""
     own_mask = graph.etype == _OWN
-    own_edge = np.full(n, -1, dtype=np.int64)
+    own_edge = np.full(graph.act.height, -1, dtype=np.int64)
     own_edge[graph.dst[own_mask] // 2] = np.flatnonzero(own_mask)
+    return own_edge
+
+
+def _masks(act: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per activity: whether it is device work, and whether it is host work."""
     kind = act.get_column("kind").cast(pl.String)
     on_device = act.get_column("device").is_not_null().to_numpy()
-    device = on_device & kind.is_in(DEVICE_KINDS).fill_null(False).to_numpy()
-    host = ~on_device & kind.is_in(HOST_KINDS).fill_null(False).to_numpy()
+    return (on_device & kind.is_in(DEVICE_KINDS).fill_null(False).to_numpy(),
+            ~on_device & kind.is_in(HOST_KINDS).fill_null(False).to_numpy())
+
+
+def _gap_edges(graph: Graph, host: np.ndarray) -> np.ndarray:
+    """The program edges into host activities with slack: a thread's gaps nothing traced explains."""
+    prog = np.flatnonzero(graph.etype == _PROGRAM)
+    return prog[host[graph.dst[prog] // 2] & (graph.slack[prog] > 0)]
+
+
+def work(graph: Graph, names: np.ndarray | pl.Series | None = None) -> Work:
+    """Every rank's work on ``graph`` (its activities come rank by rank); ``names``: per activity a key of its name
+    (default the categorical's codes, which only one graph shares: give text where ranks' graphs are measured
+    apart)."""
+    act = graph.act
+    own_edge = _own_edges(graph)
+    device, host = _masks(act)
     rank = act.get_column("rank").fill_null(-1).to_numpy()
     by_run = runs(rank)  # a job's activities come rank by rank: their ranks and codes without a sort
     ranks, code = np.unique(rank, return_inverse=True) if by_run is None else \
         (by_run[0], np.repeat(np.arange(by_run[0].size), np.diff(by_run[1])))
     own = np.where(own_edge >= 0, graph.lag[np.maximum(own_edge, 0)], 0)
     dev_ns = np.bincount(code[device], weights=own[device], minlength=ranks.size).astype(np.int64)
-    prog = np.flatnonzero(graph.etype == _PROGRAM)
-    gap_edges = prog[host[graph.dst[prog] // 2] & (graph.slack[prog] > 0)]
-    gap_rank = code[graph.dst[gap_edges] // 2]
-    gap_ns = np.bincount(gap_rank, weights=graph.slack[gap_edges], minlength=ranks.size).astype(np.int64)
+    gap_edges = _gap_edges(graph, host)
+    gap_ns = np.bincount(code[graph.dst[gap_edges] // 2], weights=graph.slack[gap_edges],
+                         minlength=ranks.size).astype(np.int64)
     host_ns = np.bincount(code[host], weights=own[host], minlength=ranks.size).astype(np.int64) + gap_ns
     has_dev = dev_ns > 0
-    names = act.get_column("name").to_physical().fill_null(-1).to_numpy()
+    key = _names(act) if names is None else names
+    df = pl.DataFrame({"rank": rank.astype(np.int64), "name": key, "own": own})
     # peers by their device kernels (GPU ranks) or their operators (CPU-only ranks)
     sig_mask = np.where(has_dev[code], device, host)
-    peers = peer_groups(code[sig_mask], names[sig_mask], ranks.size)
+    signature = df.filter(pl.Series(sig_mask)).group_by(["rank", "name"]).len()
+    named = df.filter(pl.Series(device | host)).group_by(["rank", "name"]).agg(pl.col("own").sum())
+    four = act.get_column("kind").cast(pl.String).is_in([*DEVICE_KINDS, *HOST_KINDS]).fill_null(False)
+    kinds = df.with_row_index("_at").filter(four).group_by(["rank", "name"]).agg(
+        pl.col("own").sum(), pl.col("_at").first())
+    kinds = kinds.with_columns(act.get_column("name").cast(pl.String).gather(kinds.get_column("_at")).alias(
+        "label")).drop("_at")
+    return Work(ranks=ranks, device_ns=dev_ns, host_ns=host_ns, gap_ns=gap_ns, signature=signature, named=named,
+                kinds=kinds)
+
+
+def measure(graph: Graph, iterations: int) -> Balance:
+    """Every rank's device and host work on ``graph`` (over ``iterations`` iterations) and the factors that remove
+    its excess over the median rank's."""
+    return balance(work(graph), iterations)
+
+
+def balance(w: Work, iterations: int) -> Balance:
+    """The ranks' excess over their median peer's work (``w``: every rank's, :func:`work`) and the factors that remove
+    it."""
+    ranks, dev_ns, host_ns, gap_ns = w.ranks, w.device_ns, w.host_ns, w.gap_ns
+    has_dev = dev_ns > 0
+    peers = peer_groups(w.signature, ranks)
     m_dev = peer_medians(dev_ns, peers, among=has_dev)
     m_host = peer_medians(host_ns, peers)
     dev_f = np.where(has_dev & (dev_ns > m_dev), m_dev / np.maximum(dev_ns, 1), 1.0)
     host_f = np.where(host_ns > m_host, m_host / np.maximum(host_ns, 1), 1.0)
     # the replay scales each operation down to the median peer's time in it (a slow data loader shrinks to the median
     # loader, not every operation of its rank by the same share), and the threads' gaps by the rank's gap excess
-    work = device | host
-    act_factor = np.ones(n)
-    act_factor[work] = name_medians(code[work], names[work], own[work], peers).get_column("f").to_numpy()
     m_gap = peer_medians(gap_ns, peers)
     gap_f = np.where(gap_ns > m_gap, m_gap / np.maximum(gap_ns, 1), 1.0)
     return Balance(ranks=ranks, device_ns=dev_ns, host_ns=host_ns, median_device_ns=m_dev, median_host_ns=m_host,
-                   peers=peers, device_factor=dev_f, host_factor=host_f, act_factor=act_factor, own_edge=own_edge,
-                   gap_edges=gap_edges, gap_factor=gap_f[gap_rank], gap_ns=gap_ns, median_gap_ns=m_gap,
-                   iterations=iterations)
+                   peers=peers, device_factor=dev_f, host_factor=host_f,
+                   factors=name_medians(w.named, ranks, peers), tops=name_medians(w.kinds, ranks, peers),
+                   gap_ns=gap_ns, median_gap_ns=m_gap, gap_factor=gap_f, iterations=iterations)
 
 
-def name_medians(rank: np.ndarray, name: np.ndarray, own: np.ndarray, peers: np.ndarray) -> pl.DataFrame:
-    """Per activity (``rank`` an index into ``peers``): its rank's total time in its operation (``own``), the median
-    peer's (by name, among the peers that run it; among every rank that runs it where the rank has no peer), and
-    ``f``, the latter over the former at most 1."""
-    df = pl.DataFrame({"rank": rank.astype(np.int64), "name": name.astype(np.int64), "own": own,
-                       "peers": peers[rank]})
-    per = df.group_by(["rank", "name", "peers"]).agg(pl.col("own").sum())
+def name_medians(per: pl.DataFrame, ranks: np.ndarray, peers: np.ndarray) -> pl.DataFrame:
+    """``per`` (``rank, name, own``: each rank's total time in an operation; ``ranks`` and their ``peers``) with the
+    median peer's (by name, among the peers that run it; among every rank that runs it where the rank has no peer) as
+    ``median``, and ``f``, the latter over the former at most 1."""
+    per = per.with_columns(pl.Series("peers", peers[np.searchsorted(ranks, per.get_column("rank").to_numpy())]))
 
     def lower_middle(by: list[str]) -> pl.DataFrame:
         return per.group_by(by).agg(pl.col("own").sort().alias("v")).with_columns(
             pl.col("v").list.get((pl.col("v").list.len() - 1) // 2).alias("median")).drop("v")
 
-    per = (per.join(lower_middle(["peers", "name"]).rename({"median": "peer_median"}), on=["peers", "name"])
-           .join(lower_middle(["name"]), on="name")
+    per = (per.join(lower_middle(["peers", "name"]).rename({"median": "peer_median"}), on=["peers", "name"],
+                    nulls_equal=True)
+           .join(lower_middle(["name"]), on="name", nulls_equal=True)
            .with_columns(pl.when(pl.col("peers") >= 0).then(pl.col("peer_median")).otherwise(pl.col("median"))
-                         .alias("median")).drop("peer_median"))
-    per = per.with_columns(pl.when(pl.col("own") > pl.col("median")).then(pl.col("median") / pl.col("own"))
-                           .otherwise(1.0).alias("f"))
-    return df.select(["rank", "name"]).join(per.select(["rank", "name", "own", "median", "f"]), on=["rank", "name"],
-                                            how="left", maintain_order="left").with_columns(
-        pl.col("f").fill_null(1.0))
+                         .alias("median")).drop("peer_median", "peers"))
+    return per.with_columns(pl.when(pl.col("own") > pl.col("median")).then(pl.col("median") / pl.col("own"))
+                            .otherwise(1.0).alias("f"))
 
 
-def apply(graph: Graph, b: Balance, weight: np.ndarray) -> None:
-    """``weight`` (one per edge of ``graph``) with every rank's excess removed: own times and unexplained gaps
-    scaled by their rank's factor, in place."""
-    scaled = np.flatnonzero((b.act_factor < 1.0) & (b.own_edge >= 0))
-    e = b.own_edge[scaled]
-    weight[e] = np.rint(graph.lag[e] * b.act_factor[scaled]).astype(np.int64) + graph.slack[e]
-    g = b.gap_factor < 1.0
-    e = b.gap_edges[g]
-    weight[e] = graph.lag[e] + np.rint(graph.slack[e] * b.gap_factor[g]).astype(np.int64)
+def scaling(graph: Graph, b: Balance, names: np.ndarray | pl.Series | None = None) -> Scaling:
+    """What removing the excess of ``b`` does to ``graph``'s edges (``names`` as :func:`work` was given them)."""
+    act = graph.act
+    device, host = _masks(act)
+    rank = act.get_column("rank").fill_null(-1).to_numpy().astype(np.int64)
+    key = _names(act) if names is None else names
+    f = pl.DataFrame({"rank": rank, "name": key}).join(
+        b.factors.select(["rank", "name", "f"]), on=["rank", "name"], how="left", maintain_order="left",
+        nulls_equal=True).get_column("f").fill_null(1.0).to_numpy()
+    act_factor = np.where(device | host, f, 1.0)
+    gap_edges = _gap_edges(graph, host)
+    at = np.searchsorted(b.ranks, rank[graph.dst[gap_edges] // 2])
+    return Scaling(act_factor=act_factor, own_edge=_own_edges(graph), gap_edges=gap_edges,
+                   gap_factor=b.gap_factor[np.minimum(at, max(b.ranks.size - 1, 0))])
+
+
+def apply(graph: Graph, s: Scaling, weight: np.ndarray) -> None:
+    """``weight`` (one per edge of ``graph``) with every rank's excess removed (:func:`scaling`): own times and
+    unexplained gaps scaled by their rank's factor, in place."""
+    scaled = np.flatnonzero((s.act_factor < 1.0) & (s.own_edge >= 0))
+    e = s.own_edge[scaled]
+    weight[e] = np.rint(graph.lag[e] * s.act_factor[scaled]).astype(np.int64) + graph.slack[e]
+    g = s.gap_factor < 1.0
+    e = s.gap_edges[g]
+    weight[e] = graph.lag[e] + np.rint(graph.slack[e] * s.gap_factor[g]).astype(np.int64)

@@ -58,7 +58,9 @@ class RankGraphSource(Protocol):
 
     def graph(self, analysis: Analysis) -> dag.Graph: ...
 
-    def paths(self, analysis: Analysis) -> pl.DataFrame: ...
+    def paths(self, analysis: Analysis, iteration: int | list[int] | None = None) -> pl.DataFrame: ...
+
+    def model(self, analysis: Analysis) -> whatif.Model: ...
 
 
 @dataclass
@@ -128,9 +130,15 @@ class Analysis:
     def critical_path(self) -> pl.DataFrame:
         """Critical-path segments of every iteration (:mod:`tracekit.analysis.graph.critical_path`): rank by rank,
         followed where the ranks' graphs are held unless the job's graph is combined already (the same segments)."""
-        if self.dataset is not None and self.rank_graphs is not None and "graph" not in self.__dict__:
-            return self.rank_graphs.paths(self)
+        if self._held_apart:
+            return self.rank_graphs.paths(self)  # type: ignore[union-attr]
         return critical_path.paths(self.graph, self.iterations, self.ranks)
+
+    @property
+    def _held_apart(self) -> bool:
+        """Whether the critical path and the what-if go where the ranks' graphs are held (rank by rank, the job's graph
+        not combined)."""
+        return self.dataset is not None and self.rank_graphs is not None and "graph" not in self.__dict__
 
     @cached_property
     def critical_path_summary(self) -> pl.DataFrame:
@@ -144,7 +152,13 @@ class Analysis:
 
     @cached_property
     def whatif(self) -> whatif.Model:
-        """The what-if model of the job (its graph with re-costable transfers)."""
+        """The what-if model of the job (its graph with re-costable transfers): rank by rank, replayed where the ranks'
+        graphs are held unless the job's graph is combined already (the same predictions)."""
+        if self._held_apart:
+            model = self.rank_graphs.model(self)  # type: ignore[union-attr]
+            if self.measured_iteration_ns:
+                model.measured_iteration_ns = self.measured_iteration_ns
+            return model
         graph = self.graph
         leaves = self.rank_graphs.leaves if self.dataset is not None and self.rank_graphs is not None else None
         model = whatif.build(self.events if self.dataset is None else None, self.collectives, self.ranks,
@@ -216,7 +230,9 @@ class Analysis:
         # the path's sample on a thread of its own (verdict_path), the ranks' balance (the stragglers' replay needs
         # it) on another, beside the replays of free and measured communication
         model = self.whatif
-        self.graph  # noqa: B018 (built before the threads below read it)
+        if model.graph is not None:
+            self.graph  # noqa: B018 (built before the threads below read it)
+        # (where the ranks' graphs are held apart, their hosts take one question at a time: RankPaths.lock)
         path_soon = None if "verdict_path" in self.__dict__ else background.start(
             lambda: self.verdict_path, name="tracekit-paths")
         balance_soon = background.start(lambda: model.balance, name="tracekit-balance")
@@ -236,6 +252,7 @@ class Analysis:
         verdict and the ranges read (the same whatever else was computed; off the whole path where it exists)."""
         its = critical_path.sample(critical_path.iteration_spans(self.iterations, self.ranks)["iteration"].to_list())
         segs = (self.critical_path.filter(pl.col("iteration").is_in(its)) if "critical_path" in self.__dict__
+                else self.rank_graphs.paths(self, its) if self._held_apart  # type: ignore[union-attr]
                 else critical_path.paths(self.graph, self.iterations, self.ranks, iteration=its))
         return segs, critical_path.summary(segs, self.iterations, self.ranks)
 

@@ -201,8 +201,7 @@ def unexplained_after_comm(model: Model, segments: pl.DataFrame | None) -> float
     n = segments.get_column("iteration").n_unique()
     if gaps.height == 0 or n == 0:
         return 0.0
-    a = model.comm.get_column("a").to_numpy()
-    ends = model.graph.node_time[2 * a + 1]
+    ends = model.comm.get_column("node_end").to_numpy()
     crank = model.comm.get_column("rank").to_numpy().astype(np.int64)
     # one axis for every rank: rank-major, so that a search finds the same rank's latest end before a gap's end
     span = int(max(ends.max(), gaps.get_column("end_ns").max()) - min(ends.min(), gaps.get_column("end_ns").min())) + 2
@@ -229,7 +228,7 @@ def measure(model: Model, breakdown: pa.Table, segments: pl.DataFrame | None = N
         notes.append("one traced iteration: how much iterations vary from run to run cannot be told (trace more "
                      "steps)")
     measured = measured_ns if measured_ns is not None else model.measured_iteration_ns
-    replay_ns = replay_ns if replay_ns is not None else iteration_time(model, schedule(model, Scenario()).times)
+    replay_ns = replay_ns if replay_ns is not None else predict(model, Scenario())
     check = replay_ns / measured - 1 if measured > 0 else 0.0
     size_models = None
     if model.comm.height and (model.comm.get_column("size") == SIZE_ESTIMATED).any() \
@@ -318,19 +317,24 @@ def replay_all(unc: Uncertainty, scenarios: list[Scenario]) -> Replays:
 def _replay_jobs(jobs: list[tuple[Model, Scenario]]) -> list[tuple[int, np.ndarray]]:
     """Each (model, scenario) replayed: its iteration time (:func:`tracekit.analysis.graph.whatif.predict`) and its
     iterations' times; on threads, as :func:`tracekit.analysis.graph.whatif.predict_many` runs them."""
+    if jobs and jobs[0][0].remote is not None:  # the ranks' graphs held apart: their hosts replay every job
+        return [(b.period(), _periods(b.spans())) for b in jobs[0][0].remote.replay(jobs)]
+
     def one(job: tuple[Model, Scenario]) -> tuple[int, np.ndarray]:
         m, sc = job
         times = schedule(m, sc).times
-        spans = schedule_spans(m.iteration_of, times)
-        # from one iteration's start to the next's (the last iteration, to its own end, is not a period)
-        per = (spans.get_column("end_ns") - spans.get_column("start_ns")).to_numpy()[:-1]
-        return iteration_time(m, times), per
+        return iteration_time(m, times), _periods(schedule_spans(m.iteration_of, times))
 
     workers = min(len(jobs), os.cpu_count() or 1, PARALLEL_REPLAYS)
     if workers < 2:
         return [one(j) for j in jobs]
     with ThreadPoolExecutor(workers, thread_name_prefix="tracekit-replay") as pool:
         return list(pool.map(one, jobs))
+
+
+def _periods(spans: pl.DataFrame) -> np.ndarray:
+    """From one iteration's start to the next's (the last iteration, to its own end, is not a period)."""
+    return (spans.get_column("end_ns") - spans.get_column("start_ns")).to_numpy()[:-1]
 
 
 def combine(point: int, sources: dict[str, tuple[float, float]]) -> Range:

@@ -36,7 +36,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analysis import balance, loader, ranges
+from tracekit.analysis import loader, ranges
 from tracekit.analysis.bottleneck import Bottleneck
 from tracekit.analysis.graph import critical_path
 from tracekit.analysis.graph.whatif import RECORD_SHAPES_HINT, Model, Scenario, predict_many, schedule, self_check
@@ -264,23 +264,13 @@ def _stragglers(model: Model, ranks: pa.Table | None, inputs: pl.DataFrame | Non
 def _top_excess(model: Model, ranks: list[int]) -> dict[int, tuple[str | None, int]]:
     """Per rank: the activity name whose own time exceeds its median peer's the most (:mod:`tracekit.analysis.
     balance`), and the rank's unexplained gap time beyond its median peer's."""
-    g = model.graph
     b = model.balance
-    own = np.where(b.own_edge >= 0, g.lag[np.maximum(b.own_edge, 0)], 0)
-    work = (b.act_factor >= 0) & np.isin(g.act.get_column("kind").cast(pl.String).to_numpy(),
-                                         ["compute", "memory", "cpu_op", "runtime"])
-    code = np.searchsorted(b.ranks, g.act.get_column("rank").fill_null(-1).to_numpy()[work])
-    names = g.act.get_column("name").cast(pl.String)
-    codes = g.act.get_column("name").to_physical().fill_null(-1).to_numpy()[work]
-    per = balance.name_medians(code, codes, own[work], b.peers).with_columns(
-        pl.Series("label", names.to_numpy()[work]), pl.Series("rank_id", b.ranks.astype(np.int64)[code]))
-    per = per.unique(["rank", "name"], keep="first")
-    best = (per.filter(pl.col("rank_id").is_in(ranks)).with_columns((pl.col("own") - pl.col("median")).alias("d"))
-            .sort("d", descending=True).group_by("rank_id", maintain_order=True).first())
+    best = (b.tops.filter(pl.col("rank").is_in(ranks)).with_columns((pl.col("own") - pl.col("median")).alias("d"))
+            .sort("d", descending=True).group_by("rank", maintain_order=True).first())
     excess_gap = b.gap_ns - b.median_gap_ns
     at = {int(r): i for i, r in enumerate(b.ranks.tolist())}
     return {int(r): (n if d and d > 0 else None, int(excess_gap[at[int(r)]]))
-            for r, n, d in best.select(["rank_id", "label", "d"]).iter_rows()}
+            for r, n, d in best.select(["rank", "label", "d"]).iter_rows()}
 
 
 def _path_shares(summary: pl.DataFrame) -> dict[str, float]:
@@ -302,6 +292,8 @@ def _path_shares(summary: pl.DataFrame) -> dict[str, float]:
 
 def replay_unexplained(model: Model, sc: Scenario, iterations: pa.Table, ranks: pa.Table | None) -> float | None:
     """The share of the replay's critical path (its middle iteration) that rests on gaps no dependency explains."""
+    if model.remote is not None:  # the ranks' graphs held apart: the path is followed where they are
+        return model.remote.unexplained(model, sc, iterations, ranks)
     s = schedule(model, sc)
     spans = critical_path.schedule_spans(model.iteration_of, s.times)
     if spans.height == 0:

@@ -136,3 +136,23 @@ class Replay:
             raise RuntimeError("the part's replay waits on hubs never released (a cycle through them?)")
         return self.acc
 
+
+
+def merge(parts: list[Part]) -> tuple[Part, np.ndarray, list[np.ndarray]]:
+    """One part of several (a host's ranks: one replay, one kernel call per release instead of one per rank): their
+    nodes one after the other, their own edges, then their hub edges, hubs numbered as in the whole graph. Returns the
+    part, each part's first node and, per part, where its edges (its own, then its hub edges) are among the merged
+    part's."""
+    n = np.cumsum([0] + [p.n for p in parts])
+    m = np.cumsum([0] + [p.src.size for p in parts])
+    q = np.cumsum([0] + [p.tgt_dst.size for p in parts])
+    cat = np.concatenate
+    hubs = np.unique(cat([p.hubs for p in parts])) if parts else np.zeros(0, np.int64)
+    merged = Part(start=cat([p.start for p in parts]), src=cat([p.src + n[i] for i, p in enumerate(parts)]),
+                  dst=cat([p.dst + n[i] for i, p in enumerate(parts)]),
+                  tgt_hub=np.searchsorted(hubs, cat([p.hubs[p.tgt_hub] for p in parts])),
+                  tgt_dst=cat([p.tgt_dst + n[i] for i, p in enumerate(parts)]),
+                  mem_node=cat([p.mem_node + n[i] for i, p in enumerate(parts)]),
+                  mem_hub=np.searchsorted(hubs, cat([p.hubs[p.mem_hub] for p in parts])), hubs=hubs)
+    pos = [cat([m[i] + np.arange(p.src.size), m[-1] + q[i] + np.arange(p.tgt_dst.size)]) for i, p in enumerate(parts)]
+    return merged, n[:-1], pos

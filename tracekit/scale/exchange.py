@@ -44,10 +44,12 @@ class Parts:
         return [r.times for r in self.replays]
 
 
-def settle(hosts: Sequence[Host], members: np.ndarray, scenarios: int) -> tuple[np.ndarray, int]:
-    """Drive ``hosts`` until every hub is released; ``members``: each hub's member count. Returns the hubs' times
-    (hubs × scenarios) and the rounds it took. Raises ValueError where hubs are never released (a cycle through
-    them)."""
+def settle(hosts: Sequence[Host], members: np.ndarray, scenarios: int, local: np.ndarray | None = None
+           ) -> tuple[np.ndarray, int]:
+    """Drive ``hosts`` until every hub is released; ``members``: each hub's member count; ``local``: the hubs a host
+    releases itself (all their members are on it), whose arrivals are reported and counted but not released again.
+    Returns the hubs' times (hubs × scenarios) and the rounds it took. Raises ValueError where hubs are never
+    released (a cycle through them)."""
     left = members.astype(np.int64).copy()
     time = np.full((members.size, scenarios), NONE, np.int64)
     released, at = np.zeros(0, np.int64), np.zeros((0, scenarios), np.int64)
@@ -62,9 +64,9 @@ def settle(hosts: Sequence[Host], members: np.ndarray, scenarios: int) -> tuple[
         np.maximum.at(time, hub, t)
         np.subtract.at(left, hub, 1)
         seen = np.unique(hub)
-        released = seen[left[seen] == 0]
+        released = seen[(left[seen] == 0) & (True if local is None else ~local[seen])]
         at = time[released]
-        if released.size == 0:
+        if released.size == 0:  # (a host released its local hubs meanwhile, and reported what followed)
             break
     if (left > 0).any():
         raise ValueError(f"{int((left > 0).sum())} hubs never released: their members wait on each other")

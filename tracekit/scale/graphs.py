@@ -40,6 +40,7 @@ from tracekit.scale.unit import where
 
 if TYPE_CHECKING:
     from tracekit.scale.dataset import Dataset
+    from tracekit.scale.rank_paths import RankPaths
 
 
 class JobTables(Protocol):
@@ -251,30 +252,64 @@ class RankGraphs:
     leaves: pl.DataFrame | None = None
     #: the peak resident bytes of each worker process that held the ranks' graphs for :meth:`paths` (empty: none)
     host_memory: list[int] = field(default_factory=list)
+    _held: RankPaths | None = field(default=None, repr=False)
+    _stack: contextlib.ExitStack | None = field(default=None, repr=False)
 
     def graph(self, analysis: JobTables) -> dag.Graph:
         self._ready()
         graph, self.leaves = combined(self.dataset, analysis, verify=False)
         return graph
 
-    def paths(self, analysis: JobTables, iteration: int | list[int] | None = None) -> pl.DataFrame:
-        """The critical path of every iteration (or those asked), followed where the ranks' graphs are held
-        (:mod:`tracekit.scale.rank_paths`): the same segments as the combined graph's, without combining it."""
+    def held(self, analysis: JobTables) -> RankPaths:
+        """The ranks' graphs loaded where they are held (:mod:`tracekit.scale.rank_paths`), once: on worker processes
+        (one per core, or the Dask cluster's workers) for a job of more than :data:`HOSTS_MIN_BYTES` of graphs, else in
+        this process; kept until :meth:`close`."""
         from tracekit.scale.engine import DaskEngine
         from tracekit.scale.rank_parts import default_jobs, hosts_for
         from tracekit.scale.rank_paths import RankPaths
 
-        self._ready()
-        usable(self.dataset, verify=False)
-        events = sum(self.dataset.rank_event_counts().values())
-        engine = self.engine() if self.engine is not None else None
-        jobs = getattr(engine, "jobs", default_jobs()) if events * GRAPH_BYTES_PER_EVENT >= HOSTS_MIN_BYTES else 0
-        with engine if isinstance(engine, DaskEngine) else contextlib.nullcontext(), \
-                hosts_for(engine, jobs) as hosts:
-            held = RankPaths.open(hosts, sources(self.dataset, analysis), analysis)
-            out = held.paths(analysis.iterations, analysis.ranks, iteration)
-            self.host_memory = hosts.memory()
+        if self._held is None:
+            self._ready()
+            usable(self.dataset, verify=False)
+            events = sum(self.dataset.rank_event_counts().values())
+            engine = self.engine() if self.engine is not None else None
+            jobs = getattr(engine, "jobs", default_jobs()) if events * GRAPH_BYTES_PER_EVENT >= HOSTS_MIN_BYTES else 0
+            stack = contextlib.ExitStack()
+            try:
+                if isinstance(engine, DaskEngine):
+                    stack.enter_context(engine)
+                hosts = stack.enter_context(hosts_for(engine, jobs))
+                held = RankPaths.open(hosts, sources(self.dataset, analysis), analysis)
+            except BaseException:
+                stack.close()
+                raise
+            self._stack, self._held = stack, held
+        return self._held
+
+    def paths(self, analysis: JobTables, iteration: int | list[int] | None = None) -> pl.DataFrame:
+        """The critical path of every iteration (or those asked), followed where the ranks' graphs are held
+        (:mod:`tracekit.scale.rank_paths`): the same segments as the combined graph's, without combining it."""
+        held = self.held(analysis)
+        out = held.paths(analysis.iterations, analysis.ranks, iteration)
+        self.host_memory = held.hosts.memory()
         return out
+
+    def model(self, analysis: Any) -> whatif.Model:
+        """The job's what-if model, replayed where the ranks' graphs are held (:mod:`tracekit.scale.rank_whatif`): the
+        same predictions as the combined graph's, without combining it."""
+        from tracekit.scale.rank_whatif import open_model
+
+        held = self.held(analysis)
+        model = open_model(held, analysis, line_rate_bps=analysis.line_rate_bps, line_rates=analysis.line_rates,
+                           pg_desc=analysis.pg_desc, group_links=analysis.group_links)
+        self.host_memory = held.hosts.memory()
+        return model
+
+    def close(self) -> None:
+        """Let the hosts of the ranks' graphs go (their worker processes stop)."""
+        if self._stack is not None:
+            self._stack.close()
+        self._stack, self._held = None, None
 
     def _ready(self) -> None:
         """Every rank's graph built (from its events where the dataset was made without it) and verified (those that

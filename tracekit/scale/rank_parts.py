@@ -28,6 +28,7 @@ from tracekit.analysis.graph.crossings import (
 )
 from tracekit.analysis.graph.dag import EDGE_TYPES
 from tracekit.model.diagnostics import TraceError
+from tracekit.scale.rank_replays import HeldReplays
 
 _COLL = EDGE_TYPES.index("collective")
 _COLL_CODE = critical_path.EDGE_CODE["collective"]
@@ -59,12 +60,15 @@ class Piece:
     hop: int
 
 
-class Held:
-    """Some ranks' graphs and what is asked of them (a host's state: in this process, or a worker's)."""
+class Held(HeldReplays):
+    """Some ranks' graphs and what is asked of them (a host's state: in this process, or a worker's): the critical
+    path's questions here, the what-if's replays in :class:`tracekit.scale.rank_replays.HeldReplays`."""
 
     def __init__(self) -> None:
         self.ranks: dict[int, RankGraph] = {}
         self.stored: dict[int, Source] = {}  # ranks whose members were read, not bound yet
+        self.sources: dict[int, Source] = {}
+        self.replayed: dict[int, RankGraph] = {}
 
     def read(self, sources: list[Source]) -> dict[int, pl.DataFrame]:
         """The ranks' members of collectives (:func:`tracekit.analysis.graph.crossings.member_rows`, from the columns
@@ -86,20 +90,26 @@ class Held:
 
         out = {}
         for r in list(self.stored):
-            s = self.stored.pop(r)
+            s = self.sources[r] = self.stored.pop(r)
             d = Path(s.root) / s.part
             self.ranks[r] = rank_graph(pq.read_table(str(d / "graph.act.parquet")),
                                        pq.read_table(str(d / "graph.edges.parquet")), s.rank, s.offset, cross)
             out[r] = self.ranks[r].activities
         return out
 
-    def sinks(self, iteration: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> dict[int, tuple[np.ndarray, ...]]:
+    def _graphs(self, replayed: bool) -> dict[int, RankGraph]:
+        """The ranks' graphs as measured, or as the last replay bound scheduled them
+        (:meth:`tracekit.scale.rank_replays.HeldReplays.replays_bind`)."""
+        return self.replayed if replayed else self.ranks
+
+    def sinks(self, iteration: np.ndarray, s0: np.ndarray, s1: np.ndarray, replayed: bool = False
+              ) -> dict[int, tuple[np.ndarray, ...]]:
         """Per rank held: for each iteration (``iteration``, its span ``(s0, s1]``) with an activity ending inside, the
         latest such end and its activity (the first on a tie): ``(index into iteration, end, activity)``."""
         out = {}
         order = np.argsort(iteration, kind="stable")
         its = iteration[order]
-        for r, rg in self.ranks.items():
+        for r, rg in self._graphs(replayed).items():
             g = rg.graph
             a_end = g.node_time[1:2 * rg.activities:2]
             a_it = g.act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
@@ -117,9 +127,9 @@ class Held:
             out[r] = (k[a][first], a_end[a][first], a[first])
         return out
 
-    def walk(self, rank: int, node: int, s0: int) -> Piece:
+    def walk(self, rank: int, node: int, s0: int, replayed: bool = False) -> Piece:
         """The critical path back from ``node`` of ``rank`` to ``s0``, up to the first member of another rank."""
-        rg = self.ranks[rank]
+        rg = self._graphs(replayed)[rank]
         g = rg.graph
         ghosts = 2 * rg.activities
         seg, hop = critical_path.walk_part(g, node, s0, ghosts)
@@ -248,17 +258,32 @@ class Hosts:
             out.update(got)
         return out
 
-    def sinks(self, iteration: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> dict[int, tuple[np.ndarray, ...]]:
+    def sinks(self, iteration: np.ndarray, s0: np.ndarray, s1: np.ndarray, replayed: bool = False
+              ) -> dict[int, tuple[np.ndarray, ...]]:
         out: dict[int, tuple[np.ndarray, ...]] = {}
-        for got in self._ask(range(self.count), "sinks", lambda h: (iteration, s0, s1)):
+        for got in self._ask(range(self.count), "sinks", lambda h: (iteration, s0, s1, replayed)):
             out.update(got)
         return out
 
-    def walk(self, rank: int, node: int, s0: int) -> Piece:
-        return self._ask([self.home.get(rank, 0)], "walk", lambda h: (rank, node, s0))[0]
+    def walk(self, rank: int, node: int, s0: int, replayed: bool = False) -> Piece:
+        return self._ask([self.home.get(rank, 0)], "walk", lambda h: (rank, node, s0, replayed))[0]
 
     def describe(self, rank: int, acts: np.ndarray) -> pl.DataFrame:
         return self._ask([self.home.get(rank, 0)], "describe", lambda h: (rank, acts))[0]
+
+    def ask_all(self, name: str, *args: object) -> list[Any]:
+        """``name(*args)`` on every host, each host's answer in turn."""
+        return self._ask(range(self.count), name, lambda h: args)
+
+    def ask_each(self, name: str, args: Callable[[int], tuple]) -> list[Any]:
+        """``name(*args(h))`` on every host ``h``, each host's answer in turn."""
+        return self._ask(range(self.count), name, args)
+
+    def advance(self, hubs: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Release hubs to every host's running replays (:meth:`tracekit.scale.rank_replays.HeldReplays.advance`): the
+        arrivals all of them settled meanwhile (a host of :func:`tracekit.scale.exchange.settle`)."""
+        got = self.ask_all("advance", hubs, times)
+        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
 
     def pids(self) -> list[int]:
         """The process of each host."""

@@ -7,6 +7,7 @@ collectives (:class:`tracekit.analysis.graph.crossings.Crossings`) and the path 
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
 import numpy as np
@@ -34,6 +35,8 @@ class RankPaths:
 
     def __init__(self, hosts: Hosts, cross: Crossings, sources: list[Source], counts: dict[int, int]) -> None:
         self.hosts, self.cross, self.sources = hosts, cross, sources
+        #: held by whoever talks to the hosts: one question at a time (the verdict asks from several threads)
+        self.lock = threading.RLock()
         self.part_rank = np.array([s.rank for s in sources], np.int64)
         sizes = np.array([counts.get(s.rank, 0) for s in sources], np.int64)
         self.base = np.concatenate(([0], np.cumsum(sizes)))[:-1]  # each rank's first activity in the job's numbering
@@ -57,9 +60,10 @@ class RankPaths:
         """The rank of activities in the job's numbering."""
         return self.part_rank[np.searchsorted(self.base, acts, "right") - 1]
 
-    def _windows(self, pieces: list[Piece]) -> list[tuple[int, int, int]]:
-        """:func:`tracekit.analysis.graph.critical_path._windows` from the pieces' collective segments, in order."""
-        start, rank = self.m_start, self.m_rank
+    def _windows(self, pieces: list[Piece], start: np.ndarray) -> list[tuple[int, int, int]]:
+        """:func:`tracekit.analysis.graph.critical_path._windows` from the pieces' collective segments, in order
+        (``start``: each member's start in the schedule followed)."""
+        rank = self.m_rank
         out = []
         for p in pieces:
             for d, k in zip(p.dst_member[p.src_member >= 0].tolist(), p.src_member[p.src_member >= 0].tolist(),
@@ -78,29 +82,38 @@ class RankPaths:
                     out.append((first, last, int(rank[k])))
         return out
 
-    def paths(self, iterations: pa.Table, ranks: pa.Table | None, iteration: int | list[int] | None = None
-              ) -> pl.DataFrame:
-        """:func:`tracekit.analysis.graph.critical_path.paths` of the job's graph."""
-        spans = critical_path.iteration_spans(iterations, ranks)
+    def paths(self, iterations: pa.Table, ranks: pa.Table | None, iteration: int | list[int] | None = None,
+              spans: pl.DataFrame | None = None, m_start: np.ndarray | None = None) -> pl.DataFrame:
+        """:func:`tracekit.analysis.graph.critical_path.paths` of the job's graph; with ``m_start`` (each member's start
+        in a replayed schedule, whose iterations' ``spans`` are given), of the schedule the hosts bound last
+        (:meth:`tracekit.scale.rank_replays.HeldReplays.replays_bind`)."""
+        with self.lock:
+            return self._paths(iterations, ranks, iteration, spans, m_start)
+
+    def _paths(self, iterations: pa.Table, ranks: pa.Table | None, iteration: int | list[int] | None,
+               spans: pl.DataFrame | None, m_start: np.ndarray | None) -> pl.DataFrame:
+        replayed = m_start is not None
+        start = m_start if replayed else self.m_start
+        spans = critical_path.iteration_spans(iterations, ranks) if spans is None else spans
         if iteration is not None:
             spans = spans.filter(pl.col("iteration").is_in(iteration if isinstance(iteration, list) else [iteration]))
         it = spans.get_column("iteration").to_numpy()
         s0 = spans.get_column("start_ns").to_numpy()
         s1 = spans.get_column("end_ns").to_numpy()
         best: dict[int, tuple[int, int, int]] = {}  # iteration index -> (end, position of its rank, activity)
-        for r, (k, end, a) in self.hosts.sinks(it, s0, s1).items():
+        for r, (k, end, a) in self.hosts.sinks(it, s0, s1, replayed).items():
             p = self.pos[r]
             for ki, e, ai in zip(k.tolist(), end.tolist(), a.tolist(), strict=True):
                 if ki not in best or (e, -p, -ai) > (best[ki][0], -best[ki][1], -best[ki][2]):
                     best[ki] = (e, p, ai)
         out, its = [], []
-        for i, (it_no, start, stop) in enumerate(zip(it.tolist(), s0.tolist(), s1.tolist(), strict=True)):
+        for i, (it_no, begin, stop) in enumerate(zip(it.tolist(), s0.tolist(), s1.tolist(), strict=True)):
             if i not in best:
                 continue
             end, p, a = best[i]
             rank, node, pieces = int(self.part_rank[p]), 2 * a + 1, []
             while True:
-                piece = self.hosts.walk(rank, node, start)
+                piece = self.hosts.walk(rank, node, begin, replayed)
                 pieces.append((self.base[self.pos[rank]], piece))
                 if piece.hop < 0:
                     break
@@ -109,7 +122,7 @@ class RankPaths:
                            np.concatenate([b + pc.act for b, pc in pieces]),
                            np.concatenate([pc.edge for _, pc in pieces]))
             seg = with_tail(seg, end, stop, int(self.base[p] + a))
-            out.append(label_waiting(seg, self._windows([pc for _, pc in pieces]), self.rank_of))
+            out.append(label_waiting(seg, self._windows([pc for _, pc in pieces], start), self.rank_of))
             its.append(it_no)
         if not out:
             return pl.DataFrame(schema=SEGMENT_SCHEMA)

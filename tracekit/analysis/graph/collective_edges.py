@@ -54,19 +54,19 @@ def sources(graph: Edges, times: np.ndarray) -> np.ndarray:
     h = graph.hubs
     if h is None or h.edge.size == 0:
         return graph.src
-    top1, top2 = _latest_two(h, times)
     src = graph.src.copy()
-    e = h.edge
-    own_start = graph.dst[e] - 1
-    first = top1[h.hub]
-    src[e] = np.where(first == own_start, top2[h.hub], first)
+    src[h.edge] = latest_other(h.ptr, h.member, times[h.member], h.hub, graph.dst[h.edge] - 1)
     return src
 
 
-def _latest_two(h: Hubs, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per hub, the start node of its latest member and of the latest but one (:func:`_top_two`)."""
-    i1, i2 = _top_two(h.ptr, times[h.member])
-    return h.member[i1], h.member[i2]
+def latest_other(ptr: np.ndarray, member: np.ndarray, start: np.ndarray, hub: np.ndarray, own: np.ndarray
+                 ) -> np.ndarray:
+    """Per edge leaving hub ``hub`` into the member ``own``: the hub's latest member other than ``own`` (the last in
+    member order on a tie), hub ``i``'s members being ``member[ptr[i]:ptr[i + 1]]`` with starts ``start``."""
+    i1, i2 = _top_two(ptr, start)
+    top1, top2 = member[i1], member[i2]
+    first = top1[hub]
+    return np.where(first == own, top2[hub], first)
 
 
 def _top_two(ptr: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ when every node between them has no edge but its lane's own chain (the previous 
 the next one's start): no launch, sync, stream wait, hand-off, enqueue or consume edge leaves or enters there. They
 must also be of one kind and one iteration, and neither communication (every communication activity stays alone:
 its transfer is re-costed and the collective edges attach to it) nor compute in the sense of
-:func:`tracekit.analysis.graph.whatif._compute_mask` (device kernels on GPU ranks, operators on CPU-only ranks: the
+:func:`tracekit.analysis.graph.whatif.compute_mask` (device kernels on GPU ranks, operators on CPU-only ranks: the
 contention model re-costs each by its own overlap with transfers). On a device stream, two activities merge only
 back to back (no gap between them); on a CPU thread the gaps between them (untraced host work: the slack on program
 order) become part of the merged activity's own work, and the edge records how much of it was such a gap
@@ -61,7 +61,7 @@ ACT_COLUMNS = ("rank", "lane", "kind", "name", "start", "end", "start_ns", "dur"
 
 
 def _compute_mask(graph: Graph) -> np.ndarray:
-    """Activities the contention model re-costs one by one (as :func:`tracekit.analysis.graph.whatif._compute_mask`)."""
+    """Activities the contention model re-costs one by one (as :func:`tracekit.analysis.graph.whatif.compute_mask`)."""
     act = graph.act
     kind = act.get_column("kind").cast(pl.String)
     rank = act.get_column("rank").to_numpy()

@@ -106,10 +106,20 @@ def coverage(start: np.ndarray, end: np.ndarray, group: np.ndarray, c_start: np.
 def measure(act: pl.DataFrame, overlap: np.ndarray, compute: np.ndarray) -> Contention:
     """Fit the slowdown from the activities ``act`` (``rank, iteration, name, start, end``) whose ``compute``
     mask is set, with ``overlap`` their share overlapped by their rank's transfers (module docstring)."""
+    return fit(*samples(act, overlap, compute))
+
+
+def samples(act: pl.DataFrame, overlap: np.ndarray, compute: np.ndarray) -> tuple[pl.DataFrame, int]:
+    """What :func:`fit` reads of ``act`` (as :func:`measure` takes it): the samples of the ranks and names with an
+    identity whose overlap varied (``rank, iteration, name, f, y, k``), and how many such identities there are. Every
+    step is within a rank: the samples of several ranks' activities, each taken apart, joined in the same order and
+    their identities summed, fit as the ranks' together."""
+    empty = pl.DataFrame(schema={"rank": pl.Int64, "iteration": pl.Int64, "name": pl.String, "f": pl.Float64,
+                                 "y": pl.Float64, "k": pl.Int64})
     dur = (act.get_column("end") - act.get_column("start")).to_numpy()
     keep = compute & (dur >= MIN_DURATION_NS) & act.get_column("iteration").is_not_null().to_numpy()
     if not keep.any():
-        return NONE
+        return empty, 0
     # an operation's name as its categorical code where it has one (the same groups as its text, cheaper to hash)
     name = pl.col("name").to_physical() if act.schema["name"] == pl.Categorical else pl.col("name")
     df = act.filter(pl.Series(keep)).select(["rank", "iteration", name]).with_columns(
@@ -121,10 +131,15 @@ def measure(act: pl.DataFrame, overlap: np.ndarray, compute: np.ndarray) -> Cont
                          pl.len().over(ident).alias("n")).filter(pl.col("n") >= 2)
     varied = (pl.col("spread") >= MIN_SPREAD)
     groups = df.filter(varied).select(pl.struct(ident).n_unique()).item() if df.height else 0
+    # the operations of the ranks and names whose overlap varied: their batches set each one's speed per iteration
+    return df.filter(varied.any().over(["rank", "name"])).drop("spread", "n"), int(groups)
+
+
+def fit(df: pl.DataFrame, groups: int) -> Contention:
+    """The slowdown fitted on :func:`samples` (module docstring)."""
     if groups < MIN_IDENTITIES:
         return NONE
-    # the operations of the ranks and names whose overlap varied: their batches set each one's speed per iteration
-    df = df.filter(varied.any().over(["rank", "name"]))
+    ident, batch = ["rank", "name", "k"], ["rank", "iteration", "name"]
     codes = df.select(pl.struct(ident).rank("dense").alias("i"), pl.struct(batch).rank("dense").alias("b"))
     i = codes.get_column("i").to_numpy().astype(np.int64) - 1
     b = codes.get_column("b").to_numpy().astype(np.int64) - 1

@@ -130,7 +130,13 @@ def schedule_spans(iteration_of: np.ndarray, times: np.ndarray) -> pl.DataFrame:
     (``iteration_of``: per activity, its iteration or a huge negative number where it does not count, as
     :attr:`tracekit.analysis.graph.whatif.Model.iteration_of`) to the next one's, the last to its last end."""
     ok = iteration_of > -(1 << 61)
-    df = pl.DataFrame({"iteration": iteration_of[ok], "s": times[0::2][ok], "e": times[1::2][ok]}).group_by(
+    return bounds_spans(iteration_of[ok], times[0::2][ok], times[1::2][ok])
+
+
+def bounds_spans(iteration: np.ndarray, start: np.ndarray, end: np.ndarray) -> pl.DataFrame:
+    """:func:`schedule_spans` from rows of ``iteration, start, end`` (counted activities, or each rank's earliest start
+    and latest end of an iteration where the ranks replayed apart)."""
+    df = pl.DataFrame({"iteration": iteration, "s": start, "e": end}).group_by(
         "iteration").agg(pl.col("s").min().alias("start_ns"), pl.col("e").max().alias("_last")).sort("iteration")
     return df.with_columns(pl.col("start_ns").shift(-1).fill_null(pl.col("_last")).alias("end_ns")).drop("_last")
 

@@ -32,20 +32,28 @@ import pyarrow as pa
 
 from tracekit.analysis import background, balance, link_classes
 from tracekit.analysis.graph import contention, dag, replay
+from tracekit.analysis.graph.comm_table import (
+    HOST_NS_PER_BYTE,
+    HOST_NS_PER_BYTE_MAX,
+    SIZE_ESTIMATED,
+    SIZE_MEASURED,
+    SIZE_UNKNOWN,
+    WIRE_EFFICIENCY,
+    bus_factor,
+    comm_activities,
+    comm_table,
+    consistent_members,
+    fifo_edges,
+    sizes_and_speeds,
+)
 from tracekit.analysis.graph.compute_leaves import compute_leaves
 from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
-from tracekit.analysis.intervals import distinct, union_length
-from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
+from tracekit.analysis.intervals import distinct
 from tracekit.model.units import count, format_duration, format_rate
 
 _OWN = EDGE_TYPES.index("own")
 _COLLECTIVE = EDGE_TYPES.index("collective")
 
-#: fixed cost of one collective call, by backend; small against real transfers, large against tiny ones
-DEFAULT_LATENCY_NS = {"nccl": 20_000, "gloo": 100_000}
-#: share of the line rate a busy link carries as payload (headers, acknowledgements; TCP over Ethernet
-#: carries 1448 of 1514 bytes per frame, 95.6 %; InfiniBand is similar)
-WIRE_EFFICIENCY = 0.95
 #: replays that re-cost compute by the predicted schedule's overlap with transfers (a fixed-point iteration)
 CONTENTION_ROUNDS = 2
 #: encode + decode cost of gradient compression, ns per payload byte (about 15 ms for ResNet-50's
@@ -74,8 +82,8 @@ class Scenario:
     balanced: bool = False
 
 
-#: what a transfer's size rests on, per communication activity of the model (``Model.comm["size"]``)
-SIZE_MEASURED, SIZE_ESTIMATED, SIZE_UNKNOWN = "measured", "estimated", "unknown"
+#: :attr:`Model.iteration_of` of an activity that does not count towards an iteration's window
+NOT_COUNTED = -(1 << 62)
 #: how to get sizes, for every message that has to admit they are unknown
 RECORD_SHAPES_HINT = ("record with tracekit.torch.profile(), which sets record_shapes=True, or give the job's NCCL "
                       "debug log (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL)")
@@ -96,7 +104,7 @@ class Model:
     (the rate its link ran at, NaN when not given) and ``speed`` (its link's measured bus bandwidth, bytes/ns).
     """
 
-    graph: Graph
+    graph: Graph | None  # None where the ranks' graphs are held apart (``remote`` replays them)
     comm: pl.DataFrame
     own_edge: np.ndarray  # per comm row: its own edge index
     coll_edges: np.ndarray  # collective edges, and the comm row of their destination
@@ -118,6 +126,8 @@ class Model:
     #: the most host work per byte a measured link is credited with (None: :data:`HOST_NS_PER_BYTE_MAX` of the
     #: backend); a bound of :mod:`tracekit.analysis.ranges` sets 0 (all beyond the wire scales with the rate) or inf
     host_share_max: float | None = None
+    #: the replays of a job whose ranks' graphs are held apart (:class:`tracekit.scale.rank_whatif.RankReplays`)
+    remote: Any = None
 
     @property
     def receiver(self) -> np.ndarray:
@@ -147,11 +157,20 @@ class Model:
     @property
     def balance(self) -> balance.Balance:
         """Each rank's work and its excess over the median rank's (computed on first use)."""
+        if self.remote is not None:
+            return self.remote.balance(self)
         if "_balance" not in self.__dict__:
             it = self.iteration_of
             n = int(distinct(it[it > -(1 << 61)]).size)
             self.__dict__["_balance"] = balance.measure(self.graph, n)
         return self.__dict__["_balance"]
+
+    @property
+    def scaling(self) -> balance.Scaling:
+        """What removing every rank's excess (:attr:`balance`) does to the graph's edges (computed on first use)."""
+        if "_scaling" not in self.__dict__:
+            self.__dict__["_scaling"] = balance.scaling(self.graph, self.balance)
+        return self.__dict__["_scaling"]
 
     @property
     def replayed_iteration_ns(self) -> int:
@@ -173,47 +192,10 @@ class Model:
         return bool(self.comm.height) and not self.comm.get_column("line_rate_bps").is_nan().any()
 
 
-#: host work per byte of a transfer (reductions, copies, the network stack) assumed when no transfer of the
-#: job has a known size: gloo's CPU reduction and TCP stack took 0.6-1.2 ns/B beyond the wire (median 0.8) in the
-#: 3 Gbit/s blocks of this project's interleaved DDP recordings with sizes recorded (docs/accuracy.md; 1.4-2.9
-#: ns/B measured earlier in separate recordings on the loaded VM held the machine's noise too); NCCL reduces on
-#: the GPU, off the host's path
-HOST_NS_PER_BYTE = {"gloo": 0.8, "nccl": 0.0}
-#: the most host work per byte a measured link is credited with; what a slow link loses beyond the wire and
-#: this is the protocol's inefficiency (TCP at a low rate, small messages), which shrinks with a faster link.
-#: gloo: the most this VM's cores spent reducing and pushing a byte through TCP on a fast link (up to 1.2 ns/B
-#: in the 3 Gbit/s blocks of the interleaved recordings, docs/accuracy.md); NCCL reduces on the GPU
-HOST_NS_PER_BYTE_MAX = {"gloo": 1.2, "nccl": 0.0}
 #: the least share of the line rate a protocol is credited with on a link's wire: a link measured slower than
 #: this is busy with something that does not scale with its rate (cores shared with compute, a sender
 #: starved of CPU), which is kept as a fixed cost per byte rather than multiplied by a slower rate
 MIN_PROTOCOL_EFFICIENCY = 0.5
-
-
-def consistent_members(members: pa.Table | None, instances: pa.Table | None,
-                       collectives: pa.Table | None = None) -> pl.DataFrame | None:
-    """``rank, collective_id, instance, send`` of the members of instances that are consistent in time (the
-    collective edges of the dependency graph); ``send`` is true for the sending member of a send/recv pair,
-    false for the receiving one, null in a collective (from ``collectives``' ops when given)."""
-    if members is None or members.num_rows == 0:
-        return None
-    m = pl.from_arrow(members.select(["instance", "rank", "collective_id"]))
-    assert isinstance(m, pl.DataFrame)
-    if instances is not None and instances.num_rows and "consistent" in instances.column_names:
-        ok = pl.from_arrow(instances.select(["instance", "consistent"]))
-        assert isinstance(ok, pl.DataFrame)
-        m = m.join(ok.filter(pl.col("consistent").fill_null(False)).select("instance"), on="instance", how="semi")
-    if collectives is not None and collectives.num_rows and instances is not None and instances.num_rows:
-        ops = pl.from_arrow(collectives.select(["rank", "collective_id", "op"]))
-        pair = pl.from_arrow(instances.select(["instance", "op"]))
-        assert isinstance(ops, pl.DataFrame) and isinstance(pair, pl.DataFrame)
-        pairs = pair.filter(pl.col("op") == "sendrecv").select("instance")
-        m = m.join(ops.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "collective_id"], how="left").join(
-            pairs.with_columns(pl.lit(True).alias("_p2p")), on="instance", how="left").with_columns(
-            pl.when(pl.col("_p2p")).then(pl.col("op") == "send").alias("send")).drop("op", "_p2p")
-    else:
-        m = m.with_columns(pl.lit(None, dtype=pl.Boolean).alias("send"))
-    return m
 
 
 def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None,
@@ -231,64 +213,48 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     :mod:`tracekit.analysis.graph.compact`)."""
     inst = consistent_members(members, instances, collectives)
     g = graph if graph is not None else dag.build(events, ranks, inst)
-    act = g.act
-    coll = pl.from_arrow(collectives.select(["rank", "collective_id", "op", "bytes", "nranks", "source", "pg"]))
-    assert isinstance(coll, pl.DataFrame)
-    comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end", "iteration"])
-    comm = comm.join(coll, on=["rank", "collective_id"], how="left")
-    if inst is not None:
-        comm = comm.join(inst.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "collective_id"], how="left")
-    else:
-        comm = comm.with_columns(pl.lit(None, dtype=pl.Int64).alias("instance"))
+    acts, own_edge, transfer = comm_activities(g)
     # the contention fit's compute leaves come from the events alone: found on a second thread meanwhile
-    compute = _compute_mask(g)
+    compute = compute_mask(g)
     found_leaves = None
-    if events is not None and compute.any() and comm.height and leaves is None:
+    if events is not None and compute.any() and acts.height and leaves is None:
         found_leaves = background.start(compute_leaves, events, g, name="tracekit-leaves")
+    comm, backend, latency, workers = comm_table(acts, transfer, collectives, inst, members, ranks, line_rate_bps,
+                                                 latency_ns, line_rates, pg_desc, group_links)
     a = comm.get_column("a").to_numpy()
-    # each comm activity's own edge (start -> end) carries its transfer
-    own_mask = g.etype == _OWN
-    own_of_node = np.full(g.n_nodes, -1, dtype=np.int64)
-    own_of_node[g.dst[own_mask]] = np.flatnonzero(own_mask)
-    own_edge = own_of_node[2 * a + 1]
-    transfer = g.lag[own_edge]
-    comm = comm.with_columns(pl.Series("transfer_ns", transfer), pl.coalesce("pg", pl.lit("default")).alias("link"),
-                             link_classes.call_link_class(comm, members, ranks))
-    comm = link_classes.with_group_links(comm, group_links)
-    backend = "gloo" if (comm.get_column("source") == "gloo").any() else "nccl"
-    descs = pg_desc or {}
-    rate = np.full(comm.height, float(line_rate_bps) if line_rate_bps else np.nan)
-    for sel, r in (line_rates or {}).items():
-        hit = np.array([link_classes.selects(sel, pg, descs.get(pg), cls, tr) for pg, cls, tr in
-                        comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
-        rate[hit] = r
-    comm = comm.with_columns(pl.Series("line_rate_bps", rate))
-    latency = DEFAULT_LATENCY_NS[backend] if latency_ns is None else latency_ns
-    comm = _sizes_and_speeds(_data_spans(comm), backend, latency)
-    row_of_act = np.full(act.height, -1, dtype=np.int64)
+    own_edge = own_edge[comm.get_column("_row").to_numpy()]
+    comm = comm.drop("_row")
+    row_of_act = np.full(g.act.height, -1, dtype=np.int64)
     row_of_act[a] = np.arange(a.size)
     coll_edges = np.flatnonzero(g.etype == _COLLECTIVE)
     coll_edge_row = row_of_act[g.dst[coll_edges] // 2]
-    n = comm.get_column("nranks").drop_nulls()
-    workers = int(n.max()) if n.len() else (ranks.num_rows if ranks is not None else 1)  # type: ignore[arg-type]
-    # iteration windows count device work on ranks that have it, everything on CPU-only ranks
-    # (as tracekit.analysis.iterations does)
-    on_dev = act.get_column("device").is_not_null().to_numpy()
-    dev_rank = np.isin(act.get_column("rank").to_numpy(), act.filter(pl.col("device").is_not_null())
-                       .get_column("rank").unique().to_numpy())
-    it = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
-    it = np.where(dev_rank & ~on_dev, -(1 << 62), it)
+    it = counted_iterations(g.act)
+    descs = pg_desc or {}
     model = Model(graph=g, comm=comm, own_edge=own_edge, coll_edges=coll_edges,
-                  coll_edge_row=coll_edge_row, iteration_of=it, fifo=_fifo(comm, g.node_time),
+                  coll_edge_row=coll_edge_row, iteration_of=it, fifo=fifo_edges(comm),
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=latency,
                   measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
+    own_mask = g.etype == _OWN
+    own_of_node = np.full(g.n_nodes, -1, dtype=np.int64)
+    own_of_node[g.dst[own_mask]] = np.flatnonzero(own_mask)
     _measure_contention(model, own_of_node, compute, found_leaves.result() if found_leaves is not None else leaves)
     model.measured_iteration_ns = iteration_time(model, g.node_time)
     return model
 
 
-def _compute_mask(g: Graph) -> np.ndarray:
+def counted_iterations(act: pl.DataFrame) -> np.ndarray:
+    """Per activity: its iteration where it counts towards the iteration's window, else a huge negative number — the
+    device work on ranks that have it, everything on CPU-only ranks (as :mod:`tracekit.analysis.iterations`
+    counts)."""
+    on_dev = act.get_column("device").is_not_null().to_numpy()
+    dev_rank = np.isin(act.get_column("rank").to_numpy(), act.filter(pl.col("device").is_not_null())
+                       .get_column("rank").unique().to_numpy())
+    it = act.get_column("iteration").fill_null(NOT_COUNTED).to_numpy()
+    return np.where(dev_rank & ~on_dev, NOT_COUNTED, it)
+
+
+def compute_mask(g: Graph) -> np.ndarray:
     """Activities that are compute: device kernels on ranks with devices, CPU operators on CPU-only ranks."""
     act = g.act
     kind = act.get_column("kind")
@@ -309,7 +275,7 @@ def _measure_contention(model: Model, own_of_node: np.ndarray, compute: np.ndarr
                         leaves: pl.DataFrame | None) -> None:
     """Fill the model's contention fields: fitted on the innermost compute operations of the trace (``leaves``,
     :func:`compute_leaves`; an operator with calls inside may hide a wait, which grows with communication in
-    flight for another reason), applied to the graph's compute activities (``compute``, :func:`_compute_mask`).
+    flight for another reason), applied to the graph's compute activities (``compute``, :func:`compute_mask`).
     Without the trace's events (``leaves`` None), fitted on those activities."""
     g = model.graph
     if not compute.any() or model.comm.height == 0:
@@ -348,165 +314,23 @@ def _compute_costs(model: Model, own_of_node: np.ndarray, compute: np.ndarray, s
 def recost_compute(model: Model, slowdown: float) -> Model:
     """``model`` with compute slowed by ``slowdown`` while communication is in flight (a bound of the contention
     fit, :mod:`tracekit.analysis.ranges`); the graph is shared, not copied."""
+    found = replace(model.contention, slowdown=slowdown, measured=True)
+    if model.remote is not None:  # its hosts re-cost their ranks' compute under the scenarios' slowdown
+        return replace(model, contention=found)
     g = model.graph
     own_mask = g.etype == _OWN
     own_of_node = np.full(g.n_nodes, -1, dtype=np.int64)
     own_of_node[g.dst[own_mask]] = np.flatnonzero(own_mask)
-    act, edge, base = _compute_costs(model, own_of_node, _compute_mask(g), slowdown)
-    found = replace(model.contention, slowdown=slowdown, measured=True)
+    act, edge, base = _compute_costs(model, own_of_node, compute_mask(g), slowdown)
     return replace(model, contention=found, compute_act=act, compute_edge=edge, compute_base=base)
 
 
 def with_host_share(model: Model, host_ns_per_byte: float) -> Model:
     """``model`` with the transfer sizes it estimated from time estimated again, taking ``host_ns_per_byte`` of each
     byte's time as host work (0: all of it on the wire) — a bound of what estimated sizes rest on."""
-    comm = _sizes_and_speeds(model.comm.drop("bus", "size", "speed"), model.backend, model.latency_ns,
+    comm = sizes_and_speeds(model.comm.drop("bus", "size", "speed"), model.backend, model.latency_ns,
                              host_ns_per_byte=host_ns_per_byte)
     return replace(model, comm=comm)
-
-
-def _data_spans(comm: pl.DataFrame) -> pl.DataFrame:
-    """Add when each call's data was on the wire (``x_start``, ``x_end``) and whose link carried it (``x_rank``,
-    ``x_link``): a collective's transfer on its own rank's link; both sides of a send/recv pair, the span from
-    the send's start to the receive's end, on the sender's link (a send can return before its data arrives, or
-    wait for a receiver that is late; the data leaves with the send and has come when the receive ends)."""
-    end = pl.col("end")
-    comm = comm.with_columns((end - pl.col("transfer_ns")).alias("x_start"), end.alias("x_end"),
-                             pl.col("rank").alias("x_rank"), pl.col("link").alias("x_link"))
-    if "send" not in comm.columns or comm.get_column("send").is_null().all():
-        return comm
-    pair = comm.filter(pl.col("send").is_not_null()).group_by("instance").agg(
-        pl.col("start").filter(pl.col("send")).first().alias("_ss"),
-        pl.col("start").filter(~pl.col("send")).first().alias("_rs"),
-        pl.col("end").filter(~pl.col("send")).first().alias("_re"),
-        pl.col("rank").filter(pl.col("send")).first().alias("_sr"),
-        pl.col("link").filter(pl.col("send")).first().alias("_sl"),
-    ).filter(pl.all_horizontal(pl.col(c).is_not_null() for c in ("_ss", "_rs", "_re", "_sr")))
-    comm = comm.join(pair, on="instance", how="left")
-    p2p = pl.col("send").is_not_null() & pl.col("_re").is_not_null()
-    return comm.with_columns(
-        pl.when(p2p).then(pl.col("_ss")).otherwise("x_start").alias("x_start"),
-        pl.when(p2p).then(pl.col("_re")).otherwise("x_end").alias("x_end"),
-        pl.when(p2p).then(pl.col("_sr")).otherwise("x_rank").alias("x_rank"),
-        pl.when(p2p).then(pl.col("_sl")).otherwise("x_link").alias("x_link"),
-    ).drop("_ss", "_rs", "_re", "_sr", "_sl")
-
-
-def _busy_for_bytes(active: float, calls: int, latency_ns: int) -> float:
-    """The part of a link's busy time spent moving bytes: its union of transfer time less each call's fixed cost
-    (the latency every replay adds back), but never below half of it (calls that overlap share their latency)."""
-    return max(active - calls * latency_ns, 0.5 * active, 1.0)
-
-
-def _sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0,
-                      host_ns_per_byte: float | None = None) -> pl.DataFrame:
-    """Add ``bus``, ``size`` and ``speed`` to ``comm``.
-
-    Per rank and link, the link's bus bandwidth is measured as bus bytes over the union of transfer time of the
-    calls of known size (concurrent transfers sharing the link count once), less each call's fixed cost
-    (``latency_ns``: a replay costs a transfer ``latency + bytes / speed``, so the same link replays as measured,
-    and a latency is not mistaken for a rate that a faster link would shorten). Where no call of a link has a known
-    size but its line rate R is known, the link is taken to have run at ``1 / (8 / (0.95 R) + h)`` bytes per ns
-    (payload at :data:`WIRE_EFFICIENCY` of the line rate, plus :data:`HOST_NS_PER_BYTE` of the backend, or
-    ``host_ns_per_byte`` where given), and a
-    call of unknown size is given the bus bytes that speed moves in its share of the link's busy time. Never is
-    an unknown size taken as zero."""
-    bus = _bus_bytes(comm, None)
-    barrier = (comm.get_column("op") == "barrier").fill_null(False).to_numpy()
-    known = ~np.isnan(bus) | barrier
-    bus = np.where(barrier, 0.0, bus)
-    # each call's data on the wire, on the link that carried it (:func:`_data_spans`); the receive of a pair
-    # shares its send's bytes, so only one side is counted
-    end = comm.get_column("x_end").to_numpy()
-    start = comm.get_column("x_start").to_numpy()
-    t = (end - start).astype(np.float64)
-    counted = ~((comm.get_column("send") == False).fill_null(False).to_numpy()) if "send" in comm.columns \
-        else np.ones(comm.height, dtype=bool)  # noqa: E712
-    key = comm.select(pl.struct(["x_rank", "x_link"]).rank("dense")).to_series().to_numpy().astype(np.int64) \
-        if comm.height else np.zeros(0, np.int64)
-    rate = comm.get_column("line_rate_bps").to_numpy()
-    speed = np.full(comm.height, np.nan)
-    estimated = np.zeros(comm.height, dtype=bool)
-    host = HOST_NS_PER_BYTE.get(backend, 0.0) if host_ns_per_byte is None else host_ns_per_byte
-    for k in np.unique(key):
-        grp = key == k
-        kn = grp & known & (bus > 0) & counted
-        if kn.any():
-            active = union_length(np.zeros(int(kn.sum()), np.int64), start[kn], end[kn], np.zeros(1, np.int64),
-                                  np.array([start[kn].min()]), np.array([end[kn].max() + 1]))[0]
-            speed[grp] = bus[kn].sum() / _busy_for_bytes(float(active), int(kn.sum()), latency_ns)
-        elif np.isfinite(rate[grp]).all():
-            speed[grp] = 1.0 / (8e9 / (WIRE_EFFICIENCY * rate[grp]) + host)
-        unk = grp & ~known
-        if unk.any() and np.isfinite(speed[unk]).all():
-            active = union_length(np.zeros(int(unk.sum()), np.int64), start[unk], end[unk], np.zeros(1, np.int64),
-                                  np.array([start[unk].min()]), np.array([end[unk].max() + 1]))[0]
-            share = t[unk] / max(float(t[unk].sum()), 1.0)
-            bus[unk] = speed[unk] * _busy_for_bytes(float(active), int(unk.sum()), latency_ns) * share
-            estimated[unk] = True
-    if estimated.any() and "iteration" in comm.columns:
-        bus = _steady_sizes(comm, bus, estimated, key)
-    size = np.where(known, SIZE_MEASURED, np.where(estimated, SIZE_ESTIMATED, SIZE_UNKNOWN))
-    return comm.with_columns(pl.Series("bus", bus), pl.Series("size", size), pl.Series("speed", speed))
-
-
-def _steady_sizes(comm: pl.DataFrame, bus: np.ndarray, estimated: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """Estimated sizes made the same for the same call of every iteration. A training loop makes the same calls
-    with the same sizes every iteration; what their transfer times say varies with what else the hosts did (on a
-    link limited by its hosts, an iteration's transfers can take twice another's). Each estimated call is the
-    n-th of its op on its link in its iteration; all those of one (link, op, n) get their median estimate, scaled
-    so that each link's total stays what its busy time at its speed moves."""
-    rows = np.flatnonzero(estimated & comm.get_column("iteration").is_not_null().to_numpy())
-    if rows.size == 0:
-        return bus
-    df = pl.DataFrame({"row": rows, "key": key[rows], "op": comm.get_column("op")[rows],
-                       "it": comm.get_column("iteration")[rows], "t": comm.get_column("x_start")[rows],
-                       "bus": bus[rows]})
-    df = df.with_columns(pl.col("t").rank("ordinal").over(["key", "op", "it"]).alias("n"))
-    df = df.with_columns(pl.col("bus").median().over(["key", "op", "n"]).alias("med"))
-    df = df.with_columns((pl.col("med") * (pl.col("bus").sum() / pl.col("med").sum()).over("key")).alias("steady"))
-    out = bus.copy()
-    out[df.get_column("row").to_numpy()] = df.get_column("steady").fill_nan(None).fill_null(0.0).to_numpy()
-    return out
-
-
-def _fifo(comm: pl.DataFrame, node_time: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Consecutive transfers on each link (a rank's link per process group) in the order they went through it:
-    ``(previous row, row, destination node)`` — the FIFO channel of Zhang et al. that a replay queues transfers
-    on. A FIFO channel finishes its transfers in the order it serves them, so the order is the measured ends' (with
-    the graph's ``node_time``; the data's start breaks ties): never against the measured schedule, nor against a
-    stream's own order (the data's start is not: on a straggler a call's data can seem to go out after the next
-    call's, and an edge against a stream's order closes a cycle no replay gets out of). A send/recv pair is queued
-    by its receive (the data has crossed when the receive ends, on the sender's link); the send itself is left out
-    (it returns once its data is handed over)."""
-    if comm.height == 0:
-        return (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
-    rows = np.flatnonzero(~(comm.get_column("send") == True).fill_null(False).to_numpy()) \
-        if "send" in comm.columns else np.arange(comm.height)  # noqa: E712
-    sub = comm[rows]
-    key = sub.select(pl.struct(["x_rank", "x_link"]).rank("dense")).to_series().to_numpy().astype(np.int64)
-    a = comm.get_column("a").to_numpy()
-    x_start = sub.get_column("x_start").to_numpy()
-    ends = node_time[2 * a[rows] + 1] if node_time is not None else x_start
-    order = np.lexsort((x_start, ends, key))
-    same = key[order][1:] == key[order][:-1]
-    prev, cur = rows[order[:-1][same]], rows[order[1:][same]]
-    dst = 2 * a[cur] + 1
-    return prev, cur, dst
-
-
-def _bus_factor(comm: pl.DataFrame, workers: int | None) -> np.ndarray:
-    """Bus factor of every comm activity for its own group size or ``workers`` (NaN when unknown)."""
-    n = pl.lit(workers, dtype=pl.Int64) if workers else pl.col("nranks").cast(pl.Int64)
-    out = comm.with_columns(n.alias("_n")).select(bus_factor_expr(n="_n").alias("f"))
-    return out.get_column("f").fill_null(np.nan).to_numpy()
-
-
-def _bus_bytes(comm: pl.DataFrame, workers: int | None) -> np.ndarray:
-    """Bus bytes of every comm activity, for its own group size or ``workers`` (NaN when unknown)."""
-    n = pl.lit(workers, dtype=pl.Int64) if workers else pl.col("nranks").cast(pl.Int64)
-    out = comm.with_columns(n.alias("_n")).select(bus_bytes_expr(nbytes="bytes", n="_n").alias("bus"))
-    return out.get_column("bus").cast(pl.Float64).fill_null(np.nan).to_numpy()
 
 
 def transfers(model: Model, sc: Scenario) -> np.ndarray:
@@ -588,10 +412,10 @@ def _column(model: Model, name: str) -> np.ndarray:
 
 
 def _factor(model: Model, workers: int | None) -> np.ndarray:
-    """:func:`_bus_factor` of the model's communication rows for ``workers`` (computed once per model and count)."""
+    """:func:`bus_factor` of the model's communication rows for ``workers`` (computed once per model and count)."""
     factors = model.__dict__.setdefault("_factors", {})
     if workers not in factors:
-        factors[workers] = _bus_factor(model.comm, workers)
+        factors[workers] = bus_factor(model.comm, workers)
     return factors[workers]
 
 
@@ -632,6 +456,8 @@ class Schedule:
 def predict(model: Model, sc: Scenario) -> int:
     """Predicted iteration time (ns) under ``sc``: transfers re-costed and queued one after the other on
     their rank's link (Zhang et al.'s FIFO channel), everything else as measured."""
+    if model.remote is not None:
+        return predict_many(model, [sc])[0]
     return iteration_time(model, schedule(model, sc).times)
 
 
@@ -651,12 +477,12 @@ def _changes(model: Model, sc: Scenario) -> tuple[np.ndarray, np.ndarray, tuple 
         weights.append(_balanced(model)[1])
     extra = None
     if not sc.free:
-        prev, cur, dst = _queued(model)
+        prev, cur, dst = queued(model)
         extra = (2 * model.comm.get_column("a").to_numpy()[prev] + 1, dst, new_t[cur])
     return np.concatenate(edges), np.concatenate(weights), extra, new_t
 
 
-def _queued(model: Model) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def queued(model: Model) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The transfers queued on their link in a replay (:attr:`Model.fifo`): a transfer of unknown size keeps its
     measured time, which already includes sharing the link with concurrent transfers, so it is not queued (that
     would count it twice)."""
@@ -671,21 +497,23 @@ def _balanced(model: Model) -> tuple[np.ndarray, np.ndarray]:
     (computed once per model)."""
     if "_balanced" not in model.__dict__:
         w = model.graph.weight()
-        balance.apply(model.graph, model.balance, w)
+        balance.apply(model.graph, model.scaling, w)
         e = np.flatnonzero(w != model.graph.weight())
         model.__dict__["_balanced"] = (e, w[e])
     return model.__dict__["_balanced"]
 
 
 def schedule(model: Model, sc: Scenario) -> Schedule:
-    """The replayed schedule under ``sc`` (see :func:`predict`)."""
+    """The replayed schedule under ``sc`` (see :func:`predict`); only of a model that holds its graph."""
     g = model.graph
+    if g is None:
+        raise TypeError("a schedule of every node needs the job's graph, which this model's hosts hold apart")
     w = g.weight()  # a new array: this prediction's own
     edges, weights, extra, new_t = _changes(model, sc)
     w[edges] = weights
     base = model.compute_base
     if sc.balanced and base.size:
-        base = base * model.balance.act_factor[model.compute_act]
+        base = base * model.scaling.act_factor[model.compute_act]
     times, _ = replay.replay(g, w, extra=extra)
     if model.compute_act.size:  # compute slowed by transfers in flight: re-cost it by the new overlap
         rank = g.act.get_column("rank").to_numpy()
@@ -712,7 +540,10 @@ def predict_many(model: Model, scenarios: list[Scenario]) -> list[int]:
     the engine takes (:func:`tracekit.analysis.graph.dag.engine`) and without contention to re-cost, the scenarios of
     one plan (free communication, or links with queues) run as one compiled grid when there are enough of them
     (:data:`GRID_SCENARIOS`); the rest replay on as many threads as there are cores (up to
-    :data:`PARALLEL_REPLAYS`): the replays run without the GIL, and the scenarios are independent."""
+    :data:`PARALLEL_REPLAYS`): the replays run without the GIL, and the scenarios are independent. A model whose
+    ranks' graphs are held apart replays them all on its hosts (:attr:`Model.remote`)."""
+    if model.remote is not None:
+        return [b.period() for b in model.remote.replay([(model, sc) for sc in scenarios])]
     out: dict[int, int] = {}
     compiled = dag.engine(model.graph.n_nodes) is not None
     if compiled and not model.compute_act.size:

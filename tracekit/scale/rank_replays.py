@@ -1,0 +1,157 @@
+"""The what-if's replays where the ranks' graphs are held (a host's side: :class:`tracekit.scale.rank_parts.Held` takes
+these calls): each rank's communication rows and work for the client's model, then its part of every replay the client
+asks for (:class:`tracekit.analysis.graph.rank_model.RankReplay`), advanced as the client releases hubs
+(:func:`tracekit.scale.exchange.settle`), and each iteration's window in the replayed schedules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tracekit.analysis import balance
+from tracekit.analysis.graph import rank_model
+from tracekit.analysis.graph.crossings import Crossings, RankGraph
+from tracekit.analysis.graph.rank_model import Job, Queues, RankReplay
+from tracekit.engine.parts import Replay, merge
+
+
+class HeldReplays:
+    """A host's replays of the ranks it holds (``ranks``: rank → its graph, filled by the host's binding)."""
+
+    ranks: dict[int, RankGraph]
+    replayed: dict[int, RankGraph]
+    sources: dict[int, Any]  # where each held rank's graph was read from (:class:`tracekit.scale.rank_parts.Source`)
+
+    def comm(self) -> dict[int, pl.DataFrame]:
+        """Each rank's communication rows (:func:`tracekit.analysis.graph.rank_model.comm_rows`)."""
+        return {r: rank_model.comm_rows(rg) for r, rg in self.ranks.items()}
+
+    def work(self) -> dict[int, balance.Work]:
+        """Each rank's work (:func:`tracekit.analysis.graph.rank_model.work`)."""
+        return {r: rank_model.work(rg) for r, rg in self.ranks.items()}
+
+    def replays_open(self, cross: Crossings, specs: dict[int, tuple[np.ndarray, Queues]], receiver: np.ndarray,
+                     t0: int, members: np.ndarray, local: np.ndarray) -> None:
+        """Make each held rank's replay part (``specs`` per rank its rows of the model's communication table and the
+        queues touching it; ``receiver`` per row, whether it receives a pair's data) and the host's one part of them
+        all. ``members``: each hub's member count; ``local``: the hubs whose members are all on this host, released
+        here as their last member arrives (the client releases the others)."""
+        self.replaying = {r: RankReplay(rg, cross, specs[r][0], receiver, specs[r][1], t0)
+                          for r, rg in self.ranks.items()}
+        self.part, first, self.pos = merge([rr.part for rr in self.replaying.values()])
+        self.first = dict(zip(self.replaying, first.tolist(), strict=True))
+        self.members, self.local, self.cross = members, local, cross
+        self.running: Replay | None = None
+
+    def _times(self, r: int) -> np.ndarray:
+        """Rank ``r``'s nodes × jobs of the running replay."""
+        assert self.running is not None
+        lo = self.first[r]
+        return self.running.times[lo:lo + self.replaying[r].part.n]
+
+    def _start(self, weights: list[np.ndarray]) -> None:
+        """Run the host's part under each rank's ``weights`` (jobs × the rank part's edges)."""
+        w = np.empty((weights[0].shape[0] if weights else len(self.jobs), self.part.edges), np.int64)
+        for pos, wr in zip(self.pos, weights, strict=True):
+            w[:, pos] = wr
+        self.running = Replay(self.part, w)
+        self.left = self.members.copy()
+        self.left_time = np.full((self.members.size, w.shape[0]), np.iinfo(np.int64).min, np.int64)
+
+    def replays_measured(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`replays_spans` of the measured schedule (the ranks' graphs' own times)."""
+        parts = [rr.spans(rr.part.start[:, None]) for rr in self.replaying.values()]
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1][0] for p in parts]),
+                np.concatenate([p[2][0] for p in parts]))
+
+    def replays_balance(self, b: balance.Balance) -> None:
+        """Give every held rank's replay the balance's factors (for the jobs that remove the excess)."""
+        for rr in self.replaying.values():
+            rr.balance(b)
+
+    def replays_samples(self, activities: bool = False) -> dict[int, tuple[pl.DataFrame, int, int]]:
+        """Per held rank: the contention fit's samples (:meth:`tracekit.analysis.graph.rank_model.RankReplay.samples`),
+        their identities and how many compute leaves the rank has; from its compute activities instead of its stored
+        leaves where ``activities`` (no rank of the job has leaves)."""
+        import pyarrow.parquet as pq
+
+        from tracekit.analysis.graph.whatif import compute_mask
+
+        out = {}
+        for r, rr in self.replaying.items():
+            if activities:
+                g = rr.rg.graph
+                leaves = g.act.filter(pl.Series(compute_mask(g))).select("rank", "iteration", "name", "start", "end")
+            else:
+                s = self.sources[r]
+                t = pl.from_arrow(pq.read_table(str(Path(s.root) / s.part / "graph.leaves.parquet")))
+                assert isinstance(t, pl.DataFrame)
+                leaves = t.with_columns(pl.lit(r, pl.Int32).alias("rank"), pl.col("start") + s.offset,
+                                        pl.col("end") + s.offset)
+            out[r] = (*rr.samples(leaves), leaves.height) if leaves.height else (None, 0, 0)
+        return out
+
+    def replays_start(self, jobs: list[Job]) -> None:
+        """Start a replay of every held rank under ``jobs`` (all at once: the host's one part, jobs as its
+        scenarios)."""
+        self.jobs = jobs
+        self.before: dict[int, np.ndarray] = {}
+        self._start([rr.weights(jobs) for rr in self.replaying.values()])
+
+    def replays_recost(self) -> None:
+        """Replay again, the compute of jobs with a slowdown re-costed by the schedules just replayed."""
+        self.before = {r: self._times(r) for r in self.replaying}
+        self._start([rr.weights(self.jobs, self.before[r]) for r, rr in self.replaying.items()])
+
+    def replays_bind(self, job: int, src: np.ndarray, m_start: np.ndarray) -> None:
+        """Each held rank's graph as job ``job`` of the running replay scheduled it
+        (:func:`tracekit.analysis.graph.rank_model.replayed`: collective edges from ``src``, per edge of the crossings
+        the replay was opened with; members of other ranks at ``m_start``), held for the critical path of the schedule
+        (``replayed=True`` of the path's calls)."""
+        self.replayed = {}
+        for r, rr in self.replaying.items():
+            before = self.before.get(r)
+            w = rr.graph_weights(self.jobs[job], None if before is None else before[:, job])
+            self.replayed[r] = rank_model.replayed(rr.rg, self.cross, src, self._times(r)[:, job] + rr.t0,
+                                                   w[:rr.n_edges], m_start)
+
+    def advance(self, hubs: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Release ``hubs`` at ``times`` (× jobs, on the offsets of the replays) to the running part and settle what
+        that allows, releasing here every hub of this host's alone as its last member arrives; every arrival
+        meanwhile (:meth:`tracekit.engine.parts.Replay.advance`: the client counts them all)."""
+        assert self.running is not None
+        got_h, got_t = self.running.advance(hubs, times)
+        out_h, out_t = [got_h], [got_t]
+        while True:
+            mine = self.local[got_h]
+            if not mine.any():
+                break
+            h, t = got_h[mine], got_t[mine]
+            np.maximum.at(self.left_time, h, t)
+            np.subtract.at(self.left, h, 1)
+            seen = np.unique(h)
+            done = seen[self.left[seen] == 0]
+            if done.size == 0:
+                break
+            got_h, got_t = self.running.advance(done, self.left_time[done])
+            out_h.append(got_h)
+            out_t.append(got_t)
+        return np.concatenate(out_h), np.concatenate(out_t)
+
+    def replays_spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per held rank and counted iteration, its earliest start and latest end in each job's schedule
+        (:meth:`tracekit.analysis.graph.rank_model.RankReplay.spans`): ``(iterations, starts, ends)``, the ranks'
+        iterations one after the other (starts and ends: jobs × them)."""
+        parts = [rr.spans(self._times(r)) for r, rr in self.replaying.items()]
+        jobs = len(self.jobs)
+        if not parts:
+            none = np.zeros((jobs, 0), np.int64)
+            return np.zeros(0, np.int64), none, none
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts], axis=1),
+                np.concatenate([p[2] for p in parts], axis=1))
