@@ -173,8 +173,12 @@ class Analysis:
     @cached_property
     def loader_events(self) -> pa.Table:
         """Every rank's data-loader ``__next__`` events (:func:`tracekit.analysis.loader.events`): from the events in
-        memory, or scanned from the per-rank dataset of a job analysed rank by rank."""
-        return loader.events(self.events if self.dataset is None else self.dataset.scan("events"))
+        memory, or from each rank's events in turn in the per-rank dataset of a job analysed rank by rank (the columns
+        it needs, 16 ranks at a time: a scan of every rank at once held ~0.7 GB more for 512 GPU ranks)."""
+        if self.dataset is None:
+            return loader.events(self.events)
+        parts = [loader.events(scan) for scan in self.dataset.scans("events", 16)]
+        return pa.concat_tables(parts) if parts else loader.events(schema.empty(schema.EVENTS))
 
     @cached_property
     def one_job(self) -> one_job.OneJob:
