@@ -101,3 +101,16 @@ def test_the_client_never_combines_the_graph(tmp_path: Path) -> None:
     with tracekit.load(tmp_path / "job", link_bw="10gbit") as mem:
         assert mem.whatif(bandwidth=["1gbit", "40gbit"], stragglers_removed=True).equals(rows)
         assert mem.verdict.answer.as_dict() == v.answer.as_dict()
+
+
+def test_jobs_one_at_a_time_where_few_fit(job: tracekit.Job, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host with little room replays one job at a time (:data:`tracekit.scale.rank_whatif.REPLAY_BYTES`): the same
+    predictions."""
+    from tracekit.scale import rank_whatif
+
+    monkeypatch.setattr(rank_whatif, "REPLAY_BYTES", 1)
+    with Hosts(0) as hosts:
+        an = job.analysis
+        model = open_model(RankPaths.open(hosts, graphs.sources(an.dataset, an), an), an, line_rate_bps=an.line_rate_bps)
+        assert model.remote.batch == 1
+        assert predict_many(model, SCENARIOS) == predict_many(an.whatif, SCENARIOS)

@@ -6,6 +6,7 @@ asks for (:class:`tracekit.analysis.graph.rank_model.RankReplay`), advanced as t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +36,19 @@ class HeldReplays:
         return {r: rank_model.work(rg) for r, rg in self.ranks.items()}
 
     def replays_open(self, cross: Crossings, specs: dict[int, tuple[np.ndarray, Queues]], receiver: np.ndarray,
-                     t0: int, members: np.ndarray, local: np.ndarray) -> None:
+                     t0: int, members: np.ndarray, local: np.ndarray) -> tuple[int, int]:
         """Make each held rank's replay part (``specs`` per rank its rows of the model's communication table and the
         queues touching it; ``receiver`` per row, whether it receives a pair's data) and the host's one part of them
         all. ``members``: each hub's member count; ``local``: the hubs whose members are all on this host, released
-        here as their last member arrives (the client releases the others)."""
+        here as their last member arrives (the client releases the others). Returns the host part's edges and
+        nodes (what a job's replay holds here: its weights and times)."""
         self.replaying = {r: RankReplay(rg, cross, specs[r][0], receiver, specs[r][1], t0)
                           for r, rg in self.ranks.items()}
         self.part, first, self.pos = merge([rr.part for rr in self.replaying.values()])
         self.first = dict(zip(self.replaying, first.tolist(), strict=True))
         self.members, self.local, self.cross = members, local, cross
         self.running: Replay | None = None
+        return self.part.edges, self.part.n
 
     def _times(self, r: int) -> np.ndarray:
         """Rank ``r``'s nodes × jobs of the running replay."""
@@ -53,14 +56,14 @@ class HeldReplays:
         lo = self.first[r]
         return self.running.times[lo:lo + self.replaying[r].part.n]
 
-    def _start(self, weights: list[np.ndarray]) -> None:
-        """Run the host's part under each rank's ``weights`` (jobs × the rank part's edges)."""
-        w = np.empty((weights[0].shape[0] if weights else len(self.jobs), self.part.edges), np.int64)
+    def _start(self, weights: Iterator[np.ndarray]) -> None:
+        """Run the host's part under each rank's ``weights`` (jobs × the rank part's edges; made one rank at a time)."""
+        w = np.empty((len(self.jobs), self.part.edges), np.int64)
         for pos, wr in zip(self.pos, weights, strict=True):
             w[:, pos] = wr
         self.running = Replay(self.part, w)
         self.left = self.members.copy()
-        self.left_time = np.full((self.members.size, w.shape[0]), np.iinfo(np.int64).min, np.int64)
+        self.left_time = np.full((self.members.size, len(self.jobs)), np.iinfo(np.int64).min, np.int64)
 
     def replays_measured(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`replays_spans` of the measured schedule (the ranks' graphs' own times)."""
@@ -102,12 +105,12 @@ class HeldReplays:
         scenarios)."""
         self.jobs = jobs
         self.before: dict[int, np.ndarray] = {}
-        self._start([rr.weights(jobs) for rr in self.replaying.values()])
+        self._start(rr.weights(jobs) for rr in self.replaying.values())
 
     def replays_recost(self) -> None:
         """Replay again, the compute of jobs with a slowdown re-costed by the schedules just replayed."""
         self.before = {r: self._times(r) for r in self.replaying}
-        self._start([rr.weights(self.jobs, self.before[r]) for r, rr in self.replaying.items()])
+        self._start(rr.weights(self.jobs, self.before[r]) for r, rr in self.replaying.items())
 
     def replays_bind(self, job: int, src: np.ndarray, m_start: np.ndarray) -> None:
         """Each held rank's graph as job ``job`` of the running replay scheduled it

@@ -20,8 +20,13 @@ from tracekit.analysis.graph.whatif import Model, Scenario
 from tracekit.scale import exchange
 from tracekit.scale.rank_paths import JobTables, RankPaths
 
-#: jobs one replay of the hosts' parts runs at once (each holds its weights and times per edge and node of every part)
+#: jobs one replay of the hosts' parts runs at once, at most (each holds its weights and times per edge and node of
+#: every part) ...
 REPLAY_BATCH = 8
+#: ... and as many as fit this many bytes on the host with the most ranks' edges and nodes (besides its graphs)
+REPLAY_BYTES = 1 << 30
+#: bytes a job's replay holds per edge (its weights twice while the replay starts) and per node (its times)
+BYTES_PER_EDGE, BYTES_PER_NODE = 16, 8
 
 
 @dataclass
@@ -45,8 +50,8 @@ class Bounds:
 class RankReplays:
     """The replays of a model whose ranks' graphs are held on ``paths``' hosts (its :attr:`Model.remote`)."""
 
-    def __init__(self, paths: RankPaths, members: np.ndarray, local: np.ndarray, t0: int) -> None:
-        self.paths, self.t0, self.members, self.local = paths, t0, members, local
+    def __init__(self, paths: RankPaths, members: np.ndarray, local: np.ndarray, t0: int, batch: int) -> None:
+        self.paths, self.t0, self.members, self.local, self.batch = paths, t0, members, local, batch
         self._balance: balance.Balance | None = None
         self.hub_times = np.zeros((0, 0), np.int64)  # the last batch's hubs' times (× its jobs; offsets from t0)
 
@@ -57,14 +62,14 @@ class RankReplays:
         return Bounds(*(np.concatenate([g[i] for g in got]) for i in range(3)))
 
     def replay(self, jobs: list[tuple[Model, Scenario]]) -> list[Bounds]:
-        """Each (model, scenario) replayed on the hosts, :data:`REPLAY_BATCH` at a time."""
+        """Each (model, scenario) replayed on the hosts, up to :data:`REPLAY_BATCH` at a time."""
         with self.paths.lock:
             return self._replay(jobs)
 
     def _replay(self, jobs: list[tuple[Model, Scenario]]) -> list[Bounds]:
         out: list[Bounds] = []
-        for i in range(0, len(jobs), REPLAY_BATCH):
-            batch = [_job(m, sc) for m, sc in jobs[i:i + REPLAY_BATCH]]
+        for i in range(0, len(jobs), self.batch):
+            batch = [_job(m, sc) for m, sc in jobs[i:i + self.batch]]
             if any(j.balanced for j in batch):
                 self._balanced()
             hosts = self.paths.hosts
@@ -222,11 +227,13 @@ def open_model(paths: RankPaths, analysis: JobTables, line_rate_bps: float | Non
     members = parts.hub_members(paths.cross, int(far.size))
     into = hub >= 0
     home = _hub_hosts(paths, rank[far], hub[into], rank[cur[into]])
-    hosts.ask_each("replays_open", lambda h: (paths.cross, {r: s for r, s in specs.items()
-                                                            if hosts.home.get(r, 0) == h}, receiver, t0, members,
-                                              home == h))
+    sizes = hosts.ask_each("replays_open", lambda h: (paths.cross, {r: s for r, s in specs.items()
+                                                                    if hosts.home.get(r, 0) == h}, receiver, t0,
+                                                      members, home == h))
+    per_job = max([BYTES_PER_EDGE * e + BYTES_PER_NODE * n for e, n in sizes] + [1])
+    batch = int(min(REPLAY_BATCH, max(1, REPLAY_BYTES // per_job)))
     if comm.height:
         model.contention = _contention(paths)
-    model.remote = RankReplays(paths, members, home >= 0, t0)
+    model.remote = RankReplays(paths, members, home >= 0, t0, batch)
     model.measured_iteration_ns = model.remote.measured().period()
     return model
