@@ -111,6 +111,7 @@ def test_jobs_one_at_a_time_where_few_fit(job: tracekit.Job, monkeypatch: pytest
     monkeypatch.setattr(rank_whatif, "REPLAY_BYTES", 1)
     with Hosts(0) as hosts:
         an = job.analysis
-        model = open_model(RankPaths.open(hosts, graphs.sources(an.dataset, an), an), an, line_rate_bps=an.line_rate_bps)
+        held = RankPaths.open(hosts, graphs.sources(an.dataset, an), an)
+        model = open_model(held, an, line_rate_bps=an.line_rate_bps)
         assert model.remote.batch == 1
         assert predict_many(model, SCENARIOS) == predict_many(an.whatif, SCENARIOS)
