@@ -46,6 +46,9 @@ class HeldReplays:
                           for r, rg in self.ranks.items()}
         self.part, first, self.pos = merge([rr.part for rr in self.replaying.values()])
         self.first = dict(zip(self.replaying, first.tolist(), strict=True))
+        self.nodes = {r: rr.part.n for r, rr in self.replaying.items()}
+        for rr in self.replaying.values():
+            rr.part = None  # type: ignore[assignment]  # (the host's part holds them: one copy)
         self.members, self.local, self.cross = members, local, cross
         self.running: Replay | None = None
         return self.part.edges, self.part.n
@@ -54,7 +57,7 @@ class HeldReplays:
         """Rank ``r``'s nodes × jobs of the running replay."""
         assert self.running is not None
         lo = self.first[r]
-        return self.running.times[lo:lo + self.replaying[r].part.n]
+        return self.running.times[lo:lo + self.nodes[r]]
 
     def _start(self, weights: Iterator[np.ndarray]) -> None:
         """Run the host's part under each rank's ``weights`` (jobs × the rank part's edges; made one rank at a time)."""
@@ -67,7 +70,8 @@ class HeldReplays:
 
     def replays_measured(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`replays_spans` of the measured schedule (the ranks' graphs' own times)."""
-        parts = [rr.spans(rr.part.start[:, None]) for rr in self.replaying.values()]
+        parts = [rr.spans(self.part.start[self.first[r]:self.first[r] + self.nodes[r], None])
+                 for r, rr in self.replaying.items()]
         if not parts:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1][0] for p in parts]),
@@ -111,6 +115,10 @@ class HeldReplays:
         """Replay again, the compute of jobs with a slowdown re-costed by the schedules just replayed."""
         self.before = {r: self._times(r) for r in self.replaying}
         self._start(rr.weights(self.jobs, self.before[r]) for r, rr in self.replaying.items())
+
+    def replays_unbind(self) -> None:
+        """Let go of the ranks' graphs as the last replay bound scheduled them (:meth:`replays_bind`)."""
+        self.replayed = {}
 
     def replays_bind(self, job: int, src: np.ndarray, m_start: np.ndarray) -> None:
         """Each held rank's graph as job ``job`` of the running replay scheduled it

@@ -105,7 +105,10 @@ class RankReplays:
         src[hubbed] = collective_edges.latest_other(cross.hub_ptr, cross.hub_member, m_start[cross.hub_member],
                                                     cross.hub[hubbed], cross.dst[hubbed])
         self.paths.hosts.ask_all("replays_bind", 0, src, m_start)
-        segs = self.paths.paths(iterations, ranks, iteration=it, spans=spans, m_start=m_start)
+        try:
+            segs = self.paths.paths(iterations, ranks, iteration=it, spans=spans, m_start=m_start)
+        finally:
+            self.paths.hosts.ask_all("replays_unbind")
         summ = critical_path.summary(segs, iterations, ranks, spans=spans)
         return float(summ.get_column("unexplained_share")[0]) if summ.height else None
 
