@@ -67,6 +67,15 @@ class _Layout:
     mem_hub: np.ndarray
     inputs: np.ndarray
 
+    @cached_property
+    def slot(self) -> np.ndarray:
+        """Per edge of the part, its row in the kernel's order (its own edges by source, then its hub edges by hub):
+        where :class:`Replay` with ``laid=True`` reads its weights."""
+        out = np.empty(self.out_edge.size + self.tgt_edge.size, np.int32)
+        out[self.out_edge] = np.arange(self.out_edge.size)
+        out[self.tgt_edge] = self.out_edge.size + np.arange(self.tgt_edge.size)
+        return out
+
 
 def _by(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """The order that groups ``key`` (values below ``size``; stable) and the group offsets (``size + 1``, int32)."""
@@ -90,14 +99,24 @@ class Replay:
     """One part replayed under ``weight`` (scenarios × :attr:`Part.edges`, int64): :meth:`advance` as hubs are
     released; :attr:`times` (nodes × scenarios) once every hub it needs was."""
 
-    def __init__(self, part: Part, weight: np.ndarray) -> None:
-        weight = np.atleast_2d(np.asarray(weight, np.int64))
-        if weight.shape[1] != part.edges:
-            raise ValueError(f"a part of {part.edges} edges given weights for {weight.shape[1]}")
+    def __init__(self, part: Part, weight: np.ndarray, laid: bool = False) -> None:
+        """``laid``: ``weight`` is already in the kernel's order (edges × scenarios, the rows of edge ``e`` at
+        ``part.layout.slot[e]``: see :meth:`Part.layout`), and is kept, not copied."""
         lay = part.layout
-        self.part, self.lay, self.scenarios = part, lay, weight.shape[0]
-        self.w_out = np.ascontiguousarray(weight[:, lay.out_edge].T)
-        self.w_tgt = np.ascontiguousarray(weight[:, lay.tgt_edge].T)
+        if laid:
+            if weight.dtype != np.int64 or weight.ndim != 2 or weight.shape[0] != part.edges \
+                    or not weight.flags.c_contiguous:
+                raise ValueError(f"a part of {part.edges} edges given laid-out weights of shape {weight.shape}")
+            m = lay.out_edge.size
+            self.w_out, self.w_tgt, scenarios = weight[:m], weight[m:], weight.shape[1]
+        else:
+            weight = np.atleast_2d(np.asarray(weight, np.int64))
+            if weight.shape[1] != part.edges:
+                raise ValueError(f"a part of {part.edges} edges given weights for {weight.shape[1]}")
+            self.w_out = np.ascontiguousarray(weight[:, lay.out_edge].T)
+            self.w_tgt = np.ascontiguousarray(weight[:, lay.tgt_edge].T)
+            scenarios = weight.shape[0]
+        self.part, self.lay, self.scenarios = part, lay, scenarios
         self.left = lay.inputs.copy()
         self.acc = np.full((part.n, self.scenarios), np.iinfo(np.int64).min, np.int64)
         ready = np.flatnonzero(self.left == 0)
@@ -148,11 +167,14 @@ def merge(parts: list[Part]) -> tuple[Part, np.ndarray, list[np.ndarray]]:
     q = np.cumsum([0] + [p.tgt_dst.size for p in parts])
     cat = np.concatenate
     hubs = np.unique(cat([p.hubs for p in parts])) if parts else np.zeros(0, np.int64)
-    merged = Part(start=cat([p.start for p in parts]), src=cat([p.src + n[i] for i, p in enumerate(parts)]),
-                  dst=cat([p.dst + n[i] for i, p in enumerate(parts)]),
-                  tgt_hub=np.searchsorted(hubs, cat([p.hubs[p.tgt_hub] for p in parts])),
-                  tgt_dst=cat([p.tgt_dst + n[i] for i, p in enumerate(parts)]),
-                  mem_node=cat([p.mem_node + n[i] for i, p in enumerate(parts)]),
-                  mem_hub=np.searchsorted(hubs, cat([p.hubs[p.mem_hub] for p in parts])), hubs=hubs)
-    pos = [cat([m[i] + np.arange(p.src.size), m[-1] + q[i] + np.arange(p.tgt_dst.size)]) for i, p in enumerate(parts)]
+    i32 = np.int32  # a host's nodes and edges number well below 2**31: half the bytes of its part
+    merged = Part(start=cat([p.start for p in parts]),
+                  src=cat([(p.src + n[i]).astype(i32) for i, p in enumerate(parts)]),
+                  dst=cat([(p.dst + n[i]).astype(i32) for i, p in enumerate(parts)]),
+                  tgt_hub=np.searchsorted(hubs, cat([p.hubs[p.tgt_hub] for p in parts])).astype(i32),
+                  tgt_dst=cat([(p.tgt_dst + n[i]).astype(i32) for i, p in enumerate(parts)]),
+                  mem_node=cat([(p.mem_node + n[i]).astype(i32) for i, p in enumerate(parts)]),
+                  mem_hub=np.searchsorted(hubs, cat([p.hubs[p.mem_hub] for p in parts])).astype(i32), hubs=hubs)
+    pos = [cat([m[i] + np.arange(p.src.size), m[-1] + q[i] + np.arange(p.tgt_dst.size)]).astype(i32)
+           for i, p in enumerate(parts)]
     return merged, n[:-1], pos

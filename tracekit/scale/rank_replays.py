@@ -61,10 +61,11 @@ class HeldReplays:
 
     def _start(self, weights: Iterator[np.ndarray]) -> None:
         """Run the host's part under each rank's ``weights`` (jobs × the rank part's edges; made one rank at a time)."""
-        w = np.empty((len(self.jobs), self.part.edges), np.int64)
+        slot = self.part.layout.slot
+        w = np.empty((self.part.edges, len(self.jobs)), np.int64)  # in the kernel's order: kept, not copied
         for pos, wr in zip(self.pos, weights, strict=True):
-            w[:, pos] = wr
-        self.running = Replay(self.part, w)
+            w[slot[pos]] = wr.T
+        self.running = Replay(self.part, w, laid=True)
         self.left = self.members.copy()
         self.left_time = np.full((self.members.size, len(self.jobs)), np.iinfo(np.int64).min, np.int64)
 
@@ -117,8 +118,9 @@ class HeldReplays:
         self._start(rr.weights(self.jobs, self.before[r]) for r, rr in self.replaying.items())
 
     def replays_unbind(self) -> None:
-        """Let go of the ranks' graphs as the last replay bound scheduled them (:meth:`replays_bind`)."""
-        self.replayed = {}
+        """Let go of the ranks' graphs as the last replay bound scheduled them (:meth:`replays_bind`), and of that
+        replay."""
+        self.replayed, self.running, self.before = {}, None, {}
 
     def replays_bind(self, job: int, src: np.ndarray, m_start: np.ndarray) -> None:
         """Each held rank's graph as job ``job`` of the running replay scheduled it
@@ -155,11 +157,14 @@ class HeldReplays:
             out_t.append(got_t)
         return np.concatenate(out_h), np.concatenate(out_t)
 
-    def replays_spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def replays_spans(self, keep: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per held rank and counted iteration, its earliest start and latest end in each job's schedule
         (:meth:`tracekit.analysis.graph.rank_model.RankReplay.spans`): ``(iterations, starts, ends)``, the ranks'
-        iterations one after the other (starts and ends: jobs × them)."""
+        iterations one after the other (starts and ends: jobs × them). The replay is let go unless ``keep`` (for
+        :meth:`replays_bind`)."""
         parts = [rr.spans(self._times(r)) for r, rr in self.replaying.items()]
+        if not keep:
+            self.running, self.before = None, {}
         jobs = len(self.jobs)
         if not parts:
             none = np.zeros((jobs, 0), np.int64)

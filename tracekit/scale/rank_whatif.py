@@ -24,9 +24,9 @@ from tracekit.scale.rank_paths import JobTables, RankPaths
 #: every part) ...
 REPLAY_BATCH = 8
 #: ... and as many as fit this many bytes on the host with the most ranks' edges and nodes (besides its graphs)
-REPLAY_BYTES = 1 << 30
-#: bytes a job's replay holds per edge (its weights twice while the replay starts) and per node (its times)
-BYTES_PER_EDGE, BYTES_PER_NODE = 16, 8
+REPLAY_BYTES = 512 << 20
+#: bytes a job's replay holds per edge (its weights) and per node (its times)
+BYTES_PER_EDGE, BYTES_PER_NODE = 8, 8
 
 
 @dataclass
@@ -66,7 +66,7 @@ class RankReplays:
         with self.paths.lock:
             return self._replay(jobs)
 
-    def _replay(self, jobs: list[tuple[Model, Scenario]]) -> list[Bounds]:
+    def _replay(self, jobs: list[tuple[Model, Scenario]], keep: bool = False) -> list[Bounds]:
         out: list[Bounds] = []
         for i in range(0, len(jobs), self.batch):
             batch = [_job(m, sc) for m, sc in jobs[i:i + self.batch]]
@@ -78,7 +78,7 @@ class RankReplays:
             for _ in range(whatif.CONTENTION_ROUNDS if any(j.slowdown > 1.0 for j in batch) else 0):
                 hosts.ask_all("replays_recost")
                 self.hub_times, _ = exchange.settle([hosts], self.members, len(batch), self.local)
-            got = hosts.ask_all("replays_spans")
+            got = hosts.ask_all("replays_spans", keep)
             it = np.concatenate([g[0] for g in got])
             start = np.concatenate([g[1] for g in got], axis=1)
             end = np.concatenate([g[2] for g in got], axis=1)
@@ -92,7 +92,7 @@ class RankReplays:
             return self._unexplained(model, sc, iterations, ranks)
 
     def _unexplained(self, model: Model, sc: Scenario, iterations: Any, ranks: Any) -> float | None:
-        (b,) = self._replay([(model, sc)])
+        (b,) = self._replay([(model, sc)], keep=True)
         spans = b.spans()
         if spans.height == 0:
             return None
@@ -108,7 +108,7 @@ class RankReplays:
         try:
             segs = self.paths.paths(iterations, ranks, iteration=it, spans=spans, m_start=m_start)
         finally:
-            self.paths.hosts.ask_all("replays_unbind")
+            self.paths.hosts.ask_all("replays_unbind")  # (and the replay kept for it)
         summ = critical_path.summary(segs, iterations, ranks, spans=spans)
         return float(summ.get_column("unexplained_share")[0]) if summ.height else None
 
