@@ -111,3 +111,20 @@ def test_recorded_jobs(path: Path, tmp_path: Path) -> None:
         assert "graph" not in j.analysis.__dict__
         assert not graphs.missing(j.analysis.dataset)
         assert segs.equals(critical_path.paths(j.analysis.graph, j.analysis.iterations, j.analysis.ranks))
+
+
+def test_a_program_that_never_closes_its_hosts_exits_quietly() -> None:
+    """Worker processes holding ranks' graphs outlive a job nobody closed until the program ends; then they go without
+    a traceback on the user's terminal."""
+    import subprocess
+    import sys
+
+    code = ("import time\n"
+            "from tracekit.scale.rank_parts import Hosts\n"
+            "def forget():\n"  # the hosts dropped without being closed, as a job nobody closed is
+            "    assert len(Hosts(1).__enter__().pids()) == 1\n"
+            "if __name__ == '__main__':\n"
+            "    forget()\n"
+            "    time.sleep(1)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr

@@ -163,17 +163,26 @@ class Held(HeldReplays):
 
 
 def _serve(conn: Any) -> None:
-    """A worker process's loop: calls on its :class:`Held` until told to stop (None)."""
+    """A worker process's loop: calls on its :class:`Held` until told to stop (None), or until the client is gone (a
+    program that exits without closing its job: the worker goes quietly, not with a traceback on the user's
+    terminal)."""
     held = Held()
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
         if msg is None:
             break
         name, args = msg
         try:
             conn.send((True, getattr(held, name)(*args)))
         except BaseException as exc:  # the client raises it (one line: what failed and why)
-            conn.send((False, exc if isinstance(exc, TraceError) else TraceError(None, f"{type(exc).__name__}: {exc}")))
+            err = exc if isinstance(exc, TraceError) else TraceError(None, f"{type(exc).__name__}: {exc}")
+            try:
+                conn.send((False, err))
+            except OSError:
+                break
     conn.close()
 
 
