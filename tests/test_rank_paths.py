@@ -6,6 +6,7 @@ in this process and on worker processes, without the client ever combining the g
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,13 +30,17 @@ SPECS = {"ddp": SMALL, "fsdp": replace(SMALL, parallel="fsdp", stragglers=((2, 1
          "main-thread": replace(SMALL, autograd_thread=False)}
 
 
+def generated(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tracekit.Job]:
+    """Job ``name`` of :data:`SPECS` generated and loaded rank by rank with its graphs (a module fixture's body)."""
+    root = tmp_path_factory.mktemp(name)
+    jobgen.write_job(root / "job", SPECS[name])
+    with tracekit.load(root / "job", link_bw="10gbit", dataset=root / "ds", graphs=True) as j:
+        yield j
+
+
 @pytest.fixture(scope="module", params=list(SPECS))
-def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tracekit.Job:
-    root = tmp_path_factory.mktemp(request.param)
-    jobgen.write_job(root / "job", SPECS[request.param])
-    j = tracekit.load(root / "job", link_bw="10gbit", dataset=root / "ds", graphs=True)
-    yield j
-    j.close()
+def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tracekit.Job]:
+    yield from generated(request.param, tmp_path_factory)
 
 
 def test_each_rank_binds_as_the_job_graph(job: tracekit.Job) -> None:

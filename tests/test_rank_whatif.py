@@ -7,6 +7,7 @@ processes, and the client must never combine the graph."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 
 import tracekit
 from benchmarks import jobgen
-from tests.test_rank_paths import SPECS
+from tests.test_rank_paths import SPECS, generated
 from tracekit.analysis.graph import whatif
 from tracekit.analysis.graph.whatif import Scenario, predict_many
 from tracekit.analysis.verdict import replay_unexplained
@@ -33,12 +34,8 @@ SCENARIOS = [Scenario(), Scenario(free=True), Scenario(bandwidth_scale=0.25), Sc
 
 
 @pytest.fixture(scope="module", params=["ddp", "mesh", "fsdp"])
-def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tracekit.Job:
-    root = tmp_path_factory.mktemp(request.param)
-    jobgen.write_job(root / "job", SPECS[request.param])
-    j = tracekit.load(root / "job", link_bw="10gbit", dataset=root / "ds", graphs=True)
-    yield j
-    j.close()
+def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tracekit.Job]:
+    yield from generated(request.param, tmp_path_factory)
 
 
 def _equal_to_the_combined(an: object, jobs: int) -> None:

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, own_edges
 from tracekit.analysis.intervals import runs
 
-_OWN = EDGE_TYPES.index("own")
 _PROGRAM = EDGE_TYPES.index("program")
 #: activity kinds that are a rank's device work, and its host work
 DEVICE_KINDS = ("compute", "memory")
@@ -159,10 +158,7 @@ def _names(act: pl.DataFrame) -> np.ndarray:
 
 def _own_edges(graph: Graph) -> np.ndarray:
     """Per activity of ``graph``: its own edge, or -1."""
-    own_mask = graph.etype == _OWN
-    own_edge = np.full(graph.act.height, -1, dtype=np.int64)
-    own_edge[graph.dst[own_mask] // 2] = np.flatnonzero(own_mask)
-    return own_edge
+    return own_edges(graph)[1:2 * graph.act.height:2]
 
 
 def _masks(act: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -44,6 +44,15 @@ class Parts:
         return [r.times for r in self.replays]
 
 
+def arrive(left: np.ndarray, time: np.ndarray, hub: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Count arrivals at ``hub`` (times ``t``: × scenarios) against each hub's members still to come (``left``) and its
+    latest arrival so far (``time``), in place; the hubs whose last member just arrived."""
+    np.maximum.at(time, hub, t)
+    np.subtract.at(left, hub, 1)
+    seen = np.unique(hub)
+    return seen[left[seen] == 0]
+
+
 def settle(hosts: Sequence[Host], members: np.ndarray, scenarios: int, local: np.ndarray | None = None
            ) -> tuple[np.ndarray, int]:
     """Drive ``hosts`` until every hub is released; ``members``: each hub's member count; ``local``: the hubs a host
@@ -61,10 +70,9 @@ def settle(hosts: Sequence[Host], members: np.ndarray, scenarios: int, local: np
         rounds += 1
         if hub.size == 0:
             break
-        np.maximum.at(time, hub, t)
-        np.subtract.at(left, hub, 1)
-        seen = np.unique(hub)
-        released = seen[(left[seen] == 0) & (True if local is None else ~local[seen])]
+        released = arrive(left, time, hub, t)
+        if local is not None:
+            released = released[~local[released]]
         at = time[released]
         if released.size == 0:  # (a host released its local hubs meanwhile, and reported what followed)
             break

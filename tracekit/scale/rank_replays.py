@@ -18,6 +18,7 @@ from tracekit.analysis.graph import rank_model
 from tracekit.analysis.graph.crossings import Crossings, RankGraph
 from tracekit.analysis.graph.rank_model import Job, Queues, RankReplay
 from tracekit.engine.parts import Replay, merge
+from tracekit.scale.exchange import arrive
 
 
 class HeldReplays:
@@ -145,11 +146,7 @@ class HeldReplays:
             mine = self.local[got_h]
             if not mine.any():
                 break
-            h, t = got_h[mine], got_t[mine]
-            np.maximum.at(self.left_time, h, t)
-            np.subtract.at(self.left, h, 1)
-            seen = np.unique(h)
-            done = seen[self.left[seen] == 0]
+            done = arrive(self.left, self.left_time, got_h[mine], got_t[mine])
             if done.size == 0:
                 break
             got_h, got_t = self.running.advance(done, self.left_time[done])

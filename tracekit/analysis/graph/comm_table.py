@@ -12,11 +12,9 @@ import polars as pl
 import pyarrow as pa
 
 from tracekit.analysis import link_classes
-from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
+from tracekit.analysis.graph.dag import Graph, own_edges
 from tracekit.analysis.intervals import union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
-
-_OWN = EDGE_TYPES.index("own")
 
 #: fixed cost of one collective call, by backend; small against real transfers, large against tiny ones
 DEFAULT_LATENCY_NS = {"nccl": 20_000, "gloo": 100_000}
@@ -71,10 +69,7 @@ def comm_activities(g: Graph) -> tuple[pl.DataFrame, np.ndarray, np.ndarray]:
     act = g.act
     comm = act.filter(pl.col("kind") == "comm").select(["a", "rank", "collective_id", "start", "end", "iteration"])
     a = comm.get_column("a").to_numpy()
-    own_mask = g.etype == _OWN
-    own_of_node = np.full(g.n_nodes, -1, dtype=np.int64)
-    own_of_node[g.dst[own_mask]] = np.flatnonzero(own_mask)
-    own_edge = own_of_node[2 * a + 1]
+    own_edge = own_edges(g)[2 * a + 1]
     return comm.with_columns(pl.Series("node_end", g.node_time[2 * a + 1])), own_edge, g.lag[own_edge]
 
 

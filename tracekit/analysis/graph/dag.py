@@ -101,6 +101,18 @@ class Graph:
         return self.lag + self.slack
 
 
+def own_edges(graph: Graph) -> np.ndarray:
+    """Per node of ``graph``: the own edge into it (an activity's start → end: its end node has one), or -1; kept on
+    the graph (the what-if model, the balance and each rank's replay all read it)."""
+    kept = graph.__dict__.get("_own_edges")
+    if kept is None:
+        own = graph.etype == EDGE_TYPES.index("own")
+        kept = np.full(graph.n_nodes, -1, dtype=np.int64)
+        kept[graph.dst[own]] = np.flatnonzero(own)
+        graph.__dict__["_own_edges"] = kept
+    return kept
+
+
 def clock_offsets(ranks: pa.Table | None) -> dict[int, int]:
     """Each rank's clock offset (ns onto the job clock; 0 where unknown) from the ``ranks`` table."""
     if ranks is None or ranks.num_rows == 0:

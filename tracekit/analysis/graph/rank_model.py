@@ -19,10 +19,10 @@ import polars as pl
 from tracekit.analysis import balance
 from tracekit.analysis.graph import contention, whatif
 from tracekit.analysis.graph.crossings import Crossings, RankGraph
-from tracekit.analysis.graph.dag import EDGE_TYPES
+from tracekit.analysis.graph.dag import own_edges
 from tracekit.analysis.graph.parts import Extra, rank_part
+from tracekit.analysis.intervals import runs
 
-_OWN = EDGE_TYPES.index("own")
 #: the weight of an edge a scenario leaves out (the queues, when communication is free): it never wins a max
 OFF = -(1 << 62)
 #: what an operation without a name is called where names travel as text
@@ -103,11 +103,10 @@ class RankReplay:
         self.n_edges = n_edges
         it = whatif.counted_iterations(g.act)
         ok = np.flatnonzero(it != whatif.NOT_COUNTED)
-        order = np.argsort(it[ok], kind="stable")
         self.comm_a, self.comm_rows = a, rows  # the rank's communication activities and their rows
-        self.counted = ok[order]  # the counted activities by iteration, and where each iteration's run begins
-        first = np.flatnonzero(np.concatenate(([True], np.diff(it[ok][order]) != 0))) if ok.size else ok
-        self.iterations, self.bounds = it[ok][order][first], first
+        self.counted = ok[np.argsort(it[ok], kind="stable")]  # the counted activities by iteration
+        self.iterations, bounds = runs(it[self.counted])  # type: ignore[misc]  (sorted: never None)
+        self.bounds = bounds[:-1]  # where each iteration's run begins
         self.scaling: balance.Scaling | None = None
 
     def balance(self, b: balance.Balance) -> None:
@@ -129,20 +128,13 @@ class RankReplay:
         return contention.samples(leaves.with_columns(pl.col("name").cast(pl.String)), lf,
                                   np.ones(leaves.height, dtype=bool))
 
-    def _own_of_node(self) -> np.ndarray:
-        g = self.rg.graph
-        own = g.etype == _OWN
-        out = np.full(g.n_nodes, -1, np.int64)
-        out[g.dst[own]] = np.flatnonzero(own)
-        return out
-
     def _compute(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The compute activities a slowdown re-costs (:func:`tracekit.analysis.graph.whatif._compute_costs`): their
         indices, own edges, measured lags and measured overlap with the rank's transfers (made once)."""
         if "_costs" not in self.__dict__:
             g = self.rg.graph
             idx = np.flatnonzero(whatif.compute_mask(g))
-            edge = self._own_of_node()[2 * idx + 1]
+            edge = own_edges(g)[2 * idx + 1]
             ok = edge >= 0
             cs, ce = self._transfer_spans(g.node_time, self.comm_transfer)
             f = contention.coverage(g.node_time[2 * idx], g.node_time[2 * idx + 1], np.zeros(idx.size, np.int64), cs,

@@ -47,7 +47,7 @@ from tracekit.analysis.graph.comm_table import (
     sizes_and_speeds,
 )
 from tracekit.analysis.graph.compute_leaves import compute_leaves
-from tracekit.analysis.graph.dag import EDGE_TYPES, Graph
+from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, own_edges
 from tracekit.analysis.intervals import distinct
 from tracekit.model.units import count, format_duration, format_rate
 
@@ -235,10 +235,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=latency,
                   measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
-    own_mask = g.etype == _OWN
-    own_of_node = np.full(g.n_nodes, -1, dtype=np.int64)
-    own_of_node[g.dst[own_mask]] = np.flatnonzero(own_mask)
-    _measure_contention(model, own_of_node, compute, found_leaves.result() if found_leaves is not None else leaves)
+    _measure_contention(model, own_edges(g), compute, found_leaves.result() if found_leaves is not None else leaves)
     model.measured_iteration_ns = iteration_time(model, g.node_time)
     return model
 
@@ -318,10 +315,7 @@ def recost_compute(model: Model, slowdown: float) -> Model:
     if model.remote is not None:  # its hosts re-cost their ranks' compute under the scenarios' slowdown
         return replace(model, contention=found)
     g = model.graph
-    own_mask = g.etype == _OWN
-    own_of_node = np.full(g.n_nodes, -1, dtype=np.int64)
-    own_of_node[g.dst[own_mask]] = np.flatnonzero(own_mask)
-    act, edge, base = _compute_costs(model, own_of_node, compute_mask(g), slowdown)
+    act, edge, base = _compute_costs(model, own_edges(g), compute_mask(g), slowdown)
     return replace(model, contention=found, compute_act=act, compute_edge=edge, compute_base=base)
 
 
