@@ -8,6 +8,7 @@ answers. :mod:`tracekit.scale.rank_paths` follows the critical path through them
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -196,6 +197,7 @@ class Hosts:
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self.home: dict[int, int] = {}
+        self.asking = threading.Lock()  # one question at a time on the pipes: its answers are the next read
 
     def __enter__(self) -> Hosts:
         ctx = get_context("spawn")
@@ -227,21 +229,22 @@ class Hosts:
         if self.local is not None:
             return [getattr(self.local, name)(*args(h)) for h in hosts]
         died = TraceError(None, "a worker process holding ranks' graphs died (killed, or out of memory?)")
-        try:
-            for h in hosts:
-                self.conns[h].send((name, args(h)))
-        except OSError:
-            raise died from None
-        out = []
-        for h in hosts:
+        with self.asking:
             try:
-                ok, value = self.conns[h].recv()
-            except (EOFError, OSError):
+                for h in hosts:
+                    self.conns[h].send((name, args(h)))
+            except OSError:
                 raise died from None
+            got = []
+            for h in hosts:
+                try:
+                    got.append(self.conns[h].recv())
+                except (EOFError, OSError):
+                    raise died from None
+        for ok, value in got:
             if not ok:
                 raise value
-            out.append(value)
-        return out
+        return [value for _, value in got]
 
     @property
     def count(self) -> int:
