@@ -52,6 +52,10 @@ class HeldReplays:
             rr.part = None  # type: ignore[assignment]  # (the host's part holds them: one copy)
         self.members, self.local, self.cross = members, local, cross
         self.running: Replay | None = None
+        self.slots: list[np.ndarray] | None = None
+        # a let-go replay's times and weights, for the next (their pages already mapped)
+        self.spare: np.ndarray | None = None
+        self.spare_w: np.ndarray | None = None
         return self.part.edges, self.part.n
 
     def _times(self, r: int) -> np.ndarray:
@@ -61,12 +65,21 @@ class HeldReplays:
         return self.running.times[lo:lo + self.nodes[r]]
 
     def _start(self, weights: Iterator[np.ndarray]) -> None:
-        """Run the host's part under each rank's ``weights`` (jobs × the rank part's edges; made one rank at a time)."""
-        slot = self.part.layout.slot
-        w = np.empty((self.part.edges, len(self.jobs)), np.int64)  # in the kernel's order: kept, not copied
-        for pos, wr in zip(self.pos, weights, strict=True):
-            w[slot[pos]] = wr.T
-        self.running = Replay(self.part, w, laid=True)
+        """Run the host's part under each rank's ``weights`` (the rank part's edges × jobs; made one rank at a
+        time)."""
+        if self.slots is None:
+            self.slots = [_rows(self.part.layout.slot[pos], pos < self.part.src.size) for pos in self.pos]
+        shape = (self.part.edges, len(self.jobs))
+        w = _room(self.spare_w, shape)  # in the kernel's order: kept, not copied
+        for (lo, order, hub_rows), wr in zip(self.slots, weights, strict=True):
+            if order is None:
+                w[hub_rows] = wr
+                continue
+            k = order.size
+            np.take(wr[:k], order, axis=0, out=w[lo:lo + k], mode="clip")  # ("raise" copies: out is buffered)
+            w[hub_rows] = wr[k:]
+        self.running = Replay(self.part, w, laid=True, times=self.spare)
+        self.spare = self.spare_w = None
         self.left = self.members.copy()
         self.left_time = np.full((self.members.size, len(self.jobs)), np.iinfo(np.int64).min, np.int64)
 
@@ -121,7 +134,15 @@ class HeldReplays:
     def replays_unbind(self) -> None:
         """Let go of the ranks' graphs as the last replay bound scheduled them (:meth:`replays_bind`), and of that
         replay."""
-        self.replayed, self.running, self.before = {}, None, {}
+        self.replayed = {}
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Let go of the running replay (and the times the one before it left), keeping its times' array for the
+        next."""
+        if self.running is not None and not self.before:
+            self.spare, self.spare_w = _whole(self.running.acc), _whole(self.running.weight)
+        self.running, self.before = None, {}
 
     def replays_bind(self, job: int, src: np.ndarray, m_start: np.ndarray) -> None:
         """Each held rank's graph as job ``job`` of the running replay scheduled it
@@ -161,10 +182,39 @@ class HeldReplays:
         :meth:`replays_bind`)."""
         parts = [rr.spans(self._times(r)) for r, rr in self.replaying.items()]
         if not keep:
-            self.running, self.before = None, {}
+            self._let_go()
         jobs = len(self.jobs)
         if not parts:
             none = np.zeros((jobs, 0), np.int64)
             return np.zeros(0, np.int64), none, none
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts], axis=1),
                 np.concatenate([p[2] for p in parts], axis=1))
+
+
+def _rows(rows: np.ndarray, own: np.ndarray) -> tuple[int, np.ndarray | None, np.ndarray]:
+    """Where a rank's edges go in its host's part's kernel order (``rows``; ``own``: which are its own edges, the
+    first): its own edges fill one block there (the kernel orders them by source, and the rank's nodes are one run
+    of the part's), so they are copied in by one gather — ``(block start, the gather's order, its hub edges' rows)``
+    —, or, where they do not, ``(0, None, rows)``."""
+    mine = rows[own]
+    lo = int(mine.min()) if mine.size else 0
+    if mine.size and int(mine.max()) - lo + 1 == mine.size and not own[mine.size:].any():
+        order = np.argsort(mine, kind="stable")
+        if np.array_equal(mine[order], np.arange(lo, lo + mine.size)):
+            return lo, order, rows[mine.size:]
+    return 0, None, rows
+
+
+def _whole(a: np.ndarray | None) -> np.ndarray | None:
+    """The array ``a`` is a view of (a replay's times or weights may be the front of a bigger one kept before)."""
+    while a is not None and isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _room(spare: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
+    """An int64 array of ``shape``: in ``spare`` where it has room, else new."""
+    need = shape[0] * shape[1]
+    if spare is not None and spare.dtype == np.int64 and spare.flags.c_contiguous and spare.size >= need:
+        return spare.reshape(-1)[:need].reshape(shape)
+    return np.empty(shape, np.int64)

@@ -143,12 +143,12 @@ class RankReplay:
         return self.__dict__["_costs"]
 
     def weights(self, jobs: list[Job], times: np.ndarray | None = None) -> np.ndarray:
-        """The part's edge weights (jobs × its edges) under each job; with ``times`` (the part's nodes × jobs, from
-        the replay before), the compute of jobs with a slowdown re-costed by its overlap with the transfers there
-        (one round of :func:`tracekit.analysis.graph.whatif.schedule`'s)."""
-        out = np.empty((len(jobs), self.emap.size), np.int64)
+        """The part's edge weights (its edges × jobs, as the replay lays them out) under each job; with ``times``
+        (the part's nodes × jobs, from the replay before), the compute of jobs with a slowdown re-costed by its
+        overlap with the transfers there (one round of :func:`tracekit.analysis.graph.whatif.schedule`'s)."""
+        out = np.empty((self.emap.size, len(jobs)), np.int64)
         for i, job in enumerate(jobs):
-            out[i] = self.graph_weights(job, None if times is None else times[:, i])[self.emap]
+            out[:, i] = self.graph_weights(job, None if times is None else times[:, i])[self.emap]
         return out
 
     def graph_weights(self, job: Job, times: np.ndarray | None = None) -> np.ndarray:
