@@ -68,17 +68,35 @@ def with_small_gain_note(b: Bottleneck, exposed_share: float) -> Bottleneck:
     return replace(b, text=f"{b.text} {note}", note=note)
 
 
-def _first_reaching(steps: list[float], target: float, scaling: Callable[[float], float]) -> float | None:
-    """The smallest of ``steps`` whose scaling factor reaches ``target`` (None if none does), by bisection: the
-    scaling factor only grows with compression and bandwidth, so a few replays answer instead of one per step."""
-    lo, hi = 0, len(steps)  # steps[hi] reaches (hi = len: none known to), steps[< lo] do not
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if scaling(steps[mid]) >= target:
-            hi = mid
-        else:
-            lo = mid + 1
-    return float(steps[lo]) if lo < len(steps) else None
+def _bisect_tree(lo: int, hi: int, depth: int) -> list[int]:
+    """The indices bisection of ``[lo, hi)`` asks in its next ``depth`` steps, whichever way each answer goes."""
+    if lo >= hi or depth == 0:
+        return []
+    mid = (lo + hi) // 2
+    return [mid, *_bisect_tree(lo, mid, depth - 1), *_bisect_tree(mid + 1, hi, depth - 1)]
+
+
+def _first_reaching(searches: list[list[float]], target: float,
+                    scaling: Callable[[list[tuple[int, float]]], list[float]], depth: int = 1) -> list[float | None]:
+    """Per list of ``searches``, the smallest step whose scaling factor reaches ``target`` (None if none does), by
+    bisection: the scaling factor only grows with compression and bandwidth, so a few replays answer instead of one
+    per step. ``scaling`` gives the factors of (search, step) pairs in one call: the searches ask together, each
+    the steps of its next ``depth`` bisection steps whichever way they go — the same answers as one bisection after
+    the other, in fewer calls (where every call costs a round trip per collective: a job held rank by rank)."""
+    lo = [0] * len(searches)
+    hi = [len(s) for s in searches]  # steps[hi] reaches (hi = len: none known to), steps[< lo] do not
+    while True:
+        asks = [(k, i) for k in range(len(searches)) for i in _bisect_tree(lo[k], hi[k], depth)]
+        if not asks:
+            break
+        got = dict(zip(asks, scaling([(k, searches[k][i]) for k, i in asks]), strict=True))
+        for k in range(len(searches)):
+            while lo[k] < hi[k] and (k, mid := (lo[k] + hi[k]) // 2) in got:
+                if got[k, mid] >= target:
+                    hi[k] = mid
+                else:
+                    lo[k] = mid + 1
+    return [float(s[i]) if i < len(s) else None for s, i in zip(searches, lo, strict=True)]
 
 
 def distinct(*values: float, digits: int = 2, most: int = 4) -> tuple[str, ...]:
@@ -91,12 +109,21 @@ def distinct(*values: float, digits: int = 2, most: int = 4) -> tuple[str, ...]:
     return out
 
 
+#: the compressions and the multiples of the line rate a "needs" answer is chosen from (the smallest that reaches)
+COMPRESSION_STEPS = (1.5, 2, 3, 4, 5, 8, 10, 16, 32, 64, 100)
+BANDWIDTH_STEPS = (1.5, 2, 2.5, 4, 5, 8, 10, 16, 25, 40, 64, 100, 250, 1000)
+
+
 def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     """Measured vs full-utilisation vs infinite-bandwidth predictions, and what would reach ``target``; None
     when the replay predicts no iteration time to compare. No verdict rests on a size nobody knows: without
     sizes and without a line rate it says what to pass instead; with sizes estimated from transfer times the
     verdict names that assumption."""
-    free, measured = predict_many(model, [Scenario(free=True), Scenario()])
+    first = [Scenario(free=True), Scenario()]
+    if model.remote is not None and model.line_rate_known:  # the replay at full utilisation is asked below: one
+        first.append(Scenario(efficiency="full"))            # round trip per collective fewer with the others
+    free, measured, *more = predict_many(model, first)
+    full = more[0] if more else None
     if free <= 0 or measured <= 0:
         return None
     sf_measured = free / measured if measured else 1.0
@@ -120,7 +147,7 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     if sizes[SIZE_ESTIMATED]:
         assumption = (f"This rests on an assumption: {sizes['note']}. For measured sizes, "
                       + RECORD_SHAPES_HINT + ".")
-    full = predict(model, Scenario(efficiency="full"))
+    full = predict(model, Scenario(efficiency="full")) if full is None else full
     sf_full = free / full if full else 1.0
     r = format_rate(rate) if rate else "each link's"
     link = f"the {r} link" if rate else "each link's line rate"
@@ -136,10 +163,13 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
         text = (f"At full utilisation of {link} this job would scale at {full_s} instead of "
                 f"{measured_s}: the link is not the bottleneck, its use is.{tail}")
         return Bottleneck(measured, free, sf_measured, sf_full, rate, None, None, target, text, sizes, assumption)
-    need_c = _first_reaching([1.5, 2, 3, 4, 5, 8, 10, 16, 32, 64, 100], target,
-                             lambda c: free / predict(model, Scenario(efficiency="full", compression=c)))
-    need_mult = _first_reaching([1.5, 2, 2.5, 4, 5, 8, 10, 16, 25, 40, 64, 100, 250, 1000], target,
-                                lambda m: free / predict(model, Scenario(efficiency="full", bandwidth_scale=m)))
+    def scaling(asks: list[tuple[int, float]]) -> list[float]:
+        scenarios = [Scenario(efficiency="full", compression=x) if k == 0 else
+                     Scenario(efficiency="full", bandwidth_scale=x) for k, x in asks]
+        return [free / p for p in predict_many(model, scenarios)]
+
+    need_c, need_mult = _first_reaching([list(COMPRESSION_STEPS), list(BANDWIDTH_STEPS)], target, scaling,
+                                        depth=1 if model.remote is None else 2)
     need_r = rate * need_mult if rate and need_mult else None
     wants = []
     if need_c:
