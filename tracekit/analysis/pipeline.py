@@ -3,6 +3,7 @@ the exporters and the TUI only read an :class:`Analysis`."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -240,8 +241,13 @@ class Analysis:
         path_soon = None if "verdict_path" in self.__dict__ else background.start(
             lambda: self.verdict_path, name="tracekit-paths")
         balance_soon = background.start(lambda: model.balance, name="tracekit-balance")
+        loader_soon = background.start(lambda: self.loader_events, name="tracekit-loader")  # (no replay: beside them)
+        if model.remote is not None:  # the replays the verdict and the bottleneck read, in one batch
+            with contextlib.suppress(whatif.UnknownSizes):  # (a scenario nobody can cost raises where it is asked)
+                model.remote.replay([(model, sc) for sc in verdict.point_scenarios(model)])
         b = self.bottleneck
         balance_soon.result()
+        loader_soon.result()
         segs, summ = path_soon.result() if path_soon is not None else self.verdict_path
         return verdict.classify(model, b, summ, self.breakdown, self.iterations, self.ranks,
                                 segs, self.link_busy.to_pylist(), verdict.input_time(self.loader_events),
@@ -438,8 +444,6 @@ class Analysis:
 
     def _compute(self, names: list[str]) -> None:
         """Compute each named analysis; one that fails is left for where it is used, to raise there."""
-        import contextlib
-
         for n in names:
             with contextlib.suppress(Exception):
                 getattr(self, n)

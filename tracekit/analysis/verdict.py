@@ -458,6 +458,13 @@ _SCEN = {"free_communication": Scenario(free=True), "as_measured": Scenario(),
          "stragglers_removed": Scenario(balanced=True), "full_utilisation": Scenario(efficiency="full")}
 
 
+def point_scenarios(model: Model) -> list[Scenario]:
+    """The replays every verdict of ``model`` reads (full utilisation where the line rate is known): where each
+    replay costs a round trip per collective (:attr:`Model.remote`), asked in one batch before the others."""
+    return [_SCEN["free_communication"], _SCEN["as_measured"], _SCEN["stragglers_removed"],
+            *([_SCEN["full_utilisation"]] if model.line_rate_known else [])]
+
+
 def _capped(r: tuple[float, float, float]) -> tuple[float, float, float]:
     """A scaling factor's range kept within (0, 1]: communication never makes a job faster."""
     return (min(r[0], 1.0), min(r[1], 1.0), min(r[2], 1.0))

@@ -7,6 +7,7 @@ under each scenario's transfers and report each iteration's window. The predicti
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ class RankReplays:
         self.paths, self.t0, self.members, self.local, self.batch = paths, t0, members, local, batch
         self._balance: balance.Balance | None = None
         self.hub_times = np.zeros((0, 0), np.int64)  # the last batch's hubs' times (× its jobs; offsets from t0)
+        self.done: dict[tuple, Bounds] = {}  # every job replayed so far, by :func:`_key`
 
     def measured(self) -> Bounds:
         """The measured schedule's bounds (the ranks' graphs' own times)."""
@@ -67,23 +69,33 @@ class RankReplays:
             return self._replay(jobs)
 
     def _replay(self, jobs: list[tuple[Model, Scenario]], keep: bool = False) -> list[Bounds]:
-        out: list[Bounds] = []
-        for i in range(0, len(jobs), self.batch):
-            batch = [_job(m, sc) for m, sc in jobs[i:i + self.batch]]
-            if any(j.balanced for j in batch):
-                self._balanced()
-            hosts = self.paths.hosts
-            hosts.ask_all("replays_start", batch)
+        """:meth:`replay`; a job the hosts replayed before (the same transfers, free, balanced and slowdown: all they
+        are told) is answered from then — the verdict, the ranges and the bottleneck ask some of the same — unless
+        ``keep`` (the hosts keep that replay for :meth:`replays_bind`, so it runs)."""
+        asked = [_job(m, sc) for m, sc in jobs]
+        keys = [_key(j) for j in asked]
+        todo = list({k: j for k, j in zip(keys, asked, strict=True) if keep or k not in self.done}.items())
+        for i in range(0, len(todo), self.batch):
+            batch = [j for _, j in todo[i:i + self.batch]]
+            for (k, _), b in zip(todo[i:i + self.batch], self._run(batch, keep), strict=True):
+                self.done[k] = b
+        return [self.done[k] for k in keys]
+
+    def _run(self, batch: list[Job], keep: bool) -> list[Bounds]:
+        """One replay of the hosts' parts under ``batch``: each job's bounds."""
+        if any(j.balanced for j in batch):
+            self._balanced()
+        hosts = self.paths.hosts
+        hosts.ask_all("replays_start", batch)
+        self.hub_times, _ = exchange.settle([hosts], self.members, len(batch), self.local)
+        for _ in range(whatif.CONTENTION_ROUNDS if any(j.slowdown > 1.0 for j in batch) else 0):
+            hosts.ask_all("replays_recost")
             self.hub_times, _ = exchange.settle([hosts], self.members, len(batch), self.local)
-            for _ in range(whatif.CONTENTION_ROUNDS if any(j.slowdown > 1.0 for j in batch) else 0):
-                hosts.ask_all("replays_recost")
-                self.hub_times, _ = exchange.settle([hosts], self.members, len(batch), self.local)
-            got = hosts.ask_all("replays_spans", keep)
-            it = np.concatenate([g[0] for g in got])
-            start = np.concatenate([g[1] for g in got], axis=1)
-            end = np.concatenate([g[2] for g in got], axis=1)
-            out += [Bounds(it, start[j], end[j]) for j in range(len(batch))]
-        return out
+        got = hosts.ask_all("replays_spans", keep)
+        it = np.concatenate([g[0] for g in got])
+        start = np.concatenate([g[1] for g in got], axis=1)
+        end = np.concatenate([g[2] for g in got], axis=1)
+        return [Bounds(it, start[j], end[j]) for j in range(len(batch))]
 
     def unexplained(self, model: Model, sc: Scenario, iterations: Any, ranks: Any) -> float | None:
         """:func:`tracekit.analysis.verdict.replay_unexplained` of ``sc``: the share of its schedule's critical path
@@ -134,6 +146,12 @@ def _job(model: Model, sc: Scenario) -> Job:
     con = model.contention
     return Job(np.rint(whatif.transfers(model, sc)).astype(np.int64), free=sc.free, balanced=sc.balanced,
                slowdown=con.slowdown if con.measured and con.slowdown > 1.0 else 1.0)
+
+
+def _key(job: Job) -> tuple:
+    """What tells one job of the hosts' from another: the same key, the same replay."""
+    return (hashlib.blake2b(job.transfer.tobytes(), digest_size=16).digest(), job.transfer.size, job.free,
+            job.balanced, job.slowdown)
 
 
 def _contention(paths: RankPaths) -> contention.Contention:
@@ -189,8 +207,9 @@ def open_model(paths: RankPaths, analysis: JobTables, line_rate_bps: float | Non
     """The what-if model of the job whose ranks' graphs ``paths`` holds, its replays on the hosts."""
     hosts = paths.hosts
     got: dict[int, pl.DataFrame] = {}
-    for part in hosts.ask_all("comm"):
-        got.update(part)
+    with paths.lock:  # (the critical path may be asking the hosts meanwhile)
+        for part in hosts.ask_all("comm"):
+            got.update(part)
     frames = [got[s.rank].with_columns(pl.col("a").alias("_a"), pl.col("a") + int(paths.base[i]))
               for i, s in enumerate(paths.sources) if s.rank in got]
     acts = pl.concat(frames) if frames else pl.DataFrame()
@@ -230,13 +249,14 @@ def open_model(paths: RankPaths, analysis: JobTables, line_rate_bps: float | Non
     members = parts.hub_members(paths.cross, int(far.size))
     into = hub >= 0
     home = _hub_hosts(paths, rank[far], hub[into], rank[cur[into]])
-    sizes = hosts.ask_each("replays_open", lambda h: (paths.cross, {r: s for r, s in specs.items()
-                                                                    if hosts.home.get(r, 0) == h}, receiver, t0,
-                                                      members, home == h))
+    with paths.lock:
+        sizes = hosts.ask_each("replays_open", lambda h: (paths.cross, {r: s for r, s in specs.items()
+                                                                        if hosts.home.get(r, 0) == h}, receiver, t0,
+                                                          members, home == h))
+        if comm.height:
+            model.contention = _contention(paths)
     per_job = max([BYTES_PER_EDGE * e + BYTES_PER_NODE * n for e, n in sizes] + [1])
     batch = int(min(REPLAY_BATCH, max(1, REPLAY_BYTES // per_job)))
-    if comm.height:
-        model.contention = _contention(paths)
     model.remote = RankReplays(paths, members, home >= 0, t0, batch)
     model.measured_iteration_ns = model.remote.measured().period()
     return model
