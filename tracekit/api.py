@@ -144,15 +144,20 @@ def load(paths: PathArg | Iterable[PathArg], *, link_bw: RateArg | None = None, 
         ds = dataset_mod.build(names, out=None if dataset is None else os.fspath(dataset), engine=make_engine(),
                                step_marker=step_marker, budget=memory_budget, use_cache=cache, cache_dir=cache_root,
                                force=rebuild, progress=progress, graphs=graphs, rank_regex=rank_regex)
+        rank_graphs = None
         try:
             if ds.manifest.get("events", 0) == 0 and ds.manifest.get("collectives", 0) == 0 and not any(
                     s.get("format") in traceset.STANDALONE_FORMATS for s in ds.summaries):  # logs, dumps alone
                 damage = "; ".join(str(d) for d in ds.diagnostics if d.level != "info")
                 raise TraceError(", ".join(files), "no events to analyse" + (f" ({damage})" if damage else ""))
+            rank_graphs = RankGraphs(ds, make_engine, memory_budget)
+            if graphs:  # asked for the replays: their hosts start while the job is analysed
+                rank_graphs.open_soon()
             analysis = analyse_dataset(ds, link_bw_bps=link_bw_bps, memory_budget=memory_budget,
-                                       line_rates=line_rates,
-                                       rank_graphs=RankGraphs(ds, make_engine, memory_budget))
+                                       line_rates=line_rates, rank_graphs=rank_graphs)
         except BaseException:
+            if rank_graphs is not None:
+                rank_graphs.close()
             ds.cleanup()
             raise
         return Job(analysis, names)

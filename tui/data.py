@@ -115,6 +115,8 @@ class JobData:
     #: phases 4 and 5 computing in a thread of their own since the overview (they wait for it), and which of the
     #: analysis's results existed before it started (those came from the results cache)
     background: tuple[Future[None] | None, frozenset[str]] | None = field(default=None, repr=False)
+    #: the verdict computing on a thread of its own since the overview (a job read rank by rank), or None
+    replays: Future[None] | None = field(default=None, repr=False)
     #: how the job was loaded (phase 6 loads the other run the same way), and the paths it was given as
     options: LoadOptions | None = None
     inputs: list[str] = field(default_factory=list)
@@ -338,17 +340,22 @@ def _load_by_rank(paths: list[str], options: LoadOptions, callbacks: LoadCallbac
                    events=int(ds.manifest.get("events", 0)), figures=results_cache.figures(breakdown, ds.ranks))
     if callbacks.summary:
         callbacks.summary(data)
+    graphs = RankGraphs(ds, make_engine, options.memory_budget)
+    graphs.open_soon()  # the hosts of the ranks' graphs start while the job is analysed
     callbacks.say(f"rank by rank: collectives of {count(ds.ranks.num_rows, 'rank')} matched, exposed communication "
                   "split", None)
     analysis = analyse_dataset(ds, link_bw_bps=options.link_bw_bps, memory_budget=options.memory_budget,
                                line_rates=dict(options.line_rates),
-                               rank_graphs=RankGraphs(ds, make_engine, options.memory_budget))
+                               rank_graphs=graphs)
     data.analysis = analysis
     data.ranks, data.breakdown, data.notes = analysis.ranks, analysis.breakdown, list(analysis.notes)
     data.diagnostics = list(analysis.diagnostics)
     data.figures = results_cache.figures(analysis.breakdown, analysis.ranks)
     had = frozenset(analysis.__dict__)
-    data.background = (analysis.start("critical_path", "critical_path_summary", "bottleneck"), had)
+    # the critical path shown as soon as it is followed; the verdict's replays (the bottleneck's among them) on a
+    # thread of their own beside it (where the ranks' graphs are held, their hosts take one question at a time)
+    data.background = (analysis.start("critical_path", "critical_path_summary"), had)
+    data.replays = analysis.start("verdict")
     data.options = options
     data.inputs = list(paths)
     if callbacks.analysis:
@@ -411,6 +418,8 @@ def complete(data: JobData, callbacks: LoadCallbacks) -> JobData:
         return data
     if not data.whatif_ready:
         callbacks.say("what-if: replaying the job with free communication and at the line rate", None)
+        if data.replays is not None:  # the verdict computing since the overview
+            data.replays.result()
         data.bottleneck = analysis.bottleneck
         data.verdict = analysis.verdict
         data.whatif_ready = True

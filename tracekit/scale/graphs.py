@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,6 +31,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from tracekit.analysis import background
 from tracekit.analysis.graph import compact, dag, whatif
 from tracekit.loading.cache import read_text, seal, unseal, verify_files
 from tracekit.model import schema
@@ -254,44 +257,72 @@ class RankGraphs:
     host_memory: list[int] = field(default_factory=list)
     _held: RankPaths | None = field(default=None, repr=False)
     _stack: contextlib.ExitStack | None = field(default=None, repr=False)
+    _opening: Future[tuple[contextlib.ExitStack, Any]] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def graph(self, analysis: JobTables) -> dag.Graph:
         self._ready()
         graph, self.leaves = combined(self.dataset, analysis, verify=False)
         return graph
 
-    def held(self, analysis: JobTables) -> RankPaths:
-        """The ranks' graphs loaded where they are held (:mod:`tracekit.scale.rank_paths`), once: on worker processes
-        (one per core, or the Dask cluster's workers) for a job of more than :data:`HOSTS_MIN_BYTES` of graphs, else in
-        this process; kept until :meth:`close`."""
+    def open_soon(self) -> None:
+        """Begin, on a thread of its own, what :meth:`held` does first: the ranks' graphs' hosts started (worker
+        processes take seconds to start and import what they run); a caller that will follow or replay the graphs
+        calls it as soon as the dataset is open, so that the start overlaps the analysis. Does nothing after
+        :meth:`held`."""
+        with self._lock:
+            if self._held is None and self._opening is None:
+                self._opening = background.start(self._open_hosts, name="tracekit-hosts")
+
+    def _open_hosts(self) -> tuple[contextlib.ExitStack, Any]:
+        """The hosts of the ranks' graphs, started: worker processes (one per core, or the Dask cluster's workers) for
+        a job of more than :data:`HOSTS_MIN_BYTES` of graphs, else this process. Returns what closes them, and
+        them."""
         from tracekit.scale.engine import DaskEngine
         from tracekit.scale.rank_parts import default_jobs, hosts_for
+
+        if missing(self.dataset):  # graphs to build first (on the engine: its workers, before any holds a rank)
+            self._ready()
+        events = sum(self.dataset.rank_event_counts().values())
+        engine = self.engine() if self.engine is not None else None
+        jobs = getattr(engine, "jobs", default_jobs()) if events * GRAPH_BYTES_PER_EVENT >= HOSTS_MIN_BYTES else 0
+        stack = contextlib.ExitStack()
+        try:
+            if isinstance(engine, DaskEngine):
+                stack.enter_context(engine)
+            hosts = stack.enter_context(hosts_for(engine, jobs))
+            hosts.pids()  # (each host up: started, its imports done)
+        except BaseException:
+            stack.close()
+            raise
+        return stack, hosts
+
+    def held(self, analysis: JobTables) -> RankPaths:
+        """The ranks' graphs loaded where they are held (:mod:`tracekit.scale.rank_paths`), once (on the hosts
+        :meth:`open_soon` started, or starts now); kept until :meth:`close`."""
         from tracekit.scale.rank_paths import RankPaths
 
-        if self._held is None:
-            self._ready()
-            usable(self.dataset, verify=False)
-            events = sum(self.dataset.rank_event_counts().values())
-            engine = self.engine() if self.engine is not None else None
-            jobs = getattr(engine, "jobs", default_jobs()) if events * GRAPH_BYTES_PER_EVENT >= HOSTS_MIN_BYTES else 0
-            stack = contextlib.ExitStack()
-            try:
-                if isinstance(engine, DaskEngine):
-                    stack.enter_context(engine)
-                hosts = stack.enter_context(hosts_for(engine, jobs))
-                held = RankPaths.open(hosts, sources(self.dataset, analysis), analysis)
-            except BaseException:
-                stack.close()
-                raise
-            self._stack, self._held = stack, held
-        return self._held
+        with self._lock:
+            if self._held is None:
+                opening, self._opening = self._opening, None
+                stack, hosts = opening.result() if opening is not None else self._open_hosts()
+                try:
+                    self._ready()  # (here, not as the hosts start: a graph damaged meanwhile is built again)
+                    usable(self.dataset, verify=False)
+                    held = RankPaths.open(hosts, sources(self.dataset, analysis), analysis)
+                except BaseException:
+                    stack.close()
+                    raise
+                self._stack, self._held = stack, held
+            return self._held
 
     def paths(self, analysis: JobTables, iteration: int | list[int] | None = None) -> pl.DataFrame:
         """The critical path of every iteration (or those asked), followed where the ranks' graphs are held
         (:mod:`tracekit.scale.rank_paths`): the same segments as the combined graph's, without combining it."""
         held = self.held(analysis)
         out = held.paths(analysis.iterations, analysis.ranks, iteration)
-        self.host_memory = held.hosts.memory()
+        with held.lock:
+            self.host_memory = held.hosts.memory()
         return out
 
     def model(self, analysis: Any) -> whatif.Model:
@@ -302,14 +333,21 @@ class RankGraphs:
         held = self.held(analysis)
         model = open_model(held, analysis, line_rate_bps=analysis.line_rate_bps, line_rates=analysis.line_rates,
                            pg_desc=analysis.pg_desc, group_links=analysis.group_links)
-        self.host_memory = held.hosts.memory()
+        with held.lock:
+            self.host_memory = held.hosts.memory()
         return model
 
     def close(self) -> None:
-        """Let the hosts of the ranks' graphs go (their worker processes stop)."""
-        if self._stack is not None:
-            self._stack.close()
-        self._stack, self._held = None, None
+        """Let the hosts of the ranks' graphs go (their worker processes stop), those :meth:`open_soon` is starting
+        too."""
+        with self._lock:
+            opening, self._opening = self._opening, None
+            if opening is not None:
+                with contextlib.suppress(Exception):  # (it failed: nothing to close)
+                    opening.result()[0].close()
+            if self._stack is not None:
+                self._stack.close()
+            self._stack, self._held = None, None
 
     def _ready(self) -> None:
         """Every rank's graph built (from its events where the dataset was made without it) and verified (those that
