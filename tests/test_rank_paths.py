@@ -133,3 +133,46 @@ def test_a_program_that_never_closes_its_hosts_exits_quietly() -> None:
             "    time.sleep(1)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_two_threads_asking_the_hosts_each_get_their_own_answers() -> None:
+    """The TUI follows the critical path on one thread while the verdict's model asks the same worker processes on
+    another: each question's answers are its own (they once came back crossed: a process id for a frame)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Hosts(2) as hosts:
+        pids = [p.pid for p in hosts.procs]
+
+        def ask(name: str) -> list[list[int]]:
+            return [hosts.ask_all(name) for _ in range(400)]
+
+        with ThreadPoolExecutor(2) as pool:
+            got_pids, got_memory = pool.submit(ask, "pid"), pool.submit(ask, "memory")
+            assert all(p == pids for p in got_pids.result())
+            assert all(len(m) == 2 and min(m) > 1 << 20 for m in got_memory.result())
+
+
+def test_the_critical_path_beside_the_verdict_on_worker_processes(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``tracekit inspect`` computes them: the hosts started while the job is analysed
+    (:meth:`RankGraphs.open_soon`), then the critical path and the verdict each on a thread of its own, asking the same
+    worker processes — the same path as the combined graph's and the same verdict as in memory; hosts started and
+    never used are let go."""
+    monkeypatch.setattr(graphs, "HOSTS_MIN_BYTES", 0)  # worker processes even for this small job
+    jobgen.write_job(tmp_path / "job", SMALL)
+    with tracekit.load(tmp_path / "job", link_bw="10gbit", dataset=tmp_path / "ds", graphs=True) as j:
+        an = j.analysis
+        procs = list(an.rank_graphs._opening.result()[1].procs)  # started by load, before anything asked
+        assert len(procs) >= 1 and all(p.is_alive() for p in procs)
+        paths, verdict = an.start("critical_path"), an.start("verdict")
+        paths.result()
+        verdict.result()
+        assert {"critical_path", "verdict"} <= an.__dict__.keys()  # (a failure there would be computed again here)
+        segs, answer = an.critical_path, an.verdict
+        assert segs.equals(critical_path.paths(an.graph, an.iterations, an.ranks))
+    assert not any(p.is_alive() for p in procs)
+    with tracekit.load(tmp_path / "job", link_bw="10gbit") as mem:
+        assert mem.analysis.verdict.as_dict() == answer.as_dict()
+    with tracekit.load(tmp_path / "job", link_bw="10gbit", dataset=tmp_path / "ds", graphs=True) as unused:
+        procs = list(unused.analysis.rank_graphs._opening.result()[1].procs)
+    assert procs and not any(p.is_alive() for p in procs)

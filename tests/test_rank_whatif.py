@@ -112,3 +112,25 @@ def test_jobs_one_at_a_time_where_few_fit(job: tracekit.Job, monkeypatch: pytest
         model = open_model(held, an, line_rate_bps=an.line_rate_bps)
         assert model.remote.batch == 1
         assert predict_many(model, SCENARIOS) == predict_many(an.whatif, SCENARIOS)
+
+
+def test_a_job_the_hosts_replayed_is_not_replayed_again(job: tracekit.Job, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each replay costs a round trip per collective: the verdict, its ranges and the bottleneck ask some of the same
+    scenarios, and the hosts replay each once (the same predictions); a replay kept for its critical path runs."""
+    from tracekit.scale.rank_whatif import RankReplays
+
+    an = job.analysis
+    asked = [SCENARIOS[2], Scenario(free=True), SCENARIOS[0], SCENARIOS[3], SCENARIOS[3]]
+    want = predict_many(an.whatif, asked)
+    share = replay_unexplained(an.whatif, Scenario(free=True), an.iterations, an.ranks)
+    ran: list[int] = []
+    run = RankReplays._run
+    monkeypatch.setattr(RankReplays, "_run", lambda self, batch, keep: ran.append(len(batch)) or run(self, batch, keep))
+    with Hosts(0) as hosts:
+        held = RankPaths.open(hosts, graphs.sources(an.dataset, an), an)
+        model = open_model(held, an, line_rate_bps=an.line_rate_bps)
+        first = predict_many(model, SCENARIOS[:3])
+        assert predict_many(model, asked) == want and want[:3] == [first[2], first[1], first[0]]
+        assert ran == [3, 1]  # the new scenario once, though asked twice
+        assert replay_unexplained(model, Scenario(free=True), an.iterations, an.ranks) == share
+        assert ran == [3, 1, 1]

@@ -185,3 +185,44 @@ def test_a_straggler_s_link_order_never_closes_a_cycle() -> None:
                       for i in run["profiler"]["profiled_steps"])
     assert whatif.predict(m, whatif.Scenario()) == pytest.approx(measured[len(measured) // 2] * 1e9, rel=0.05)
     assert whatif.predict(m, whatif.Scenario(bandwidth_bps=1e8)) > whatif.predict(m, whatif.Scenario())
+
+
+def _one_bisection(steps: list[float], target: float, scaling) -> float | None:
+    """The bisection the bottleneck ran before its searches asked together: one replay per step of it."""
+    lo, hi = 0, len(steps)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if scaling(steps[mid]) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(steps[lo]) if lo < len(steps) else None
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_bisections_asked_together_answer_as_one_after_the_other(depth: int) -> None:
+    """The compression and bandwidth searches ask their steps together, ``depth`` bisection steps ahead: the same
+    answers as each bisection on its own — on monotone factors and on factors that are not (a replay's rounding) —,
+    in fewer asks the further ahead they look."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    searches = [list(bottleneck.COMPRESSION_STEPS), list(bottleneck.BANDWIDTH_STEPS)]
+    asks_made = 0
+    for trial in range(300):
+        factors = [rng.random(len(s)) for s in searches]
+        if trial % 2:  # monotone, as the model promises
+            factors = [np.sort(f) for f in factors]
+        target = float(rng.random())
+
+        def factor(k: int, x: float, factors: list = factors) -> float:
+            return float(factors[k][searches[k].index(x)])
+
+        def asked(asks: list[tuple[int, float]], factor=factor) -> list[float]:
+            nonlocal asks_made
+            asks_made += 1
+            return [factor(k, x) for k, x in asks]
+
+        want = [_one_bisection(s, target, lambda x, k=k: factor(k, x)) for k, s in enumerate(searches)]
+        assert bottleneck._first_reaching(searches, target, asked, depth=depth) == want
+    assert asks_made <= 300 * {1: 4, 2: 2, 3: 2}[depth]
