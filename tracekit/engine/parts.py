@@ -99,10 +99,9 @@ class Replay:
     """One part replayed under ``weight`` (scenarios × :attr:`Part.edges`, int64): :meth:`advance` as hubs are
     released; :attr:`times` (nodes × scenarios) once every hub it needs was."""
 
-    def __init__(self, part: Part, weight: np.ndarray, laid: bool = False, times: np.ndarray | None = None) -> None:
+    def __init__(self, part: Part, weight: np.ndarray, laid: bool = False) -> None:
         """``laid``: ``weight`` is already in the kernel's order (edges × scenarios, the rows of edge ``e`` at
-        ``part.layout.slot[e]``: see :meth:`Part.layout`), and is kept, not copied. ``times``: an array to hold the
-        node times in (overwritten; used where it has room, else a new one)."""
+        ``part.layout.slot[e]``: see :meth:`Part.layout`), and is kept, not copied."""
         lay = part.layout
         if laid:
             if weight.dtype != np.int64 or weight.ndim != 2 or weight.shape[0] != part.edges \
@@ -110,7 +109,6 @@ class Replay:
                 raise ValueError(f"a part of {part.edges} edges given laid-out weights of shape {weight.shape}")
             m = lay.out_edge.size
             self.w_out, self.w_tgt, scenarios = weight[:m], weight[m:], weight.shape[1]
-            self.weight: np.ndarray | None = weight
         else:
             weight = np.atleast_2d(np.asarray(weight, np.int64))
             if weight.shape[1] != part.edges:
@@ -118,16 +116,10 @@ class Replay:
             self.w_out = np.ascontiguousarray(weight[:, lay.out_edge].T)
             self.w_tgt = np.ascontiguousarray(weight[:, lay.tgt_edge].T)
             scenarios = weight.shape[0]
-            self.weight = None
         self.part, self.lay, self.scenarios = part, lay, scenarios
         self.left = lay.inputs.copy()
         self._settled = False
-        shape = (part.n, self.scenarios)
-        if times is not None and times.dtype == np.int64 and times.size >= part.n * self.scenarios:
-            self.acc = times.reshape(-1)[:part.n * self.scenarios].reshape(shape)
-            self.acc.fill(np.iinfo(np.int64).min)
-        else:
-            self.acc = np.full(shape, np.iinfo(np.int64).min, np.int64)
+        self.acc = np.full((part.n, self.scenarios), np.iinfo(np.int64).min, np.int64)
         ready = np.flatnonzero(self.left == 0)
         self.acc[ready] = part.start[ready, None]
         self.stack = np.empty(part.n, np.int32)

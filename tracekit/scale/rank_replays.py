@@ -52,10 +52,7 @@ class HeldReplays:
             rr.part = None  # type: ignore[assignment]  # (the host's part holds them: one copy)
         self.members, self.local, self.cross = members, local, cross
         self.running: Replay | None = None
-        self.slots: list[np.ndarray] | None = None
-        # a let-go replay's times and weights, for the next (their pages already mapped)
-        self.spare: np.ndarray | None = None
-        self.spare_w: np.ndarray | None = None
+        self.slots: list[tuple[int, np.ndarray | None, np.ndarray]] | None = None  # (see :func:`_rows`)
         return self.part.edges, self.part.n
 
     def _times(self, r: int) -> np.ndarray:
@@ -69,8 +66,7 @@ class HeldReplays:
         time)."""
         if self.slots is None:
             self.slots = [_rows(self.part.layout.slot[pos], pos < self.part.src.size) for pos in self.pos]
-        shape = (self.part.edges, len(self.jobs))
-        w = _room(self.spare_w, shape)  # in the kernel's order: kept, not copied
+        w = np.empty((self.part.edges, len(self.jobs)), np.int64)  # in the kernel's order: kept, not copied
         for (lo, order, hub_rows), wr in zip(self.slots, weights, strict=True):
             if order is None:
                 w[hub_rows] = wr
@@ -78,8 +74,7 @@ class HeldReplays:
             k = order.size
             np.take(wr[:k], order, axis=0, out=w[lo:lo + k], mode="clip")  # ("raise" copies: out is buffered)
             w[hub_rows] = wr[k:]
-        self.running = Replay(self.part, w, laid=True, times=self.spare)
-        self.spare = self.spare_w = None
+        self.running = Replay(self.part, w, laid=True)
         self.left = self.members.copy()
         self.left_time = np.full((self.members.size, len(self.jobs)), np.iinfo(np.int64).min, np.int64)
 
@@ -134,15 +129,7 @@ class HeldReplays:
     def replays_unbind(self) -> None:
         """Let go of the ranks' graphs as the last replay bound scheduled them (:meth:`replays_bind`), and of that
         replay."""
-        self.replayed = {}
-        self._let_go()
-
-    def _let_go(self) -> None:
-        """Let go of the running replay (and the times the one before it left), keeping its times' array for the
-        next."""
-        if self.running is not None and not self.before:
-            self.spare, self.spare_w = _whole(self.running.acc), _whole(self.running.weight)
-        self.running, self.before = None, {}
+        self.replayed, self.running, self.before = {}, None, {}
 
     def replays_bind(self, job: int, src: np.ndarray, m_start: np.ndarray) -> None:
         """Each held rank's graph as job ``job`` of the running replay scheduled it
@@ -182,7 +169,7 @@ class HeldReplays:
         :meth:`replays_bind`)."""
         parts = [rr.spans(self._times(r)) for r, rr in self.replaying.items()]
         if not keep:
-            self._let_go()
+            self.running, self.before = None, {}
         jobs = len(self.jobs)
         if not parts:
             none = np.zeros((jobs, 0), np.int64)
@@ -203,18 +190,3 @@ def _rows(rows: np.ndarray, own: np.ndarray) -> tuple[int, np.ndarray | None, np
         if np.array_equal(mine[order], np.arange(lo, lo + mine.size)):
             return lo, order, rows[mine.size:]
     return 0, None, rows
-
-
-def _whole(a: np.ndarray | None) -> np.ndarray | None:
-    """The array ``a`` is a view of (a replay's times or weights may be the front of a bigger one kept before)."""
-    while a is not None and isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
-
-
-def _room(spare: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
-    """An int64 array of ``shape``: in ``spare`` where it has room, else new."""
-    need = shape[0] * shape[1]
-    if spare is not None and spare.dtype == np.int64 and spare.flags.c_contiguous and spare.size >= need:
-        return spare.reshape(-1)[:need].reshape(shape)
-    return np.empty(shape, np.int64)
