@@ -6,6 +6,9 @@ sizes, against another revision of this repository on the same datasets in the s
                                       [--compare-rev REV] [--repeat 1] [--commands whatif,critical-path]
                                       [--engine local|dask]
 
+``--commands inspect`` times ``tracekit inspect`` of the dataset instead (headless, from process start: the overview
+painted, the critical path shown, the verdict shown), each revision in turn, ``--repeat`` times.
+
 Each job is ``benchmarks/jobgen.py``'s DDP job (8 GPUs per host, every gradient all-reduce over all ranks, rank 5
 30 % slower) with ``--layers`` layers and ``--steps`` steps: 200 x 20 gives ~17 500 activities and ~45 000 edges per
 rank in its compact graph, the shape of a real GPU rank (every kernel its launch edge). The dataset is built first
@@ -17,7 +20,7 @@ Printed per job and per command and revision: wall, CPU and the peak of the comm
 own process (the client: its high-water mark) and of its worker processes at once (those that hold the ranks' graphs
 for the critical path, :mod:`tracekit.scale.rank_parts`); then how the peaks grow from the smallest job to the
 largest against how the ranks grow. Targets (issue 36): 128 ranks x 20 MB with <= 1 GB on the client; 512 ranks
-<= 1.2x the client memory of 128.
+<= 1.2x the client memory of 128; inspect of the 128-rank job shows its verdict within 15 s of launch.
 """
 
 from __future__ import annotations
@@ -41,6 +44,36 @@ from benchmarks import jobgen  # noqa: E402
 LINK_BW = "10gbit"
 COMMANDS = {"whatif": ["--link-bw", LINK_BW, "--bandwidth", "25gbit,100gbit"],
             "critical-path": []}
+#: ``tracekit inspect DIR --dataset DS --link-bw 10gbit`` run headless (Textual's pilot) from process start: when the
+#: overview is painted, the critical path shown and the verdict shown (``--commands inspect``); argv: the other tree's
+#: site ("" for this tree), the job, the dataset, the engine
+INSPECT = """
+import time
+T0 = time.perf_counter()
+import asyncio, json, sys
+if sys.argv[1]:
+    sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, sys.argv[1])
+from tracekit.tui.app import InspectApp
+from tracekit.tui.data import LoadOptions
+out = {}
+
+async def main():
+    app = InspectApp([sys.argv[2]], LoadOptions(dataset=sys.argv[3], by_rank=True, link_bw_bps=10e9,
+                                                engine=sys.argv[4]))
+    async with app.run_test(size=(160, 50)) as pilot:
+        for phase, key in (("painted", "overview"), ("critical_path", "critical_path"), ("whatif", "verdict")):
+            while phase not in app.phases and "failed" not in app.phases:
+                await asyncio.sleep(0.01)
+            out[key] = time.perf_counter() - T0
+        out["failed"] = getattr(app, "error", None) if "failed" in app.phases else None
+        out["headline"] = app.data.verdict.headline if app.data.verdict is not None else None
+        await pilot.pause()
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    print(json.dumps(out))
+"""
 
 
 def _tracekit() -> list[str]:
@@ -80,10 +113,12 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     trees = {"this tree": _tracekit()}
+    sites = {"this tree": ""}
     tmp = Path(tempfile.mkdtemp(prefix="graph-memory-", dir=work))
     if args.compare_rev:
         site = _other_tree(args.compare_rev, tmp / "rev")
         trees[args.compare_rev] = [sys.executable, "-c", OTHER_TREE, str(site)]
+        sites[args.compare_rev] = str(site)
     print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     peaks: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for ranks in [int(x) for x in args.ranks.split(",")]:
@@ -95,7 +130,10 @@ def main() -> None:
         _run([*_tracekit(), "critical-path", str(job), "--dataset", str(ds), "--engine", "local", "--json"], env)
         graphs = sum(1 for _ in (ds / "current").glob("rank=*/graph.act.parquet"))
         print(f"\n{ranks} ranks ({size:.1f} GB of JSON, {graphs} rank graphs)", flush=True)
-        for cmd, extra in ((c, COMMANDS[c]) for c in args.commands.split(",")):
+        for cmd, extra in ((c, COMMANDS.get(c, [])) for c in args.commands.split(",")):
+            if cmd == "inspect":
+                _inspect(sites, job, ds, args.engine, args.repeat, env)
+                continue
             outs = {}
             for name, exe in trees.items():
                 runs = []
@@ -119,6 +157,28 @@ def main() -> None:
         if len(row) > 1:
             (r0, p0), (r1, p1) = row[0], row[-1]
             print(f"  {cmd:23s} {name:12s} {r1 / r0:.0f}x the ranks: {p1 / p0:.2f}x the peak ({p0:.0f} -> {p1:.0f} MB)")
+
+
+def _inspect(sites: dict[str, str], job: Path, ds: Path, engine: str, repeat: int, env: dict[str, str]) -> None:
+    """:data:`INSPECT` of each tree, ``repeat`` times in turn: the median of each moment, and whether the verdicts
+    agree."""
+    import statistics
+
+    got: dict[str, list[dict]] = {name: [] for name in sites}
+    for _ in range(repeat):
+        for name, site in sites.items():
+            _, out = _run([sys.executable, "-c", INSPECT, site, str(job), str(ds), engine], env)
+            got[name].append(json.loads(out.strip().splitlines()[-1]))
+    for name, runs in got.items():
+        failed = [r["failed"] for r in runs if r["failed"]]
+        med = {k: statistics.median(r[k] for r in runs) for k in ("overview", "critical_path", "verdict")}
+        each = ", ".join(f"{r['verdict']:.1f}" for r in runs)
+        print(f"  inspect        {name:12s} overview {med['overview']:5.1f} s  critical path "
+              f"{med['critical_path']:5.1f} s  verdict {med['verdict']:5.1f} s  (median of {len(runs)}; each: {each} s)"
+              + (f"  FAILED: {failed[0]}" if failed else ""), flush=True)
+    heads = {r["headline"] for runs in got.values() for r in runs}
+    if len(sites) > 1:
+        print(f"  inspect        verdicts of both revisions: {'identical' if len(heads) == 1 else 'DIFFERENT'}")
 
 
 if __name__ == "__main__":
