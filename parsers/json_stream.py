@@ -407,6 +407,12 @@ def _object(s: _Stream, key: bytes, batch_bytes: int, lazy: bool = False) -> Ite
         pos = vend
 
 
+def invalid_utf8(exc: BaseException) -> bool:
+    """Whether a decoding error is invalid UTF-8 in a string (repairable: the bad bytes read as U+FFFD): msgspec before
+    0.23 raises ``UnicodeDecodeError`` for it, 0.23 a ``DecodeError`` that says so."""
+    return isinstance(exc, UnicodeDecodeError) or (isinstance(exc, msgspec.DecodeError) and "UTF-8" in str(exc))
+
+
 _CANDIDATE = re.compile(rb"\}\s*,\s*\{")
 _VALIDATE = msgspec.json.Decoder(msgspec.Raw)
 

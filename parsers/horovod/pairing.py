@@ -13,7 +13,7 @@ import numpy as np
 
 from tracekit.model.diagnostics import Diagnostic
 
-from ..json_stream import Batch
+from ..json_stream import Batch, invalid_utf8
 from .phases import _TRANSFER_PREFIXES
 from .records import (
     _DAMAGE,
@@ -222,7 +222,9 @@ class _Parser:
                 try:
                     try:
                         loose.append(_LOOSE_ONE.decode(raw))
-                    except UnicodeDecodeError:
+                    except _DAMAGE as exc:
+                        if not invalid_utf8(exc):
+                            raise
                         fixed = raw.decode("utf-8", "replace").encode()
                         loose.append(_LOOSE_ONE.decode(fixed))
                         self.counts["repaired_utf8"] += 1

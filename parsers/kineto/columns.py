@@ -18,7 +18,7 @@ from msgspec.structs import astuple
 
 from tracekit.model.schema import clean_text
 
-from ..json_stream import Batch
+from ..json_stream import Batch, invalid_utf8
 from ..timestamps import us_text_to_ns
 from .records import (
     _DECODE,
@@ -44,18 +44,17 @@ def _decode_batch(acc: _Accumulator, batch: Batch) -> list[Event]:
     """Decode a batch; on damage, repair what can be repaired and skip (and count) the rest."""
     try:
         return _DECODE.decode(batch.data)
-    except UnicodeDecodeError:
-        # invalid UTF-8: U+FFFD for every bad byte (never a structural character, so the element
-        # boundaries stay where they were)
-        fixed = batch.data.decode("utf-8", "replace")
-        acc.repaired_utf8 += fixed.count("\ufffd") - batch.data.count("\ufffd".encode())
-        batch = Batch(batch.offset, fixed.encode())
-        try:
-            return _DECODE.decode(batch.data)
-        except DECODE_ERRORS:
-            pass
-    except DECODE_ERRORS:
-        pass
+    except DECODE_ERRORS as exc:
+        if invalid_utf8(exc):
+            # invalid UTF-8: U+FFFD for every bad byte (never a structural character, so the element
+            # boundaries stay where they were)
+            fixed = batch.data.decode("utf-8", "replace")
+            acc.repaired_utf8 += fixed.count("\ufffd") - batch.data.count("\ufffd".encode())
+            batch = Batch(batch.offset, fixed.encode())
+            try:
+                return _DECODE.decode(batch.data)
+            except DECODE_ERRORS:
+                pass
     data = batch.data
     if _NONFINITE.search(data):
         data, k = _NONFINITE.subn(rb"\1null", data)
