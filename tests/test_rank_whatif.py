@@ -116,13 +116,14 @@ def test_jobs_one_at_a_time_where_few_fit(job: tracekit.Job, monkeypatch: pytest
 
 def test_a_job_the_hosts_replayed_is_not_replayed_again(job: tracekit.Job, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each replay costs a round trip per collective: the verdict, its ranges and the bottleneck ask some of the same
-    scenarios, and the hosts replay each once (the same predictions); a replay kept for its critical path runs."""
+    scenarios, and the hosts replay each once (the same predictions); the critical path of a replayed schedule (the
+    verdict's caveat) is followed from the times the hosts kept of a free-communication replay, else runs its own."""
     from tracekit.scale.rank_whatif import RankReplays
 
     an = job.analysis
     asked = [SCENARIOS[2], Scenario(free=True), SCENARIOS[0], SCENARIOS[3], SCENARIOS[3]]
     want = predict_many(an.whatif, asked)
-    share = replay_unexplained(an.whatif, Scenario(free=True), an.iterations, an.ranks)
+    shares = [replay_unexplained(an.whatif, sc, an.iterations, an.ranks) for sc in (Scenario(free=True), SCENARIOS[3])]
     ran: list[int] = []
     run = RankReplays._run
     monkeypatch.setattr(RankReplays, "_run", lambda self, batch, keep: ran.append(len(batch)) or run(self, batch, keep))
@@ -132,5 +133,10 @@ def test_a_job_the_hosts_replayed_is_not_replayed_again(job: tracekit.Job, monke
         first = predict_many(model, SCENARIOS[:3])
         assert predict_many(model, asked) == want and want[:3] == [first[2], first[1], first[0]]
         assert ran == [3, 1]  # the new scenario once, though asked twice
-        assert replay_unexplained(model, Scenario(free=True), an.iterations, an.ranks) == share
+        # the caveat's path: free communication's times kept on the hosts since the first batch; another runs again
+        assert replay_unexplained(model, Scenario(free=True), an.iterations, an.ranks) == shares[0]
+        assert ran == [3, 1]
+        assert replay_unexplained(model, SCENARIOS[3], an.iterations, an.ranks) == shares[1]
+        assert ran == [3, 1, 1]
+        assert replay_unexplained(model, Scenario(free=True), an.iterations, an.ranks) == shares[0]
         assert ran == [3, 1, 1]

@@ -6,7 +6,7 @@ asks for (:class:`tracekit.analysis.graph.rank_model.RankReplay`), advanced as t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ class HeldReplays:
         self.members, self.local, self.cross = members, local, cross
         self.running: Replay | None = None
         self.slots: list[tuple[int, np.ndarray | None, np.ndarray]] | None = None  # (see :func:`_rows`)
+        self.stash: list[tuple[Job, np.ndarray]] = []  # (see :meth:`replays_spans`)
         return self.part.edges, self.part.n
 
     def _times(self, r: int) -> np.ndarray:
@@ -131,17 +132,23 @@ class HeldReplays:
         replay."""
         self.replayed, self.running, self.before = {}, None, {}
 
-    def replays_bind(self, job: int, src: np.ndarray, m_start: np.ndarray) -> None:
-        """Each held rank's graph as job ``job`` of the running replay scheduled it
-        (:func:`tracekit.analysis.graph.rank_model.replayed`: collective edges from ``src``, per edge of the crossings
-        the replay was opened with; members of other ranks at ``m_start``), held for the critical path of the schedule
-        (``replayed=True`` of the path's calls)."""
+    def replays_bind(self, job: int, src: np.ndarray, m_start: np.ndarray, stashed: bool = False) -> None:
+        """Each held rank's graph as job ``job`` of the running replay scheduled it (with ``stashed``: the job of that
+        place in :meth:`replays_spans`'s stash) (:func:`tracekit.analysis.graph.rank_model.replayed`: collective
+        edges from ``src``, per edge of the crossings the replay was opened with; members of other ranks at
+        ``m_start``), held for the critical path of the schedule (``replayed=True`` of the path's calls)."""
         self.replayed = {}
+        if stashed:
+            done, times = self.stash[job]
         for r, rr in self.replaying.items():
-            before = self.before.get(r)
-            w = rr.graph_weights(self.jobs[job], None if before is None else before[:, job])
-            self.replayed[r] = rank_model.replayed(rr.rg, self.cross, src, self._times(r)[:, job] + rr.t0,
-                                                   w[:rr.n_edges], m_start)
+            if stashed:
+                w = rr.graph_weights(done)
+                t = times[self.first[r]:self.first[r] + self.nodes[r]]
+            else:
+                before = self.before.get(r)
+                w = rr.graph_weights(self.jobs[job], None if before is None else before[:, job])
+                t = self._times(r)[:, job]
+            self.replayed[r] = rank_model.replayed(rr.rg, self.cross, src, t + rr.t0, w[:rr.n_edges], m_start)
 
     def advance(self, hubs: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Release ``hubs`` at ``times`` (× jobs, on the offsets of the replays) to the running part and settle what
@@ -162,12 +169,18 @@ class HeldReplays:
             out_t.append(got_t)
         return np.concatenate(out_h), np.concatenate(out_t)
 
-    def replays_spans(self, keep: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def replays_spans(self, keep: bool = False, stash: Sequence[int] = ()
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per held rank and counted iteration, its earliest start and latest end in each job's schedule
         (:meth:`tracekit.analysis.graph.rank_model.RankReplay.spans`): ``(iterations, starts, ends)``, the ranks'
         iterations one after the other (starts and ends: jobs × them). The replay is let go unless ``keep`` (for
-        :meth:`replays_bind`)."""
+        :meth:`replays_bind`); the node times of the jobs ``stash`` names (without a slowdown re-costed) are kept
+        apart, in that order, for :meth:`replays_bind` later (one column each: a verdict's caveat follows the path of
+        a replay the bottleneck's first batch ran), in place of those kept before."""
         parts = [rr.spans(self._times(r)) for r, rr in self.replaying.items()]
+        if stash:
+            assert self.running is not None and not self.before
+            self.stash = [(self.jobs[j], self.running.times[:, j].copy()) for j in stash]
         if not keep:
             self.running, self.before = None, {}
         jobs = len(self.jobs)

@@ -56,6 +56,9 @@ class RankReplays:
         self._balance: balance.Balance | None = None
         self.hub_times = np.zeros((0, 0), np.int64)  # the last batch's hubs' times (× its jobs; offsets from t0)
         self.done: dict[tuple, Bounds] = {}  # every job replayed so far, by :func:`_key`
+        #: the jobs whose node times the hosts keep apart (:meth:`HeldReplays.replays_spans`), by :func:`_key`: their
+        #: place there and their hubs' times
+        self.stashed: dict[tuple, tuple[int, np.ndarray]] = {}
 
     def measured(self) -> Bounds:
         """The measured schedule's bounds (the ranks' graphs' own times)."""
@@ -91,7 +94,11 @@ class RankReplays:
         for _ in range(whatif.CONTENTION_ROUNDS if any(j.slowdown > 1.0 for j in batch) else 0):
             hosts.ask_all("replays_recost")
             self.hub_times, _ = exchange.settle([hosts], self.members, len(batch), self.local)
-        got = hosts.ask_all("replays_spans", keep)
+        slow = any(j.slowdown > 1.0 for j in batch)
+        stash = [] if keep or slow else [j for j, job in enumerate(batch) if job.free]
+        got = hosts.ask_all("replays_spans", keep, stash)
+        if stash:  # the free-communication jobs' times kept on the hosts: the verdict's caveat follows one's path
+            self.stashed = {_key(batch[j]): (i, self.hub_times[:, j].copy()) for i, j in enumerate(stash)}
         it = np.concatenate([g[0] for g in got])
         start = np.concatenate([g[1] for g in got], axis=1)
         end = np.concatenate([g[2] for g in got], axis=1)
@@ -104,19 +111,25 @@ class RankReplays:
             return self._unexplained(model, sc, iterations, ranks)
 
     def _unexplained(self, model: Model, sc: Scenario, iterations: Any, ranks: Any) -> float | None:
-        (b,) = self._replay([(model, sc)], keep=True)
+        key = _key(_job(model, sc))
+        if key in self.stashed and key in self.done:  # its times kept on the hosts since a batch ran it
+            job, hub_times = self.stashed[key]
+            b = self.done[key]
+        else:
+            (b,) = self._replay([(model, sc)], keep=True)
+            job, hub_times = 0, self.hub_times[:, 0]
         spans = b.spans()
         if spans.height == 0:
             return None
         it = int(spans.get_column("iteration")[spans.height // 2])
         cross = self.paths.cross
         first = cross.hub_ptr.size - 1
-        m_start = self.hub_times[first:first + cross.members.height, 0] + self.t0
+        m_start = hub_times[first:first + cross.members.height] + self.t0
         src = cross.src.copy()
         hubbed = cross.hub >= 0
         src[hubbed] = collective_edges.latest_other(cross.hub_ptr, cross.hub_member, m_start[cross.hub_member],
                                                     cross.hub[hubbed], cross.dst[hubbed])
-        self.paths.hosts.ask_all("replays_bind", 0, src, m_start)
+        self.paths.hosts.ask_all("replays_bind", job, src, m_start, key in self.stashed)
         try:
             segs = self.paths.paths(iterations, ranks, iteration=it, spans=spans, m_start=m_start)
         finally:
