@@ -112,6 +112,7 @@ def main() -> None:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONHASHSEED": "0"}
+    process_tree.compile_bytecode(ROOT / "tracekit", ROOT / "parsers", ROOT / "tui")  # as an install's would start
     trees = {"this tree": _tracekit()}
     sites = {"this tree": ""}
     tmp = Path(tempfile.mkdtemp(prefix="graph-memory-", dir=work))
