@@ -14,7 +14,6 @@ from tracekit.analysis.graph.whatif import (
     SIZE_UNKNOWN,
     Model,
     Scenario,
-    predict,
     predict_many,
 )
 from tracekit.model.units import format_rate
@@ -119,11 +118,10 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     when the replay predicts no iteration time to compare. No verdict rests on a size nobody knows: without
     sizes and without a line rate it says what to pass instead; with sizes estimated from transfer times the
     verdict names that assumption."""
-    first = [Scenario(free=True), Scenario()]
-    if model.remote is not None and model.line_rate_known:  # the replay at full utilisation is asked below: one
-        first.append(Scenario(efficiency="full"))            # round trip per collective fewer with the others
-    free, measured, *more = predict_many(model, first)
-    full = more[0] if more else None
+    # (the replay at full utilisation, asked below wherever a line rate is known, goes with the first two: one
+    # round trip per collective fewer where the ranks' graphs are held apart)
+    free, measured, *full = predict_many(model, [Scenario(free=True), Scenario(),
+                                                 *([Scenario(efficiency="full")] if model.line_rate_known else [])])
     if free <= 0 or measured <= 0:
         return None
     sf_measured = free / measured if measured else 1.0
@@ -147,8 +145,7 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
     if sizes[SIZE_ESTIMATED]:
         assumption = (f"This rests on an assumption: {sizes['note']}. For measured sizes, "
                       + RECORD_SHAPES_HINT + ".")
-    full = predict(model, Scenario(efficiency="full")) if full is None else full
-    sf_full = free / full if full else 1.0
+    sf_full = free / full[0] if full[0] else 1.0
     r = format_rate(rate) if rate else "each link's"
     link = f"the {r} link" if rate else "each link's line rate"
     tail = f" {assumption}" if assumption else ""
