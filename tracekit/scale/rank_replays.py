@@ -52,7 +52,7 @@ class HeldReplays:
             rr.part = None  # type: ignore[assignment]  # (the host's part holds them: one copy)
         self.members, self.local, self.cross = members, local, cross
         self.running: Replay | None = None
-        self.slots: list[tuple[int, np.ndarray | None, np.ndarray]] | None = None  # (see :func:`_rows`)
+        self.slots: list[tuple[int, np.ndarray, np.ndarray]] | None = None  # (see :func:`_rows`)
         self.stash: list[tuple[Job, np.ndarray]] = []  # (see :meth:`replays_spans`)
         return self.part.edges, self.part.n
 
@@ -69,9 +69,6 @@ class HeldReplays:
             self.slots = [_rows(self.part.layout.slot[pos], pos < self.part.src.size) for pos in self.pos]
         w = np.empty((self.part.edges, len(self.jobs)), np.int64)  # in the kernel's order: kept, not copied
         for (lo, order, hub_rows), wr in zip(self.slots, weights, strict=True):
-            if order is None:
-                w[hub_rows] = wr
-                continue
             k = order.size
             np.take(wr[:k], order, axis=0, out=w[lo:lo + k], mode="clip")  # ("raise" copies: out is buffered)
             w[hub_rows] = wr[k:]
@@ -191,15 +188,15 @@ class HeldReplays:
                 np.concatenate([p[2] for p in parts], axis=1))
 
 
-def _rows(rows: np.ndarray, own: np.ndarray) -> tuple[int, np.ndarray | None, np.ndarray]:
+def _rows(rows: np.ndarray, own: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     """Where a rank's edges go in its host's part's kernel order (``rows``; ``own``: which are its own edges, the
     first): its own edges fill one block there (the kernel orders them by source, and the rank's nodes are one run
-    of the part's), so they are copied in by one gather — ``(block start, the gather's order, its hub edges' rows)``
-    —, or, where they do not, ``(0, None, rows)``."""
+    of the part's), so they are copied in by one gather — ``(block start, the gather's order, the other edges'
+    rows)`` —, or, where they do not, every edge by its row (an empty gather)."""
     mine = rows[own]
     lo = int(mine.min()) if mine.size else 0
     if mine.size and int(mine.max()) - lo + 1 == mine.size and not own[mine.size:].any():
         order = np.argsort(mine, kind="stable")
         if np.array_equal(mine[order], np.arange(lo, lo + mine.size)):
             return lo, order, rows[mine.size:]
-    return 0, None, rows
+    return 0, np.zeros(0, np.intp), rows

@@ -89,12 +89,12 @@ class RankReplays:
         if any(j.balanced for j in batch):
             self._balanced()
         hosts = self.paths.hosts
+        slow = any(j.slowdown > 1.0 for j in batch)
         hosts.ask_all("replays_start", batch)
         self.hub_times, _ = exchange.settle([hosts], self.members, len(batch), self.local)
-        for _ in range(whatif.CONTENTION_ROUNDS if any(j.slowdown > 1.0 for j in batch) else 0):
+        for _ in range(whatif.CONTENTION_ROUNDS if slow else 0):
             hosts.ask_all("replays_recost")
             self.hub_times, _ = exchange.settle([hosts], self.members, len(batch), self.local)
-        slow = any(j.slowdown > 1.0 for j in batch)
         stash = [] if keep or slow else [j for j, job in enumerate(batch) if job.free]
         got = hosts.ask_all("replays_spans", keep, stash)
         if stash:  # the free-communication jobs' times kept on the hosts: the verdict's caveat follows one's path
@@ -112,7 +112,8 @@ class RankReplays:
 
     def _unexplained(self, model: Model, sc: Scenario, iterations: Any, ranks: Any) -> float | None:
         key = _key(_job(model, sc))
-        if key in self.stashed and key in self.done:  # its times kept on the hosts since a batch ran it
+        stashed = key in self.stashed  # its times kept on the hosts since a batch ran it
+        if stashed:
             job, hub_times = self.stashed[key]
             b = self.done[key]
         else:
@@ -129,7 +130,7 @@ class RankReplays:
         hubbed = cross.hub >= 0
         src[hubbed] = collective_edges.latest_other(cross.hub_ptr, cross.hub_member, m_start[cross.hub_member],
                                                     cross.hub[hubbed], cross.dst[hubbed])
-        self.paths.hosts.ask_all("replays_bind", job, src, m_start, key in self.stashed)
+        self.paths.hosts.ask_all("replays_bind", job, src, m_start, stashed)
         try:
             segs = self.paths.paths(iterations, ranks, iteration=it, spans=spans, m_start=m_start)
         finally:
