@@ -69,6 +69,23 @@ def test_each_rank_binds_as_the_job_graph(job: tracekit.Job) -> None:
         assert not ((g.src[bg][ghost] >= lo) & (g.src[bg][ghost] < hi)).any()
 
 
+def test_a_ranks_members_and_edges_are_looked_up_not_scanned(job: tracekit.Job) -> None:
+    """Binding a rank looks its members and the collective edges into it up (:meth:`Crossings.of_rank`; a scan of the
+    job's per rank made binding quadratic in ranks): the same, in the same order, as the scans; each member's hub
+    too."""
+    an = job.analysis
+    with Hosts(0) as hosts:
+        cross = RankPaths.open(hosts, graphs.sources(an.dataset, an), an).cross
+    m_rank = cross.members.get_column("rank").to_numpy()
+    for r in [*np.unique(m_rank).tolist(), int(m_rank.max()) + 1]:
+        mine, into = cross.of_rank(r)
+        assert np.array_equal(mine, np.flatnonzero(m_rank == r))
+        assert np.array_equal(into, np.flatnonzero(m_rank[cross.dst] == r))
+    for h in range(cross.hub_ptr.size - 1):
+        assert (cross.member_hub[cross.hub_member[cross.hub_ptr[h]:cross.hub_ptr[h + 1]]] == h).all()
+    assert (cross.member_hub >= 0).sum() == cross.hub_member.size
+
+
 @pytest.mark.parametrize("jobs", [0, 2])
 def test_paths_equal_the_combined_graphs(job: tracekit.Job, jobs: int) -> None:
     an = job.analysis

@@ -9,6 +9,7 @@ path where the rank is (:mod:`tracekit.scale.rank_parts`); what a job's every ra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import polars as pl
@@ -40,6 +41,30 @@ class Crossings:
     hub_member: np.ndarray
     hub_ptr: np.ndarray
     violated: int
+
+    @cached_property
+    def member_hub(self) -> np.ndarray:
+        """Per member, the hub of its instance (-1: none; made once, where the ranks' graphs are held)."""
+        out = np.full(self.members.height, -1, np.int64)
+        out[self.hub_member] = np.repeat(np.arange(self.hub_ptr.size - 1), np.diff(self.hub_ptr))
+        return out
+
+    @cached_property
+    def _by_rank(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The members by rank and the edges by the rank they go into (each in their order within a rank), with the
+        sorted ranks of each: what :meth:`of_rank` looks up (made once, where the ranks' graphs are bound)."""
+        rank = self.members.get_column("rank").to_numpy()
+        by_m = np.argsort(rank, kind="stable")
+        into = rank[self.dst]
+        by_e = np.argsort(into, kind="stable")
+        return by_m, rank[by_m], by_e, into[by_e]
+
+    def of_rank(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rank ``rank``'s members, and the edges into them, each ascending: a look-up, not a scan of the job's."""
+        by_m, m_sorted, by_e, e_sorted = self._by_rank
+        m_lo, m_hi = np.searchsorted(m_sorted, [rank, rank + 1])
+        e_lo, e_hi = np.searchsorted(e_sorted, [rank, rank + 1])
+        return by_m[m_lo:m_hi], by_e[e_lo:e_hi]
 
 
 #: the columns of a rank's stored activities :func:`member_rows` reads
@@ -132,7 +157,7 @@ def rank_graph(act_t: pa.Table, edge_t: pa.Table, rank: int, offset: int, cross:
     mem = cross.members
     m_rank = mem.get_column("rank").to_numpy()
     m_a = mem.get_column("a").to_numpy()
-    mine = np.flatnonzero(m_rank == rank)
+    mine, into = cross.of_rank(rank)
     member_of = np.full(k, -1, np.int64)
     member_of[m_a[mine]] = mine
     s = edge_t.column("src").to_numpy()
@@ -146,7 +171,6 @@ def rank_graph(act_t: pa.Table, edge_t: pa.Table, rank: int, offset: int, cross:
     over = cross.own[mine] >= 0
     own[m_a[mine[over]]] = cross.own[mine[over]]
     # the collective edges into this rank's members, in the job's order; a source on another rank is a ghost node
-    into = np.flatnonzero(m_rank[cross.dst] == rank)
     c_src_m = cross.src[into]
     foreign = m_rank[c_src_m] != rank
     ghost = np.unique(c_src_m[foreign])

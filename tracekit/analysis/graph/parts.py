@@ -55,8 +55,7 @@ def rank_part(rg: RankGraph, cross: Crossings, extra: Extra | None = None) -> tu
     target = ~own
     mine = np.flatnonzero(rg.member_of >= 0)
     m = rg.member_of[mine]
-    inst = np.full(cross.members.height, -1, np.int64)
-    inst[cross.hub_member] = np.repeat(np.arange(hubs), np.diff(cross.hub_ptr))
+    inst = cross.member_hub
     in_hub = inst[m] >= 0
     mem_node = np.concatenate([2 * mine[in_hub], 2 * mine])
     mem_global = np.concatenate([inst[m][in_hub], hubs + m])
