@@ -226,3 +226,55 @@ def test_bisections_asked_together_answer_as_one_after_the_other(depth: int) -> 
         want = [_one_bisection(s, target, lambda x, k=k: factor(k, x)) for k, s in enumerate(searches)]
         assert bottleneck._first_reaching(searches, target, asked, depth=depth) == want
     assert asks_made <= 300 * {1: 4, 2: 2, 3: 2}[depth]
+
+
+def test_the_searches_ask_their_guesses_first() -> None:
+    """Each search asks the steps around its guess first (:func:`bottleneck._guesses`): on monotone factors the same
+    answer as the bisection, in one ask where the guesses hold it and its neighbour below; on factors that are not
+    monotone, still a step that reaches right after one that does not (or the first step, or none)."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    searches = [list(bottleneck.COMPRESSION_STEPS), list(bottleneck.BANDWIDTH_STEPS)]
+    one_ask = 0
+    for trial in range(400):
+        monotone = trial % 2 == 0
+        factors = [rng.random(len(s)) for s in searches]
+        if monotone:
+            factors = [np.sort(f) for f in factors]
+        target = float(rng.random())
+        first = [sorted(rng.integers(-2, len(s) + 2, size=bottleneck.GUESSES).tolist()) for s in searches]
+        asks = 0
+
+        def asked(got: list[tuple[int, float]], factors: list = factors) -> list[float]:
+            nonlocal asks
+            asks += 1
+            return [float(factors[k][searches[k].index(x)]) for k, x in got]
+
+        answer = bottleneck._first_reaching(searches, target, asked, depth=2, first=first)
+        for k, s in enumerate(searches):
+            f = factors[k]
+            want = _one_bisection(s, target, lambda x, k=k, f=f: float(f[searches[k].index(x)]))
+            if monotone:
+                assert answer[k] == want
+            elif answer[k] is not None:
+                i = s.index(answer[k])
+                assert f[i] >= target and (i == 0 or f[i - 1] < target)
+        reach = [next((i for i, v in enumerate(f) if v >= target), len(f)) for f in factors]
+        held = all(r in g and (r == 0 or r - 1 in g) or (r == len(f) and len(f) - 1 in g)
+                   for r, g, f in zip(reach, first, factors, strict=True))
+        if monotone and held:
+            assert asks == 1
+            one_ask += 1
+    assert one_ask > 0
+
+
+def test_guesses_lie_between_the_two_bounds() -> None:
+    """The guesses centre between the step where the exposed communication alone, and where all of it with the
+    compute it overlaps staying, would reach the target."""
+    steps = list(bottleneck.BANDWIDTH_STEPS)
+    # free 1.0, full 2.0 (exposed 1.0), target 0.5: exposed alone needs 1x; all of 3.0 needs 3 / (3 - 1 + 1) = 1x too
+    assert bottleneck._guesses(steps, 1.0, 2.0, 3.0, 0.5) == [-2, -1, 0, 1]
+    # exposed 9.0 of 10.0, target 0.9 (slack 1/9): 81x alone (100x, index 11), 10 / (1 + 1/9) = 9x overlapped (10x,
+    # index 6): centred on index 8
+    assert bottleneck._guesses(steps, 1.0, 10.0, 10.0, 0.9) == [6, 7, 8, 9]

@@ -76,14 +76,25 @@ def _bisect_tree(lo: int, hi: int, depth: int) -> list[int]:
 
 
 def _first_reaching(searches: list[list[float]], target: float,
-                    scaling: Callable[[list[tuple[int, float]]], list[float]], depth: int = 1) -> list[float | None]:
+                    scaling: Callable[[list[tuple[int, float]]], list[float]], depth: int = 1,
+                    first: list[list[int]] | None = None) -> list[float | None]:
     """Per list of ``searches``, the smallest step whose scaling factor reaches ``target`` (None if none does), by
     bisection: the scaling factor only grows with compression and bandwidth, so a few replays answer instead of one
     per step. ``scaling`` gives the factors of (search, step) pairs in one call: the searches ask together, each
     the steps of its next ``depth`` bisection steps whichever way they go — the same answers as one bisection after
-    the other, in fewer calls (where every call costs a round trip per collective: a job held rank by rank)."""
+    the other, in fewer calls (where every call costs a round trip per collective: a job held rank by rank).
+    ``first``: per search, the step indices to ask before bisecting (where the answer likely is, :func:`_guesses`):
+    the lowest of them that reaches and the highest below it that does not bound the bisection, which ends at once
+    where they are neighbours — on monotone factors the same answer, in one call."""
     lo = [0] * len(searches)
     hi = [len(s) for s in searches]  # steps[hi] reaches (hi = len: none known to), steps[< lo] do not
+    if first:
+        asks = [(k, i) for k, idx in enumerate(first) for i in sorted(set(idx)) if 0 <= i < len(searches[k])]
+        got = dict(zip(asks, scaling([(k, searches[k][i]) for k, i in asks]), strict=True))
+        for k in range(len(searches)):
+            mine = sorted(i for kk, i in got if kk == k)
+            hi[k] = next((i for i in mine if got[k, i] >= target), hi[k])
+            lo[k] = max((i + 1 for i in mine if i < hi[k] and got[k, i] < target), default=lo[k])
     while True:
         asks = [(k, i) for k in range(len(searches)) for i in _bisect_tree(lo[k], hi[k], depth)]
         if not asks:
@@ -96,6 +107,41 @@ def _first_reaching(searches: list[list[float]], target: float,
                 else:
                     lo[k] = mid + 1
     return [float(s[i]) if i < len(s) else None for s, i in zip(searches, lo, strict=True)]
+
+
+#: steps each search asks first (:func:`_guesses`): around the step the replays so far point to
+GUESSES = 4
+
+
+def _guesses(steps: list[float], free: float, full: float, comm: float, target: float) -> list[int]:
+    """The :data:`GUESSES` step indices around where ``target`` is likely reached. Two bounds on that step from the
+    free-communication and full-utilisation replays' iteration times: were the exposed communication (``full -
+    free``) to shrink in proportion to the step, the scaling factor would reach ``target`` at ``(full - free) / (free
+    (1/target - 1))``; were all of it (``comm`` per iteration, ``full - free`` of it exposed) to shrink so, with the
+    compute it overlaps staying, at ``comm / (comm - (full - free) + free (1/target - 1))``. On the recorded jobs the
+    answer lies between the two far more often than near either: the guesses are centred between them."""
+    slack = max(free * (1.0 / target - 1.0), 1e-12)
+    exposed = max(full - free, 0.0)
+    comm = max(comm, exposed)
+    at = [next((i for i, x in enumerate(steps) if x >= need), len(steps))
+          for need in (exposed / slack, comm / max(comm - exposed + slack, 1e-12))]
+    mid = sum(at) // 2
+    return list(range(mid - GUESSES // 2, mid + GUESSES - GUESSES // 2))
+
+
+def _comm_per_iteration(model: Model) -> float:
+    """The communication time of an iteration at full utilisation (ns): per rank the median over its iterations of
+    its transfers' sum, on the rank with the most."""
+    import numpy as np
+    import polars as pl
+
+    from tracekit.analysis.graph.whatif import transfers
+
+    t = transfers(model, Scenario(efficiency="full"))
+    per = (model.comm.select("rank", "iteration").with_columns(pl.Series("t", np.asarray(t, np.float64)))
+           .filter(pl.col("iteration").is_not_null()).group_by("rank", "iteration").agg(pl.col("t").sum())
+           .group_by("rank").agg(pl.col("t").median()))
+    return float(per.get_column("t").max() or 0.0) if per.height else 0.0
 
 
 def distinct(*values: float, digits: int = 2, most: int = 4) -> tuple[str, ...]:
@@ -165,8 +211,10 @@ def bottleneck(model: Model, target: float = 0.9) -> Bottleneck | None:
                      Scenario(efficiency="full", bandwidth_scale=x) for k, x in asks]
         return [free / p for p in predict_many(model, scenarios)]
 
-    need_c, need_mult = _first_reaching([list(COMPRESSION_STEPS), list(BANDWIDTH_STEPS)], target, scaling,
-                                        depth=1 if model.remote is None else 2)
+    searches = [list(COMPRESSION_STEPS), list(BANDWIDTH_STEPS)]
+    comm = _comm_per_iteration(model)
+    need_c, need_mult = _first_reaching(searches, target, scaling, depth=1 if model.remote is None else 2,
+                                        first=[_guesses(s, free, full[0], comm, target) for s in searches])
     need_r = rate * need_mult if rate and need_mult else None
     wants = []
     if need_c:
