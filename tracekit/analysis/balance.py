@@ -29,6 +29,8 @@ from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, own_edges
 from tracekit.analysis.intervals import runs
 
 _PROGRAM = EDGE_TYPES.index("program")
+#: what an operation without a name is called where names travel as text
+NO_NAME = "\x00"
 #: activity kinds that are a rank's device work, and its host work
 DEVICE_KINDS = ("compute", "memory")
 HOST_KINDS = ("cpu_op", "runtime")
@@ -156,6 +158,11 @@ def _names(act: pl.DataFrame) -> np.ndarray:
     return act.get_column("name").to_physical().fill_null(-1).to_numpy()
 
 
+def _text(act: pl.DataFrame, rows: np.ndarray) -> pl.Series:
+    """The names of activities ``rows`` as text (:data:`NO_NAME` for none): a key the same in every graph."""
+    return act.get_column("name").gather(rows).cast(pl.String).fill_null(NO_NAME)
+
+
 def _own_edges(graph: Graph) -> np.ndarray:
     """Per activity of ``graph``: its own edge, or -1."""
     return own_edges(graph)[1:2 * graph.act.height:2]
@@ -163,10 +170,18 @@ def _own_edges(graph: Graph) -> np.ndarray:
 
 def _masks(act: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per activity: whether it is device work, and whether it is host work."""
-    kind = act.get_column("kind").cast(pl.String)
     on_device = act.get_column("device").is_not_null().to_numpy()
-    return (on_device & kind.is_in(DEVICE_KINDS).fill_null(False).to_numpy(),
-            ~on_device & kind.is_in(HOST_KINDS).fill_null(False).to_numpy())
+    dev, host = _kinds(act, DEVICE_KINDS), _kinds(act, HOST_KINDS)
+    return on_device & dev, ~on_device & host
+
+
+def _kinds(act: pl.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
+    """Per activity: whether its kind is one of ``kinds`` (compared one by one: cheaper than a set test this small)."""
+    kind = act.get_column("kind").cast(pl.String)
+    hit = kind == kinds[0]
+    for k in kinds[1:]:
+        hit = hit | (kind == k)
+    return hit.fill_null(False).to_numpy()
 
 
 def _gap_edges(graph: Graph, host: np.ndarray) -> np.ndarray:
@@ -175,10 +190,10 @@ def _gap_edges(graph: Graph, host: np.ndarray) -> np.ndarray:
     return prog[host[graph.dst[prog] // 2] & (graph.slack[prog] > 0)]
 
 
-def work(graph: Graph, names: np.ndarray | pl.Series | None = None) -> Work:
-    """Every rank's work on ``graph`` (its activities come rank by rank); ``names``: per activity a key of its name
-    (default the categorical's codes, which only one graph shares: give text where ranks' graphs are measured
-    apart)."""
+def work(graph: Graph, text: bool = False) -> Work:
+    """Every rank's work on ``graph`` (its activities come rank by rank), its operations keyed by the names'
+    categorical codes, which only one graph shares — by their text (:data:`NO_NAME` for none) with ``text``, where
+    ranks' graphs are measured apart."""
     act = graph.act
     own_edge = _own_edges(graph)
     device, host = _masks(act)
@@ -193,17 +208,30 @@ def work(graph: Graph, names: np.ndarray | pl.Series | None = None) -> Work:
                          minlength=ranks.size).astype(np.int64)
     host_ns = np.bincount(code[host], weights=own[host], minlength=ranks.size).astype(np.int64) + gap_ns
     has_dev = dev_ns > 0
-    key = _names(act) if names is None else names
-    df = pl.DataFrame({"rank": rank.astype(np.int64), "name": key, "own": own})
+    # the (rank, name) groups by the names' codes, then the tables of the groups (a rank's work is too small for many
+    # frames' calls to pay)
+    codes = _names(act)
+    pair = code.astype(np.int64) * (int(codes.max(initial=-1)) + 2) + (codes + 1)
+    _, first, group = np.unique(pair, return_index=True, return_inverse=True)
+    size = first.size
+    key = _text(act, first) if text else codes[first]
+
+    def table(rows: np.ndarray, **cols: np.ndarray) -> pl.DataFrame:
+        return pl.DataFrame({"rank": ranks[code[first[rows]]].astype(np.int64), "name": key[rows],
+                             **{k: v[rows] for k, v in cols.items()}})
+
     # peers by their device kernels (GPU ranks) or their operators (CPU-only ranks)
-    sig_mask = np.where(has_dev[code], device, host)
-    signature = df.filter(pl.Series(sig_mask)).group_by(["rank", "name"]).len()
-    named = df.filter(pl.Series(device | host)).group_by(["rank", "name"]).agg(pl.col("own").sum())
-    four = act.get_column("kind").cast(pl.String).is_in([*DEVICE_KINDS, *HOST_KINDS]).fill_null(False)
-    kinds = df.with_row_index("_at").filter(four).group_by(["rank", "name"]).agg(
-        pl.col("own").sum(), pl.col("_at").first())
-    kinds = kinds.with_columns(act.get_column("name").cast(pl.String).gather(kinds.get_column("_at")).alias(
-        "label")).drop("_at")
+    sig = np.where(has_dev[code], device, host)
+    count = np.bincount(group[sig], minlength=size)
+    signature = table(np.flatnonzero(count), len=count.astype(np.uint32))
+    work = device | host
+    named = table(np.flatnonzero(np.bincount(group[work], minlength=size)),
+                  own=np.bincount(group[work], weights=own[work], minlength=size).astype(np.int64))
+    four = np.flatnonzero(_kinds(act, (*DEVICE_KINDS, *HOST_KINDS)))
+    kinded, at = np.unique(group[four], return_index=True)  # each group's first activity of the four kinds
+    label = act.get_column("name").gather(four[at]).cast(pl.String)
+    kinds = table(kinded, own=np.bincount(group[four], weights=own[four], minlength=size).astype(np.int64)
+                  ).with_columns(label.alias("label"))
     return Work(ranks=ranks, device_ns=dev_ns, host_ns=host_ns, gap_ns=gap_ns, signature=signature, named=named,
                 kinds=kinds)
 
@@ -253,15 +281,18 @@ def name_medians(per: pl.DataFrame, ranks: np.ndarray, peers: np.ndarray) -> pl.
                             .otherwise(1.0).alias("f"))
 
 
-def scaling(graph: Graph, b: Balance, names: np.ndarray | pl.Series | None = None) -> Scaling:
-    """What removing the excess of ``b`` does to ``graph``'s edges (``names`` as :func:`work` was given them)."""
+def scaling(graph: Graph, b: Balance, text: bool = False) -> Scaling:
+    """What removing the excess of ``b`` does to ``graph``'s edges (``text`` as :func:`work` was given it)."""
     act = graph.act
     device, host = _masks(act)
     rank = act.get_column("rank").fill_null(-1).to_numpy().astype(np.int64)
-    key = _names(act) if names is None else names
-    f = pl.DataFrame({"rank": rank, "name": key}).join(
+    codes = _names(act)  # each (rank, name) looked up once, not each activity
+    _, first, group = np.unique((rank + 1) * (int(codes.max(initial=-1)) + 2) + (codes + 1), return_index=True,
+                                return_inverse=True)
+    key = _text(act, first) if text else codes[first]
+    f = pl.DataFrame({"rank": rank[first], "name": key}).join(
         b.factors.select(["rank", "name", "f"]), on=["rank", "name"], how="left", maintain_order="left",
-        nulls_equal=True).get_column("f").fill_null(1.0).to_numpy()
+        nulls_equal=True).get_column("f").fill_null(1.0).to_numpy()[group]
     act_factor = np.where(device | host, f, 1.0)
     gap_edges = _gap_edges(graph, host)
     at = np.searchsorted(b.ranks, rank[graph.dst[gap_edges] // 2])

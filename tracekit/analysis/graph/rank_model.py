@@ -25,13 +25,6 @@ from tracekit.analysis.intervals import runs
 
 #: the weight of an edge a scenario leaves out (the queues, when communication is free): it never wins a max
 OFF = -(1 << 62)
-#: what an operation without a name is called where names travel as text
-NO_NAME = "\x00"
-
-
-def names(rg: RankGraph) -> pl.Series:
-    """The rank's activities' names as text (a categorical's codes are the rank's own)."""
-    return rg.graph.act.get_column("name").cast(pl.String).fill_null(NO_NAME)
 
 
 def comm_rows(rg: RankGraph) -> pl.DataFrame:
@@ -42,8 +35,8 @@ def comm_rows(rg: RankGraph) -> pl.DataFrame:
 
 
 def work(rg: RankGraph) -> balance.Work:
-    """The rank's work (:func:`tracekit.analysis.balance.work`), its operations named by text."""
-    return balance.work(rg.graph, names(rg))
+    """The rank's work (:func:`tracekit.analysis.balance.work`), its operations keyed by their names' text."""
+    return balance.work(rg.graph, text=True)
 
 
 @dataclass(frozen=True)
@@ -111,7 +104,7 @@ class RankReplay:
 
     def balance(self, b: balance.Balance) -> None:
         """Take the balance's factors (those of this rank's operations and its gaps)."""
-        self.scaling = balance.scaling(self.rg.graph, b, names(self.rg))
+        self.scaling = balance.scaling(self.rg.graph, b, text=True)
 
     def _transfer_spans(self, times: np.ndarray, transfer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each communication activity's transfer in the schedule ``times`` (per node) as
