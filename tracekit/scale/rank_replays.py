@@ -6,7 +6,7 @@ asks for (:class:`tracekit.analysis.graph.rank_model.RankReplay`), advanced as t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,8 @@ class HeldReplays:
             rr.part = None  # type: ignore[assignment]  # (the host's part holds them: one copy)
         self.members, self.local, self.cross = members, local, cross
         self.running: Replay | None = None
-        self.slots: list[tuple[int, np.ndarray, np.ndarray]] | None = None  # (see :func:`_rows`)
+        self.laid: list[tuple[np.ndarray, np.ndarray]] | None = None  # (see :meth:`_laid`)
+        self.bases: dict[bool, np.ndarray] = {}  # (see :meth:`_base`)
         self.stash: list[tuple[Job, np.ndarray]] = []  # (see :meth:`replays_spans`)
         return self.part.edges, self.part.n
 
@@ -62,16 +63,52 @@ class HeldReplays:
         lo = self.first[r]
         return self.running.times[lo:lo + self.nodes[r]]
 
-    def _start(self, weights: Iterator[np.ndarray]) -> None:
-        """Run the host's part under each rank's ``weights`` (the rank part's edges × jobs; made one rank at a
-        time)."""
-        if self.slots is None:
-            self.slots = [_rows(self.part.layout.slot[pos], pos < self.part.src.size) for pos in self.pos]
-        w = np.empty((self.part.edges, len(self.jobs)), np.int64)  # in the kernel's order: kept, not copied
-        for (lo, order, hub_rows), wr in zip(self.slots, weights, strict=True):
-            k = order.size
-            np.take(wr[:k], order, axis=0, out=w[lo:lo + k], mode="clip")  # ("raise" copies: out is buffered)
-            w[hub_rows] = wr[k:]
+    def _laid(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per held rank: the row in the host part's kernel order of each edge of the rank's :meth:`graph_weights
+        <tracekit.analysis.graph.rank_model.RankReplay.graph_weights>` (its part's edges are all of them, in another
+        order), and those rows of its
+        :attr:`~tracekit.analysis.graph.rank_model.RankReplay.set_edges` (made once)."""
+        if self.laid is None:
+            slot = self.part.layout.slot
+            self.laid = []
+            for pos, rr in zip(self.pos, self.replaying.values(), strict=True):
+                row = np.empty(rr.emap.size, np.int64)
+                row[rr.emap] = slot[pos]
+                self.laid.append((row, row[rr.set_edges]))
+        return self.laid
+
+    def _base(self, balanced: bool) -> np.ndarray:
+        """The weights, in the kernel's order, of the edges no job sets (:meth:`RankReplay.base_weights
+        <tracekit.analysis.graph.rank_model.RankReplay.base_weights>`), as measured or balanced (made once each)."""
+        if balanced not in self.bases:
+            w = np.empty(self.part.edges, np.int64)
+            for (row, _), rr in zip(self._laid(), self.replaying.values(), strict=True):
+                w[row] = rr.base_weights(balanced)
+            self.bases[balanced] = w
+        return self.bases[balanced]
+
+    def _start(self, before: dict[int, np.ndarray] | None = None) -> None:
+        """Run the host's part under :attr:`jobs`: each job's weights its base (:meth:`_base`) with the edges it sets
+        written over them, rank by rank; with ``before`` (per rank its nodes × jobs in the replay before), the compute
+        of jobs with a slowdown re-costed (those weigh every edge rank by rank)."""
+        jobs = self.jobs
+        w = np.empty((self.part.edges, len(jobs)), np.int64)  # in the kernel's order: kept, not copied
+        recost = [j for j, job in enumerate(jobs) if before is not None and job.slowdown > 1.0]
+        plain = [j for j in range(len(jobs)) if j not in recost]
+        balanced = [i for i, j in enumerate(plain) if jobs[j].balanced]
+        if len(balanced) < len(plain):  # (a row at a time: a column at a time would pass over it once per job)
+            w[:] = self._base(False)[:, None]
+        if balanced:
+            w[:, [plain[i] for i in balanced]] = self._base(True)[:, None]
+        for (r, rr), (row, set_rows) in zip(self.replaying.items(), self._laid(), strict=True):
+            got = rr.set_weights([jobs[j] for j in plain])
+            if balanced:  # the edges the balance scales weigh what the balanced base has
+                scaled = rr.balance_scaled()
+                got[np.ix_(scaled, balanced)] = self._base(True)[set_rows[scaled], None]
+            w[np.ix_(set_rows, plain)] = got
+            for j in recost:
+                assert before is not None
+                w[row, j] = rr.graph_weights(jobs[j], before[r][:, j])
         self.running = Replay(self.part, w, laid=True)
         self.left = self.members.copy()
         self.left_time = np.full((self.members.size, len(self.jobs)), np.iinfo(np.int64).min, np.int64)
@@ -89,6 +126,7 @@ class HeldReplays:
         """Give every held rank's replay the balance's factors (for the jobs that remove the excess)."""
         for rr in self.replaying.values():
             rr.balance(b)
+        self.bases.pop(True, None)
 
     def replays_samples(self, activities: bool = False) -> dict[int, tuple[pl.DataFrame, int, int]]:
         """Per held rank: the contention fit's samples (:meth:`tracekit.analysis.graph.rank_model.RankReplay.samples`),
@@ -117,12 +155,12 @@ class HeldReplays:
         scenarios)."""
         self.jobs = jobs
         self.before: dict[int, np.ndarray] = {}
-        self._start(rr.weights(jobs) for rr in self.replaying.values())
+        self._start()
 
     def replays_recost(self) -> None:
         """Replay again, the compute of jobs with a slowdown re-costed by the schedules just replayed."""
         self.before = {r: self._times(r) for r in self.replaying}
-        self._start(rr.weights(self.jobs, self.before[r]) for r, rr in self.replaying.items())
+        self._start(self.before)
 
     def replays_unbind(self) -> None:
         """Let go of the ranks' graphs as the last replay bound scheduled them (:meth:`replays_bind`), and of that
@@ -187,16 +225,3 @@ class HeldReplays:
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts], axis=1),
                 np.concatenate([p[2] for p in parts], axis=1))
 
-
-def _rows(rows: np.ndarray, own: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
-    """Where a rank's edges go in its host's part's kernel order (``rows``; ``own``: which are its own edges, the
-    first): its own edges fill one block there (the kernel orders them by source, and the rank's nodes are one run
-    of the part's), so they are copied in by one gather — ``(block start, the gather's order, the other edges'
-    rows)`` —, or, where they do not, every edge by its row (an empty gather)."""
-    mine = rows[own]
-    lo = int(mine.min()) if mine.size else 0
-    if mine.size and int(mine.max()) - lo + 1 == mine.size and not own[mine.size:].any():
-        order = np.argsort(mine, kind="stable")
-        if np.array_equal(mine[order], np.arange(lo, lo + mine.size)):
-            return lo, order, rows[mine.size:]
-    return 0, np.zeros(0, np.intp), rows

@@ -135,14 +135,49 @@ class RankReplay:
             self.__dict__["_costs"] = (idx[ok], edge[ok], g.lag[edge[ok]].astype(np.float64), f[ok])
         return self.__dict__["_costs"]
 
-    def weights(self, jobs: list[Job], times: np.ndarray | None = None) -> np.ndarray:
-        """The part's edge weights (its edges × jobs, as the replay lays them out) under each job; with ``times``
-        (the part's nodes × jobs, from the replay before), the compute of jobs with a slowdown re-costed by its
-        overlap with the transfers there (one round of :func:`tracekit.analysis.graph.whatif.schedule`'s)."""
-        out = np.empty((self.emap.size, len(jobs)), np.int64)
+    @property
+    def set_edges(self) -> np.ndarray:
+        """The edges whose weight a job sets (:meth:`graph_weights`' numbering: the communication activities' own edges,
+        the collective edges into the rank, the queues), in :meth:`set_weights`' order; every other edge weighs what
+        it measured (:meth:`base_weights`) under every job without a slowdown to re-cost."""
+        ok = self.coll_row >= 0
+        return np.concatenate([self.own_edge, self.coll_edge[ok], self.n_edges + np.arange(self.queue_row.size)])
+
+    def set_weights(self, jobs: list[Job]) -> np.ndarray:
+        """:meth:`graph_weights` of :attr:`set_edges` (× ``jobs``), without a slowdown re-costed; a balanced job's
+        weights of the edges the balance scales are its :meth:`base_weights`' (:meth:`balance_scaled`)."""
+        g = self.rg.graph
+        ok = self.coll_row >= 0
+        own, coll = self.own_edge.size, int(ok.sum())
+        slack_own, slack_coll = g.slack[self.own_edge], g.slack[self.coll_edge[ok]]
+        coll_row = self.coll_row[ok]
+        out = np.empty((own + coll + self.queue_row.size, len(jobs)), np.int64)
         for i, job in enumerate(jobs):
-            out[:, i] = self.graph_weights(job, None if times is None else times[:, i])[self.emap]
+            t = job.transfer
+            out[:own, i] = t[self.own_row] + slack_own
+            out[own:own + coll, i] = t[coll_row] + slack_coll
+            out[own + coll:, i] = OFF if job.free else t[self.queue_row]
         return out
+
+    def base_weights(self, balanced: bool) -> np.ndarray:
+        """:meth:`graph_weights` of the edges a job leaves alone: as measured (the queues: 0), or with every rank's
+        excess removed."""
+        g = self.rg.graph
+        w = np.concatenate([g.weight(), np.zeros(self.queue_row.size, np.int64)])
+        if balanced:
+            if self.scaling is None:
+                raise RuntimeError("a balanced replay before the balance's factors came")
+            balance.apply(g, self.scaling, w)
+        return w
+
+    def balance_scaled(self) -> np.ndarray:
+        """Per edge of :attr:`set_edges`: whether the balance scales it (a balanced job weighs it as its base does:
+        :meth:`graph_weights` scales after setting the transfers)."""
+        s = self.scaling
+        if s is None:
+            raise RuntimeError("a balanced replay before the balance's factors came")
+        scaled = s.own_edge[(s.act_factor < 1.0) & (s.own_edge >= 0)]
+        return np.isin(self.set_edges, np.concatenate([scaled, s.gap_edges[s.gap_factor < 1.0]]))
 
     def graph_weights(self, job: Job, times: np.ndarray | None = None) -> np.ndarray:
         """:meth:`weights` of one job by edge of the rank's graph, then the queues (``times``: the part's nodes)."""
