@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from tracekit.analysis.graph import critical_path
 from tracekit.analysis.graph.crossings import (
@@ -32,6 +33,8 @@ from tracekit.model.diagnostics import TraceError
 from tracekit.scale.rank_replays import HeldReplays
 
 _COLL = EDGE_TYPES.index("collective")
+#: the stored tables of a rank a host reads ahead (:meth:`Hosts.prefetch`): what binding it and the what-if read
+PREFETCHED = ("graph.act", "graph.edges", "graph.leaves")
 _COLL_CODE = critical_path.EDGE_CODE["collective"]
 
 
@@ -70,31 +73,63 @@ class Held(HeldReplays):
         self.stored: dict[int, Source] = {}  # ranks whose members were read, not bound yet
         self.sources: dict[int, Source] = {}
         self.replayed: dict[int, RankGraph] = {}
+        #: stored tables read ahead (:meth:`prefetch`), by path: the file's size and modification time, and the table
+        self.prefetched: dict[str, tuple[int, int, pa.Table]] = {}
+
+    def prefetch(self, paths: list[str], budget: int) -> int:
+        """Read the stored tables at ``paths`` ahead of :meth:`read`, :meth:`bind` and the replays' samples — while
+        the client is still analysing the job — until they hold ``budget`` bytes; a file that cannot be read is left
+        for its turn (which says why). Returns the bytes held."""
+        import pyarrow.parquet as pq
+
+        held = sum(t.nbytes for _, _, t in self.prefetched.values())
+        for path in paths:
+            if held >= budget:
+                break
+            try:
+                st = os.stat(path)
+                table = pq.read_table(path)
+            except Exception:  # (read again in its turn, and reported there)
+                continue
+            self.prefetched[path] = (st.st_mtime_ns, st.st_size, table)
+            held += table.nbytes
+        return held
+
+    def table(self, path: Path, columns: list[str] | None = None, keep: bool = False) -> pa.Table:
+        """The stored table at ``path`` (its ``columns``): read ahead (:meth:`prefetch`; let go unless ``keep``),
+        unless the file changed since, or read now."""
+        import pyarrow.parquet as pq
+
+        got = self.prefetched.get(str(path)) if keep else self.prefetched.pop(str(path), None)
+        if got is not None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            if st is not None and (st.st_mtime_ns, st.st_size) == got[:2]:
+                return got[2].select(columns) if columns is not None else got[2]
+        return pq.read_table(str(path), columns=columns)
 
     def read(self, sources: list[Source]) -> dict[int, pl.DataFrame]:
         """The ranks' members of collectives (:func:`tracekit.analysis.graph.crossings.member_rows`, from the columns
         they need of the ranks' stored activities), what the client finds the collective edges from."""
-        import pyarrow.parquet as pq
-
         out = {}
         for s in sources:
             self.stored[s.rank] = s
-            act = pq.read_table(str(Path(s.root) / s.part / "graph.act.parquet"), columns=list(MEMBER_COLUMNS))
+            act = self.table(Path(s.root) / s.part / "graph.act.parquet", list(MEMBER_COLUMNS), keep=True)
             out[s.rank] = member_rows(act, s.rank, s.offset)
         return out
 
     def bind(self, cross: Crossings) -> dict[int, int]:
         """Read every rank asked for (:meth:`read`) and put it on the job clock with the collective edges into it
-        (:func:`rank_graph`), one at a time (what a host holds is the ranks' graphs, not their stored tables too);
-        returns each rank's activity count."""
-        import pyarrow.parquet as pq
-
+        (:func:`rank_graph`), one at a time (what a host holds is the ranks' graphs, not their stored tables too,
+        beyond those read ahead: :meth:`prefetch`); returns each rank's activity count."""
         out = {}
         for r in list(self.stored):
             s = self.sources[r] = self.stored.pop(r)
             d = Path(s.root) / s.part
-            self.ranks[r] = rank_graph(pq.read_table(str(d / "graph.act.parquet")),
-                                       pq.read_table(str(d / "graph.edges.parquet")), s.rank, s.offset, cross)
+            self.ranks[r] = rank_graph(self.table(d / "graph.act.parquet"), self.table(d / "graph.edges.parquet"),
+                                       s.rank, s.offset, cross)
             out[r] = self.ranks[r].activities
         return out
 
@@ -250,9 +285,17 @@ class Hosts:
     def count(self) -> int:
         return max(self.jobs, 1)
 
+    def prefetch(self, parts: list[tuple[str, str]], budget: int) -> None:
+        """Have each host read ahead (:meth:`Held.prefetch`, up to ``budget`` bytes) the stored tables of the ranks
+        :meth:`read` will give it: ``parts`` (``(root, part)``) in the order its sources will come."""
+        files: dict[int, list[str]] = {h: [] for h in range(self.count)}
+        for i, (root, part) in enumerate(parts):
+            files[i % self.count] += [str(Path(root) / part / f"{name}.parquet") for name in PREFETCHED]
+        self._ask(range(self.count), "prefetch", lambda h: (files[h], budget))
+
     def read(self, sources: list[Source]) -> pl.DataFrame:
-        """Spread the ranks over the hosts (in turn) and read them there; every rank's members of collectives, in the
-        order of ``sources`` (the job graph's)."""
+        """Spread the ranks over the hosts (in turn: as :meth:`prefetch`) and read them there; every rank's members of
+        collectives, in the order of ``sources`` (the job graph's)."""
         mine: dict[int, list[Source]] = {h: [] for h in range(self.count)}
         for i, s in enumerate(sources):
             mine[i % self.count].append(s)

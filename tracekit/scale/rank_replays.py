@@ -6,7 +6,7 @@ asks for (:class:`tracekit.analysis.graph.rank_model.RankReplay`), advanced as t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ class HeldReplays:
     ranks: dict[int, RankGraph]
     replayed: dict[int, RankGraph]
     sources: dict[int, Any]  # where each held rank's graph was read from (:class:`tracekit.scale.rank_parts.Source`)
+    table: Callable[..., Any]  # a stored table, read ahead or now (:meth:`tracekit.scale.rank_parts.Held.table`)
 
     def comm(self) -> dict[int, pl.DataFrame]:
         """Each rank's communication rows (:func:`tracekit.analysis.graph.rank_model.comm_rows`)."""
@@ -132,8 +133,6 @@ class HeldReplays:
         """Per held rank: the contention fit's samples (:meth:`tracekit.analysis.graph.rank_model.RankReplay.samples`),
         their identities and how many compute leaves the rank has; from its compute activities instead of its stored
         leaves where ``activities`` (no rank of the job has leaves)."""
-        import pyarrow.parquet as pq
-
         from tracekit.analysis.graph.whatif import compute_mask
 
         out = {}
@@ -143,7 +142,7 @@ class HeldReplays:
                 leaves = g.act.filter(pl.Series(compute_mask(g))).select("rank", "iteration", "name", "start", "end")
             else:
                 s = self.sources[r]
-                t = pl.from_arrow(pq.read_table(str(Path(s.root) / s.part / "graph.leaves.parquet")))
+                t = pl.from_arrow(self.table(Path(s.root) / s.part / "graph.leaves.parquet"))
                 assert isinstance(t, pl.DataFrame)
                 leaves = t.with_columns(pl.lit(r, pl.Int32).alias("rank"), pl.col("start") + s.offset,
                                         pl.col("end") + s.offset)
