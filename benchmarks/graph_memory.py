@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -168,8 +169,13 @@ def _inspect(sites: dict[str, str], job: Path, ds: Path, engine: str, repeat: in
     got: dict[str, list[dict]] = {name: [] for name in sites}
     for _ in range(repeat):
         for name, site in sites.items():
-            _, out = _run([sys.executable, "-c", INSPECT, site, str(job), str(ds), engine], env)
-            got[name].append(json.loads(out.strip().splitlines()[-1]))
+            # (not under the process tree's memory sampler: every 10 ms it reads each process's memory, CPU this
+            # 2-core machine's three processes would otherwise have)
+            done = subprocess.run([sys.executable, "-c", INSPECT, site, str(job), str(ds), engine], env=env,
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"inspect of {name}: exit {done.returncode}: {done.stderr[-800:]}")
+            got[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     for name, runs in got.items():
         failed = [r["failed"] for r in runs if r["failed"]]
         med = {k: statistics.median(r[k] for r in runs) for k in ("overview", "critical_path", "verdict")}
