@@ -193,3 +193,33 @@ def test_the_critical_path_beside_the_verdict_on_worker_processes(tmp_path: Path
     with tracekit.load(tmp_path / "job", link_bw="10gbit", dataset=tmp_path / "ds", graphs=True) as unused:
         procs = list(unused.analysis.rank_graphs._opening.result()[1].procs)
     assert procs and not any(p.is_alive() for p in procs)
+
+
+def test_tables_read_ahead_are_taken_unless_their_file_changed(tmp_path: Path) -> None:
+    """A host reads its ranks' stored tables ahead (:meth:`Held.prefetch`) up to its budget; binding takes them
+    (once), a file rewritten since is read again, one that cannot be read is left for its turn."""
+    import os
+
+    import pyarrow as pa
+
+    from tracekit.scale.rank_parts import Held
+
+    paths = [tmp_path / f"t{i}.parquet" for i in range(3)]
+    for i, p in enumerate(paths):
+        pq.write_table(pa.table({"x": np.arange(1000) + i}), p)
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    held = Held()
+    one = pq.read_table(paths[0]).nbytes
+    got = held.prefetch([str(tmp_path / "bad.parquet"), *map(str, paths)], budget=2 * one)
+    assert got == 2 * one and set(held.prefetched) == {str(paths[0]), str(paths[1])}  # the budget, then stop
+    kept = held.prefetched[str(paths[0])][2]
+    def address(t: pa.Table) -> int:
+        return t.column("x").chunks[0].buffers()[1].address
+
+    assert address(held.table(paths[0], ["x"], keep=True)) == address(kept)  # not read again
+    assert held.table(paths[0]) is kept and str(paths[0]) not in held.prefetched  # taken once
+    pq.write_table(pa.table({"x": np.arange(5)}), paths[1])  # rewritten after it was read ahead
+    st = os.stat(paths[1])
+    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert held.table(paths[1]).num_rows == 5
+    assert held.table(paths[2]).column("x")[0].as_py() == 2  # never read ahead: read now
