@@ -326,6 +326,30 @@ async def test_bad_input_is_one_clear_message(tmp_path: Path) -> None:
     assert app.return_code == 1
 
 
+async def test_a_step_of_unknown_progress_shows_its_seconds_not_an_animation(tmp_path: Path) -> None:
+    """Loading steps whose progress is not known say how long they have taken (once a second), with no animated bar
+    drawing frames beside the analysis; a step with a fraction shows its bar."""
+    bad = tmp_path / "rank0.pt.trace.json"
+    bad.write_text('{"traceEvents": [')
+    app = InspectApp([str(bad)])
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot, phase="failed")
+        assert app._busy is None  # the failure's message stays
+        app.query_one("#loading").display = True
+        app._progress("following the critical path", None)
+        bar = app.query_one("#loading-bar")
+        assert not bar.display
+        label, what, since = app._busy
+        app._busy = (label, what, since - 3.2)  # 3 s later
+        app._tick()
+        assert str(label.render()) == "following the critical path · 3 s"
+        app._progress("following the critical path", None)  # the same step again: its clock goes on
+        assert app._busy[2] == since - 3.2
+        app._progress("reading", 0.5)
+        assert bar.display and app._busy is None
+        await pilot.press("q")
+
+
 async def test_app_on_preloaded_data() -> None:
     data = load_job([SAMPLE], LoadOptions(), LoadCallbacks())
     data.timeline = None  # the app builds it in the background

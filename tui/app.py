@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -100,6 +101,8 @@ class InspectApp(App[int]):
         #: the views shown so far, by id
         self.views: dict[str, View] = {}
         self._painted = threading.Event()  # set once the first views are on the screen
+        #: the loading step under way whose progress is not known: its label, what it is, since when
+        self._busy: tuple[Label, str, float] | None = None
         names = ", ".join(Path(p).name or p for p in self.paths)
         self.sub_title = names if len(names) < 60 else names[:57] + "…"
 
@@ -123,6 +126,7 @@ class InspectApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.set_interval(1.0, self._tick)
         self.query_one("#views").display = False
         self.query_one("#statusbar").display = False
         if self._preloaded is not None:
@@ -199,13 +203,26 @@ class InspectApp(App[int]):
             self._complete(data)
 
     def _progress(self, what: str, fraction: float | None) -> None:
+        """Say what the loading does: with its progress where known; where not, with the seconds it has taken so far
+        (:meth:`_tick`), not an animated bar — whose frames took a second of CPU in 15 from the analysis beside it."""
         if not self.screen.query("#statusbar"):
             return  # the app is closing
         started = self.data is not None
         label = self.query_one("#status-what" if started else "#loading-what", Label)
         bar = self.query_one("#status-bar" if started else "#loading-bar", ProgressBar)
         label.update(Text(what))  # it names files: never markup
-        bar.update(total=None if fraction is None else 1.0, progress=fraction or 0.0)
+        bar.display = fraction is not None
+        if fraction is not None:
+            bar.update(total=1.0, progress=fraction)
+        busy = self._busy
+        self._busy = None if fraction is not None else (
+            (label, what, busy[2]) if busy is not None and busy[1] == what else (label, what, time.monotonic()))
+
+    def _tick(self) -> None:
+        """Once a second: the seconds the loading step without a known progress has taken so far."""
+        if self._busy is not None:
+            label, what, since = self._busy
+            label.update(Text(f"{what} · {time.monotonic() - since:.0f} s"))
 
     def _phase(self, phase: str, data: JobData) -> None:
         """A loading phase is done: show or refresh the views that can show something now."""
@@ -232,6 +249,7 @@ class InspectApp(App[int]):
             self.call_after_refresh(self._focus_active)
         if phase == self.last_phase:
             self.query_one("#statusbar").display = False
+            self._busy = None
         if phase == "timeline" and self._pending_jump is not None:
             jump, self._pending_jump = self._pending_jump, None
             self.call_after_refresh(self.on_show_in_timeline, jump)
@@ -245,6 +263,7 @@ class InspectApp(App[int]):
 
     def _failed(self, message: str) -> None:
         self.error = message
+        self._busy = None  # (its label says what failed now)
         self.query_one("#loading").display = True  # above the views, if some were shown already
         self.query_one("#loading-what", Label).update(Text.assemble(("tracekit: ", "bold red"), message))
         self.query_one("#loading-bar").display = False
