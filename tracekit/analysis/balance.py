@@ -152,10 +152,28 @@ def peer_medians(values: np.ndarray, peers: np.ndarray, among: np.ndarray | None
     return out
 
 
-def _names(act: pl.DataFrame) -> np.ndarray:
-    """Per activity, a key of its name (the categorical's code; -1 for none): the same for the same name within one
-    graph."""
-    return act.get_column("name").to_physical().fill_null(-1).to_numpy()
+@dataclass(frozen=True)
+class _Keys:
+    """Per activity of a graph what the balance groups and masks by (:func:`_keys`): its name's code (-1 for none:
+    the same for the same name within the graph), whether it is device work, host work, or of either's kinds."""
+
+    name: np.ndarray
+    device: np.ndarray
+    host: np.ndarray
+    work_kind: np.ndarray
+
+
+def _keys(graph: Graph) -> _Keys:
+    """:class:`_Keys` of ``graph``, kept on it (its work and its scaling both read them)."""
+    kept = graph.__dict__.get("_balance_keys")
+    if kept is None:
+        act = graph.act
+        on_device = act.get_column("device").is_not_null().to_numpy()
+        dev, host = _kinds(act, DEVICE_KINDS), _kinds(act, HOST_KINDS)
+        kept = graph.__dict__["_balance_keys"] = _Keys(
+            name=act.get_column("name").to_physical().fill_null(-1).to_numpy(), device=on_device & dev,
+            host=~on_device & host, work_kind=dev | host)
+    return kept
 
 
 def _text(act: pl.DataFrame, rows: np.ndarray) -> pl.Series:
@@ -166,13 +184,6 @@ def _text(act: pl.DataFrame, rows: np.ndarray) -> pl.Series:
 def _own_edges(graph: Graph) -> np.ndarray:
     """Per activity of ``graph``: its own edge, or -1."""
     return own_edges(graph)[1:2 * graph.act.height:2]
-
-
-def _masks(act: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Per activity: whether it is device work, and whether it is host work."""
-    on_device = act.get_column("device").is_not_null().to_numpy()
-    dev, host = _kinds(act, DEVICE_KINDS), _kinds(act, HOST_KINDS)
-    return on_device & dev, ~on_device & host
 
 
 def _kinds(act: pl.DataFrame, kinds: tuple[str, ...]) -> np.ndarray:
@@ -196,7 +207,8 @@ def work(graph: Graph, text: bool = False) -> Work:
     ranks' graphs are measured apart."""
     act = graph.act
     own_edge = _own_edges(graph)
-    device, host = _masks(act)
+    keys = _keys(graph)
+    device, host = keys.device, keys.host
     rank = act.get_column("rank").fill_null(-1).to_numpy()
     by_run = runs(rank)  # a job's activities come rank by rank: their ranks and codes without a sort
     ranks, code = np.unique(rank, return_inverse=True) if by_run is None else \
@@ -210,7 +222,7 @@ def work(graph: Graph, text: bool = False) -> Work:
     has_dev = dev_ns > 0
     # the (rank, name) groups by the names' codes, then the tables of the groups (a rank's work is too small for many
     # frames' calls to pay)
-    codes = _names(act)
+    codes = keys.name
     pair = code.astype(np.int64) * (int(codes.max(initial=-1)) + 2) + (codes + 1)
     _, first, group = np.unique(pair, return_index=True, return_inverse=True)
     size = first.size
@@ -227,7 +239,7 @@ def work(graph: Graph, text: bool = False) -> Work:
     work = device | host
     named = table(np.flatnonzero(np.bincount(group[work], minlength=size)),
                   own=np.bincount(group[work], weights=own[work], minlength=size).astype(np.int64))
-    four = np.flatnonzero(_kinds(act, (*DEVICE_KINDS, *HOST_KINDS)))
+    four = np.flatnonzero(keys.work_kind)
     kinded, at = np.unique(group[four], return_index=True)  # each group's first activity of the four kinds
     label = act.get_column("name").gather(four[at]).cast(pl.String)
     kinds = table(kinded, own=np.bincount(group[four], weights=own[four], minlength=size).astype(np.int64)
@@ -284,9 +296,10 @@ def name_medians(per: pl.DataFrame, ranks: np.ndarray, peers: np.ndarray) -> pl.
 def scaling(graph: Graph, b: Balance, text: bool = False) -> Scaling:
     """What removing the excess of ``b`` does to ``graph``'s edges (``text`` as :func:`work` was given it)."""
     act = graph.act
-    device, host = _masks(act)
+    keys = _keys(graph)
+    device, host = keys.device, keys.host
     rank = act.get_column("rank").fill_null(-1).to_numpy().astype(np.int64)
-    codes = _names(act)  # each (rank, name) looked up once, not each activity
+    codes = keys.name  # each (rank, name) looked up once, not each activity
     _, first, group = np.unique((rank + 1) * (int(codes.max(initial=-1)) + 2) + (codes + 1), return_index=True,
                                 return_inverse=True)
     key = _text(act, first) if text else codes[first]
