@@ -65,10 +65,9 @@ class HeldReplays:
         return self.running.times[lo:lo + self.nodes[r]]
 
     def _laid(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per held rank: the row in the host part's kernel order of each edge of the rank's :meth:`graph_weights
+        """Per held rank: the row in the host part's kernel order of each edge of its :meth:`graph_weights
         <tracekit.analysis.graph.rank_model.RankReplay.graph_weights>` (its part's edges are all of them, in another
-        order), and those rows of its
-        :attr:`~tracekit.analysis.graph.rank_model.RankReplay.set_edges` (made once)."""
+        order), and the rows of its :attr:`~tracekit.analysis.graph.rank_model.RankReplay.set_edges` (made once)."""
         if self.laid is None:
             slot = self.part.layout.slot
             self.laid = []
@@ -104,7 +103,7 @@ class HeldReplays:
         for (r, rr), (row, set_rows) in zip(self.replaying.items(), self._laid(), strict=True):
             got = rr.set_weights([jobs[j] for j in plain])
             if balanced:  # the edges the balance scales weigh what the balanced base has
-                scaled = rr.balance_scaled()
+                scaled = rr.balance_scaled
                 got[np.ix_(scaled, balanced)] = self._base(True)[set_rows[scaled], None]
             w[np.ix_(set_rows, plain)] = got
             for j in recost:

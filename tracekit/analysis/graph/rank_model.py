@@ -101,10 +101,20 @@ class RankReplay:
         self.iterations, bounds = runs(it[self.counted])  # type: ignore[misc]  (sorted: never None)
         self.bounds = bounds[:-1]  # where each iteration's run begins
         self.scaling: balance.Scaling | None = None
+        ok = self.coll_row >= 0
+        #: the edges whose weight a job sets (:meth:`graph_weights`' numbering: the communication activities' own
+        #: edges, the collective edges into the rank, the queues), in :meth:`set_weights`' order; every other edge
+        #: weighs its :meth:`base_weights` under every job without a slowdown to re-cost
+        self.set_edges = np.concatenate([self.own_edge, self.coll_edge[ok], n_edges + np.arange(self.queue_row.size)])
+        #: per edge of :attr:`set_edges`, whether the balance scales it (a balanced job weighs it as its base does:
+        #: the balance applies after the transfers are set)
+        self.balance_scaled = np.zeros(self.set_edges.size, bool)
 
     def balance(self, b: balance.Balance) -> None:
         """Take the balance's factors (those of this rank's operations and its gaps)."""
-        self.scaling = balance.scaling(self.rg.graph, b, text=True)
+        s = self.scaling = balance.scaling(self.rg.graph, b, text=True)
+        scaled = s.own_edge[(s.act_factor < 1.0) & (s.own_edge >= 0)]
+        self.balance_scaled = np.isin(self.set_edges, np.concatenate([scaled, s.gap_edges[s.gap_factor < 1.0]]))
 
     def _transfer_spans(self, times: np.ndarray, transfer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each communication activity's transfer in the schedule ``times`` (per node) as
@@ -135,17 +145,9 @@ class RankReplay:
             self.__dict__["_costs"] = (idx[ok], edge[ok], g.lag[edge[ok]].astype(np.float64), f[ok])
         return self.__dict__["_costs"]
 
-    @property
-    def set_edges(self) -> np.ndarray:
-        """The edges whose weight a job sets (:meth:`graph_weights`' numbering: the communication activities' own edges,
-        the collective edges into the rank, the queues), in :meth:`set_weights`' order; every other edge weighs what
-        it measured (:meth:`base_weights`) under every job without a slowdown to re-cost."""
-        ok = self.coll_row >= 0
-        return np.concatenate([self.own_edge, self.coll_edge[ok], self.n_edges + np.arange(self.queue_row.size)])
-
     def set_weights(self, jobs: list[Job]) -> np.ndarray:
         """:meth:`graph_weights` of :attr:`set_edges` (× ``jobs``), without a slowdown re-costed; a balanced job's
-        weights of the edges the balance scales are its :meth:`base_weights`' (:meth:`balance_scaled`)."""
+        weights of the edges the balance scales are its :meth:`base_weights`' (:attr:`balance_scaled`)."""
         g = self.rg.graph
         ok = self.coll_row >= 0
         own, coll = self.own_edge.size, int(ok.sum())
@@ -170,28 +172,16 @@ class RankReplay:
             balance.apply(g, self.scaling, w)
         return w
 
-    def balance_scaled(self) -> np.ndarray:
-        """Per edge of :attr:`set_edges`: whether the balance scales it (a balanced job weighs it as its base does:
-        :meth:`graph_weights` scales after setting the transfers)."""
-        s = self.scaling
-        if s is None:
-            raise RuntimeError("a balanced replay before the balance's factors came")
-        scaled = s.own_edge[(s.act_factor < 1.0) & (s.own_edge >= 0)]
-        return np.isin(self.set_edges, np.concatenate([scaled, s.gap_edges[s.gap_factor < 1.0]]))
-
     def graph_weights(self, job: Job, times: np.ndarray | None = None) -> np.ndarray:
-        """:meth:`weights` of one job by edge of the rank's graph, then the queues (``times``: the part's nodes)."""
+        """One job's weight of every edge of the rank's graph, then the queues: its :meth:`base_weights` with the edges
+        it sets written over them; with ``times`` (the part's nodes in the replay before), the compute of a job with a
+        slowdown re-costed by its overlap with the transfers there (one round of
+        :func:`tracekit.analysis.graph.whatif.schedule`'s)."""
         g = self.rg.graph
-        w = np.concatenate([g.weight(), np.zeros(self.queue_row.size, np.int64)])
         t = job.transfer
-        w[self.own_edge] = t[self.own_row] + g.slack[self.own_edge]
-        ok = self.coll_row >= 0
-        w[self.coll_edge[ok]] = t[self.coll_row[ok]] + g.slack[self.coll_edge[ok]]
-        if job.balanced:
-            if self.scaling is None:
-                raise RuntimeError("a balanced replay before the balance's factors came")
-            balance.apply(g, self.scaling, w)
-        w[self.n_edges:] = OFF if job.free else t[self.queue_row]
+        w = self.base_weights(job.balanced)
+        kept = ~self.balance_scaled if job.balanced else slice(None)
+        w[self.set_edges[kept]] = self.set_weights([job])[kept, 0]
         if times is not None and job.slowdown > 1.0:
             act, edge, lag, f0 = self._compute()
             alone = contention.base(lag, f0, job.slowdown)
