@@ -131,6 +131,8 @@ class Held(HeldReplays):
             self.ranks[r] = rank_graph(self.table(d / "graph.act.parquet"), self.table(d / "graph.edges.parquet"),
                                        s.rank, s.offset, cross)
             out[r] = self.ranks[r].activities
+            if self.prefetched:  # the tables read ahead and taken go back, not kept by Arrow's pool beside the graphs
+                pa.default_memory_pool().release_unused()
         return out
 
     def _graphs(self, replayed: bool) -> dict[int, RankGraph]:
