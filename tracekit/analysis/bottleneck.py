@@ -8,6 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+import polars as pl
+
 from tracekit.analysis.graph.whatif import (
     RECORD_SHAPES_HINT,
     SIZE_ESTIMATED,
@@ -15,6 +18,7 @@ from tracekit.analysis.graph.whatif import (
     Model,
     Scenario,
     predict_many,
+    transfers,
 )
 from tracekit.model.units import format_rate
 
@@ -132,11 +136,6 @@ def _guesses(steps: list[float], free: float, full: float, comm: float, target: 
 def _comm_per_iteration(model: Model) -> float:
     """The communication time of an iteration at full utilisation (ns): per rank the median over its iterations of
     its transfers' sum, on the rank with the most."""
-    import numpy as np
-    import polars as pl
-
-    from tracekit.analysis.graph.whatif import transfers
-
     t = transfers(model, Scenario(efficiency="full"))
     per = (model.comm.select("rank", "iteration").with_columns(pl.Series("t", np.asarray(t, np.float64)))
            .filter(pl.col("iteration").is_not_null()).group_by("rank", "iteration").agg(pl.col("t").sum())

@@ -128,10 +128,11 @@ class Held(HeldReplays):
         for r in list(self.stored):
             s = self.sources[r] = self.stored.pop(r)
             d = Path(s.root) / s.part
+            ahead = str(d / "graph.act.parquet") in self.prefetched
             self.ranks[r] = rank_graph(self.table(d / "graph.act.parquet"), self.table(d / "graph.edges.parquet"),
                                        s.rank, s.offset, cross)
             out[r] = self.ranks[r].activities
-            if self.prefetched:  # the tables read ahead and taken go back, not kept by Arrow's pool beside the graphs
+            if ahead:  # the tables read ahead and taken go back, not kept by Arrow's pool beside the graphs
                 pa.default_memory_pool().release_unused()
         return out
 
