@@ -152,6 +152,22 @@ def test_a_program_that_never_closes_its_hosts_exits_quietly() -> None:
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
 
 
+def test_worker_processes_start_from_a_program_read_on_stdin() -> None:
+    """``python -`` (a script fed on stdin, as in a shell's here-document) starts the worker processes too: spawn would
+    have each run ``<stdin>`` again and die (``a worker process holding ranks' graphs died``)."""
+    import subprocess
+    import sys
+
+    code = ("from tracekit.scale.rank_parts import Hosts\n"
+            "with Hosts(1) as hosts:\n"
+            "    assert len(hosts.pids()) == 1\n"
+            "import __main__\n"
+            "assert __main__.__file__ == '<stdin>'\n"  # (given back)
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
 def test_two_threads_asking_the_hosts_each_get_their_own_answers() -> None:
     """The TUI follows the critical path on one thread while the verdict's model asks the same worker processes on
     another: each question's answers are its own (they once came back crossed: a process id for a frame)."""

@@ -261,7 +261,7 @@ def test_the_searches_ask_their_guesses_first() -> None:
                 i = s.index(answer[k])
                 assert f[i] >= target and (i == 0 or f[i - 1] < target)
         reach = [next((i for i, v in enumerate(f) if v >= target), len(f)) for f in factors]
-        held = all(r in g and (r == 0 or r - 1 in g) or (r == len(f) and len(f) - 1 in g)
+        held = all((r in g and (r == 0 or r - 1 in g)) or (r == len(f) and len(f) - 1 in g)
                    for r, g, f in zip(reach, first, factors, strict=True))
         if monotone and held:
             assert asks == 1

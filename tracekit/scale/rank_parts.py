@@ -7,9 +7,11 @@ answers. :mod:`tracekit.scale.rank_paths` follows the critical path through them
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -225,6 +227,22 @@ def _serve(conn: Any) -> None:
     conn.close()
 
 
+@contextlib.contextmanager
+def _main_not_run_again() -> Iterator[None]:
+    """While worker processes start: a program whose main module is no file (``python -`` reading stdin) hides that
+    name, which a spawned worker would otherwise try to run again and die at once (the workers need nothing of it)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or os.path.exists(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
 class Hosts:
     """Ranks' graphs on ``jobs`` worker processes (0: in this process), each rank on one of them: calls go to the
     host of the rank asked about, or to all."""
@@ -239,13 +257,14 @@ class Hosts:
 
     def __enter__(self) -> Hosts:
         ctx = get_context("spawn")
-        for _ in range(self.jobs):
-            a, b = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(b,), daemon=True, name="tracekit-rank-host")
-            p.start()
-            b.close()
-            self.procs.append(p)
-            self.conns.append(a)
+        with _main_not_run_again():
+            for _ in range(self.jobs):
+                a, b = ctx.Pipe()
+                p = ctx.Process(target=_serve, args=(b,), daemon=True, name="tracekit-rank-host")
+                p.start()
+                b.close()
+                self.procs.append(p)
+                self.conns.append(a)
         return self
 
     def __exit__(self, *exc: object) -> None:
