@@ -7,6 +7,7 @@ asks for (:class:`tracekit.analysis.graph.rank_model.RankReplay`), advanced as t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +124,12 @@ class HeldReplays:
                 np.concatenate([p[2][0] for p in parts]))
 
     def replays_balance(self, b: balance.Balance) -> None:
-        """Give every held rank's replay the balance's factors (for the jobs that remove the excess)."""
-        for rr in self.replaying.values():
-            rr.balance(b)
+        """Give every held rank's replay the balance's factors (for the jobs that remove the excess): each its own
+        rows of them (a rank joined with every rank's rows made the balance quadratic in ranks)."""
+        mine = b.factors.filter(pl.col("rank").is_in(list(self.replaying))).partition_by("rank", as_dict=True)
+        none = b.factors.clear()
+        for r, rr in self.replaying.items():
+            rr.balance(replace(b, factors=mine.get((r,), none)))
         self.bases.pop(True, None)
 
     def replays_samples(self, activities: bool = False) -> dict[int, tuple[pl.DataFrame, int, int]]:
