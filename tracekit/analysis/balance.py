@@ -236,9 +236,9 @@ def work(graph: Graph, text: bool = False) -> Work:
     sig = np.where(has_dev[code], device, host)
     count = np.bincount(group[sig], minlength=size)
     signature = table(np.flatnonzero(count), len=count.astype(np.uint32))
-    work = device | host
-    named = table(np.flatnonzero(np.bincount(group[work], minlength=size)),
-                  own=np.bincount(group[work], weights=own[work], minlength=size).astype(np.int64))
+    either = device | host
+    named = table(np.flatnonzero(np.bincount(group[either], minlength=size)),
+                  own=np.bincount(group[either], weights=own[either], minlength=size).astype(np.int64))
     four = np.flatnonzero(keys.work_kind)
     kinded, at = np.unique(group[four], return_index=True)  # each group's first activity of the four kinds
     label = act.get_column("name").gather(four[at]).cast(pl.String)

@@ -98,6 +98,28 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return v[np.concatenate(([True], v[1:] != v[:-1]))] if v.size else v
 
 
+@dataclass(frozen=True)
+class Grouped:
+    """The positions of each value of an integer array, looked up (:meth:`of`) rather than scanned for: ``order``
+    groups the values (:meth:`by`: a stable sort, each value's positions ascending; or an order given), ``keys`` are the
+    values in that order. A look-up per value keeps a loop over ranks linear in the rows, where a scan made it
+    quadratic."""
+
+    order: np.ndarray
+    keys: np.ndarray
+
+    @staticmethod
+    def by(values: np.ndarray, order: np.ndarray | None = None) -> Grouped:
+        """``values`` grouped by a stable sort, or by ``order`` (any order that sorts them)."""
+        order = np.argsort(values, kind="stable") if order is None else order
+        return Grouped(order, values[order])
+
+    def of(self, value: int) -> np.ndarray:
+        """The positions of ``value``, in the grouping's order."""
+        lo, hi = np.searchsorted(self.keys, [value, value + 1])
+        return self.order[lo:hi]
+
+
 def runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Where ``values`` is nondecreasing (a job's rows come rank by rank, a sweep's segments too): its distinct
     values and the bounds of their runs (``bounds[i]:bounds[i + 1]`` are the rows of the i-th); else None. Rows of

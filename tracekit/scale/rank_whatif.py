@@ -8,7 +8,6 @@ under each scenario's transfers and report each iteration's window. The predicti
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ from tracekit.analysis import balance, iterations
 from tracekit.analysis.graph import collective_edges, comm_table, contention, critical_path, parts, whatif
 from tracekit.analysis.graph.rank_model import Job, Queues
 from tracekit.analysis.graph.whatif import Model, Scenario
+from tracekit.analysis.intervals import Grouped
 from tracekit.scale import exchange
 from tracekit.scale.rank_paths import JobTables, RankPaths
 
@@ -184,19 +184,6 @@ def _contention(paths: RankPaths) -> contention.Contention:
     return contention.fit(pl.concat([k[0] for k in kept]), sum(k[1] for k in kept))
 
 
-def _by_rank(ranks: np.ndarray) -> Callable[[int], np.ndarray]:
-    """A look-up of the positions of ``ranks`` that are one rank's, ascending (a stable sort once, not a scan per
-    rank)."""
-    order = np.argsort(ranks, kind="stable")
-    key = ranks[order]
-
-    def of(rank: int) -> np.ndarray:
-        lo, hi = np.searchsorted(key, [rank, rank + 1])
-        return order[lo:hi]
-
-    return of
-
-
 def _hub_hosts(paths: RankPaths, queue_ranks: np.ndarray, queue_hub: np.ndarray, queue_to: np.ndarray
                ) -> np.ndarray:
     """Per hub of the replay (:func:`tracekit.analysis.graph.parts.hub_members`' numbering), the host that holds all
@@ -264,15 +251,13 @@ def open_model(paths: RankPaths, analysis: JobTables, line_rate_bps: float | Non
     hub = np.full(prev.size, -1, np.int64)
     hub[~same] = first + np.searchsorted(far, prev[~same])
     specs: dict[int, tuple[np.ndarray, Queues]] = {}
-    order = np.lexsort((a, rank))
-    ordered = rank[order]
-    to_rank = _by_rank(rank[cur])
-    far_rank = _by_rank(rank[far])
-    for r in got:  # (a look-up per rank, not a scan of the job's rows)
-        lo, hi = np.searchsorted(ordered, [r, r + 1])
-        mine = order[lo:hi]
-        into = to_rank(r)
-        out = far[far_rank(r)]
+    rows = Grouped.by(rank, np.lexsort((a, rank)))  # (each a look-up per rank, not a scan of the job's rows)
+    to_rank = Grouped.by(rank[cur])
+    far_rank = Grouped.by(rank[far])
+    for r in got:
+        mine = rows.of(r)
+        into = to_rank.of(r)
+        out = far[far_rank.of(r)]
         specs[r] = (mine, Queues(row=cur[into], dst=a[cur[into]], src=np.where(same[into], a[prev[into]], -1),
                                  hub=hub[into], out=a[out], out_hub=first + np.searchsorted(far, out)))
     members = paths.cross.members.get_column("start")

@@ -18,6 +18,7 @@ import pyarrow as pa
 from tracekit.analysis.graph import collective_edges
 from tracekit.analysis.graph.compact import ACT_SCHEMA
 from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, bind
+from tracekit.analysis.intervals import Grouped
 
 _OWN = EDGE_TYPES.index("own")
 _COLL = EDGE_TYPES.index("collective")
@@ -50,21 +51,16 @@ class Crossings:
         return out
 
     @cached_property
-    def _by_rank(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The members by rank and the edges by the rank they go into (each in their order within a rank), with the
-        sorted ranks of each: what :meth:`of_rank` looks up (made once, where the ranks' graphs are bound)."""
+    def _by_rank(self) -> tuple[Grouped, Grouped]:
+        """The members by rank and the edges by the rank they go into (made once, where the ranks' graphs are
+        bound)."""
         rank = self.members.get_column("rank").to_numpy()
-        by_m = np.argsort(rank, kind="stable")
-        into = rank[self.dst]
-        by_e = np.argsort(into, kind="stable")
-        return by_m, rank[by_m], by_e, into[by_e]
+        return Grouped.by(rank), Grouped.by(rank[self.dst])
 
     def of_rank(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """Rank ``rank``'s members, and the edges into them, each ascending: a look-up, not a scan of the job's."""
-        by_m, m_sorted, by_e, e_sorted = self._by_rank
-        m_lo, m_hi = np.searchsorted(m_sorted, [rank, rank + 1])
-        e_lo, e_hi = np.searchsorted(e_sorted, [rank, rank + 1])
-        return by_m[m_lo:m_hi], by_e[e_lo:e_hi]
+        members, edges = self._by_rank
+        return members.of(rank), edges.of(rank)
 
 
 #: the columns of a rank's stored activities :func:`member_rows` reads
