@@ -50,6 +50,21 @@ def test_object_document_any_block_size() -> None:
             assert end.complete and end.array_closed
 
 
+def test_members_of_any_size_are_found_whatever_window_their_end_is_looked_for_in(monkeypatch) -> None:
+    """A member's end is looked for in windows growing fourfold from a small one: a window may end inside a string, an
+    escape or a nested value, and every member still comes whole (the first window made tiny here, the scan's at most
+    a few hundred bytes), in a document read in one block or in small ones."""
+    big = {"s": 'x "q" \\ ,{[' * 400, "n": [{"a": ["}", "\\", {"b": ","}]}] * 300}
+    doc = json.dumps({"schemaVersion": 1, "header": big, "traceEvents": EVENTS, "after": big, "z": 2}).encode()
+    monkeypatch.setattr(js, "MEMBER_SCAN_BYTES", 5)
+    for limit in (js.SCAN_BYTES, 301):
+        monkeypatch.setattr(js, "SCAN_BYTES", limit)
+        for block in (len(doc), 4096, 13):
+            out, members, end = run(doc, block, 1 << 20)
+            assert out == EVENTS and end.complete
+            assert members == {"schemaVersion": 1, "header": big, "after": big, "z": 2}
+
+
 def test_every_cut_of_an_object_document() -> None:
     for cut in range(len(CUT_DOC)):
         out, _, end = run(CUT_DOC[:cut], 97, 40)
