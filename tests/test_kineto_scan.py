@@ -9,11 +9,13 @@ the scanner threads. ``TRACEKIT_REQUIRE_EXTENSION=1`` (CI) makes a missing exten
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import json
 import os
 import random
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -514,33 +516,35 @@ def test_batches_this_thread_scans_while_the_scanner_is_busy_read_the_same(scan,
     assert by.count(threading.current_thread().name) >= len(by) // 4  # this thread took its share
 
 
-def test_the_scanner_thread_asks_arrow_about_the_first_batch(scan, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Timestamps with fractions in the first batch make its consumption ask whether Arrow's reader takes it: the
-    scanner thread asks, while this one reads and scans on, and the tables are those of one thread."""
+def test_the_scanner_threads_ask_arrow_about_the_batches(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timestamps written with a '.' but whole µs make each batch's consumption ask whether Arrow's reader takes it
+    (:func:`kc.arrow_decides`): asked once a batch, with its scan (on a scanner thread, or on this one where it takes
+    a scan over rather than wait), never again by the consumption, and the tables are those of one thread."""
     import threading
 
-    path = kt.write(tmp_path / "t.json", kt.gpu_job(1500), era="fraction")
+    path = kt.write(tmp_path / "t.json", _whole_us(kt.gpu_job(1500)), era="fraction")
     plain = _parse(path, monkeypatch, False)
-    asked: list[str] = []
+    asked: list[tuple[str, int]] = []
     real = kc._consume_arrow
 
     def consume_arrow(acc, batch):
-        asked.append(threading.current_thread().name)
+        asked.append((threading.current_thread().name, batch.offset))
         return real(acc, batch)
 
     with monkeypatch.context() as m:
         m.setattr(kc, "_consume_arrow", consume_arrow)  # where both threads' questions go
         m.setattr(reader, "BATCH_BYTES", 1 << 16)
         _same(_parse(path, monkeypatch, True, threads=1), plain)
-    assert asked and all(n.startswith("tracekit-scan") for n in asked), asked
+    offsets = [o for _, o in asked]
+    assert len(offsets) > 10 and len(set(offsets)) == len(offsets), asked
+    assert any(n.startswith("tracekit-scan") for n, _ in asked), asked
 
 
 def test_a_question_to_arrow_that_fails_on_the_scanner_thread_is_asked_again(scan, tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The scanner thread asks ahead of the consumption, which may refuse the batch before it would ask: what the
     question raises there is left for the consumption to meet, if it asks at all."""
-    path = kt.write(tmp_path / "t.json", kt.gpu_job(300), era="fraction")
+    path = kt.write(tmp_path / "t.json", _whole_us(kt.gpu_job(300)), era="fraction")
     plain = _parse(path, monkeypatch, False)
 
     def fails(path, batch):
@@ -549,6 +553,74 @@ def test_a_question_to_arrow_that_fails_on_the_scanner_thread_is_asked_again(sca
     with monkeypatch.context() as m:
         m.setattr(reader, "arrow_takes", fails)  # the scanner thread's, not the consumption's
         _same(_parse(path, monkeypatch, True, threads=1), plain)
+
+
+def _whole_us(events: list[kt.Ev]) -> list[kt.Ev]:
+    """``events`` moved to whole µs (their timestamps' text still has a '.' in the fraction era: ``123.000``)."""
+    return [dataclasses.replace(e, start=e.start - e.start % 1000, dur=e.dur - e.dur % 1000) for e in events]
+
+
+def _integer_head(path: Path) -> Path:
+    """The trace at ``path`` with the first 80 events' timestamps written as integers (their whole µs): the exact path
+    sees no '.' in the first 64 X events' timestamps, where later ones may have fractions."""
+    text = path.read_text()
+    head, tail = text.split('"traceEvents": [', 1)
+    stamps = list(re.finditer(r'"ts": (\d+)\.(\d{3})', tail))
+    cut = stamps[80].start()
+    tail = re.sub(r'"ts": (\d+)\.\d{3}', r'"ts": \1', tail[:cut]) + tail[cut:]
+    path.write_text(head + '"traceEvents": [' + tail)
+    return path
+
+
+def _exact_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch read the old ways (Arrow's path where it takes the batch, else the exact path)."""
+    monkeypatch.setattr(kc, "_consume_scanned", lambda *a, **k: False)
+    monkeypatch.setattr(kc, "_consume_typed", lambda *a, **k: False)
+
+
+def _odd_flow() -> list[dict]:
+    """A flow record with a string pid: Arrow's reader declines the batch that holds it (the exact path reads it); the
+    typed path and the scanner take it (they read no flow records)."""
+    return [{"ph": "f", "cat": "ac2g", "name": "flow", "pid": "a string", "tid": 1,
+             "ts": kt.RawNumber(f"{kt.EPOCH_NS // 1000 + 5}.000"), "id": 3}]
+
+
+#: case -> whether the file reads as having fractions (its era), as the old ways read it
+_FRACTION_CASES = {"fractions": True, "whole-us-with-dots": False, "integer-head": True,
+                   "conflict-fractions": True, "conflict-whole-us-with-dots": True, "conflict-integer-head": False}
+
+
+@pytest.mark.parametrize("case", list(_FRACTION_CASES))
+@pytest.mark.parametrize("native", [False, True])
+def test_arrow_is_asked_only_where_its_answer_changes_what_is_read(scan, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch, case: str,
+                                                                    native: bool) -> None:
+    """Arrow's reader decides, for a file with no fraction yet, whether it has one (its path: a timestamp that is not
+    a whole µs; the exact path's: a '.' among the first 64 X events' timestamps): asked only where the two differ,
+    and what is read is the old ways' in every case, whether Arrow's path takes the batch or not."""
+    events = _whole_us(kt.gpu_job(40)) if "whole-us" in case else kt.gpu_job(40)
+    path = kt.write(tmp_path / "t.json", events, era="fraction",
+                    extra_events=_odd_flow() if "conflict" in case else None)
+    if "integer-head" in case:
+        _integer_head(path)
+    asked: list[bool] = []
+    real = kc.arrow_takes
+
+    def arrow_takes(p, batch):
+        asked.append(True)
+        return real(p, batch)
+
+    with monkeypatch.context() as m:
+        _exact_only(m)
+        old = _parse(path, monkeypatch, native)
+    with monkeypatch.context() as m:
+        m.setattr(kc, "arrow_takes", arrow_takes)
+        m.setattr(reader, "arrow_takes", arrow_takes)
+        new = _parse(path, monkeypatch, native)
+    _same(new, old)
+    assert ("fractional" in new.meta["format_version"]) == _FRACTION_CASES[case]
+    # asked where the two rules differ: whole µs written with dots, fractions only after an integer head
+    assert bool(asked) == ("whole-us" in case or "integer-head" in case), asked
 
 
 def test_spilled_and_threaded_reads_are_the_same(scan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

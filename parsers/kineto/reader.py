@@ -31,7 +31,7 @@ from tracekit.model.schema import ParsedFile
 
 from ..json_stream import Batch, End, Member, stream_array
 from ..source import Blocks, is_gzip
-from .columns import _SEPARATOR, F_DOT, F_FRACTION, F_NEGATIVE, _consume, arrow_takes
+from .columns import _SEPARATOR, _consume, arrow_decides, arrow_takes
 from .records import (
     BATCH_BYTES,
     DECODE_ERRORS,
@@ -152,19 +152,20 @@ def _parse_once(path: str, spill_dir: str | None, threads: int) -> ParsedFile:
 
 #: batches read and handed to the scanner threads ahead of the one whose results are being collected ...
 LOOKAHEAD = 8
-#: ... and as many as this while the oldest one's scan is not done and this thread has none left to take over (the
-#: scanner thread asks Arrow's reader about the first batch: ~40 ms of a 303 MB trace, which this thread reads and
-#: scans on through)
+#: ... and as many as this while the oldest one's scan is not done and this thread has none left to take over (a
+#: scanner thread asking Arrow's reader about a batch: ~40 ms a MB-sized batch, which this thread reads and scans on
+#: through)
 MAX_AHEAD = 32
 
 
-def _scan(acc: _Accumulator, batch: Batch, first: bool) -> tuple[Any, bool | None]:
-    """A scanner thread's work on a batch: the C scanner's result, and whether Arrow's path takes the batch where
-    its consumption will most likely ask (:func:`_consume_scanned`: negative pids or tids, or timestamps that may have
-    fractions in the file's first batch), else None. Both are functions of the batch alone."""
+def _scan(acc: _Accumulator, batch: Batch) -> tuple[Any, bool | None]:
+    """A scanner thread's work on a batch: the C scanner's result, and whether Arrow's path takes the batch where its
+    answer may decide what the batch reads as (:func:`arrow_decides` for a file with no fraction yet: negative pids or
+    tids, or timestamps the two old paths would read differently as having fractions), else None. Both are functions
+    of the batch alone; where the file had a fraction before, the consumption does not use the answer."""
     scanned = acc.scan(batch.data)  # type: ignore[misc]  # there is a pool only with the scanner
     flags = scanned[-1] if scanned is not None and scanned[0] else 0
-    if not (flags & F_NEGATIVE or (first and flags & (F_FRACTION | F_DOT))):
+    if not arrow_decides(flags, False):
         return scanned, None
     try:
         return scanned, arrow_takes(acc.path, batch)
@@ -198,7 +199,7 @@ def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch:
             batch, future = ahead[i]
             if future is not None and future.cancel():
                 mine: Future = Future()
-                mine.set_result((acc.scan(batch.data), None))  # type: ignore[misc]  # acc.scan is set: there is a pool
+                mine.set_result(_scan(acc, batch))
                 ahead[i] = (batch, mine)
                 return True
         return False
@@ -228,7 +229,7 @@ def _stream(acc: _Accumulator, blocks: Iterable[tuple[int, bytes]], first_batch:
     try:
         for item in stream_array(blocks, batch_bytes=BATCH_BYTES, lazy=True):
             if isinstance(item, Batch):
-                ahead.append((item, pool.submit(_scan, acc, item, not array_seen) if pool is not None else None))
+                ahead.append((item, pool.submit(_scan, acc, item) if pool is not None else None))
                 array_seen = True
                 collect(LOOKAHEAD - 1, MAX_AHEAD) if pool is not None else collect(0)
                 continue

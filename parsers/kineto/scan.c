@@ -56,6 +56,8 @@ enum { V_TS, V_PID, V_TID, V_EXT, V_EXT_L, V_CORR, V_DEV, V_STREAM, V_BYTES, V_W
 #define F_DOT 2         /* the text of an X event's timestamp has a '.' */
 #define F_WINDOW_END 4  /* an instant named "Record Window End" */
 #define F_NEGATIVE 8    /* an X event's pid or tid is negative */
+#define F_DOT_HEAD 16   /* the text of a timestamp of one of the batch's first 64 X events has a '.' */
+#define DOT_HEAD_ROWS 64
 
 typedef struct {
     int64_t v[N_INT];
@@ -352,7 +354,8 @@ PyDoc_STRVAR(scan_doc,
 "  cats, names: the distinct strings of the batch, in order of first appearance;\n"
 "  meta: int64 (start, stop) byte ranges of the metadata (M) records;\n"
 "  flags: 1 a valid timestamp is not a whole microsecond, 2 a timestamp's text has a '.', 4 an instant named\n"
-"         'Record Window End' was seen, 8 a pid or tid is negative.");
+"         'Record Window End' was seen, 8 a pid or tid is negative, 16 the timestamp's text of one of the first 64\n"
+"         X events has a '.'.");
 
 static PyObject *scan(PyObject *module, PyObject *data) {
     const char *reason = NULL;

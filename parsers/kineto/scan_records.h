@@ -300,7 +300,7 @@ static const uint8_t *record(Scan *s, const uint8_t *p) {
                 row->ok[V_TS] = 1;
                 if (row->v[C_START] % 1000 != 0) s->flags |= F_FRACTION;
             }
-            if (r.k.ts_dot) s->flags |= F_DOT;
+            if (r.k.ts_dot) s->flags |= s->n_rows < DOT_HEAD_ROWS ? F_DOT | F_DOT_HEAD : F_DOT;
         }
         if (r.k.dur_t == T_OK) row->v[C_DUR] = (int64_t)rint(r.dur * 1000.0);
         if (r.k.pid_t == T_OK) {
