@@ -12,6 +12,7 @@ import pyarrow as pa
 from tracekit.analysis.graph import compact, dag
 from tracekit.analysis.graph.compute_leaves import compute_leaves
 from tracekit.loading.cache import file_crc32
+from tracekit.scale import parquet
 
 #: the files of a rank's graph, in its partition
 FILES = ("graph.act.parquet", "graph.edges.parquet", "graph.leaves.parquet")
@@ -37,7 +38,7 @@ def write_rank_graph(events: pa.Table, directory: Path) -> dict[str, dict[str, i
     for name, table in rank_graph(events).items():
         p = directory / name
         tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        pq.write_table(table, str(tmp), compression="zstd", write_page_checksum=True)
+        pq.write_table(table, str(tmp), **parquet.options(table.schema))
         os.replace(tmp, p)
         out[name] = {"size": p.stat().st_size, "crc32": file_crc32(p)}
     return out

@@ -29,7 +29,7 @@ from tracekit.loading.traceset import PER_RANK_FORMATS, RankFacts
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic, TraceError
 from tracekit.model.units import DEFAULT_BUDGET
-from tracekit.scale import bounded
+from tracekit.scale import bounded, parquet
 from tracekit.scale.memory import json_bytes, peak_rss_mb
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class Unit:
 
 
 class _ParquetSink:
-    """Streams batches into one Parquet file (zstd, page checksums), dropping the rank column; small
+    """Streams batches into one Parquet file (:func:`tracekit.scale.parquet.options`), dropping the rank column; small
     batches are gathered into row groups of about :data:`ROW_GROUP` rows (bounded buffering)."""
 
     ROW_GROUP = 1 << 17
@@ -95,8 +95,7 @@ class _ParquetSink:
     def _flush(self) -> None:
         import pyarrow.parquet as pq
         if self.writer is None:
-            self.writer = pq.ParquetWriter(str(self.path), self.schema, compression="zstd",
-                                           write_page_checksum=True)
+            self.writer = pq.ParquetWriter(str(self.path), self.schema, **parquet.options(self.schema))
         t = pa.concat_tables(self.pending) if self.pending else self.schema.empty_table()
         self.writer.write_table(t, row_group_size=1 << 20)
         self.pending, self.rows = [], 0
@@ -129,8 +128,8 @@ def _with_rank(t: pa.Table, rank: int) -> pa.Table:
 
 def _write(table: pa.Table, path: Path, keep_rank: bool = False) -> None:
     import pyarrow.parquet as pq
-    pq.write_table(table if keep_rank else _drop_rank(table), str(path), compression="zstd",
-                   write_page_checksum=True)
+    t = table if keep_rank else _drop_rank(table)
+    pq.write_table(t, str(path), **parquet.options(t.schema))
 
 
 #: a temporary dataset's directory (``--no-cache``) is ``$TMPDIR/tracekit-dataset-XXXX/dataset``
