@@ -91,6 +91,19 @@ def test_local_engine_equals_the_whole_job_analysis(job: Path, tmp_path: Path) -
     assert rank_sources == {0: "distributedInfo", 2: "distributedInfo", 1: "distributedInfo", 7: "file name"}
 
 
+def test_pool_workers_share_the_cores_among_their_polars_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers that fill the cores get a polars pool of their share each, unless the user chose its size."""
+    from tests import unit_hooks
+
+    monkeypatch.delenv("POLARS_MAX_THREADS", raising=False)
+    for cores, share in ((2, 1), (6, 3)):  # the cores are counted in this process; polars would count the machine's
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        assert dict(engine.LocalEngine(jobs=2).map(unit_hooks.polars_threads, [0, 1])) == {0: share, 1: share}
+    assert engine.threads_per_worker(7) == 1 and engine.threads_per_worker(1) == 6
+    monkeypatch.setenv("POLARS_MAX_THREADS", "5")
+    assert dict(engine.LocalEngine(jobs=2).map(unit_hooks.polars_threads, [0, 1])) == {0: 5, 1: 5}
+
+
 def test_the_split_skips_only_the_ranks_over_the_budget(job: Path, tmp_path: Path) -> None:
     # units read in bounded memory keep no attribution intervals: the split reads each rank's events again
     ds = dataset.build([str(job)], out=tmp_path / "ds", engine=engine.LocalEngine(jobs=1), budget=1)

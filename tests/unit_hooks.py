@@ -51,3 +51,10 @@ def _install() -> None:
 
 if os.environ.get(MARKS) and os.environ.get("TRACEKIT_TEST_PRELOAD") == "1":
     _install()
+
+
+def polars_threads(_: Any) -> int:
+    """A task that says how many threads this process's polars pool has."""
+    import polars as pl
+
+    return pl.thread_pool_size()
