@@ -16,6 +16,7 @@ writes — so that where it runs never changes what it produces:
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -40,6 +41,15 @@ def limit_threads(threads: int) -> None:
     fill the cores then spend CPU in pools that wake for every small step (a 10 MB rank's unit: ~290 polars steps of
     a few hundred rows; 0.40-0.46 s of CPU with a pool of 2 threads, 0.31-0.40 s with 1)."""
     os.environ.setdefault("POLARS_MAX_THREADS", str(threads))
+
+
+def run_with_threads(threads: int, target: str, *args: Any) -> Any:
+    """A spawned process's entry: :func:`limit_threads`, then ``target`` (``"module:function"``, imported only now:
+    a function passed as itself is imported with the process's arguments, before anything runs) called with
+    ``args``."""
+    limit_threads(threads)
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)(*args)
 #: how many times a pool whose worker process died is started again for the tasks not done yet
 POOL_RETRIES = 2
 #: how long to wait for a Dask scheduler to answer

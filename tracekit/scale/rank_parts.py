@@ -32,6 +32,7 @@ from tracekit.analysis.graph.crossings import (
 )
 from tracekit.analysis.graph.dag import EDGE_TYPES
 from tracekit.model.diagnostics import TraceError
+from tracekit.scale.engine import run_with_threads, threads_per_worker
 from tracekit.scale.rank_replays import HeldReplays
 
 _COLL = EDGE_TYPES.index("collective")
@@ -260,7 +261,9 @@ class Hosts:
         with _main_not_run_again():
             for _ in range(self.jobs):
                 a, b = ctx.Pipe()
-                p = ctx.Process(target=_serve, args=(b,), daemon=True, name="tracekit-rank-host")
+                # the hosts and this process share the cores: each host's polars pool its share of them
+                p = ctx.Process(target=run_with_threads, daemon=True, name="tracekit-rank-host",
+                                args=(threads_per_worker(self.jobs + 1), f"{__name__}:_serve", b))
                 p.start()
                 b.close()
                 self.procs.append(p)
