@@ -104,6 +104,22 @@ def test_pool_workers_share_the_cores_among_their_polars_pools(monkeypatch: pyte
     assert dict(engine.LocalEngine(jobs=2).map(unit_hooks.polars_threads, [0, 1])) == {0: 5, 1: 5}
 
 
+def test_a_process_started_with_a_thread_count_imports_its_entry_after_setting_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rank hosts' way (:func:`engine.run_with_threads`): the entry named, not passed, so polars is imported after
+    its pool's size is set."""
+    from multiprocessing import get_context
+
+    monkeypatch.delenv("POLARS_MAX_THREADS", raising=False)
+    ctx = get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=engine.run_with_threads, args=(3, "tests.unit_hooks:send_polars_threads", b))
+    p.start()
+    b.close()
+    assert a.recv() == 3
+    p.join(timeout=30)
+
+
 def test_the_split_skips_only_the_ranks_over_the_budget(job: Path, tmp_path: Path) -> None:
     # units read in bounded memory keep no attribution intervals: the split reads each rank's events again
     ds = dataset.build([str(job)], out=tmp_path / "ds", engine=engine.LocalEngine(jobs=1), budget=1)

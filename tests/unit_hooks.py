@@ -58,3 +58,9 @@ def polars_threads(_: Any) -> int:
     import polars as pl
 
     return pl.thread_pool_size()
+
+
+def send_polars_threads(conn: Any) -> None:
+    """A process's entry that sends how many threads its polars pool has."""
+    conn.send(polars_threads(None))
+    conn.close()

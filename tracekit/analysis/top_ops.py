@@ -24,6 +24,7 @@ are merged into runs first (a cumulative maximum per op), so its time is their u
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -149,11 +150,19 @@ def _eligible(cls: np.ndarray) -> np.ndarray:
 _KEY = ["rank", "kind", "name"]
 
 
-def _op_times(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = None
-              ) -> tuple[pl.DataFrame, pl.DataFrame, dict[int, np.ndarray]]:
+class OpTimes(NamedTuple):
+    """What :func:`table` and :func:`totals` are both made of (:func:`op_times`)."""
+
+    calls: pl.DataFrame
+    time: pl.DataFrame
+    totals: dict[int, np.ndarray]
+
+
+def op_times(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = None) -> OpTimes:
     """Per op (rank, kind, name) and class: ``calls`` (its events with time in the class) and ``time_ns`` (the
     time at least one of them ran in the class: calls of one op running at once count once), with class -1 for
-    the windows as a whole; and each rank's time per class."""
+    the windows as a whole; and each rank's time per class. A caller making both :func:`table` and :func:`totals`
+    gives them these (each would make them again)."""
     act = attribution.activity(events) if act is None else act
     segs = class_segments(act, iterations)
     seg_rank, _, seg_len, seg_code = segs
@@ -206,7 +215,7 @@ def _op_times(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None =
         return frame.with_columns(pl.when(pl.Series(k_idx >= 0)).then(kind_s).alias("kind"),
                                   pl.when(pl.Series(n_idx >= 0)).then(name_s).alias("name"))
 
-    return named(calls), named(time), totals
+    return OpTimes(named(calls), named(time), totals)
 
 
 def _windows(iterations: pa.Table) -> pl.DataFrame:
@@ -215,13 +224,14 @@ def _windows(iterations: pa.Table) -> pl.DataFrame:
     return w.group_by("rank").len().rename({"len": "_windows"}).with_columns(pl.col("rank").cast(pl.Int32))
 
 
-def table(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = None) -> pa.Table:
+def table(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = None,
+          times: OpTimes | None = None) -> pa.Table:
     """The ``top_ops`` table (:data:`schema.TOP_OPS`): per rank, class and op (kind, name), the calls and time,
     largest first within each class. ``act``: :func:`tracekit.analysis.attribution.activity` of ``events``, when
-    the caller has it already."""
+    the caller has it already; ``times``: :func:`op_times` of them, likewise."""
     if iterations.num_rows == 0 or events.num_rows == 0:
         return schema.empty(schema.TOP_OPS)
-    calls, time, totals = _op_times(events, iterations, act)
+    calls, time, totals = times if times is not None else op_times(events, iterations, act)
     k = len(CLASSES)
     tot = pl.DataFrame({"rank": np.repeat(np.array(list(totals), dtype=np.int32), k),
                         "_c": np.tile(np.arange(k, dtype=np.int64), len(totals)),
@@ -241,14 +251,14 @@ TOTALS_SCHEMA = pa.schema([("rank", pa.int32()), ("kind", pa.string()), ("name",
                            ("time_ns", pa.int64()), ("per_iteration_ns", pa.int64())])
 
 
-def totals(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = None) -> pa.Table:
+def totals(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = None,
+           times: OpTimes | None = None) -> pa.Table:
     """Per rank and op (kind, name; the ops :func:`table` lists): ``calls`` (with time inside the iteration
     windows), ``time_ns`` (the time at least one of them ran inside the windows, whatever the class) and
-    ``per_iteration_ns``. ``act``: :func:`tracekit.analysis.attribution.activity` of ``events``, when the caller
-    has it already (as for :func:`table`)."""
+    ``per_iteration_ns``. ``act`` and ``times``: as for :func:`table`."""
     if iterations.num_rows == 0 or events.num_rows == 0:
         return TOTALS_SCHEMA.empty_table()
-    calls, time, _ = _op_times(events, iterations, act)
+    calls, time, _ = times if times is not None else op_times(events, iterations, act)
     out = (time.filter(pl.col("_c") == -1).join(calls.filter(pl.col("_c") == -1), on=[*_KEY, "_c"], how="left")
            .join(_windows(iterations), on="rank", how="left")
            .with_columns((pl.col("time_ns") / pl.col("_windows")).round().cast(pl.Int64).alias("per_iteration_ns"))

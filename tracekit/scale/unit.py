@@ -271,8 +271,10 @@ def _unit_tables(ev: pa.Table, iters: pa.Table, bd: pa.Table, act: pl.DataFrame)
     assert isinstance(coll, pl.DataFrame)
     activity = act.select("rank", "start_ns", "end_ns", "cls", coll.get_column("collective_id").gather(
         act.get_column("row")).alias("collective_id"))
-    return {"activity": schema.conform(activity.to_arrow(), ACTIVITY), "top_ops": top_ops.table(ev, iters, act),
-            "op_totals": top_ops.totals(ev, iters, act), "idle_breakdown": idle.breakdown(ev, iters, bd, act)}
+    times = top_ops.op_times(ev, iters, act) if iters.num_rows and ev.num_rows else None
+    return {"activity": schema.conform(activity.to_arrow(), ACTIVITY),
+            "top_ops": top_ops.table(ev, iters, act, times), "op_totals": top_ops.totals(ev, iters, act, times),
+            "idle_breakdown": idle.breakdown(ev, iters, bd, act)}
 
 
 class _Extent:
