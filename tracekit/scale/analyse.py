@@ -7,6 +7,7 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
+from tracekit.allocators import release_memory
 from tracekit.analysis import attribution, collectives, links, missing, pipeline
 from tracekit.analysis.nccl import join as nccl_join
 from tracekit.analysis.pipeline import Analysis, _ranks_text
@@ -57,6 +58,7 @@ def analyse_dataset(ds: Dataset, *, link_bw_bps: float | None = None, align_cloc
     for f in logs:
         for k, t in f.tables.items():
             extra.setdefault(k, []).append(t)
+    release_memory()
     traces = TraceSet(ranks=ranks, events=schema.empty(schema.EVENTS), collectives=colls, topology=topology,
                       tables={k: pa.concat_tables(v, promote_options="permissive") for k, v in extra.items()},
                       files=logs, diagnostics=ds.diagnostics)

@@ -225,16 +225,16 @@ def open_model(paths: RankPaths, analysis: JobTables, line_rate_bps: float | Non
     with paths.lock:  # (the critical path may be asking the hosts meanwhile)
         for part in hosts.ask_all("comm"):
             got.update(part)
-    frames = [got[s.rank].with_columns(pl.col("a").alias("_a"), pl.col("a") + int(paths.base[i]))
-              for i, s in enumerate(paths.sources) if s.rank in got]
-    acts = pl.concat(frames) if frames else pl.DataFrame()
+    held = list(got)
+    acts = pl.concat([got.pop(s.rank).with_columns(pl.col("a").alias("_a"), pl.col("a") + int(paths.base[i]))
+                      for i, s in enumerate(paths.sources) if s.rank in got]) if got else pl.DataFrame()
     transfer = acts.get_column("transfer_ns").to_numpy()
     local = acts.get_column("_a").to_numpy()
-    acts = acts.drop("transfer_ns", "_a")
     inst = comm_table.consistent_members(analysis.members, analysis.instances, analysis.collectives)
     comm, backend, latency, workers = comm_table.comm_table(
-        acts, transfer, analysis.collectives, inst, analysis.members, analysis.ranks, line_rate_bps, latency_ns,
-        line_rates, pg_desc, group_links)
+        acts.drop("transfer_ns", "_a"), transfer, analysis.collectives, inst, analysis.members, analysis.ranks,
+        line_rate_bps, latency_ns, line_rates, pg_desc, group_links)
+    del acts, inst  # (the job's calls once more each: not held through the hosts' opening below)
     at = comm.get_column("_row").to_numpy()
     comm = comm.drop("_row")
     none = np.zeros(0, np.int64)
@@ -254,7 +254,7 @@ def open_model(paths: RankPaths, analysis: JobTables, line_rate_bps: float | Non
     rows = Grouped.by(rank, np.lexsort((a, rank)))  # (each a look-up per rank, not a scan of the job's rows)
     to_rank = Grouped.by(rank[cur])
     far_rank = Grouped.by(rank[far])
-    for r in got:
+    for r in held:
         mine = rows.of(r)
         into = to_rank.of(r)
         out = far[far_rank.of(r)]
