@@ -457,10 +457,11 @@ def _consume_typed(acc: _Accumulator, batch: Batch) -> bool:
         # decides on types of records this path does not look at), else the exact path's.
         negative = (pc.min(pid_a).as_py() or 0) < 0 or (pc.min(tid_a).as_py() or 0) < 0
         acc.consulted = negative or (not acc.has_fraction and (has_fraction or b"." in b"".join(ts)))
-        flags = (F_NEGATIVE if negative else 0) | (F_FRACTION if has_fraction else 0) | (
-            F_DOT_HEAD if b"." in b"".join(ts[:DOT_HEAD_ROWS]) else 0)
-        if acc.consulted and arrow_decides(flags, acc.has_fraction) and not arrow_takes(acc.path, batch):
-            return False
+        if acc.consulted:
+            flags = (F_NEGATIVE if negative else 0) | (F_FRACTION if has_fraction else 0) | (
+                F_DOT_HEAD if b"." in b"".join(ts[:DOT_HEAD_ROWS]) else 0)
+            if arrow_decides(flags, acc.has_fraction) and not arrow_takes(acc.path, batch):
+                return False
         # collective metadata: only from events whose name says they may carry it; read before the accumulator
         # changes, as a value msgspec cannot hold (``"Input Dims": 1e400``) sends the batch the old ways
         local = name_a.dictionary_encode()

@@ -28,6 +28,10 @@ from tracekit.model.diagnostics import TraceError
 
 #: below this much input, worker processes cost more than they save
 PARALLEL_MIN_BYTES = 64 << 20
+#: how many times a pool whose worker process died is started again for the tasks not done yet
+POOL_RETRIES = 2
+#: how long to wait for a Dask scheduler to answer
+CONNECT_TIMEOUT = "20s"
 
 
 def threads_per_worker(workers: int) -> int:
@@ -50,10 +54,6 @@ def run_with_threads(threads: int, target: str, *args: Any) -> Any:
     limit_threads(threads)
     module, name = target.split(":")
     return getattr(importlib.import_module(module), name)(*args)
-#: how many times a pool whose worker process died is started again for the tasks not done yet
-POOL_RETRIES = 2
-#: how long to wait for a Dask scheduler to answer
-CONNECT_TIMEOUT = "20s"
 
 
 class LocalEngine:

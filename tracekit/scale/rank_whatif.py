@@ -226,8 +226,10 @@ def open_model(paths: RankPaths, analysis: JobTables, line_rate_bps: float | Non
         for part in hosts.ask_all("comm"):
             got.update(part)
     held = list(got)
-    acts = pl.concat([got.pop(s.rank).with_columns(pl.col("a").alias("_a"), pl.col("a") + int(paths.base[i]))
-                      for i, s in enumerate(paths.sources) if s.rank in got]) if got else pl.DataFrame()
+    frames = [got.pop(s.rank).with_columns(pl.col("a").alias("_a"), pl.col("a") + int(paths.base[i]))
+              for i, s in enumerate(paths.sources) if s.rank in got]  # each rank's frame let go as it is taken
+    acts = pl.concat(frames) if frames else pl.DataFrame()
+    del frames
     transfer = acts.get_column("transfer_ns").to_numpy()
     local = acts.get_column("_a").to_numpy()
     inst = comm_table.consistent_members(analysis.members, analysis.instances, analysis.collectives)
