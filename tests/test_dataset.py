@@ -120,6 +120,23 @@ def test_a_process_started_with_a_thread_count_imports_its_entry_after_setting_i
     p.join(timeout=30)
 
 
+def test_pool_workers_start_from_a_program_read_on_stdin() -> None:
+    """``python -`` (a script fed on stdin) runs units on worker processes: spawn would have each run ``<stdin>`` again
+    and die (``worker processes died 3 times``), as the rank hosts did (tests/test_rank_paths.py)."""
+    import subprocess
+    import sys
+
+    code = ("from tracekit.scale import engine\n"
+            "from tests import unit_hooks\n"
+            "got = dict(engine.LocalEngine(jobs=2).map(unit_hooks.polars_threads, [0, 1]))\n"
+            "assert sorted(got) == [0, 1], got\n"
+            "import __main__\n"
+            "assert __main__.__file__ == '<stdin>'\n"  # (given back)
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
 def test_the_split_skips_only_the_ranks_over_the_budget(job: Path, tmp_path: Path) -> None:
     # units read in bounded memory keep no attribution intervals: the split reads each rank's events again
     ds = dataset.build([str(job)], out=tmp_path / "ds", engine=engine.LocalEngine(jobs=1), budget=1)

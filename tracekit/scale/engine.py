@@ -16,8 +16,10 @@ writes — so that where it runs never changes what it produces:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -45,6 +47,22 @@ def limit_threads(threads: int) -> None:
     fill the cores then spend CPU in pools that wake for every small step (a 10 MB rank's unit: ~290 polars steps of
     a few hundred rows; 0.40-0.46 s of CPU with a pool of 2 threads, 0.31-0.40 s with 1)."""
     os.environ.setdefault("POLARS_MAX_THREADS", str(threads))
+
+
+@contextlib.contextmanager
+def main_not_run_again() -> Iterator[None]:
+    """While spawned worker processes start: a program whose main module is no file (``python -`` reading stdin)
+    hides that name, which each worker would otherwise try to run again and die at once (they need nothing of it)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or os.path.exists(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 def run_with_threads(threads: int, target: str, *args: Any) -> Any:
@@ -86,7 +104,8 @@ class LocalEngine:
         workers = min(self.jobs, len(left))
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=limit_threads,
                                  initargs=(threads_per_worker(workers),)) as pool:
-            futures = {pool.submit(fn, t): i for i, t in left.items()}
+            with main_not_run_again():  # the workers start as the tasks are submitted
+                futures = {pool.submit(fn, t): i for i, t in left.items()}
             try:
                 for fut in as_completed(futures):
                     i = futures[fut]

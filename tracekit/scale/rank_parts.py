@@ -7,11 +7,9 @@ answers. :mod:`tracekit.scale.rank_paths` follows the critical path through them
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -32,7 +30,7 @@ from tracekit.analysis.graph.crossings import (
 )
 from tracekit.analysis.graph.dag import EDGE_TYPES
 from tracekit.model.diagnostics import TraceError
-from tracekit.scale.engine import run_with_threads, threads_per_worker
+from tracekit.scale.engine import main_not_run_again, run_with_threads, threads_per_worker
 from tracekit.scale.rank_replays import HeldReplays
 
 _COLL = EDGE_TYPES.index("collective")
@@ -228,22 +226,6 @@ def _serve(conn: Any) -> None:
     conn.close()
 
 
-@contextlib.contextmanager
-def _main_not_run_again() -> Iterator[None]:
-    """While worker processes start: a program whose main module is no file (``python -`` reading stdin) hides that
-    name, which a spawned worker would otherwise try to run again and die at once (the workers need nothing of it)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if main is None or path is None or os.path.exists(path):
-        yield
-        return
-    del main.__file__
-    try:
-        yield
-    finally:
-        main.__file__ = path
-
-
 class Hosts:
     """Ranks' graphs on ``jobs`` worker processes (0: in this process), each rank on one of them: calls go to the
     host of the rank asked about, or to all."""
@@ -258,7 +240,7 @@ class Hosts:
 
     def __enter__(self) -> Hosts:
         ctx = get_context("spawn")
-        with _main_not_run_again():
+        with main_not_run_again():
             for _ in range(self.jobs):
                 a, b = ctx.Pipe()
                 # the hosts and this process share the cores: each host's polars pool its share of them
