@@ -123,9 +123,15 @@ class Analysis:
         # Horovod's phases are a coordinator's per-tensor view, not a thread's program order: the graph (critical
         # path, what-if) is built from the profiler traces only
         events = self.events if self.horovod is None else horovod.without_timeline(self.events)
-        graph = dag.build(events, self.ranks, whatif.consistent_members(self.members, self.instances, self.collectives))
+        graph = dag.build(events, self.ranks, self.consistent_members)
         release_memory()  # the build's temporaries (~90 MB of a 300 MB trace's) would stay in glibc's heap
         return graph
+
+    @cached_property
+    def consistent_members(self) -> pl.DataFrame | None:
+        """The members of instances consistent in time (:func:`tracekit.analysis.graph.whatif.consistent_members`):
+        the collective edges of the graph, of the what-if model and of the ranks' graphs held apart, made once."""
+        return whatif.consistent_members(self.members, self.instances, self.collectives)
 
     @cached_property
     def critical_path(self) -> pl.DataFrame:
@@ -165,7 +171,7 @@ class Analysis:
         model = whatif.build(self.events if self.dataset is None else None, self.collectives, self.ranks,
                              self.members, self.instances, line_rate_bps=self.line_rate_bps, graph=graph,
                              line_rates=self.line_rates, pg_desc=self.pg_desc, group_links=self.group_links,
-                             leaves=leaves)
+                             leaves=leaves, consistent=self.consistent_members)
         if self.measured_iteration_ns:  # the one measured figure every view gives (the graph's is the same statistic)
             model.measured_iteration_ns = self.measured_iteration_ns
         release_memory()

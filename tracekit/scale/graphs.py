@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -39,22 +39,11 @@ from tracekit.model.diagnostics import Diagnostic, TraceError
 from tracekit.scale.dataset import GRAPHS_MANIFEST
 from tracekit.scale.rank_graph import FILES, GRAPH_BYTES_PER_EVENT, fits, rank_graph, write_rank_graph  # noqa: F401
 from tracekit.scale.rank_parts import Source
+from tracekit.scale.rank_paths import JobTables, RankPaths
 from tracekit.scale.unit import where
 
 if TYPE_CHECKING:
     from tracekit.scale.dataset import Dataset
-    from tracekit.scale.rank_paths import RankPaths
-
-
-class JobTables(Protocol):
-    """What the combine step reads of the job's analysis (:class:`tracekit.analysis.pipeline.Analysis`: named here,
-    not imported, so that the analysis and the dataset that builds these graphs do not import each other)."""
-
-    ranks: pa.Table
-    members: pa.Table
-    instances: pa.Table
-    collectives: pa.Table
-    iterations: pa.Table
 
 
 #: threads reading the ranks' graph files
@@ -231,8 +220,7 @@ def combined(ds: Dataset, analysis: JobTables, verify: bool = True) -> tuple[dag
 
     if not ranked:
         raise TraceError(None, "no rank of the job has a dependency graph (no per-rank profiler traces)")
-    inst = whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives)
-    graph = compact.combine(parts(), offsets, inst)
+    graph = compact.combine(parts(), offsets, analysis.consistent_members)
     lv = pl.from_arrow(pa.concat_tables(leaves)) if leaves else None
     return graph, lv if isinstance(lv, pl.DataFrame) else None
 
@@ -309,8 +297,6 @@ class RankGraphs:
     def held(self, analysis: JobTables) -> RankPaths:
         """The ranks' graphs loaded where they are held (:mod:`tracekit.scale.rank_paths`), once (on the hosts
         :meth:`open_soon` started, or starts now); kept until :meth:`close`."""
-        from tracekit.scale.rank_paths import RankPaths
-
         with self._lock:
             if self._held is None:
                 opening, self._opening = self._opening, None

@@ -74,6 +74,7 @@ class Held(HeldReplays):
         self.stored: dict[int, Source] = {}  # ranks whose members were read, not bound yet
         self.sources: dict[int, Source] = {}
         self.replayed: dict[int, RankGraph] = {}
+        self.cross: Crossings | None = None  # the job's collective edges, as the ranks were bound with them
         #: stored tables read ahead (:meth:`prefetch`), by path: the file's size and modification time, and the table
         self.prefetched: dict[str, tuple[int, int, pa.Table]] = {}
 
@@ -126,6 +127,7 @@ class Held(HeldReplays):
         (:func:`rank_graph`), one at a time (what a host holds is the ranks' graphs, not their stored tables too,
         beyond those read ahead: :meth:`prefetch`); returns each rank's activity count."""
         out = {}
+        self.cross = cross
         for r in list(self.stored):
             s = self.sources[r] = self.stored.pop(r)
             d = Path(s.root) / s.part

@@ -14,20 +14,25 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from tracekit.analysis.graph import critical_path, whatif
+from tracekit.analysis.graph import critical_path
 from tracekit.analysis.graph.critical_path import SEGMENT_SCHEMA, Segments, frame, label_waiting, with_tail
 from tracekit.analysis.graph.crossings import Crossings, crossings
 from tracekit.scale.rank_parts import Hosts, Piece, Source
 
 
 class JobTables(Protocol):
-    """What the ranks' graphs are put together with: the job's analysis (named, not imported)."""
+    """What the ranks' graphs are put together with: the job's analysis (:class:`tracekit.analysis.pipeline.Analysis`,
+    named here, not imported, so that the analysis and the dataset that builds the graphs do not import each other)."""
 
     ranks: pa.Table
     members: pa.Table
     instances: pa.Table
     collectives: pa.Table
     iterations: pa.Table
+
+    @property
+    def consistent_members(self) -> pl.DataFrame | None:
+        """:func:`tracekit.analysis.graph.whatif.consistent_members` of the tables above."""
 
 
 class RankPaths:
@@ -53,7 +58,7 @@ class RankPaths:
     def open(cls, hosts: Hosts, src: list[Source], analysis: JobTables) -> RankPaths:
         """Load the ranks' stored graphs ``src`` (:func:`tracekit.scale.graphs.sources`) onto ``hosts``."""
         rows = hosts.read(src)  # read where they will be held; only the members' rows come back
-        cross = crossings(rows, whatif.consistent_members(analysis.members, analysis.instances, analysis.collectives))
+        cross = crossings(rows, analysis.consistent_members)
         return cls(hosts, cross, src, hosts.bind(cross))
 
     def rank_of(self, acts: np.ndarray) -> np.ndarray:

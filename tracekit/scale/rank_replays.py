@@ -23,9 +23,11 @@ from tracekit.scale.exchange import arrive
 
 
 class HeldReplays:
-    """A host's replays of the ranks it holds (``ranks``: rank → its graph, filled by the host's binding)."""
+    """A host's replays of the ranks it holds (``ranks``: rank → its graph, filled by the host's binding, with the
+    job's collective edges it was bound with, ``cross``)."""
 
     ranks: dict[int, RankGraph]
+    cross: Crossings | None
     replayed: dict[int, RankGraph]
     sources: dict[int, Any]  # where each held rank's graph was read from (:class:`tracekit.scale.rank_parts.Source`)
     table: Callable[..., Any]  # a stored table, read ahead or now (:meth:`tracekit.scale.rank_parts.Held.table`)
@@ -38,13 +40,16 @@ class HeldReplays:
         """Each rank's work (:func:`tracekit.analysis.graph.rank_model.work`)."""
         return {r: rank_model.work(rg) for r, rg in self.ranks.items()}
 
-    def replays_open(self, cross: Crossings, specs: dict[int, tuple[np.ndarray, Queues]], receiver: np.ndarray,
-                     t0: int, members: np.ndarray, local: np.ndarray) -> tuple[int, int]:
+    def replays_open(self, specs: dict[int, tuple[np.ndarray, Queues]], receiver: np.ndarray, t0: int,
+                     members: np.ndarray, local: np.ndarray) -> tuple[int, int]:
         """Make each held rank's replay part (``specs`` per rank its rows of the model's communication table and the
         queues touching it; ``receiver`` per row, whether it receives a pair's data) and the host's one part of them
-        all. ``members``: each hub's member count; ``local``: the hubs whose members are all on this host, released
-        here as their last member arrives (the client releases the others). Returns the host part's edges and
-        nodes (what a job's replay holds here: its weights and times)."""
+        all, on the collective edges the ranks were bound with (not sent again: the job's members each). ``members``:
+        each hub's member count; ``local``: the hubs whose members are all on this host, released here as their last
+        member arrives (the client releases the others). Returns the host part's edges and nodes (what a job's replay
+        holds here: its weights and times)."""
+        cross = self.cross
+        assert cross is not None, "replays opened before the ranks were bound"
         self.replaying = {r: RankReplay(rg, cross, specs[r][0], receiver, specs[r][1], t0)
                           for r, rg in self.ranks.items()}
         self.part, first, self.pos = merge([rr.part for rr in self.replaying.values()])
@@ -52,7 +57,7 @@ class HeldReplays:
         self.nodes = {r: rr.part.n for r, rr in self.replaying.items()}
         for rr in self.replaying.values():
             rr.part = None  # type: ignore[assignment]  # (the host's part holds them: one copy)
-        self.members, self.local, self.cross = members, local, cross
+        self.members, self.local = members, local
         self.running: Replay | None = None
         self.laid: list[tuple[np.ndarray, np.ndarray]] | None = None  # (see :meth:`_laid`)
         self.bases: dict[bool, np.ndarray] = {}  # (see :meth:`_base`)

@@ -232,11 +232,10 @@ def open_model(paths: RankPaths, analysis: JobTables, line_rate_bps: float | Non
     del frames
     transfer = acts.get_column("transfer_ns").to_numpy()
     local = acts.get_column("_a").to_numpy()
-    inst = comm_table.consistent_members(analysis.members, analysis.instances, analysis.collectives)
     comm, backend, latency, workers = comm_table.comm_table(
-        acts.drop("transfer_ns", "_a"), transfer, analysis.collectives, inst, analysis.members, analysis.ranks,
-        line_rate_bps, latency_ns, line_rates, pg_desc, group_links)
-    del acts, inst  # (the job's calls once more each: not held through the hosts' opening below)
+        acts.drop("transfer_ns", "_a"), transfer, analysis.collectives, analysis.consistent_members, analysis.members,
+        analysis.ranks, line_rate_bps, latency_ns, line_rates, pg_desc, group_links)
+    del acts  # (the job's calls once more each: not held through the hosts' opening below)
     at = comm.get_column("_row").to_numpy()
     comm = comm.drop("_row")
     none = np.zeros(0, np.int64)
@@ -269,9 +268,8 @@ def open_model(paths: RankPaths, analysis: JobTables, line_rate_bps: float | Non
     into = hub >= 0
     home = _hub_hosts(paths, rank[far], hub[into], rank[cur[into]])
     with paths.lock:
-        sizes = hosts.ask_each("replays_open", lambda h: (paths.cross, {r: s for r, s in specs.items()
-                                                                        if hosts.home.get(r, 0) == h}, receiver, t0,
-                                                          members, home == h))
+        sizes = hosts.ask_each("replays_open", lambda h: ({r: s for r, s in specs.items() if hosts.home.get(r, 0) == h},
+                                                          receiver, t0, members, home == h))
         if comm.height:
             model.contention = _contention(paths)
     per_job = max([BYTES_PER_EDGE * e + BYTES_PER_NODE * n for e, n in sizes] + [1])

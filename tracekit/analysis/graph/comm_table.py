@@ -49,11 +49,14 @@ def consistent_members(members: pa.Table | None, instances: pa.Table | None,
         ok = pl.from_arrow(instances.select(["instance", "consistent"]))
         assert isinstance(ok, pl.DataFrame)
         m = m.join(ok.filter(pl.col("consistent").fill_null(False)).select("instance"), on="instance", how="semi")
+    pairs = None
     if collectives is not None and collectives.num_rows and instances is not None and instances.num_rows:
-        ops = pl.from_arrow(collectives.select(["rank", "collective_id", "op"]))
         pair = pl.from_arrow(instances.select(["instance", "op"]))
-        assert isinstance(ops, pl.DataFrame) and isinstance(pair, pl.DataFrame)
+        assert isinstance(pair, pl.DataFrame)
         pairs = pair.filter(pl.col("op") == "sendrecv").select("instance")
+    if pairs is not None and pairs.height:  # (the calls' ops joined only where a member may be a send)
+        ops = pl.from_arrow(collectives.select(["rank", "collective_id", "op"]))  # type: ignore[union-attr]
+        assert isinstance(ops, pl.DataFrame)
         m = m.join(ops.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "collective_id"], how="left").join(
             pairs.with_columns(pl.lit(True).alias("_p2p")), on="instance", how="left").with_columns(
             pl.when(pl.col("_p2p")).then(pl.col("op") == "send").alias("send")).drop("op", "_p2p")
@@ -169,21 +172,22 @@ def sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0,
     speed = np.full(comm.height, np.nan)
     estimated = np.zeros(comm.height, dtype=bool)
     host = HOST_NS_PER_BYTE.get(backend, 0.0) if host_ns_per_byte is None else host_ns_per_byte
-    for k in np.unique(key):
-        grp = key == k
-        kn = grp & known & (bus > 0) & counted
-        if kn.any():
-            active = union_length(np.zeros(int(kn.sum()), np.int64), start[kn], end[kn], np.zeros(1, np.int64),
+    by_key = np.argsort(key, kind="stable")  # each link's rows in their order: a slice each, not a scan of all
+    cut = np.flatnonzero(np.diff(key[by_key])) + 1
+    for grp in np.split(by_key, cut) if key.size else []:
+        kn = grp[known[grp] & (bus[grp] > 0) & counted[grp]]
+        if kn.size:
+            active = union_length(np.zeros(kn.size, np.int64), start[kn], end[kn], np.zeros(1, np.int64),
                                   np.array([start[kn].min()]), np.array([end[kn].max() + 1]))[0]
-            speed[grp] = bus[kn].sum() / _busy_for_bytes(float(active), int(kn.sum()), latency_ns)
+            speed[grp] = bus[kn].sum() / _busy_for_bytes(float(active), kn.size, latency_ns)
         elif np.isfinite(rate[grp]).all():
             speed[grp] = 1.0 / (8e9 / (WIRE_EFFICIENCY * rate[grp]) + host)
-        unk = grp & ~known
-        if unk.any() and np.isfinite(speed[unk]).all():
-            active = union_length(np.zeros(int(unk.sum()), np.int64), start[unk], end[unk], np.zeros(1, np.int64),
+        unk = grp[~known[grp]]
+        if unk.size and np.isfinite(speed[unk]).all():
+            active = union_length(np.zeros(unk.size, np.int64), start[unk], end[unk], np.zeros(1, np.int64),
                                   np.array([start[unk].min()]), np.array([end[unk].max() + 1]))[0]
             share = t[unk] / max(float(t[unk].sum()), 1.0)
-            bus[unk] = speed[unk] * _busy_for_bytes(float(active), int(unk.sum()), latency_ns) * share
+            bus[unk] = speed[unk] * _busy_for_bytes(float(active), unk.size, latency_ns) * share
             estimated[unk] = True
     if estimated.any() and "iteration" in comm.columns:
         bus = _steady_sizes(comm, bus, estimated, key)
@@ -225,7 +229,7 @@ def fifo_edges(comm: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return (np.zeros(0, np.int64),) * 3  # type: ignore[return-value]
     rows = np.flatnonzero(~(comm.get_column("send") == True).fill_null(False).to_numpy()) \
         if "send" in comm.columns else np.arange(comm.height)  # noqa: E712
-    sub = comm[rows]
+    sub = comm.select("x_rank", "x_link", "x_start", "node_end")[rows]  # (not the table's every column copied)
     key = sub.select(pl.struct(["x_rank", "x_link"]).rank("dense")).to_series().to_numpy().astype(np.int64)
     a = comm.get_column("a").to_numpy()
     x_start = sub.get_column("x_start").to_numpy()

@@ -202,7 +202,8 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
           members: pa.Table | None = None, instances: pa.Table | None = None,
           line_rate_bps: float | None = None, latency_ns: int | None = None, graph: Graph | None = None,
           line_rates: dict[str, float] | None = None, pg_desc: dict[str, str] | None = None,
-          group_links: pa.Table | None = None, leaves: pl.DataFrame | None = None) -> Model:
+          group_links: pa.Table | None = None, leaves: pl.DataFrame | None = None,
+          consistent: pl.DataFrame | None = None) -> Model:
     """The dependency graph of the job (built here unless given) plus what re-costing transfers needs.
 
     ``line_rate_bps`` is the rate every link ran at; ``line_rates`` maps selectors
@@ -210,8 +211,9 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
     ``pg_desc`` names process groups' descriptions; ``group_links`` (GROUP_LINKS, from the job's NCCL logs) each
     group's link class and transport. ``leaves`` are the innermost compute operations the contention fit reads
     (:func:`compute_leaves`, job clock) where ``events`` are not at hand (a job analysed rank by rank,
-    :mod:`tracekit.analysis.graph.compact`)."""
-    inst = consistent_members(members, instances, collectives)
+    :mod:`tracekit.analysis.graph.compact`). ``consistent``: :func:`consistent_members` of the tables where the
+    caller made it already."""
+    inst = consistent if consistent is not None else consistent_members(members, instances, collectives)
     g = graph if graph is not None else dag.build(events, ranks, inst)
     acts, own_edge, transfer = comm_activities(g)
     # the contention fit's compute leaves come from the events alone: found on a second thread meanwhile

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracekit.model import schema
 from tracekit.model.diagnostics import Diagnostic
@@ -32,10 +33,10 @@ _FILL = ("dtype", "count", "bytes", "nranks", "algorithm", "protocol")
 
 def join(collectives: pa.Table) -> tuple[pa.Table, list[Diagnostic]]:
     """Enrich the trace rows of ``collectives`` from the NCCL-log rows of the same rank."""
+    if not pc.any(pc.equal(collectives.column("source"), "nccl-log")).as_py():
+        return collectives, []  # (asked of the Arrow column: a job's calls are not copied to learn it has no log)
     c = pl.from_arrow(collectives)
     assert isinstance(c, pl.DataFrame)
-    if c.height == 0 or not (c.get_column("source") == "nccl-log").any():
-        return collectives, []
     c = c.with_row_index("_row")
     logs = c.filter((pl.col("source") == "nccl-log") & pl.col("rank").is_not_null())
     traces = c.filter(pl.col("source").is_in(["kineto-kernel"]) & pl.col("start_ns").is_not_null())
