@@ -159,6 +159,21 @@ def test_the_split_skips_only_the_ranks_over_the_budget(job: Path, tmp_path: Pat
     assert any(f"rank {biggest} not split into waiting and transfer" in n for n in res.notes)
 
 
+def test_ranks_split_one_batch_each_as_all_at_once(job: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exposed-communication split in batches of one rank (each batch takes its ranks' iterations, calls and
+    members only) gives the breakdown of one batch of every rank, and of the job in memory."""
+    from tracekit.scale import analyse as rank_analyse
+
+    ds = dataset.build([str(job)], out=tmp_path / "ds", engine=engine.LocalEngine(jobs=1))
+    assert len(ds.ranks_with("activity")) >= 3  # (split together from their stored intervals)
+    whole = analyse_dataset(ds).breakdown
+    monkeypatch.setattr(rank_analyse, "SPLIT_BATCH_BYTES", 1)
+    one_each = analyse_dataset(ds).breakdown
+    assert one_each.equals(whole)
+    _assert_same_as_reference(ds, [str(job)])
+
+
 def test_dask_local_cluster_gives_identical_results(job: Path, tmp_path: Path) -> None:
     local = dataset.build([str(job)], out=tmp_path / "local", engine=engine.LocalEngine(jobs=1))
     dask_engine = engine.DaskEngine(jobs=2, processes=False)

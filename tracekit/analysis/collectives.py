@@ -433,13 +433,14 @@ def match(collectives: pa.Table, ranks: pa.Table, *, groups: dict[str, list[int]
         return Matching(schema.empty(schema.COLLECTIVE_INSTANCES), schema.empty(schema.COLLECTIVE_MEMBERS),
                         _empty_clocks(), diags)
     c = _infer_peers(c.with_columns(pl.col("rank").cast(pl.Int32)), groups, ranks)
-    c = _keys(c)
+    c = _keys(c).drop("pg", "dtype", "peer")  # (in the keys now; every join below copies the columns kept)
     dom = _domains(ranks, c.get_column("rank").unique().to_list())
     c = _align_p2p(c, dom)
     # instances: temporary ids in order of first appearance (deterministic: c is sorted)
     inst = c.group_by([*_KEY, "k_ord"], maintain_order=True).agg(pl.len().alias("n")).with_row_index("tmp") \
         .with_columns(pl.col("tmp").cast(pl.Int64))
-    c = c.join(inst.select([*_KEY, "k_ord", "tmp"]), on=[*_KEY, "k_ord"], how="left")
+    c = c.join(inst.select([*_KEY, "k_ord", "tmp"]), on=[*_KEY, "k_ord"], how="left").drop(
+        [k for k in _KEY if k not in ("k_mode", "k_pg")])  # (the instance says what they did)
     c = c.join(dom.select(["rank", "domain"]), on="rank", how="left")
     n_domains = int(dom.get_column("domain").max()) + 1  # type: ignore[arg-type]
 
