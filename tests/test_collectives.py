@@ -334,3 +334,14 @@ def test_a_window_that_cut_a_pipeline_mid_step_pairs_sends_with_their_receives(h
     possible = (paired.get_column("send_start") <= paired.get_column("recv_end")).sum()
     assert paired.height == 5
     assert possible == (5 if aligned else 0)
+
+
+def test_calls_in_any_row_order_match_alike(exact: Analysis) -> None:
+    """The matching puts each rank's calls in time order itself (a dataset's come so, and are not copied): the rows
+    reversed give the same instances, members and clocks."""
+    calls = exact.traces.collectives
+    want = collectives.match(calls, exact.ranks)
+    got = collectives.match(calls.take(list(range(calls.num_rows - 1, -1, -1))), exact.ranks)
+    assert got.instances.equals(want.instances)
+    assert got.members.equals(want.members)
+    assert got.clocks.equals(want.clocks)

@@ -142,6 +142,11 @@ def _keys(c: pl.DataFrame) -> pl.DataFrame:
     remember their first-stage instance in ``s1`` (how disagreeing sizes are found later). Matching by
     size alone from the start would let one disagreeing call shift every later call of that size.
     """
+    # each rank's calls in time order: often so already (a dataset's are), then not copied; else sorted before the
+    # keys are added (a sort copies every column)
+    order = c.select(pl.arg_sort_by(["rank", "start_ns", "end_ns", "collective_id"], maintain_order=True)).to_series()
+    if not (order.diff().drop_nulls() == 1).all():
+        c = c[order]
     has_seq = pl.col("seq").is_not_null() & pl.col("pg").is_not_null()
     p2p = pl.col("op").is_in(P2P_OPS)
     known_peer = p2p & pl.col("peer").is_not_null()
@@ -169,7 +174,6 @@ def _keys(c: pl.DataFrame) -> pl.DataFrame:
         pl.when(mode == 0).then(pl.col("seq")).when((mode == 2) & pl.col("seq").is_not_null()).then(pl.col("seq"))
         .otherwise(-1).cast(pl.Int64).alias("k_seq"),
     )
-    c = c.sort(["rank", "start_ns", "end_ns", "collective_id"])
     c = c.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(["rank", *_KEY]).alias("k_ord"))
     # second stage for first-stage instances that miss a rank or whose members disagree on the size
     users = pl.col("rank").n_unique().over(["k_mode", "k_pg", "k_op"])
