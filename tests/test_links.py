@@ -142,3 +142,22 @@ def test_a_window_with_a_call_of_unknown_size_has_unknown_bytes() -> None:
                                                                "op": pl.String, "bytes": pl.Int64})
     got = bytes_per_window(c, np.array([0, 0]), np.array([0, 100]), np.array([100, 200]))
     assert got.to_pylist() == [None, 100]
+
+
+def test_a_selector_names_the_calls_of_the_links_it_names() -> None:
+    """``link_classes.selected`` asks :func:`selects` once per distinct link and gives every call its link's answer,
+    links with an unknown class or transport (null) included."""
+    from tracekit.analysis import link_classes
+
+    rows = pl.DataFrame({
+        "link": ["0", "1", "0", None, "2", "1", "0", "2"],
+        "link_class": ["intra", "inter", "intra", None, None, "inter", "intra", None],
+        "transport": [None, "NET/IB", None, None, "P2P/IPC", "NET/IB", None, "P2P/IPC"],
+    }, schema={"link": pl.String, "link_class": pl.String, "transport": pl.String})
+    descs = {"2": "mesh_dp"}
+    for sel in ("intra", "inter", "ib", "nvlink", "dp", "0", "default"):
+        want = np.array([link_classes.selects(sel, pg, descs.get(pg), cls, tr)
+                         for pg, cls, tr in rows.iter_rows()], dtype=bool)
+        got = link_classes.selected(rows, sel, descs)
+        assert got.dtype == bool and got.tolist() == want.tolist(), sel
+    assert link_classes.selected(rows.head(0), "inter", descs).size == 0

@@ -11,6 +11,8 @@ waiting for the last member left out), the whole call otherwise, clipped to the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -139,6 +141,18 @@ def selects(selector: str, pg: str | None, desc: str | None, link_class: str | N
         return True
     d = (desc or "").lower()
     return bool(d) and (s == d or d.endswith("_" + s))
+
+
+def selected(rows: pl.DataFrame, selector: str, descs: Mapping[str, str]) -> np.ndarray:
+    """Which of ``rows`` (a call each: ``link`` its process group, ``link_class``, ``transport``) ``selector`` names
+    (:func:`selects`, ``descs`` the groups' descriptions), asked once per distinct link, not once per call."""
+    keys = rows.select(["link", "link_class", "transport"])
+    links = keys.unique(maintain_order=True)
+    hit = pl.Series("_hit", [selects(selector, pg, descs.get(pg), cls, tr) for pg, cls, tr in links.iter_rows()],
+                    dtype=pl.Boolean)
+    got = keys.join(links.with_columns(hit), on=["link", "link_class", "transport"], how="left",
+                    maintain_order="left", nulls_equal=True)
+    return got.get_column("_hit").to_numpy().astype(bool)
 
 
 def call_link_class(comm: pl.DataFrame, members: pa.Table | None, ranks: pa.Table | None) -> pl.Expr:

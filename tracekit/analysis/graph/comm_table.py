@@ -98,9 +98,7 @@ def comm_table(acts: pl.DataFrame, transfer: np.ndarray, collectives: pa.Table, 
     descs = pg_desc or {}
     rate = np.full(comm.height, float(line_rate_bps) if line_rate_bps else np.nan)
     for sel, r in (line_rates or {}).items():
-        hit = np.array([link_classes.selects(sel, pg, descs.get(pg), cls, tr) for pg, cls, tr in
-                        comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
-        rate[hit] = r
+        rate[link_classes.selected(comm, sel, descs)] = r
     comm = comm.with_columns(pl.Series("line_rate_bps", rate))
     latency = DEFAULT_LATENCY_NS[backend] if latency_ns is None else latency_ns
     comm = sizes_and_speeds(_data_spans(comm), backend, latency)

@@ -420,8 +420,7 @@ def _selected(model: Model, selector: str) -> np.ndarray:
     once per model and selector)."""
     hits = model.__dict__.setdefault("_selected", {})
     if selector not in hits:
-        hits[selector] = np.array([link_classes.selects(selector, pg, model.pg_desc.get(pg), cls, tr) for pg, cls, tr in
-                                   model.comm.select(["link", "link_class", "transport"]).iter_rows()], dtype=bool)
+        hits[selector] = link_classes.selected(model.comm, selector, model.pg_desc)
     return hits[selector]
 
 
