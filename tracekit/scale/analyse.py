@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from tracekit.allocators import release_memory
 from tracekit.analysis import attribution, collectives, links, missing, pipeline
+from tracekit.analysis.intervals import Grouped
 from tracekit.analysis.nccl import join as nccl_join
 from tracekit.analysis.pipeline import Analysis, _ranks_text
 from tracekit.loading.traceset import TraceSet
@@ -85,18 +86,18 @@ def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matc
     one at a time from their events."""
     budget = memory_budget(budget)
     written = ds.table("breakdown")
-    iters_all = pl.from_arrow(ds.table("iterations"))
-    coll_all = pl.from_arrow(colls)
-    mem_all = pl.from_arrow(matching.members)
-    assert isinstance(iters_all, pl.DataFrame) and isinstance(coll_all, pl.DataFrame)
-    assert isinstance(mem_all, pl.DataFrame)
-    iters, coll, mem = _RankRows(iters_all), _RankRows(coll_all), _RankRows(mem_all)
-    del iters_all, coll_all, mem_all
+    iters = pl.from_arrow(ds.table("iterations"))
+    coll = pl.from_arrow(colls)
+    mem = pl.from_arrow(matching.members)
+    assert isinstance(iters, pl.DataFrame) and isinstance(coll, pl.DataFrame) and isinstance(mem, pl.DataFrame)
+    # each table's rows of a rank looked up, not filtered from the job's every row per batch (quadratic in ranks)
+    by_rank = [(t, Grouped.by(t.get_column("rank").fill_null(-1).to_numpy())) for t in (iters, coll, mem)]
 
     def tables(ranks: list[int]) -> tuple[pa.Table, pa.Table, collectives.Matching]:
         """The iterations and calls of ``ranks``, and the matching with their members only."""
-        return (iters.of(ranks).to_arrow(), coll.of(ranks).to_arrow(),
-                collectives.Matching(matching.instances, mem.of(ranks).to_arrow(), matching.clocks))
+        it, cl, mine = (t[np.concatenate([rows.of(r) for r in ranks])].to_arrow() for t, rows in by_rank)
+        return it, cl, collectives.Matching(matching.instances, mine, matching.clocks)
+
     parts: list[pa.Table] = []
     done: list[int] = []
     too_big: list[int] = []
@@ -149,21 +150,6 @@ def _split_rank_by_rank(ds: Dataset, colls: pa.Table, matching: collectives.Matc
     notes = [f"exposed communication of rank{'s' if len(too_big) > 1 else ''} {_ranks_text(too_big)} not split "
              "into waiting and transfer: its events exceed the memory budget (--memory-budget)"] if too_big else []
     return out, notes
-
-
-class _RankRows:
-    """A table's rows sorted by rank (stably), taken a batch of ranks at a time without a scan of the others' (the
-    split goes batch by batch: a filter of the job's every call per batch grew with the square of the ranks)."""
-
-    def __init__(self, df: pl.DataFrame) -> None:
-        self.df = df.filter(pl.col("rank").is_not_null()).sort("rank", maintain_order=True)
-        self.rank = self.df.get_column("rank").to_numpy()
-
-    def of(self, ranks: list[int]) -> pl.DataFrame:
-        """The rows of ``ranks``, each rank's in the table's order."""
-        lo = int(np.searchsorted(self.rank, min(ranks), "left"))
-        hi = int(np.searchsorted(self.rank, max(ranks), "right"))
-        return self.df.slice(lo, hi - lo).filter(pl.col("rank").is_in(ranks))
 
 
 def _summaries_by_rank(ds: Dataset) -> dict[int, dict]:

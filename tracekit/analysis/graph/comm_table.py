@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from tracekit.analysis import link_classes
 from tracekit.analysis.graph.dag import Graph, own_edges
-from tracekit.analysis.intervals import union_length
+from tracekit.analysis.intervals import Grouped, union_length
 from tracekit.analysis.links import bus_bytes_expr, bus_factor_expr
 
 #: fixed cost of one collective call, by backend; small against real transfers, large against tiny ones
@@ -170,9 +170,9 @@ def sizes_and_speeds(comm: pl.DataFrame, backend: str, latency_ns: int = 0,
     speed = np.full(comm.height, np.nan)
     estimated = np.zeros(comm.height, dtype=bool)
     host = HOST_NS_PER_BYTE.get(backend, 0.0) if host_ns_per_byte is None else host_ns_per_byte
-    by_key = np.argsort(key, kind="stable")  # each link's rows in their order: a slice each, not a scan of all
-    cut = np.flatnonzero(np.diff(key[by_key])) + 1
-    for grp in np.split(by_key, cut) if key.size else []:
+    links = Grouped.by(key)  # each link's rows looked up, not a scan of every row per link
+    for k in np.unique(key):
+        grp = links.of(int(k))
         kn = grp[known[grp] & (bus[grp] > 0) & counted[grp]]
         if kn.size:
             active = union_length(np.zeros(kn.size, np.int64), start[kn], end[kn], np.zeros(1, np.int64),
