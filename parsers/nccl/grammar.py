@@ -148,7 +148,7 @@ KNOWN = re.compile("^(?:" + "|".join((
     r"\d+ : (?:GPU|NET|NVS|CPU)/", r"Enabled NCCL Func/Proto/Algo Matrix", r"[A-Za-z][\w /]*\|",
     r"P2P Chunksize set to \d", r"CollNet(?:Direct)? channel", r"Collnet Chains", r"rank \d+ Connected CollNet",
     r"Communicator has \d+ nodes", r"Launch mode (?:Parallel|Group)", r"MNNVL\b", r"ncclCommInitRank\w*: comm",
-    r"Symmetric", r"Check P2P Type",
+    r"Symmetric", r"Check P2P Type", r"Initialized NET plugin", r"RAS client listening", r"ncclTopoGetCpuAffinity",
 )) + ")")
 
 #: Sniffer: the anchor or a version line anywhere in the head; or, for logs without ``host:pid:tid``,

@@ -10,7 +10,9 @@
   0[0] / HCA 0 (distance 5 >= 2)`` (2.4);
 * the network plugin (``NET/Plugin : No plugin found (libnccl-net.so), using internal implementation``,
   ``NET/Plugin: Using internal network plugin.``, ``NET/Plugin: Loaded net plugin NAME (v7)``);
-* what says InfiniBand was not used: ``NET/IB : No device found.``, ``Failed to open libibverbs.so[.1]``;
+* what says InfiniBand was not used: ``NET/IB : No device found.``, ``Failed to open libibverbs.so[.1]``,
+  ``Failed to initialize NET plugin IB`` (2.28, which then prints ``NET/IB : Using [RO]; OOB ...`` with no device:
+  not a network in use);
 * ``NCCL_* set by environment to VALUE`` (the ENV subsystem, default from 2.17).
 
 The facts go on the process (:class:`.lines._Proc`: ``env``, ``plugin``, ``net_issues``) and into the rows of
@@ -49,7 +51,8 @@ PLUGIN = re.compile(
     r"^(?:NET/Plugin ?: ?)?(?:(?P<none>No plugin found|Using internal network plugin|Could not find)"
     r"|Loaded net plugin (?P<name>.+?)(?: \(v\d+\))?\.?$)")
 ENV = re.compile(r"^(?P<name>NCCL_[A-Z0-9_]+) set by environment to ?(?P<value>.*?)\s*$")
-IB_MISSING = re.compile(r"^(?:NET/IB ?: No device found|Failed to open libibverbs)")
+IB_MISSING = re.compile(r"^(?:NET/IB ?: No device found|Failed to open libibverbs"
+                        r"|Failed to initialize NET plugin IB\b)")
 
 #: columns of ``nccl_network`` (one row per network device a process uses, or names in a GDR line)
 NETWORK_SCHEMA = pa.schema([
@@ -60,7 +63,8 @@ NETWORK_SCHEMA = pa.schema([
 ])
 
 #: the message starts the per-line path hands to :func:`network_line`
-STARTS = ("NET/", "GPU Direct RDMA", "Failed to open libibverbs", "Loaded net plugin", "NCCL_")
+STARTS = ("NET/", "GPU Direct RDMA", "Failed to open libibverbs", "Failed to initialize NET plugin IB",
+          "Loaded net plugin", "NCCL_")
 
 
 def network_line(st: _Parser, no: int, body: str, host: str, pid: int) -> bool:
@@ -106,6 +110,8 @@ def _devices(st: _Parser, no: int, host: str, pid: int, m: re.Match[str]) -> Non
             found = True
             st.nics.append({"line": no, "host": host, "pid": pid, "net": net, "index": int(d["idx"]),
                             "device": d["dev"], "port": None, "link": None, "address": d["addr"], "oob": m["oob"]})
+    if not found:  # 2.28 prints IB's Using line with no device (``NET/IB : Using [RO]; OOB ...``): not used
+        return
     proc = st.proc(host, pid)
     if net not in proc.network:
         proc.network.append(net)

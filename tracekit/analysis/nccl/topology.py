@@ -329,7 +329,9 @@ def _text(o: dict[str, Any], procs: list[dict[str, Any]]) -> str:
         if any(n.startswith("NET/IB") for n in o["inter"]) and o.get("gdr") is not None:
             s += " (GPU Direct RDMA)" if o["gdr"] else " (no GPU Direct RDMA)"
         links.append(s)
-    if not links:
+    if not links and o.get("world_size") == 1:
+        links.append("one rank: no peer, so no transport")
+    elif not links:
         links.append("no transport lines (they are INIT lines of NCCL_DEBUG=INFO; an excerpt may have cut them)")
     text = "; ".join([", ".join(parts)] if parts else []) + ("; " if parts else "") + ", ".join(links)
     inter = o.get("inter") or []
