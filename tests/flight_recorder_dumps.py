@@ -6,7 +6,8 @@ watchdog writes, and only for what the recorded gloo dumps (``tests/data/flight_
 
 :func:`job` makes every rank's dump of a data-parallel job: ``steps`` all_reduces on the default group, then at
 the last one the ``fault``: ``stopped`` (the ``culprit`` never enqueues it; the others have it ``started``),
-``inside`` (every rank started it and none completed it), or ``None``.
+``inside`` (every rank started it and none completed it), ``not-started`` (every rank enqueued it; the culprit's
+GPU never started it, the others' did), ``queued`` (every rank enqueued it, no GPU started it) or ``None``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def job(version: str = "2.10", world: int = 4, steps: int = 6, fault: str | None
             last = seq == steps
             if last and fault == "stopped" and rank == culprit:
                 break
-            state = "started" if last and fault in ("stopped", "inside") else "completed"
+            state = ("completed" if not last or fault is None else
+                     "scheduled" if fault == "queued" or (fault == "not-started" and rank == culprit) else "started")
             entries.append(_entry(version, rank, seq, state, world))
         dump: dict[str, Any] = {"entries": entries, "version": version}
         if (major, minor) >= (1, 2):

@@ -218,6 +218,36 @@ def test_nccl_stuck_inside_a_collective(tmp_path: Path) -> None:
     assert h.headline.startswith("Hung inside all_reduce #5 of pg 0 (default_pg): every member entered it")
 
 
+def test_nccl_a_gpu_that_never_started_the_collective(tmp_path: Path) -> None:
+    """Every rank enqueued the last all_reduce; rank 2's GPU never started it (work before it on its stream does not
+    finish) while the others started it and wait inside: rank 2 is the cause, not the network."""
+    frd.write(frd.job("2.10", world=4, steps=5, fault="not-started", culprit=2), tmp_path)
+    h = load(tmp_path).hang
+    assert h is not None and (h.kind, h.cause_ranks) == ("hung", [2])
+    assert h.causes[0].why == "not started" and h.stuck[0].unstarted == (2,)
+    assert h.headline.startswith("Hung: rank 2 entered all_reduce #5 of pg 0 (default_pg) but its GPU never started "
+                                 "it, where ranks 0, 1 and 3 started it and wait")
+    states = dict(pl.from_arrow(h.positions).select("rank", "state").iter_rows())
+    assert states == {0: "waiting", 1: "waiting", 2: "not started", 3: "waiting"}
+
+
+def test_nccl_no_gpu_started_the_collective(tmp_path: Path) -> None:
+    """Every rank enqueued the last all_reduce and no GPU started it: held before it on every GPU, no rank to blame;
+    without starts in the dumps (gloo, NCCL without CUDA timing) the same dumps say only "inside"."""
+    dumps = frd.job("2.10", world=4, steps=5, fault="queued")
+    frd.write(dumps, tmp_path / "timed")
+    h = load(tmp_path / "timed").hang
+    assert h is not None and h.kind == "hung" and h.causes == []
+    assert h.headline.startswith("Hung before all_reduce #5 of pg 0 (default_pg) started: every member entered it "
+                                 "and no member's GPU started it")
+    for dump in dumps.values():
+        for e in dump["entries"]:
+            e["time_discovered_started_ns"] = None
+    frd.write(dumps, tmp_path / "untimed")
+    h = load(tmp_path / "untimed").hang
+    assert h is not None and h.headline.startswith("Hung inside all_reduce #5 of pg 0 (default_pg)")
+
+
 def test_nccl_watchdog_lines_alone() -> None:
     """No dump, NCCL's watchdog lines: the rank that stopped first is the cause (tracekit.analysis.nccl.problems)."""
     job = load(NCCL / "pytorch_2.4_watchdog_rank_stopped.log")

@@ -454,8 +454,9 @@ HANG_POSITIONS = pa.schema(
         _col("started_seq", pa.int64(), doc="the last one known started (NCCL's state; null under gloo)"),
         _col("completed_seq", pa.int64(), doc="the last one known completed (NCCL's state; null under gloo)"),
         _col("retired_seq", pa.int64(), doc="the last one retired (completed, or failed or timed out)"),
-        _col("state", pa.string(), doc="waiting (entered the collective the group is stuck in), behind (never "
-             "entered it), no dump, in flight (its last call not finished, nobody behind) or done"),
+        _col("state", pa.string(), doc="waiting (entered the collective the group is stuck in), not started "
+             "(entered it, its GPU never started it, where the dump records starts), behind (never entered it), "
+             "no dump, in flight (its last call not finished, nobody behind) or done"),
         _col("stuck_seq", pa.int64(), doc="the collective the group is stuck in (null: not stuck)"),
         _col("blocked_in", pa.string(), doc="for a rank behind: the group and collective it waits in elsewhere"),
         _col("cause", pa.bool_(), doc="tracekit names this rank as a cause of the hang or desync"),

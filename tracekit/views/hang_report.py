@@ -23,7 +23,7 @@ from tracekit.model.diagnostics import printable
 WIDTH = 24
 CELL_STYLES = {"█": "green", "▓": "yellow", "✗": "bold red", "≠": "bold red", "·": "dim", "?": "magenta"}
 LEGEND = "█ finished  ▓ entered, not finished  ✗ never entered  ≠ called differently  · not entered  ? no dump"
-STATE_ORDER = {"behind": 0, "no dump": 1, "waiting": 2, "in flight": 3, "done": 4}
+STATE_ORDER = {"behind": 0, "not started": 1, "no dump": 2, "waiting": 3, "in flight": 4, "done": 5}
 KIND_STYLES = {"hung": "bold red", "desync": "bold red", "none": "bold green"}
 
 
@@ -82,6 +82,8 @@ def _note(p: dict, op: str | None) -> str:
     state = p["state"]
     if state == "waiting":
         return f"waits in {op or p['entered_op']} #{p['stuck_seq']}"
+    if state == "not started":
+        return f"entered {op or p['entered_op']} #{p['stuck_seq']}; its GPU never started it"
     if state == "behind":
         where = f", held in {p['blocked_in']}" if p["blocked_in"] else ""
         return f"never entered #{p['stuck_seq']} (last entered #{p['entered_seq']}){where}"

@@ -19,7 +19,8 @@ class Stuck:
     """A process group stuck in collective ``seq`` (``op``): ``waiting`` entered it, ``behind`` never did
     (``blocked``: those of them that wait in another group, ``group -> seq``), ``no_dump`` left no dump; ``retired``
     the waiting ranks whose dump marks it retired anyway (failed or timed out); ``knock_on`` when every rank it waits
-    for is blocked elsewhere (the group is a victim, not the cause)."""
+    for is blocked elsewhere (the group is a victim, not the cause); ``unstarted`` the waiting ranks whose GPU never
+    started it, where their dumps record starts (NCCL with CUDA timing)."""
 
     pg: str
     label: str
@@ -33,18 +34,21 @@ class Stuck:
     retired: tuple[int, ...]
     knock_on: bool
     since_ns: int | None
+    unstarted: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {"pg": self.pg, "label": self.label, "seq": self.seq, "op": self.op, "call": self.call,
                 "waiting_ranks": list(self.waiting), "behind_ranks": list(self.behind),
                 "no_dump_ranks": list(self.no_dump), "blocked_in": {str(k): v for k, v in self.blocked.items()},
-                "retired_anyway": list(self.retired), "knock_on": self.knock_on, "since_ns": self.since_ns}
+                "retired_anyway": list(self.retired), "knock_on": self.knock_on, "since_ns": self.since_ns,
+                "not_started_ranks": list(self.unstarted)}
 
 
 @dataclass(frozen=True)
 class Cause:
-    """A rank named as a cause: ``why`` is ``desync``, ``never entered``, ``skipped`` (broke its own order between
-    groups), ``no dump`` or ``stopped first`` (NCCL watchdog); where (``pg``, ``seq``, ``op``); what it did last
+    """A rank named as a cause: ``why`` is ``desync``, ``never entered``, ``not started`` (entered, but its GPU never
+    started the collective the others started), ``skipped`` (broke its own order between groups), ``no dump`` or
+    ``stopped first`` (NCCL watchdog); where (``pg``, ``seq``, ``op``); what it did last
     (``last``: its last finished call, ``stack``: where it was called, ``trace``: its profiler trace's last events,
     ``nccl``: NCCL log lines about it)."""
 

@@ -9,6 +9,11 @@ From the Flight Recorder dumps of a job (:mod:`tracekit.analysis.hang.dumps`), p
 * **stuck collective** — members entered a collective that others never entered: the lowest such position. Those
   that entered it *wait* in it, those that did not are *behind*; a member without a dump is behind for all we know.
   A collective that a member never entered cannot have completed, whatever ``retired`` says;
+* **not started** — NCCL's host enqueues a collective and goes on; its kernel starts when the GPU work queued before
+  it on the stream is done. Where a rank's dump records starts (``time_discovered_started_ns``: CUDA timing on), a
+  collective every member entered and none completed is told apart: the members whose GPU never started it are the
+  cause (work before it on their GPU does not finish) and those that started it wait inside it for them; where no
+  member started it, every GPU is held before it, not the network;
 * **cause and knock-on** — a rank behind in one group may itself wait in another (a tensor-parallel group's hang
   keeps its members out of the data-parallel collective, whose other members then wait too): it is a knock-on, and
   the group's hang is blamed on the ranks it waits for. A rank behind that waits nowhere (its last call finished:
@@ -81,7 +86,8 @@ def positions(d: Dumps) -> pl.DataFrame:
                  pl.col("collective_seq_id").filter(pl.col("state").is_in(["started", "completed"])).max()
                  .alias("started_seq"),
                  pl.col("collective_seq_id").filter(pl.col("state") == "completed").max().alias("completed_seq"),
-                 pl.col("collective_seq_id").filter(pl.col("retired").fill_null(False)).max().alias("retired_seq")))
+                 pl.col("collective_seq_id").filter(pl.col("retired").fill_null(False)).max().alias("retired_seq"),
+                 pl.col("time_started_ns").is_not_null().any().alias("starts_known")))
     grid = pl.DataFrame([(pg, r) for pg, ms in d.members.items() for r in ms], schema={"pg": pl.String,
                                                                                        "rank": pl.Int32},
                         orient="row")
@@ -100,7 +106,8 @@ def positions(d: Dumps) -> pl.DataFrame:
 def _stuck_groups(d: Dumps, pos: pl.DataFrame, calls: pl.DataFrame) -> list[dict[str, Any]]:
     """Each group whose dumped members stand at different positions: the lowest position some entered and others
     did not, who waits there and who is behind; with NCCL's states, also the group whose last collective every member
-    entered and none completed (stuck inside it: nobody is behind)."""
+    entered and none completed (stuck inside it: nobody is behind), with those of them whose GPU never started it
+    where their dumps record starts (``unstarted``)."""
     states = calls.filter(pl.col("state").is_in(["started", "completed"])).height > 0
     out = []
     for pg in sorted(d.members, key=lambda p: (len(p), p)):
@@ -110,10 +117,13 @@ def _stuck_groups(d: Dumps, pos: pl.DataFrame, calls: pl.DataFrame) -> list[dict
         low, high = g.get_column("entered_seq").min(), g.get_column("entered_seq").max()
         if low is None or high is None or high == 0:
             continue
+        unstarted: list[int] = []
         if low >= high:  # every member entered the last one: stuck inside it only if NCCL says none completed it
             if not states or g.filter(pl.col("completed_seq").fill_null(0) >= high).height:
                 continue
             low = high - 1
+            unstarted = sorted(g.filter(pl.col("starts_known").fill_null(False)
+                                        & (pl.col("started_seq").fill_null(0) < high)).get_column("rank").to_list())
         seq = int(low) + 1
         waiting = sorted(g.filter(pl.col("entered_seq") >= seq).get_column("rank").to_list())
         behind = sorted(g.filter(pl.col("entered_seq") < seq).get_column("rank").to_list())
@@ -124,7 +134,7 @@ def _stuck_groups(d: Dumps, pos: pl.DataFrame, calls: pl.DataFrame) -> list[dict
         retired = sorted(at.filter(pl.col("retired").fill_null(False)).get_column("rank").to_list())
         out.append({"pg": pg, "seq": seq, "op": names.most_common(1)[0][0] if names else "?",
                     "call": desync_mod.describe(first) if first else "?", "waiting": waiting, "behind": behind,
-                    "no_dump": sorted(set(d.members[pg]) - set(d.ranks)), "retired": retired,
+                    "no_dump": sorted(set(d.members[pg]) - set(d.ranks)), "retired": retired, "unstarted": unstarted,
                     "since_ns": at.get_column("time_created_ns").min() if at.height else None})
     return out
 
@@ -246,6 +256,10 @@ def analyse(tables: Mapping[str, pa.Table], *, groups: Mapping[str, list[int]] |
             if r not in waits_in and r not in causes:
                 o = origin(r)
                 causes[r] = Cause(r, "never entered", o["pg"], o["seq"], o["op"])
+    for g in groups_stuck:  # members whose GPU never started a collective the others started and wait inside
+        if g["unstarted"] and len(g["unstarted"]) < len(g["waiting"]):
+            for r in g["unstarted"]:
+                causes.setdefault(r, Cause(r, "not started", g["pg"], g["seq"], g["op"]))
     if not causes:  # every rank behind waits elsewhere: a cycle; the rank that broke its own order
         for g in groups_stuck:
             for r in g["behind"]:
@@ -265,7 +279,8 @@ def analyse(tables: Mapping[str, pa.Table], *, groups: Mapping[str, list[int]] |
                    tuple(g["behind"]), tuple(g["no_dump"]),
                    {r: f"{d.label(w[0][0])} #{w[0][1]}" for r in g["behind"] if (w := waits_in.get(r))},
                    tuple(g["retired"]),
-                   any(b in waits_in and (g["pg"], b) not in here for b in g["behind"]), g["since_ns"])
+                   any(b in waits_in and (g["pg"], b) not in here for b in g["behind"]), g["since_ns"],
+                   tuple(g["unstarted"]))
              for g in groups_stuck]
     tails = trace_tails(events, sorted(causes))
     named = []
@@ -315,7 +330,7 @@ def _position_table(pos: pl.DataFrame, stuck: list[Stuck], waits_in: dict[int, l
         if not dumped:
             states.append("no dump")
         elif s is not None:
-            states.append("waiting" if rank in s.waiting else "behind")
+            states.append("not started" if rank in s.unstarted else "waiting" if rank in s.waiting else "behind")
         else:
             states.append("done" if entered == 0 or (done is not None and done >= entered) else "in flight")
     out = pos.with_columns(pl.Series("state", states, dtype=pl.String), pl.Series("stuck_seq", stuck_seq,

@@ -65,6 +65,15 @@ def _headline(h: Hang, d: Dumps) -> str:
         ranks = [c.rank for c in cs]
         return (f"Hung: {ranks_text(ranks)} never entered {_where(cs[0], d)}, where "
                 f"{ranks_text(_stuck_of(h, cs[0]).waiting)} {_verb(_stuck_of(h, cs[0]).waiting, 'waits', 'wait')}.")
+    if "not started" in by_why and origin is not None:
+        cs = by_why["not started"]
+        s = _stuck_of(h, cs[0])
+        started = [r for r in s.waiting if r not in s.unstarted]
+        gpu = "its GPU" if len(cs) == 1 else "their GPUs"
+        return (f"Hung: {ranks_text([c.rank for c in cs])} entered {_where(cs[0], d)} but {gpu} never started it, "
+                f"where {ranks_text(started)} started it and {_verb(started, 'waits', 'wait')} — GPU work queued "
+                f"before it on {ranks_text([c.rank for c in cs])} does not finish (a kernel that never ends, a wait "
+                "on another stream), not the network.")
     if "skipped" in by_why:
         c = by_why["skipped"][0]
         elsewhere = next((s for s in h.stuck if c.rank in s.waiting), None)
@@ -78,6 +87,10 @@ def _headline(h: Hang, d: Dumps) -> str:
     if "stopped first" in by_why:
         return f"Hung: {ranks_text([c.rank for c in by_why['stopped first']])} stopped first (NCCL's watchdog)."
     s = h.stuck[0]
+    if s.unstarted and len(s.unstarted) == len(s.waiting):
+        return (f"Hung before {s.op} #{s.seq} of {s.label} started: every member entered it and no member's GPU "
+                "started it — GPU work queued before it does not finish (a kernel that never ends, a wait on another "
+                "stream), not the network.")
     return (f"Hung inside {s.op} #{s.seq} of {s.label}: every member entered it and none completed it — the "
             "collective itself (network, NCCL), not a rank that fell behind.")
 
