@@ -1,6 +1,6 @@
 """Record real GPU training jobs under torch.profiler on a machine with one CUDA GPU, for tests/data/gpu/.
 
-Two cases, each in its own folder under ``--out``:
+Three cases, each in its own folder under ``--out``:
 
 ``nccl-1rank``
     One process, the NCCL backend (a world of one rank): a 4-layer transformer encoder (d=1024, bf16 autocast,
@@ -9,7 +9,7 @@ Two cases, each in its own folder under ``--out``:
     debug log (``NCCL_DEBUG=INFO``, subsystems INIT and COLL), and two Flight Recorder dumps (pickle and JSON, with
     CUDA timing): one taken while an ``all_reduce`` waits behind a long kernel (``inflight/``), one at the end
     (``final/``).
-``gloo-2rank``
+``gloo-2rank`` (and ``gloo-2rank-straggler``: rank 1 sleeps 40 ms on the CPU in every step before its forward)
     Two processes on the same GPU, the gloo backend (gloo copies CUDA tensors to the host and back): the same model
     under DDP. NCCL refuses two ranks on one GPU, so this is the only real multi-rank job one GPU can run; the
     ranks' kernels share the GPU (time-sliced), their collectives wait for each other for real.
@@ -18,7 +18,7 @@ Every case writes ``run.json``: the machine (GPU, CUDA, NCCL and torch versions)
 schedule and each step's wall time per rank (``torch.cuda.synchronize`` then ``time.perf_counter``: the truth).
 Needs torch with CUDA; ``--cpu`` runs the same code on the CPU with gloo for a dry run of the script itself.
 
-    python samples/record_gpu.py --out /tmp/gpu            # both cases
+    python samples/record_gpu.py --out /tmp/gpu            # every case
     python samples/record_gpu.py --out /tmp/gpu --case gloo-2rank --steps 5
 """
 
@@ -38,7 +38,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-CASES = ("nccl-1rank", "gloo-2rank")
+CASES = ("nccl-1rank", "gloo-2rank", "gloo-2rank-straggler")
+#: the straggler case: this rank sleeps this long on the CPU in every step, before its forward pass (untraced)
+STRAGGLER = (1, 40.0)
 MODEL = {"kind": "TransformerEncoder", "layers": 4, "d_model": 1024, "heads": 16, "ffn": 4096,
          "batch": 8, "seq": 512, "autocast": "bfloat16", "optimizer": "AdamW(lr=1e-4)"}
 #: the dry run's model (``--cpu``): small enough for a 2-core machine
@@ -129,6 +131,8 @@ def worker(rank: int, world: int, case: str, out: str, port: int, steps: int, cp
             dist.barrier()
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
+            if case == "gloo-2rank-straggler" and rank == STRAGGLER[0]:
+                time.sleep(STRAGGLER[1] / 1e3)
             with torch.autocast(device, dtype=torch.bfloat16):
                 loss = model(x).float().pow(2).mean()
             loss.backward()
@@ -189,6 +193,7 @@ def record(case: str, out: Path, steps: int, cpu: bool) -> dict[str, Any]:
                                "step, after a cuda synchronize and a barrier; ends after a cuda synchronize",
                        "ranks": {str(x["rank"]): {"pid": x["pid"], "steps": x["steps"]} for x in ranks}},
         **{k: v for k, v in ranks[0].items() if k.endswith(("_dump", "_error"))},
+        **({"straggler": {"rank": STRAGGLER[0], "sleep_ms": STRAGGLER[1]}} if case.endswith("-straggler") else {}),
         "files": sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()),
     }
     (out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
