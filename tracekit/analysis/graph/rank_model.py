@@ -18,6 +18,7 @@ import polars as pl
 
 from tracekit.analysis import balance
 from tracekit.analysis.graph import contention, whatif
+from tracekit.analysis.graph.comm_table import tail_edges
 from tracekit.analysis.graph.crossings import Crossings, RankGraph
 from tracekit.analysis.graph.dag import own_edges
 from tracekit.analysis.graph.parts import Extra, rank_part
@@ -85,6 +86,9 @@ class RankReplay:
         self.own_edge, self.own_row = own_edge[keep], rows[keep]
         coll = np.arange(rg.coll_first, rg.coll_first + rg.coll_edge.size)
         self.coll_edge, self.coll_row = coll, row_of[g.dst[coll] // 2]
+        measured = np.zeros(rg.activities, np.int64)
+        measured[a] = self.comm_transfer
+        self.tail_edge, self.tail_row, self.tail_base = tail_edges(g, row_of, receiver, measured)
         same = queues.src >= 0
         extra = Extra(own_src=2 * queues.src[same] + 1, own_dst=2 * queues.dst[same] + 1, tgt_hub=queues.hub[~same],
                       tgt_dst=2 * queues.dst[~same] + 1, mem_node=2 * queues.out + 1, mem_hub=queues.out_hub)
@@ -103,9 +107,11 @@ class RankReplay:
         self.scaling: balance.Scaling | None = None
         ok = self.coll_row >= 0
         #: the edges whose weight a job sets (:meth:`graph_weights`' numbering: the communication activities' own
-        #: edges, the collective edges into the rank, the queues), in :meth:`set_weights`' order; every other edge
-        #: weighs its :meth:`base_weights` under every job without a slowdown to re-cost
-        self.set_edges = np.concatenate([self.own_edge, self.coll_edge[ok], n_edges + np.arange(self.queue_row.size)])
+        #: edges, the collective edges into the rank, the sync edges into their ends, the queues), in
+        #: :meth:`set_weights`' order; every other edge weighs its :meth:`base_weights` under every job without a
+        #: slowdown to re-cost
+        self.set_edges = np.concatenate([self.own_edge, self.coll_edge[ok], self.tail_edge,
+                                         n_edges + np.arange(self.queue_row.size)])
         #: per edge of :attr:`set_edges`, whether the balance scales it (a balanced job weighs it as its base does:
         #: the balance applies after the transfers are set)
         self.balance_scaled = np.zeros(self.set_edges.size, bool)
@@ -150,15 +156,17 @@ class RankReplay:
         weights of the edges the balance scales are its :meth:`base_weights`' (:attr:`balance_scaled`)."""
         g = self.rg.graph
         ok = self.coll_row >= 0
-        own, coll = self.own_edge.size, int(ok.sum())
+        own, coll, tail = self.own_edge.size, int(ok.sum()), self.tail_edge.size
         slack_own, slack_coll = g.slack[self.own_edge], g.slack[self.coll_edge[ok]]
         coll_row = self.coll_row[ok]
-        out = np.empty((own + coll + self.queue_row.size, len(jobs)), np.int64)
+        out = np.empty((own + coll + tail + self.queue_row.size, len(jobs)), np.int64)
         for i, job in enumerate(jobs):
             t = job.transfer
             out[:own, i] = t[self.own_row] + slack_own
             out[own:own + coll, i] = t[coll_row] + slack_coll
-            out[own + coll:, i] = OFF if job.free else t[self.queue_row]
+            out[own + coll:own + coll + tail, i] = whatif.tail_weights(self.tail_base, t[self.tail_row],
+                                                                      g.slack[self.tail_edge])
+            out[own + coll + tail:, i] = OFF if job.free else t[self.queue_row]
         return out
 
     def base_weights(self, balanced: bool) -> np.ndarray:

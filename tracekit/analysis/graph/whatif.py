@@ -45,6 +45,7 @@ from tracekit.analysis.graph.comm_table import (
     consistent_members,
     fifo_edges,
     sizes_and_speeds,
+    tail_edges,
 )
 from tracekit.analysis.graph.compute_leaves import compute_leaves
 from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, own_edges
@@ -128,6 +129,11 @@ class Model:
     host_share_max: float | None = None
     #: the replays of a job whose ranks' graphs are held apart (:class:`tracekit.scale.rank_whatif.RankReplays`)
     remote: Any = None
+    #: sync edges into a communication activity's end (:func:`tracekit.analysis.graph.comm_table.tail_edges`), the comm
+    #: row of their destination, and their lag less that row's measured transfer (:func:`tail_weights`)
+    tail_edges: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    tail_edge_row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    tail_base: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def receiver(self) -> np.ndarray:
@@ -237,6 +243,9 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=latency,
                   measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
+    measured = np.zeros(g.act.height, np.int64)
+    measured[a] = comm.get_column("transfer_ns").to_numpy()
+    model.tail_edges, model.tail_edge_row, model.tail_base = tail_edges(g, row_of_act, model.receiver, measured)
     _measure_contention(model, own_edges(g), compute, found_leaves.result() if found_leaves is not None else leaves)
     model.measured_iteration_ns = iteration_time(model, g.node_time)
     return model
@@ -467,6 +476,8 @@ def _changes(model: Model, sc: Scenario) -> tuple[np.ndarray, np.ndarray, tuple 
     ok = model.coll_edge_row >= 0
     edges = [model.own_edge[valid], model.coll_edges[ok]]
     weights = [new_t[valid] + g.slack[edges[0]], new_t[model.coll_edge_row[ok]] + g.slack[edges[1]]]
+    edges.append(model.tail_edges)
+    weights.append(tail_weights(model.tail_base, new_t[model.tail_edge_row], g.slack[model.tail_edges]))
     if sc.balanced:
         edges.append(_balanced(model)[0])
         weights.append(_balanced(model)[1])
@@ -475,6 +486,14 @@ def _changes(model: Model, sc: Scenario) -> tuple[np.ndarray, np.ndarray, tuple 
         prev, cur, dst = queued(model)
         extra = (2 * model.comm.get_column("a").to_numpy()[prev] + 1, dst, new_t[cur])
     return np.concatenate(edges), np.concatenate(weights), extra, new_t
+
+
+def tail_weights(base: np.ndarray, transfer: np.ndarray, slack: np.ndarray) -> np.ndarray:
+    """The weights of sync edges into communication activities' ends (:attr:`Model.tail_edges`) under new transfers:
+    the call's time after its blocking wait with the measured transfer replaced by the new one, and no more than the
+    new transfer — time beyond it there was waiting for the other members, which the collective edges carry (kept in
+    the lag, a late member removed from the job would still hold the call's end)."""
+    return np.maximum(np.minimum(base, 0) + transfer, 0) + slack
 
 
 def queued(model: Model) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
