@@ -3,12 +3,14 @@ temporal breakdown of the same file, in one run.
 
     python benchmarks/summary.py [--size-mb 300] [--ranks 8] [--repeat 3] [--hta-python /tmp/hta-venv/bin/python]
                                  [--skip-hta] [--hta-repeat 1] [--compare-rev REV] [--workdir DIR] [--startup-runs 10]
+                                 [--trace FILE]
 
 Every measurement runs as a child process (``benchmarks/process_tree.py``): wall, the CPU time of its process tree
 and the tree's peak RSS (the command's own high-water mark or the most the tree held at once, whichever is larger).
 Both trees run from their bytecode cache, as an installed tracekit does. Traces are generated PyTorch-2.4-style GPU
 traces (``benchmarks/synthetic.py``, 8-rank job metadata); the N-rank job is N distinct files (one per rank,
-different seeds), parsed from the page cache (``--no-cache`` skips tracekit's parse cache, not the OS's).
+different seeds), parsed from the page cache (``--no-cache`` skips tracekit's parse cache, not the OS's); ``--trace``
+measures a given (real) trace in their place.
 
 Measured:
   1. ``tracekit summary FILE --no-cache --json``, 1 file: wall, CPU, peak RSS (``--repeat`` runs);
@@ -175,6 +177,8 @@ def main() -> None:
     ap.add_argument("--compare-rev", metavar="REV", help="also run `tracekit summary` from this git revision")
     ap.add_argument("--startup-runs", type=int, default=10, help="runs of each start-up command (0: skip)")
     ap.add_argument("--workdir", help="keep generated traces here (default: a temporary directory, removed)")
+    ap.add_argument("--trace", metavar="FILE", help="measure this trace (a real one) instead of a generated one: "
+                    "linked into a folder of its own under the workdir for HTA")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from synthetic import write_trace
@@ -183,9 +187,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="tracekit-summary-bench-tmp-"))
     mb = int(args.size_mb)
-    one_dir = work / f"one_{mb}mb"
+    one_dir = work / (f"one_{mb}mb" if not args.trace else "given")
     one_dir.mkdir(exist_ok=True)
-    one = one_dir / "rank0.json"
+    one = one_dir / ("rank0.json" if not args.trace else Path(args.trace).name)
+    if args.trace and not one.exists():
+        one.symlink_to(Path(args.trace).resolve())
     try:
         if not one.exists():
             print(f"generating one {args.size_mb:.0f} MB trace ...", flush=True)
