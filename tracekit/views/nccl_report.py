@@ -24,7 +24,7 @@ def render_nccl(console: Console, collectives: object, topology: object) -> None
         return
     table = Table(title="NCCL communicators (from the debug logs)", title_justify="left", header_style="bold",
                   box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, just in (("commId", "left"), ("ranks", "right"), ("logged", "left"), ("calls per rank", "left"),
+    for col, just in (("commId", "left"), ("ranks", "right"), ("ranks logged", "left"), ("calls per rank", "left"),
                       ("bytes/rank", "right"), ("algorithm", "left"), ("protocol", "left"), ("transports", "left")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for row in ov.iter_rows(named=True):
