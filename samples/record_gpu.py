@@ -1,6 +1,6 @@
 """Record real GPU training jobs under torch.profiler on a machine with one CUDA GPU, for tests/data/gpu/.
 
-Three cases, each in its own folder under ``--out``:
+Five cases, each in its own folder under ``--out``:
 
 ``nccl-1rank``
     One process, the NCCL backend (a world of one rank): a 4-layer transformer encoder (d=1024, bf16 autocast,
@@ -9,7 +9,8 @@ Three cases, each in its own folder under ``--out``:
     debug log (``NCCL_DEBUG=INFO``, subsystems INIT and COLL), and two Flight Recorder dumps (pickle and JSON, with
     CUDA timing): one taken while an ``all_reduce`` waits behind a long kernel (``inflight/``), one at the end
     (``final/``).
-``gloo-2rank`` (and ``gloo-2rank-straggler``: rank 1 sleeps 40 ms on the CPU in every step before its forward)
+``gloo-2rank`` (and ``gloo-2rank-straggler``: rank 1 sleeps 40 ms on the CPU in every step before its forward;
+``gloo-4rank``, ``gloo-4rank-straggler``: the same with four processes)
     Two processes on the same GPU, the gloo backend (gloo copies CUDA tensors to the host and back): the same model
     under DDP. NCCL refuses two ranks on one GPU, so this is the only real multi-rank job one GPU can run; the
     ranks' kernels share the GPU (time-sliced), their collectives wait for each other for real.
@@ -38,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-CASES = ("nccl-1rank", "gloo-2rank", "gloo-2rank-straggler")
+CASES = ("nccl-1rank", "gloo-2rank", "gloo-2rank-straggler", "gloo-4rank", "gloo-4rank-straggler")
 #: the straggler case: this rank sleeps this long on the CPU in every step, before its forward pass (untraced)
 STRAGGLER = (1, 40.0)
 MODEL = {"kind": "TransformerEncoder", "layers": 4, "d_model": 1024, "heads": 16, "ffn": 4096,
@@ -131,7 +132,7 @@ def worker(rank: int, world: int, case: str, out: str, port: int, steps: int, cp
             dist.barrier()
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            if case == "gloo-2rank-straggler" and rank == STRAGGLER[0]:
+            if case.endswith("-straggler") and rank == STRAGGLER[0]:
                 time.sleep(STRAGGLER[1] / 1e3)
             with torch.autocast(device, dtype=torch.bfloat16):
                 loss = model(x).float().pow(2).mean()
@@ -168,7 +169,7 @@ def record(case: str, out: Path, steps: int, cpu: bool) -> dict[str, Any]:
     """Run one case into ``out`` (made fresh) and write its run.json."""
     import torch.multiprocessing as mp
 
-    world = 1 if case == "nccl-1rank" else 2
+    world = 1 if case == "nccl-1rank" else 4 if case.startswith("gloo-4rank") else 2
     out.mkdir(parents=True)
     env = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_ENABLE_TIMING": "1"}
     if case == "nccl-1rank":
@@ -211,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists():
         print(f"record_gpu: {out} exists; choose a new folder", file=sys.stderr)
         return 2
-    staging = Path(tempfile.mkdtemp(prefix=".record_gpu-", dir=out.parent if out.parent.exists() else None))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".record_gpu-", dir=out.parent))  # renamed into place at the end
     failed = 0
     for case in CASES if args.case == "all" else (args.case,):
         try:
