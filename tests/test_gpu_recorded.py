@@ -24,6 +24,8 @@ GPU = Path(__file__).parent / "data" / "gpu"
 NCCL_JOB = GPU / "nccl-1rank"
 GLOO_JOB = GPU / "gloo-2rank"
 STRAGGLER_JOB = GPU / "gloo-2rank-straggler"
+#: each straggler job and the same job without the straggler (its truth with the straggler removed)
+STRAGGLERS = [(STRAGGLER_JOB, GLOO_JOB), (GPU / "gloo-4rank-straggler", GPU / "gloo-4rank")]
 NCCL_LOG = next(NCCL_JOB.glob("nccl.*.log"))
 
 
@@ -128,14 +130,16 @@ def test_a_transfer_behind_a_blocking_copy_is_re_costed_there_too() -> None:
         assert (after_copy < g.lag[m.tail_edges] - transfer // 2).all()
 
 
-def test_a_real_gpu_straggler_removed_runs_as_the_job_without_it() -> None:
-    """The same two-rank job with rank 1 sleeping 40 ms on the CPU before every forward pass: rank 1 is the straggler,
-    its excess about the sleep, and the replay with every rank's excess removed lands near the measured step time of
-    the job recorded without the sleep (gloo-2rank, the truth). The sleep also held rank 0's all-reduces, whose sync
-    edges from the copy to the host carried that wait as a fixed lag: removing the straggler then gained 3 %, not the
-    third of the step it costs."""
-    truth = float(np.median(list(_truth(GLOO_JOB).values())))
-    with tracekit.load(STRAGGLER_JOB) as j:
+@pytest.mark.parametrize(("job", "without"), STRAGGLERS, ids=lambda p: p.name)
+def test_a_real_gpu_straggler_removed_runs_as_the_job_without_it(job: Path, without: Path) -> None:
+    """The same job with rank 1 sleeping 40 ms on the CPU before every forward pass: rank 1 is the straggler, its
+    excess about the sleep, and the replay with every rank's excess removed lands near the measured step time of the
+    job recorded without the sleep (the truth). The sleep also held the other ranks' all-reduces, whose sync edges from
+    the copy to the host carried that wait as a fixed lag: removing the straggler then gained 0-3 %, not the quarter
+    to third of the step it costs. (Sharing one GPU, the other ranks' kernels ran faster while rank 1 slept: the
+    replay is optimistic by that, 8 % on four ranks.)"""
+    truth = float(np.median(list(_truth(without).values())))
+    with tracekit.load(job) as j:
         m = j.analysis.whatif
         excess = m.balance.excess()
         assert excess.get_column("rank")[0] == 1
@@ -146,7 +150,7 @@ def test_a_real_gpu_straggler_removed_runs_as_the_job_without_it() -> None:
         assert "Stragglers: rank 1" in j.verdict.text
 
 
-@pytest.mark.parametrize("job", [GLOO_JOB, STRAGGLER_JOB], ids=lambda p: p.name)
+@pytest.mark.parametrize("job", [GLOO_JOB, STRAGGLER_JOB, GPU / "gloo-4rank-straggler"], ids=lambda p: p.name)
 def test_the_two_rank_gpu_job_rank_by_rank_answers_as_in_memory(job: Path, tmp_path: Path) -> None:
     """Each recorded two-rank GPU job read rank by rank (a dataset, the graphs on worker processes) gives the in-memory
     answers: the breakdown to the nanosecond, the critical path's shares, the what-if's link replays exactly and its
