@@ -196,13 +196,20 @@ async def test_a_view_key_pressed_while_the_last_view_takes_focus_is_not_undone(
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         tabs = app.query_one("#views", TabbedContent)
+        def in_second() -> bool:
+            return app.focused is not None and second in {w.id for w in app.focused.ancestors_with_self}  # its pane
+
         for first, second in [("critical_path", "collectives"), ("iterations", "timeline"), ("whatif", "overview")]:
             app.action_show_view(first)
             app.views[first].focus_main()  # what ``first``'s key does once its tab is painted
             app.action_show_view(second)  # the next key, before the focus has been told about
-            await pilot.pause(0.1)
+            for _ in range(60):  # the focus settles when Textual gets to it (a loaded machine: later than 0.1 s)
+                await pilot.pause(0.05)
+                if in_second():
+                    break
+            await pilot.pause(0.2)  # and stays: the late focus event of ``first`` must not take it back
             assert tabs.active == second
-            assert app.focused is not None and second in {w.id for w in app.focused.ancestors_with_self}  # its pane
+            assert in_second()
 
 
 async def test_sort_iterations_and_enter_opens_timeline(sample: JobData) -> None:
