@@ -76,23 +76,22 @@ def comm_activities(g: Graph) -> tuple[pl.DataFrame, np.ndarray, np.ndarray]:
     return comm.with_columns(pl.Series("node_end", g.node_time[2 * a + 1])), own_edge, g.lag[own_edge]
 
 
-def tail_edges(g: Graph, row_of: np.ndarray, receiver: np.ndarray, measured: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tail_edges(g: Graph, row_of: np.ndarray, receiver: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The sync edges into a communication activity's end, the comm row of that activity and the edge's lag less the
-    activity's measured transfer. A blocking call inside it (gloo's wait for the copy of CUDA tensors to the host)
-    binds its end to the device work it waited for, with the activity's time after the call as lag — which holds
-    its transfer and its wait for the other members, so a scenario re-weighs it
-    (:func:`tracekit.analysis.graph.whatif.tail_weights`). ``row_of``: per activity its comm row (-1: none);
-    ``receiver``: per row, the receiving side of a pair (its own edge is local work, left as measured: so is its
-    tail); ``measured``: per activity, its measured transfer."""
+    activity's measured transfer (its own edge's lag, as :func:`comm_activities` has it). A blocking call inside it
+    (gloo's wait for the copy of CUDA tensors to the host) binds its end to the device work it waited for, with the
+    activity's time after the call as lag — which holds its transfer and its wait for the other members, so a
+    scenario re-weighs it (:func:`tracekit.analysis.graph.whatif.tail_weights`). ``row_of``: per activity its comm
+    row (-1: none); ``receiver``: per row, the receiving side of a pair (its own edge is local work, left as
+    measured: so is its tail)."""
     is_comm = (g.act.get_column("kind") == "comm").to_numpy()
     e = np.flatnonzero((g.etype == EDGE_TYPES.index("sync")) & (g.dst % 2 == 1))
-    act = g.dst[e] // 2
-    e, act = e[is_comm[act]], act[is_comm[act]]
-    row = row_of[act]
+    e = e[is_comm[g.dst[e] // 2]]
+    row = row_of[g.dst[e] // 2]
     ok = row >= 0
     ok[ok] = ~receiver[row[ok]]
-    return e[ok], row[ok], g.lag[e[ok]] - measured[act[ok]]
+    e, row = e[ok], row[ok]
+    return e, row, g.lag[e] - g.lag[own_edges(g)[g.dst[e]]]
 
 
 def comm_table(acts: pl.DataFrame, transfer: np.ndarray, collectives: pa.Table, inst: pl.DataFrame | None,

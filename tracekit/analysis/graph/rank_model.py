@@ -86,9 +86,7 @@ class RankReplay:
         self.own_edge, self.own_row = own_edge[keep], rows[keep]
         coll = np.arange(rg.coll_first, rg.coll_first + rg.coll_edge.size)
         self.coll_edge, self.coll_row = coll, row_of[g.dst[coll] // 2]
-        measured = np.zeros(rg.activities, np.int64)
-        measured[a] = self.comm_transfer
-        self.tail_edge, self.tail_row, self.tail_base = tail_edges(g, row_of, receiver, measured)
+        self.tail_edge, self.tail_row, self.tail_base = tail_edges(g, row_of, receiver)
         same = queues.src >= 0
         extra = Extra(own_src=2 * queues.src[same] + 1, own_dst=2 * queues.dst[same] + 1, tgt_hub=queues.hub[~same],
                       tgt_dst=2 * queues.dst[~same] + 1, mem_node=2 * queues.out + 1, mem_hub=queues.out_hub)

@@ -243,9 +243,7 @@ def build(events: pa.Table, collectives: pa.Table, ranks: pa.Table | None = None
                   line_rate_bps=line_rate_bps, workers=workers,
                   latency_ns=latency,
                   measured_iteration_ns=0, backend=backend, pg_desc=dict(descs))
-    measured = np.zeros(g.act.height, np.int64)
-    measured[a] = comm.get_column("transfer_ns").to_numpy()
-    model.tail_edges, model.tail_edge_row, model.tail_base = tail_edges(g, row_of_act, model.receiver, measured)
+    model.tail_edges, model.tail_edge_row, model.tail_base = tail_edges(g, row_of_act, model.receiver)
     _measure_contention(model, own_edges(g), compute, found_leaves.result() if found_leaves is not None else leaves)
     model.measured_iteration_ns = iteration_time(model, g.node_time)
     return model
