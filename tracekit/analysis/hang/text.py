@@ -69,11 +69,10 @@ def _headline(h: Hang, d: Dumps) -> str:
         cs = by_why["not started"]
         s = _stuck_of(h, cs[0])
         started = [r for r in s.waiting if r not in s.unstarted]
-        gpu = "its GPU" if len(cs) == 1 else "their GPUs"
-        return (f"Hung: {ranks_text([c.rank for c in cs])} entered {_where(cs[0], d)} but {gpu} never started it, "
-                f"where {ranks_text(started)} started it and {_verb(started, 'waits', 'wait')} — GPU work queued "
-                f"before it on {ranks_text([c.rank for c in cs])} does not finish (a kernel that never ends, a wait "
-                "on another stream), not the network.")
+        who, gpu = ranks_text([c.rank for c in cs]), "its GPU" if len(cs) == 1 else "their GPUs"
+        return (f"Hung: {who} entered {_where(cs[0], d)} but {gpu} never started it, where {ranks_text(started)} "
+                f"started it and {_verb(started, 'waits', 'wait')} — GPU work queued before it on {who} does not "
+                "finish (a kernel that never ends, a wait on another stream), not the network.")
     if "skipped" in by_why:
         c = by_why["skipped"][0]
         elsewhere = next((s for s in h.stuck if c.rank in s.waiting), None)
