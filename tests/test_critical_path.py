@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import kineto_traces as kt
+from tests.conftest import shared_data_dir
 from tracekit.analysis import iterations
 from tracekit.analysis.graph import critical_path, dag, replay
 from tracekit.loading.traceset import load
@@ -232,3 +233,51 @@ def test_stream_edges_break_ties_in_launch_by_activity_order(order: tuple[int, .
                       act, lk, end, start)
     later = order[1]  # the second of the tied launches in the rows' order
     assert ([2 * later + 1], [2 * 2], "stream") in edges
+
+
+def _label_cases(tmp_path: Path, shared: Path | None) -> list[tuple[str, list[str]]]:
+    """Inputs whose graphs have every kind of rank: CPU only (gloo), GPU, a job of both, real traces."""
+    gloo = kt.gloo_job(2, 2)
+    cases: list[tuple[str, list[str]]] = []
+    for name, per_rank in (("gloo", gloo), ("gpu", {0: kt.gpu_job(), 1: kt.gpu_job()}),
+                           ("mixed", {0: kt.gpu_job(), 1: gloo[1]})):
+        d = tmp_path / name
+        d.mkdir()
+        for r, evs in per_rank.items():
+            kt.write(d / f"rank{r}.json", evs, rank=r, world_size=len(per_rank), backend="gloo")
+        cases.append((name, [str(d)]))
+    recorded = Path(__file__).parent / "data" / "gpu" / "gloo-2rank"
+    if recorded.is_dir():
+        cases.append(("recorded GPU job", [str(recorded)]))
+    if shared is not None:
+        cases += [(rel, [str(shared / rel)]) for rel in ("kineto-legacy/hta_critical_path__cuda_event_sync.json.gz",
+                                                          "hta/trace_filter")]
+    return cases
+
+
+def test_activity_labels_read_off_the_builds_kind_codes_equal_those_read_off_the_text(tmp_path: Path) -> None:
+    """The build keeps each activity's kind as a code (what the critical path labels activities by, without reading
+    their text again): the codes name the activities' kinds, and the labels from them are the text's, on CPU-only,
+    GPU and mixed jobs (a CPU rank's operators are compute there, a GPU rank's are CPU work)."""
+    from tracekit.model import schema
+
+    shared = shared_data_dir()
+    cases = _label_cases(tmp_path, shared if shared.is_dir() else None)
+    mixed_seen = False
+    for name, paths in cases:
+        ts = load(paths)
+        ev, _ = iterations.assign(ts.events)
+        g = dag.build(ev, ts.ranks)
+        assert g.kind is not None and g.kind.size == g.act.height, name
+        kinds = [schema.KINDS[k] if k >= 0 else None for k in g.kind.tolist()]
+        assert kinds == g.act.get_column("kind").to_list(), name
+        codes = critical_path._activity_labels(g)
+        text = critical_path._activity_labels(dataclasses.replace(g, kind=None))  # (a fresh cache)
+        assert np.array_equal(codes, text), name
+        if name == "mixed":
+            compute = critical_path.LABELS.index("compute")
+            ops = (g.act.get_column("kind") == "cpu_op").to_numpy()
+            rank = g.act.get_column("rank").to_numpy()
+            assert (codes[ops & (rank == 1)] == compute).all() and (codes[ops & (rank == 0)] != compute).all()
+            mixed_seen = True
+    assert mixed_seen

@@ -31,6 +31,7 @@ import pyarrow as pa
 from tracekit.analysis.graph import dag
 from tracekit.analysis.graph.collective_edges import sources
 from tracekit.analysis.graph.dag import EDGE_TYPES, Graph, bind
+from tracekit.model import schema
 
 _ET = {name: i for i, name in enumerate(EDGE_TYPES)}
 LABELS = ("compute", "memory", "transfer", "CPU", "launch", "idle", "waiting")
@@ -87,6 +88,10 @@ _LABEL_SERIES = pl.Series(LABELS, dtype=pl.String)
 #: an activity's label by its kind (then a CPU-only rank's operators are compute, a launch call is a launch)
 _KINDS = ("compute", "memory", "comm", "cpu_op", "runtime")
 _KIND_LABEL = np.asarray([_CODE[x] for x in ("compute", "memory", "transfer", "CPU", "CPU", "CPU")], dtype=np.int8)
+#: :data:`_KINDS`' index of each kind of :data:`tracekit.model.schema.KINDS` (as the build codes them; the last, for
+#: code -1, and any other kind: ``len(_KINDS)``)
+_KIND_OF_CODE = np.asarray([_KINDS.index(k) if k in _KINDS else len(_KINDS) for k in schema.KINDS] + [len(_KINDS)],
+                           dtype=np.int64)
 _EDGE_SERIES = pl.Series(list(EDGE_CODE), dtype=pl.String)
 _LAG_CODE = np.asarray([_CODE[_lag_label(i)] for i in range(len(EDGE_TYPES))], dtype=np.int8)
 _SLACK_CODE = np.asarray([_CODE[_slack_label(i)] for i in range(len(EDGE_TYPES))], dtype=np.int8)
@@ -117,7 +122,7 @@ def of_schedule(graph: Graph, times: np.ndarray, weight: np.ndarray,
             gap = np.concatenate([gap, np.zeros(extra[0].size, dtype=gap.dtype)])
     binding, _ = bind(src, dst, w, times)
     out = Graph(act=graph.act, src=src, dst=dst, lag=w - slack, etype=etype, node_time=times, binding=binding,
-                slack=slack, violated=graph.violated, gap=gap, hubs=graph.hubs)
+                slack=slack, violated=graph.violated, gap=gap, hubs=graph.hubs, kind=graph.kind)
     out.__dict__["_lists"] = _cache(graph)  # the same activities: what the paths read of them is the same
     out.__dict__["_queued_after"] = graph.src.size  # edges from here on are the replay's queues, not members
     if "gpu_ranks" in graph.__dict__:
@@ -172,11 +177,18 @@ def _by_iteration(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     """The activities in a stable sort by iteration, and their iterations so sorted (cached on the graph)."""
     cache = _cache(graph)
     if "_by_iter" not in cache:
-        a_iter = graph.act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
-        counted = a_iter > -(1 << 61)
-        lo, hi = (int(a_iter[counted].min()), int(a_iter[counted].max())) if counted.any() else (0, 0)
-        if hi - lo < (1 << 16) - 2:  # a few thousand iterations: their 16-bit ranks sort in one radix pass
-            by_iter = np.argsort(np.where(counted, a_iter - lo + 1, 0).astype(np.uint16), kind="stable")
+        col = graph.act.get_column("iteration")
+        a_iter = col.fill_null(-(1 << 62)).to_numpy()
+        counted = a_iter > -(1 << 61) if col.has_nulls() else None  # (None: all counted, no masked reductions)
+        if counted is None:
+            lo, hi = (int(a_iter.min()), int(a_iter.max())) if a_iter.size else (0, 0)
+        else:
+            lo, hi = (int(a_iter[counted].min()), int(a_iter[counted].max())) if counted.any() else (0, 0)
+        if hi - lo < (1 << 16) - 2:  # a few thousand iterations: their 16-bit ranks sort in one radix pass (8-bit,
+            # fewer than 254: half the passes); the uncounted first, as their -2**62 sorts
+            small = np.uint8 if hi - lo < (1 << 8) - 2 else np.uint16
+            key = a_iter - (lo - 1) if counted is None else np.where(counted, a_iter - (lo - 1), 0)
+            by_iter = np.argsort(key.astype(small), kind="stable")
         else:
             by_iter = np.argsort(a_iter, kind="stable")
         cache["_by_iter"] = (by_iter, a_iter[by_iter])
@@ -250,12 +262,23 @@ def _activity_labels(graph: Graph) -> np.ndarray:
     cache = _cache(graph)
     if "_label" not in cache:
         act = graph.act
-        # one pass over the kinds (an unknown one is CPU work, as any kind but those below)
-        kind = act.get_column("kind").cast(pl.Enum(_KINDS), strict=False).to_physical().fill_null(len(_KINDS))
-        kind = kind.to_numpy()
+        # one pass over the kinds (an unknown one is CPU work, as any kind but those below): the build's codes where
+        # it kept them, else the text's
+        if graph.kind is not None and graph.kind.size == act.height:
+            kind = _KIND_OF_CODE[graph.kind]
+        else:
+            kind = act.get_column("kind").cast(pl.Enum(_KINDS), strict=False).to_physical().fill_null(len(_KINDS))
+            kind = kind.to_numpy()
         code = _KIND_LABEL[kind]
-        cpu_only = (~act.get_column("rank").is_in(sorted(graph.gpu_ranks))).fill_null(False).to_numpy()
-        code[(kind == _KINDS.index("cpu_op")) & cpu_only] = _CODE["compute"]  # CPU jobs compute on the CPU
+        # CPU jobs compute on the CPU: the operators of ranks without device activity (of an unknown rank: CPU work)
+        ops = np.flatnonzero(kind == _KINDS.index("cpu_op"))
+        gpu = sorted(graph.gpu_ranks)
+        rank = act.get_column("rank")
+        if not gpu and not rank.has_nulls():
+            code[ops] = _CODE["compute"]
+        else:
+            on_cpu = ~rank.gather(ops).is_in(gpu)
+            code[ops[on_cpu.fill_null(False).to_numpy()]] = _CODE["compute"]
         runtime = np.flatnonzero(kind == _KINDS.index("runtime"))
         launch = act.get_column("name").gather(runtime).cast(pl.String).str.contains("Launch", literal=True)
         code[runtime[launch.fill_null(False).to_numpy()]] = _CODE["launch"]

@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 from tracekit.analysis.graph import inferred
 from tracekit.analysis.graph.collective_edges import Hubs, collective_edges, hubs_of
 from tracekit.analysis.intervals import PACK_SHIFT, first_match, lane_order, packs, prev_max_end, runs
+from tracekit.model import schema
 from tracekit.model.schema import normalise_op
 
 EDGE_TYPES = ("own", "program", "launch", "sync", "stream", "enqueue", "consume", "collective", "handoff")
@@ -86,6 +87,9 @@ class Graph:
     gap: np.ndarray | None = None
     #: collective edges whose source is the latest member's start, whichever member that is (None: none such)
     hubs: Hubs | None = None
+    #: per activity, its kind's index in :data:`tracekit.model.schema.KINDS` (-1: none), where the build read them
+    #: off the events' dictionary (None: read ``act``'s text, as for a graph made otherwise)
+    kind: np.ndarray | None = None
 
     @property
     def n_nodes(self) -> int:
@@ -93,8 +97,9 @@ class Graph:
 
     @cached_property
     def gpu_ranks(self) -> set[int]:
-        """Ranks with device activity."""
-        return set(self.act.filter(pl.col("device").is_not_null()).get_column("rank").unique().to_list())
+        """Ranks with device activity (the rank column alone filtered: the activities' frame is not copied)."""
+        return set(self.act.select(pl.col("rank").filter(pl.col("device").is_not_null()).unique()).to_series()
+                   .to_list())
 
     def weight(self) -> np.ndarray:
         """Edge weights of the measured schedule (lag + slack)."""
@@ -124,10 +129,22 @@ def clock_offsets(ranks: pa.Table | None) -> dict[int, int]:
 
 def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
     """The activities of the graph, with their top-level ancestor for nested CPU calls."""
+    return _activities(events, ranks)[0]
+
+
+def _event_kinds(events: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Per event, its kind's index in its dictionary (the dictionary's length: none), and per such index the kind's
+    index in :data:`tracekit.model.schema.KINDS` (-1: none or another)."""
     kind = events.column("kind").combine_chunks()
     kinds = kind.dictionary.to_pylist()
-    keep_kind = np.array([k in ACTIVITY_KINDS for k in kinds] + [False])
-    kidx = pc.fill_null(kind.indices, len(kinds)).to_numpy(zero_copy_only=False)
+    known = np.array([schema.KINDS.index(k) if k in schema.KINDS else -1 for k in kinds] + [-1], dtype=np.int8)
+    return pc.fill_null(kind.indices, len(kinds)).to_numpy(zero_copy_only=False), known
+
+
+def _activities(events: pa.Table, ranks: pa.Table | None = None) -> tuple[pl.DataFrame, np.ndarray]:
+    """:func:`activities`, and per event its kind's index in :data:`tracekit.model.schema.KINDS` (-1: none)."""
+    kidx, known = _event_kinds(events)
+    keep_kind = np.isin(known, [schema.KINDS.index(k) for k in ACTIVITY_KINDS])
     df = pl.from_arrow(events.select(
         ["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "stream", "correlation", "iteration",
          "collective_id"]))
@@ -164,7 +181,7 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
         df = _nest(df.drop("top", "ancestor", "lane_id"))
     else:
         df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias("comm_parent"))
-    return _split_waits(df)
+    return _split_waits(df), known[kidx]
 
 
 def _rank_offsets(rank: pl.Series, offsets: dict[int, int]) -> pl.Series:
@@ -345,10 +362,13 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     ``instances`` (optional) maps ``rank, collective_id`` to ``instance``: the same collective call on
     every member (from :mod:`tracekit.analysis.collectives`); without it communication is plain activity.
     """
-    full = activities(events, ranks)
+    full, event_kind = _activities(events, ranks)
     # lanes as text for the activities only (a third of the rows are nested calls, which need none)
     act = full.filter(pl.col("top")).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("a"),
                                                   pl.col("kind").cast(pl.String), pl.col("lane").cast(pl.String))
+    # their kinds as codes too, read off the events' (the critical path labels every activity by its kind)
+    act_kind = event_kind[act.get_column("event_row").to_numpy()]
+    del event_kind
     # map every row of `full` to the activity index of its top-level ancestor
     a_of_pos = np.full(full.height, -1, dtype=np.int64)
     top_pos = np.flatnonzero(full.get_column("top").to_numpy())
@@ -433,7 +453,7 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
         none = np.zeros(0, np.int64)
         return Graph(act=act.drop(_BUILD_ONLY, strict=False), src=none, dst=none, lag=none,
                      etype=np.zeros(0, np.int8), node_time=node_time,
-                     binding=none, slack=none, violated={})
+                     binding=none, slack=none, violated={}, kind=act_kind)
     del launches, lk, dev_act, sync_calls
     # an edge the measured schedule violates is not a real dependency (a wrong guess, or clock error
     # across ranks beyond what the offsets fixed): drop it, part by part (a part it leaves whole is not copied)
@@ -449,7 +469,7 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     # what only the build reads (nesting and gloo bookkeeping) is left out of the graph
     act = act.drop(_BUILD_ONLY, strict=False)
     return Graph(act=act, src=src, dst=dst, lag=lag, etype=etype, node_time=node_time, binding=binding,
-                 slack=slack, violated=violated, hubs=hubs_of(dst, etype, hub_spec, _ET["collective"]))
+                 slack=slack, violated=violated, hubs=hubs_of(dst, etype, hub_spec, _ET["collective"]), kind=act_kind)
 
 
 def _take_all(parts: list[np.ndarray]) -> np.ndarray:

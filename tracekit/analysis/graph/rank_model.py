@@ -237,7 +237,7 @@ def replayed(rg: RankGraph, cross: Crossings, src: np.ndarray, times: np.ndarray
         foreign, 2 * k + np.searchsorted(ghost, c_src_m), 2 * m_a[c_src_m])
     node_time = np.concatenate([times, m_start[ghost]])
     base = Graph(act=g.act, src=new_src, dst=g.dst, lag=g.lag, etype=g.etype, node_time=node_time, binding=g.binding,
-                 slack=g.slack, violated={}, gap=g.gap)
+                 slack=g.slack, violated={}, gap=g.gap, kind=g.kind)
     base.__dict__["_lists"] = g.__dict__.setdefault("_lists", {})  # the same activities: what paths read of them
     return RankGraph(graph=of_schedule(base, node_time, weight), ghost=ghost, member_of=rg.member_of,
                      coll_first=rg.coll_first, coll_edge=rg.coll_edge)

@@ -89,7 +89,7 @@ def expanded(graph: Graph) -> Graph:
                 lag=_expanded_weight(graph, graph.weight()), etype=np.concatenate(
                     [graph.etype, np.full(h.member.size, EDGE_TYPES.index("collective"), np.int8)]),
                 node_time=np.concatenate([graph.node_time, hub_time]), binding=np.zeros(n + h.count, np.int64),
-                slack=np.zeros(m, np.int64), violated=graph.violated)
+                slack=np.zeros(m, np.int64), violated=graph.violated, kind=graph.kind)
     graph.__dict__["_expanded"] = out
     return out
 
