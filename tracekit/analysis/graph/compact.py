@@ -84,17 +84,20 @@ def mergeable(graph: Graph) -> np.ndarray:
     touched[graph.dst[cross]] = True
     act = graph.act
     i = np.arange(1, n)
-    kind = act.get_column("kind").cast(pl.String).fill_null("").to_numpy()
+    kind = act.get_column("kind").cast(pl.String).fill_null("")
     it = act.get_column("iteration").fill_null(-(1 << 62)).to_numpy()
     on_device = act.get_column("device").is_not_null().to_numpy()
-    lane = act.get_column("lane").cast(pl.String).to_numpy()
-    solo = (kind == "comm") | _compute_mask(graph)
+    lane = act.get_column("lane").cast(pl.String)
+    # each activity's kind and lane against the one before it, compared as text where the text is (not as objects)
+    same_kind = (kind.slice(1) == kind.slice(0, n - 1)).to_numpy()
+    same_lane = lane.slice(1).eq_missing(lane.slice(0, n - 1)).to_numpy()
+    solo = (kind == "comm").to_numpy() | _compute_mask(graph)
     # the chain runs through: i-1's own edge, the program edge into i, i's own edge
     chained = (ch.chain_edge[2 * i - 1] >= 0) & (ch.chain_edge[2 * i] >= 0) & (ch.chain_edge[2 * i + 1] >= 0)
     prog = ch.chain_edge[2 * i]
     gap = np.where(prog >= 0, graph.lag[np.maximum(prog, 0)] + graph.slack[np.maximum(prog, 0)], 0)
-    ok = (chained & ~touched[2 * i - 1] & ~touched[2 * i] & (kind[i] == kind[i - 1]) & (it[i] == it[i - 1])
-          & (lane[i] == lane[i - 1]) & ~solo[i] & ~solo[i - 1] & (~on_device[i] | (gap == 0)))
+    ok = (chained & ~touched[2 * i - 1] & ~touched[2 * i] & same_kind & (it[i] == it[i - 1])
+          & same_lane & ~solo[i] & ~solo[i - 1] & (~on_device[i] | (gap == 0)))
     out[1:] = ok
     return out
 
@@ -168,9 +171,14 @@ def _run_activities(graph: Graph, run: np.ndarray, first: np.ndarray, last: np.n
     own_mask = graph.etype == _OWN
     own = np.zeros(act.height, dtype=np.int64)
     own[graph.dst[own_mask] // 2] = graph.lag[own_mask]
-    # the member with the most own work names the run (the first on a tie)
-    order = np.lexsort((np.arange(act.height), -own, run))
-    top = order[np.flatnonzero(np.concatenate(([True], run[order][1:] != run[order][:-1])))]
+    # the member with the most own work names the run (the first on a tie): looked for among the members of runs of
+    # several only (a run of one is named by its one member, which the first member's columns already are)
+    top = first.copy()
+    multi = np.flatnonzero(last > first)
+    if multi.size:
+        rows = np.flatnonzero(np.repeat(last > first, last - first + 1))
+        order = rows[np.lexsort((rows, -own[rows], run[rows]))]
+        top[multi] = order[np.flatnonzero(np.concatenate(([True], run[order][1:] != run[order][:-1])))]
     end = act.get_column("end").to_numpy()[last]
     dur = end - act.get_column("start").to_numpy()[first]
     return out.with_columns(act.get_column("name")[top].alias("name"), pl.Series("end", end), pl.Series("dur", dur),
