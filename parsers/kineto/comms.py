@@ -209,19 +209,21 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
 
     import polars as pl  # here: a split parse's worker processes never need it (~0.1 s of their start)
 
-    ev = pl.from_arrow(events.select(["lane", "kind", "name", "start_ns", "dur_ns", "pid", "tid",
-                                      "correlation", "external_id"]))
-    assert isinstance(ev, pl.DataFrame)
-    ev = ev.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
-                         pl.col("lane").cast(pl.String), pl.col("kind").cast(pl.String),
-                         pl.col("name").cast(pl.String))
-    comm = ev.filter(pl.Series(is_comm)).with_columns(
+    # one lazy query, collected once: its ~60 steps on a few hundred rows cost their hand-offs to polars' pool
+    # (~0.3 ms each here) more than their work, once per trace
+    frame = pl.from_arrow(events.select(["lane", "kind", "name", "start_ns", "dur_ns", "pid", "tid",
+                                         "correlation", "external_id"]))
+    assert isinstance(frame, pl.DataFrame)
+    ev = frame.lazy().with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
+                                   pl.col("lane").cast(pl.String), pl.col("kind").cast(pl.String),
+                                   pl.col("name").cast(pl.String))
+    comm = ev.filter(pl.lit(pl.Series(is_comm))).with_columns(
         (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
     # metadata rows (args of ops/kernels that carry collective information)
     fields = [{**f, "row": row} for f, row in zip(_rows_fields(comm_rows), rows, strict=True) if row >= 0]
     meta = pl.DataFrame(fields, schema={"op": pl.String, "dtype": pl.String, "bytes": pl.Int64,
                                         "dims_bytes": pl.Int64, "elem": pl.Int64, "nranks": pl.Int64,
-                                        "pg": pl.String, "seq": pl.Int64, "peer": pl.Int64, "row": pl.Int64})
+                                        "pg": pl.String, "seq": pl.Int64, "peer": pl.Int64, "row": pl.Int64}).lazy()
     meta = meta.join(ev.select(["row", "name", "start_ns", "dur_ns", "pid", "tid", "external_id", "kind"]),
                      on="row", how="left")
     own = meta.join(comm.select("row"), on="row", how="semi")
@@ -249,14 +251,11 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
     linked = out.filter(pl.col("t").is_not_null()).sort("t")
     for tag, g in groups.items():
         cols = ["op", "dtype", "bytes", "dims_bytes", "elem", "nranks", "pg", "seq", "peer", "name"]
-        # ties broken by file order, so the result never depends on how polars ordered a join
+        # ties broken by file order, so the result never depends on how polars ordered a join; a group without rows
+        # matches nothing (its columns null)
         right = (g.select([pl.col("pid").alias("lpid"), pl.col("tid").alias("ltid"),
                            pl.col("start_ns").alias("m_start"), "m_end", "row", *cols])
                  .rename({c: f"{c}_{tag}" for c in cols}).sort(["m_start", "row"]).drop("row"))
-        if right.height == 0:
-            for c in cols:
-                out = out.with_columns(pl.lit(None, dtype=right.schema[f"{c}_{tag}"]).alias(f"{c}_{tag}"))
-            continue
         j = linked.select(["row", "t", "lpid", "ltid"]).join_asof(
             right, left_on="t", right_on="m_start", by=["lpid", "ltid"], strategy="backward", check_sortedness=False)
         j = j.filter(pl.col("m_end") >= pl.col("t")).select(["row", *[f"{c}_{tag}" for c in cols]])
@@ -268,9 +267,10 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
                                                  "peer")], "row"]).sort("row")
               .unique("external_id", keep="first", maintain_order=True).drop("row"))
     out = out.join(by_ext, on="external_id", how="left")
+    names = out.collect_schema().names()
 
     def pick(col: str, order: tuple[str, ...] = ("", "_rpc", "_ext", "_ann", "_c10d")) -> pl.Expr:
-        return pl.coalesce([pl.col(f"{col}{suffix}") for suffix in order if f"{col}{suffix}" in out.columns])
+        return pl.coalesce([pl.col(f"{col}{suffix}") for suffix in order if f"{col}{suffix}" in names])
 
     out = out.with_columns(
         pick("op", ("", "_rpc", "_ext", "_c10d", "_ann")).alias("op_meta"),
@@ -286,7 +286,7 @@ def collectives(events: pa.Table, index_col: np.ndarray, comm_rows: list[dict[st
     pdf = out.sort(["start_ns", "row"]).select(["row", "lane", "name", "name_c10d", "name_ann", "start_ns", "end_ns",
                                        "op_meta", "dtype_f",
                                        "elem_f", "nranks_f", "pg_f", "seq_f", "peer_f", "bytes_f",
-                                       "dims_bytes_f"]).to_dict(as_series=False)
+                                       "dims_bytes_f"]).collect(engine="in-memory").to_dict(as_series=False)
     world = _world_size(members)
     ops, nbytes, counts, nranks, size_src = [], [], [], [], []
     for i in range(len(pdf["row"])):
