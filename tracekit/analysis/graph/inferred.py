@@ -13,22 +13,23 @@ import pyarrow as pa
 STREAM_WAIT_CALL = r"^(?:cuda|hip)StreamWaitEvent|^cuStreamWaitEvent"
 
 
-def caller_lanes(act: pl.DataFrame, events: pa.Table) -> pl.DataFrame:
+def caller_lanes(act: pl.DataFrame, events: pa.Table) -> pl.LazyFrame:
     """``rank, lane``: per rank, the CPU thread that drives the training loop — the one carrying its
     ``ProfilerStep#`` annotations (the thread that calls ``profiler.step()`` also calls ``backward()``), else the
-    thread with the most top-level operators outside the autograd engine."""
+    thread with the most top-level operators outside the autograd engine (a lazy query: :func:`handoff_edges` collects
+    it with its own)."""
     ev = pl.from_arrow(events.select(["rank", "lane", "kind", "name", "device"]))
     assert isinstance(ev, pl.DataFrame)
-    steps = (ev.filter((pl.col("kind") == "annotation") & pl.col("device").is_null())
+    steps = (ev.lazy().filter((pl.col("kind") == "annotation") & pl.col("device").is_null())
              .filter(pl.col("name").cast(pl.String).str.starts_with("ProfilerStep#"))
              .group_by(["rank", pl.col("lane").cast(pl.String)]).len()
              .sort(["rank", "len", "lane"], descending=[False, True, False]).unique("rank", keep="first")
              .select(["rank", "lane"]))
-    ops = (act.filter(pl.col("device").is_null() & (pl.col("kind") == "cpu_op")
-                      & ~pl.col("name").cast(pl.String).str.starts_with(AUTOGRAD_OP))
+    ops = (act.lazy().filter(pl.col("device").is_null() & (pl.col("kind") == "cpu_op")
+                             & ~pl.col("name").cast(pl.String).str.starts_with(AUTOGRAD_OP))
            .group_by(["rank", "lane"]).len().sort(["rank", "len", "lane"], descending=[False, True, False])
            .unique("rank", keep="first").select(["rank", "lane"]))
-    return pl.concat([steps.with_columns(pl.col("rank").cast(ops.schema["rank"])), ops]).unique(
+    return pl.concat([steps.with_columns(pl.col("rank").cast(act.schema["rank"])), ops]).unique(
         "rank", keep="first", maintain_order=True)
 
 
@@ -50,15 +51,15 @@ def handoff_edges(add, act: pl.DataFrame, events: pa.Table) -> None:
     engine_lanes = (cpu.filter(name.str.starts_with(AUTOGRAD_OP)).select(["rank", "lane"]).unique())
     if engine_lanes.height == 0:
         return
+    # the rest as one lazy query, collected once (its ~25 steps cost more in hand-offs to polars' pool than in work
+    # on one rank's few hundred activities); a step with nothing to match makes the passes empty, as the early returns
+    # of its eager form did
+    cpu_lazy = cpu.lazy()
     callers = caller_lanes(act, events)
-    engine_lanes = engine_lanes.join(callers, on=["rank", "lane"], how="anti")
-    if engine_lanes.height == 0:  # the backward ran on the calling thread (CPU jobs): program order covers it
-        return
-    caller = (cpu.join(callers, on=["rank", "lane"], how="semi").select(["a", "rank", "start", "end"])
+    engine_lanes = engine_lanes.lazy().join(callers, on=["rank", "lane"], how="anti")
+    caller = (cpu_lazy.join(callers, on=["rank", "lane"], how="semi").select(["a", "rank", "start", "end"])
               .sort(["rank", "start"]).with_columns(pl.int_range(pl.len()).alias("k")))
-    engine = cpu.join(engine_lanes, on=["rank", "lane"], how="semi").select(["a", "rank", "lane", "start", "end"])
-    if caller.height == 0 or engine.height == 0:
-        return
+    engine = cpu_lazy.join(engine_lanes, on=["rank", "lane"], how="semi").select(["a", "rank", "lane", "start", "end"])
     # the caller's activity that ended last before each engine activity starts, and the first one to start after
     # it ends: the activity lies in that gap when they are consecutive (top-level activities of a lane never overlap)
     before = caller.select(["rank", pl.col("end").alias("_t"), pl.col("a").alias("p"), pl.col("k").alias("kp")])
@@ -68,13 +69,13 @@ def handoff_edges(add, act: pl.DataFrame, events: pa.Table) -> None:
     e = e.sort("end").join_asof(after.sort("_t"), left_on="end", right_on="_t", by="rank",
                                 strategy="forward", check_sortedness=False).drop("_t")
     e = e.filter(pl.col("p").is_not_null() & (pl.col("kq").is_null() | (pl.col("kq") == pl.col("kp") + 1)))
-    if e.height == 0:
-        return
     # in a fixed order (a hash group-by's is not): the edges' order breaks ties between binding edges, and a rank's
     # stored graph must be the same bytes however often it is built (a Dask task run again after a lost worker)
     passes = e.group_by(["rank", "lane", "p"]).agg(
         pl.col("a").sort_by("start").first().alias("first"), pl.col("a").sort_by("end").last().alias("last"),
-        pl.col("q").first()).sort(["rank", "p", "first"])
+        pl.col("q").first()).sort(["rank", "p", "first"]).collect(engine="in-memory")
+    if passes.height == 0:
+        return
     add(2 * passes.get_column("p").to_numpy() + 1, 2 * passes.get_column("first").to_numpy(), 0, "handoff")
     back = passes.filter(pl.col("q").is_not_null())
     add(2 * back.get_column("last").to_numpy() + 1, 2 * back.get_column("q").to_numpy(), 0, "handoff")
