@@ -236,14 +236,15 @@ def table(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = Non
     tot = pl.DataFrame({"rank": np.repeat(np.array(list(totals), dtype=np.int32), k),
                         "_c": np.tile(np.arange(k, dtype=np.int64), len(totals)),
                         "_class_ns": np.concatenate(list(totals.values())) if totals else np.zeros(0, np.int64)})
-    out = (time.filter(pl.col("_c") >= 0).join(calls, on=[*_KEY, "_c"], how="left")
-           .join(_windows(iterations), on="rank", how="left").join(tot, on=["rank", "_c"], how="left")
+    out = (time.lazy().filter(pl.col("_c") >= 0).join(calls.lazy(), on=[*_KEY, "_c"], how="left")
+           .join(_windows(iterations).lazy(), on="rank", how="left").join(tot.lazy(), on=["rank", "_c"], how="left")
            .with_columns((pl.col("time_ns") / pl.col("_windows")).round().cast(pl.Int64).alias("per_iteration_ns"),
                          (pl.col("time_ns") / pl.col("_class_ns")).alias("class_share"),
                          pl.col("_c").replace_strict(dict(enumerate(CLASSES)), return_dtype=pl.String).alias("class"))
            .sort(["rank", "_c", "time_ns", "name"], descending=[False, False, True, False])
-           .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over(["rank", "_c"]).alias("rank_in_class")))
-    return schema.conform(out.select(schema.TOP_OPS.names).to_arrow(), schema.TOP_OPS)
+           .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over(["rank", "_c"]).alias("rank_in_class"))
+           .select(schema.TOP_OPS.names).collect(engine="in-memory"))
+    return schema.conform(out.to_arrow(), schema.TOP_OPS)
 
 
 #: columns of :func:`totals`
@@ -259,11 +260,13 @@ def totals(events: pa.Table, iterations: pa.Table, act: pl.DataFrame | None = No
     if iterations.num_rows == 0 or events.num_rows == 0:
         return TOTALS_SCHEMA.empty_table()
     calls, time, _ = times if times is not None else op_times(events, iterations, act)
-    out = (time.filter(pl.col("_c") == -1).join(calls.filter(pl.col("_c") == -1), on=[*_KEY, "_c"], how="left")
-           .join(_windows(iterations), on="rank", how="left")
+    out = (time.lazy().filter(pl.col("_c") == -1)
+           .join(calls.lazy().filter(pl.col("_c") == -1), on=[*_KEY, "_c"], how="left")
+           .join(_windows(iterations).lazy(), on="rank", how="left")
            .with_columns((pl.col("time_ns") / pl.col("_windows")).round().cast(pl.Int64).alias("per_iteration_ns"))
-           .sort(["rank", "time_ns", "name"], descending=[False, True, False]))
-    return out.select(TOTALS_SCHEMA.names).to_arrow().cast(TOTALS_SCHEMA)
+           .sort(["rank", "time_ns", "name"], descending=[False, True, False])
+           .select(TOTALS_SCHEMA.names).collect(engine="in-memory"))
+    return out.to_arrow().cast(TOTALS_SCHEMA)
 
 
 def job_level(top_ops: pa.Table | pl.DataFrame, breakdown: pa.Table | pl.DataFrame, n: int | None = 10
