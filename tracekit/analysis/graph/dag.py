@@ -127,11 +127,6 @@ def clock_offsets(ranks: pa.Table | None) -> dict[int, int]:
     return {int(a): int(b or 0) for a, b in zip(r, o, strict=True) if a is not None}
 
 
-def activities(events: pa.Table, ranks: pa.Table | None = None) -> pl.DataFrame:
-    """The activities of the graph, with their top-level ancestor for nested CPU calls."""
-    return _activities(events, ranks)[0]
-
-
 def _event_kinds(events: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """Per event, its kind's index in its dictionary (the dictionary's length: none), and per such index the kind's
     index in :data:`tracekit.model.schema.KINDS` (-1: none or another)."""
@@ -141,8 +136,9 @@ def _event_kinds(events: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return pc.fill_null(kind.indices, len(kinds)).to_numpy(zero_copy_only=False), known
 
 
-def _activities(events: pa.Table, ranks: pa.Table | None = None) -> tuple[pl.DataFrame, np.ndarray]:
-    """:func:`activities`, and per event its kind's index in :data:`tracekit.model.schema.KINDS` (-1: none)."""
+def activities(events: pa.Table, ranks: pa.Table | None = None) -> tuple[pl.DataFrame, np.ndarray]:
+    """The activities of the graph, with their top-level ancestor for nested CPU calls; and per event its kind's
+    index in :data:`tracekit.model.schema.KINDS` (-1: none), which :func:`build` keeps for the activities."""
     kidx, known = _event_kinds(events)
     keep_kind = np.isin(known, [schema.KINDS.index(k) for k in ACTIVITY_KINDS])
     df = pl.from_arrow(events.select(
@@ -362,7 +358,7 @@ def build(events: pa.Table, ranks: pa.Table | None = None, instances: pl.DataFra
     ``instances`` (optional) maps ``rank, collective_id`` to ``instance``: the same collective call on
     every member (from :mod:`tracekit.analysis.collectives`); without it communication is plain activity.
     """
-    full, event_kind = _activities(events, ranks)
+    full, event_kind = activities(events, ranks)
     # lanes as text for the activities only (a third of the rows are nested calls, which need none)
     act = full.filter(pl.col("top")).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("a"),
                                                   pl.col("kind").cast(pl.String), pl.col("lane").cast(pl.String))
