@@ -180,10 +180,8 @@ def _by_iteration(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
         col = graph.act.get_column("iteration")
         a_iter = col.fill_null(-(1 << 62)).to_numpy()
         counted = a_iter > -(1 << 61) if col.has_nulls() else None  # (None: all counted, no masked reductions)
-        if counted is None:
-            lo, hi = (int(a_iter.min()), int(a_iter.max())) if a_iter.size else (0, 0)
-        else:
-            lo, hi = (int(a_iter[counted].min()), int(a_iter[counted].max())) if counted.any() else (0, 0)
+        seen = a_iter if counted is None else a_iter[counted]
+        lo, hi = (int(seen.min()), int(seen.max())) if seen.size else (0, 0)
         if hi - lo < (1 << 16) - 2:  # a few thousand iterations: their 16-bit ranks sort in one radix pass (8-bit,
             # fewer than 254: half the passes); the uncounted first, as their -2**62 sorts
             small = np.uint8 if hi - lo < (1 << 8) - 2 else np.uint16
@@ -272,13 +270,8 @@ def _activity_labels(graph: Graph) -> np.ndarray:
         code = _KIND_LABEL[kind]
         # CPU jobs compute on the CPU: the operators of ranks without device activity (of an unknown rank: CPU work)
         ops = np.flatnonzero(kind == _KINDS.index("cpu_op"))
-        gpu = sorted(graph.gpu_ranks)
-        rank = act.get_column("rank")
-        if not gpu and not rank.has_nulls():
-            code[ops] = _CODE["compute"]
-        else:
-            on_cpu = ~rank.gather(ops).is_in(gpu)
-            code[ops[on_cpu.fill_null(False).to_numpy()]] = _CODE["compute"]
+        on_cpu = ~act.get_column("rank").gather(ops).is_in(sorted(graph.gpu_ranks))
+        code[ops[on_cpu.fill_null(False).to_numpy()]] = _CODE["compute"]
         runtime = np.flatnonzero(kind == _KINDS.index("runtime"))
         launch = act.get_column("name").gather(runtime).cast(pl.String).str.contains("Launch", literal=True)
         code[runtime[launch.fill_null(False).to_numpy()]] = _CODE["launch"]

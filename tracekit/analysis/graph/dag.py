@@ -127,20 +127,19 @@ def clock_offsets(ranks: pa.Table | None) -> dict[int, int]:
     return {int(a): int(b or 0) for a, b in zip(r, o, strict=True) if a is not None}
 
 
-def _event_kinds(events: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Per event, its kind's index in its dictionary (the dictionary's length: none), and per such index the kind's
-    index in :data:`tracekit.model.schema.KINDS` (-1: none or another)."""
+def _event_kinds(events: pa.Table) -> np.ndarray:
+    """Per event, its kind's index in :data:`tracekit.model.schema.KINDS` (-1: none or another), read off the
+    column's dictionary: one string per distinct kind, not per event."""
     kind = events.column("kind").combine_chunks()
-    kinds = kind.dictionary.to_pylist()
-    known = np.array([schema.KINDS.index(k) if k in schema.KINDS else -1 for k in kinds] + [-1], dtype=np.int8)
-    return pc.fill_null(kind.indices, len(kinds)).to_numpy(zero_copy_only=False), known
+    known = np.array([schema.KINDS.index(k) if k in schema.KINDS else -1 for k in kind.dictionary.to_pylist()]
+                     + [-1], dtype=np.int8)
+    return known[pc.fill_null(kind.indices, known.size - 1).to_numpy(zero_copy_only=False)]
 
 
 def activities(events: pa.Table, ranks: pa.Table | None = None) -> tuple[pl.DataFrame, np.ndarray]:
     """The activities of the graph, with their top-level ancestor for nested CPU calls; and per event its kind's
     index in :data:`tracekit.model.schema.KINDS` (-1: none), which :func:`build` keeps for the activities."""
-    kidx, known = _event_kinds(events)
-    keep_kind = np.isin(known, [schema.KINDS.index(k) for k in ACTIVITY_KINDS])
+    kind = _event_kinds(events)
     df = pl.from_arrow(events.select(
         ["rank", "lane", "kind", "name", "start_ns", "dur_ns", "device", "stream", "correlation", "iteration",
          "collective_id"]))
@@ -157,8 +156,8 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> tuple[pl.Data
                          pl.col("dur_ns").alias("dur")).drop("_off", "dur_ns")  # every sort below moves fewer columns
     # device-side records of synchronisation (cuda_sync) are the CPU's waiting seen from the GPU, not
     # device work: they only tell which stream a sync call waited for
-    keep = keep_kind[kidx] & ~(df.get_column("device").is_not_null() & (df.get_column("kind") == "runtime")
-                               ).fill_null(False).to_numpy()
+    keep = np.isin(kind, [schema.KINDS.index(k) for k in ACTIVITY_KINDS]) & ~(
+        df.get_column("device").is_not_null().to_numpy() & (kind == schema.KINDS.index("runtime")))
     df = _kept_by_lane(df, np.flatnonzero(keep), lane_codes(events.column("lane")))
     # communication recorded on a CPU thread inside other activity (gloo send/recv annotate the caller's thread,
     # often running on while the thread goes on) is activity of its own, on a lane beside the thread; it would
@@ -177,7 +176,7 @@ def activities(events: pa.Table, ranks: pa.Table | None = None) -> tuple[pl.Data
         df = _nest(df.drop("top", "ancestor", "lane_id"))
     else:
         df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias("comm_parent"))
-    return _split_waits(df), known[kidx]
+    return _split_waits(df), kind
 
 
 def _rank_offsets(rank: pl.Series, offsets: dict[int, int]) -> pl.Series:

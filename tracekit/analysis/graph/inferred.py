@@ -52,8 +52,7 @@ def handoff_edges(add, act: pl.DataFrame, events: pa.Table) -> None:
     if engine_lanes.height == 0:
         return
     # the rest as one lazy query, collected once (its ~25 steps cost more in hand-offs to polars' pool than in work
-    # on one rank's few hundred activities); a step with nothing to match makes the passes empty, as the early returns
-    # of its eager form did
+    # on one rank's few hundred activities); a step that matches nothing leaves no passes
     cpu_lazy = cpu.lazy()
     callers = caller_lanes(act, events)
     engine_lanes = engine_lanes.lazy().join(callers, on=["rank", "lane"], how="anti")
